@@ -1,0 +1,266 @@
+package bolt
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"strconv"
+
+	bbolt "go.etcd.io/bbolt"
+
+	"github.com/starintel/starlease/lease"
+)
+
+// Inspect reads the lease of an identity (active, or expired if its time
+// has passed) or a lease by id (active or terminal).
+func (s *Store) Inspect(ctx context.Context, req lease.InspectRequest) (lease.Result, error) {
+	req, lockKey, err := lease.PrepareInspect(req, s.opts)
+	if err != nil {
+		return lease.Result{}, err
+	}
+	var res lease.Result
+	var opErr error
+	err = s.view(ctx, func(tx *bbolt.Tx) error {
+		now := s.clock(tx)
+		res = lease.Result{Code: lease.CodeInspected, BackendTime: now}
+		if req.LeaseID == "" {
+			cur, err := s.loadActive(tx, lockKey)
+			switch {
+			case err != nil:
+				opErr = err
+			case cur == nil:
+				opErr = notFound(now)
+			default:
+				res.Lease = cur.ObservedAt(now)
+			}
+			return nil
+		}
+		v := tx.Bucket(bucketLeases).Get([]byte(req.LeaseID))
+		if v == nil {
+			opErr = notFound(now)
+			return nil
+		}
+		key := string(v[:bytes.IndexByte(v, 0)])
+		cur, err := s.loadActive(tx, key)
+		if err != nil {
+			opErr = err
+			return nil
+		}
+		if cur != nil && cur.LeaseID == req.LeaseID {
+			res.Lease = cur.ObservedAt(now)
+			return nil
+		}
+		if h := findHistory(tx, key, req.LeaseID); h != nil {
+			res.Lease = h.Record
+			return nil
+		}
+		opErr = notFound(now)
+		return nil
+	})
+	return finish(res, opErr, err)
+}
+
+func notFound(now lease.Timestamp) *lease.Error {
+	return &lease.Error{Code: lease.CodeNotFound, Reason: "no such lease", BackendTime: now.Time()}
+}
+
+// List pages through unexpired active leases of one filter in lease-id
+// order. It walks only the filter's index range, and at most a bounded
+// number of stale entries per page, so a page costs O(page size).
+func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResult, error) {
+	f, after, size, err := lease.PrepareList(req, s.opts)
+	if err != nil {
+		return lease.ListResult{}, err
+	}
+	scope := string(f.By) + "\x00" + f.Value
+	var out lease.ListResult
+	err = s.view(ctx, func(tx *bbolt.Tx) error {
+		now := s.clock(tx)
+		out = lease.ListResult{Leases: []*lease.Record{}, BackendTime: now}
+		prefix := append(join(string(f.By), f.Value), 0)
+		c := tx.Bucket(bucketIndex).Cursor()
+		k, v := c.Seek(prefix)
+		if after != "" {
+			k, v = c.Seek(append(bytes.Clone(prefix), after...))
+			if k != nil && string(k[len(prefix):]) == after {
+				k, v = c.Next()
+			}
+		}
+		budget := 4*size + 64
+		last := ""
+		for ; k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+			if len(out.Leases) == size || budget == 0 {
+				out.NextPageToken = lease.EncodePageToken(last, scope)
+				return nil
+			}
+			budget--
+			last = string(k[len(prefix):])
+			rec, err := s.loadActive(tx, string(v))
+			if err != nil || rec == nil || rec.LeaseID != last || !rec.LiveAt(now) {
+				continue // corrupt (already alerted), ended or expired: not listed
+			}
+			out.Leases = append(out.Leases, rec)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// History pages through an identity's terminal evidence, newest first.
+func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.HistoryResult, error) {
+	req, lockKey, after, size, err := lease.PrepareHistory(req, s.opts)
+	if err != nil {
+		return lease.HistoryResult{}, err
+	}
+	var out lease.HistoryResult
+	var opErr error
+	err = s.view(ctx, func(tx *bbolt.Tx) error {
+		now := s.clock(tx)
+		out = lease.HistoryResult{Entries: []lease.HistoryEntry{}, BackendTime: now}
+		prefix := join(lockKey, "")
+		c := tx.Bucket(bucketHistory).Cursor()
+		k, v := seekLast(c, prefix)
+		if after != "" {
+			seq, err := strconv.ParseUint(after, 10, 64)
+			if err != nil {
+				opErr = lease.Invalid("page_token", "malformed")
+				return nil
+			}
+			// Resume at the entry the token names, or the next older one if
+			// retention removed it.
+			from := append(bytes.Clone(prefix), u64(seq)...)
+			if k, v = c.Seek(from); k == nil {
+				k, v = c.Last()
+			} else if !bytes.Equal(k, from) {
+				k, v = c.Prev()
+			}
+		}
+		for ; k != nil && bytes.HasPrefix(k, prefix); k, v = c.Prev() {
+			if len(out.Entries) == size {
+				seq := binary.BigEndian.Uint64(k[len(prefix):])
+				out.NextPageToken = lease.EncodePageToken(strconv.FormatUint(seq, 10), "history\x00"+lockKey)
+				return nil
+			}
+			h, err := lease.DecodeHistoryEntry(v)
+			if err != nil {
+				s.quarantine(tx, lockKey, req.Identity, "history entry is corrupt")
+				continue
+			}
+			out.Entries = append(out.Entries, *h)
+		}
+		return nil
+	})
+	if err == nil && opErr != nil {
+		err = opErr
+	}
+	if err != nil {
+		return lease.HistoryResult{}, err
+	}
+	return out, nil
+}
+
+// AuthorizeCommit validates, at the linearization point, that the exact
+// lease is active and unexpired and its token is not below the sink's
+// high-water mark, then records the accepted commit and raises the mark.
+func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (lease.CommitResult, error) {
+	req, p, err := lease.PrepareCommit(req, s.opts)
+	if err != nil {
+		return lease.CommitResult{}, err
+	}
+	due := deadline(ctx, req.DeadlineAt)
+	var res lease.CommitResult
+	var opErr error
+	err = s.mutate(ctx, func(tx *bbolt.Tx) error {
+		res, opErr = lease.CommitResult{}, nil
+		now := s.clock(tx)
+		if !now.Before(due) {
+			opErr = &lease.Error{Code: lease.CodeDeadlineExceeded, Reason: "deadline elapsed before the operation started", BackendTime: now.Time()}
+			return nil
+		}
+		commits := tx.Bucket(bucketCommits)
+		if v := commits.Get([]byte(p.Scope)); v != nil {
+			c, err := lease.DecodeCommit(v)
+			switch {
+			case err != nil:
+				opErr = s.quarantine(tx, p.LockKey, p.Identity, "accepted-commit evidence is corrupt")
+			case c.Digest != p.Digest:
+				opErr = &lease.Error{Code: lease.CodeIdempotencyConflict, Reason: "commit id was reused with different inputs", BackendTime: now.Time()}
+			default:
+				res = lease.CommitResult{Code: lease.CodeCommitAuthorized, Commit: c, Replayed: true, BackendTime: now}
+			}
+			return nil
+		}
+		mp := lease.Prepared{LockKey: p.LockKey, Identity: p.Identity}
+		cur, err := s.held(tx, mp, now, req.LeaseID, req.FencingToken, req.Caller.PrincipalID, req.ServiceInstanceID, &opErr)
+		if cur == nil || err != nil {
+			return err
+		}
+		marks := tx.Bucket(bucketHighWater)
+		markKey := join(p.LockKey, req.Sink)
+		if v := marks.Get(markKey); v != nil {
+			if len(v) != 8 {
+				opErr = s.quarantine(tx, p.LockKey, p.Identity, "high-water mark is malformed")
+				return nil
+			}
+			if mark := binary.BigEndian.Uint64(v); req.FencingToken < mark {
+				s.log.Error("ALERT commit token below the sink's high-water mark", identityAttrs(p.Identity)...)
+				opErr = &lease.Error{Code: lease.CodeCommitRejected, Reason: "fencing token is below the sink's high-water mark", BackendTime: now.Time()}
+				return nil
+			}
+		}
+		if err := marks.Put(markKey, u64(req.FencingToken)); err != nil {
+			return err
+		}
+		c := lease.Commit{Sink: req.Sink, CommitID: req.CommitID, LeaseID: req.LeaseID, FencingToken: req.FencingToken,
+			ExecutionID: req.ExecutionID, TraceID: req.TraceID, AcceptedAt: now, Digest: p.Digest}
+		b, err := lease.EncodeCommit(c)
+		if err != nil {
+			return err
+		}
+		if err := commits.Put([]byte(p.Scope), b); err != nil {
+			return err
+		}
+		exp := now.Add(s.opts.CommitRetention).UnixMilli()
+		if err := tx.Bucket(bucketCommitExp).Put(append(u64(uint64(exp)), p.Scope...), nil); err != nil {
+			return err
+		}
+		res = lease.CommitResult{Code: lease.CodeCommitAuthorized, Commit: c, BackendTime: now}
+		return nil
+	})
+	if err != nil {
+		return lease.CommitResult{}, err
+	}
+	if opErr != nil {
+		return lease.CommitResult{}, opErr
+	}
+	return res, nil
+}
+
+// LookupRequest returns the stored result of a mutation by its request id.
+func (s *Store) LookupRequest(ctx context.Context, req lease.LookupRequest) (lease.Result, error) {
+	p, err := lease.PrepareLookup(req, s.opts)
+	if err != nil {
+		return lease.Result{}, err
+	}
+	var res lease.Result
+	var opErr error
+	err = s.view(ctx, func(tx *bbolt.Tx) error {
+		now := s.clock(tx)
+		v := tx.Bucket(bucketIdem).Get([]byte(p.Scope))
+		if v == nil {
+			opErr = &lease.Error{Code: lease.CodeNotFound, Reason: "no committed result for this request id", BackendTime: now.Time()}
+			return nil
+		}
+		ev, err := lease.DecodeIdempotencyRecord(v)
+		if err != nil || ev.Op != p.Op || ev.Lease.LockKey != p.LockKey {
+			opErr = s.quarantine(tx, p.LockKey, p.Identity, "idempotency evidence is corrupt")
+			return nil
+		}
+		res = ev.Result()
+		if cur, err := s.currentOf(tx, ev.Lease, now); err == nil && cur.State != ev.Lease.State {
+			res.Current = cur
+		}
+		return nil
+	})
+	return finish(res, opErr, err)
+}

@@ -1,0 +1,259 @@
+// Package bolt is the embedded durable lease backend on go.etcd.io/bbolt: one
+// file, no server, the default backend of starlease.
+//
+// Every mutation is one bbolt write transaction, its linearization point.
+// Concurrent mutations share a transaction and its fsync through DB.Batch.
+// Backend time is the process clock read inside the transaction and never
+// allowed to move backwards: the last time used is persisted and taken as a
+// floor, so a clock step back (or a restart on a machine whose clock is
+// behind) cannot revive an expired lease.
+package bolt
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	bbolt "go.etcd.io/bbolt"
+	bolterr "go.etcd.io/bbolt/errors"
+
+	"github.com/starintel/starlease/lease"
+)
+
+// schemaVersion is the layout version stored in the meta bucket.
+const schemaVersion = "1"
+
+var (
+	bucketMeta       = []byte("meta")
+	bucketActive     = []byte("active")     // lock key → record v1
+	bucketCounters   = []byte("counters")   // lock key → uint64, never deleted
+	bucketIdem       = []byte("idem")       // idempotency scope → evidence
+	bucketIdemExp    = []byte("idem_exp")   // expiry ms ‖ scope → ∅
+	bucketHistory    = []byte("history")    // lock key ‖ 0 ‖ seq → terminal evidence
+	bucketLeases     = []byte("leases")     // lease id → lock key ‖ 0 ‖ state ‖ 0 ‖ ended ms
+	bucketIndex      = []byte("index")      // by ‖ 0 ‖ value ‖ 0 ‖ lease id → lock key
+	bucketHighWater  = []byte("high_water") // lock key ‖ 0 ‖ sink → uint64, never deleted
+	bucketCommits    = []byte("commits")    // commit scope → accepted commit
+	bucketCommitExp  = []byte("commit_exp") // expiry ms ‖ scope → ∅
+	bucketQuarantine = []byte("quarantine") // lock key → reason
+	allBuckets       = [][]byte{bucketMeta, bucketActive, bucketCounters, bucketIdem, bucketIdemExp, bucketHistory,
+		bucketLeases, bucketIndex, bucketHighWater, bucketCommits, bucketCommitExp, bucketQuarantine}
+
+	keySchema = []byte("schema")
+	keyClock  = []byte("clock_ms")
+)
+
+// Options configures a Store.
+type Options struct {
+	lease.StoreOptions
+	// ReapInterval is how often expired records and retained evidence past
+	// their retention are cleaned up. Zero means 30 s; negative disables.
+	ReapInterval time.Duration
+	// MaxBatchDelay bounds how long a mutation waits to share a transaction
+	// with concurrent ones. Zero means 2 ms.
+	MaxBatchDelay time.Duration
+	// Now is the clock; nil means time.Now. Tests only.
+	Now func() time.Time
+}
+
+// Store is the bolt lease store. It is safe for concurrent use.
+type Store struct {
+	db       *bbolt.DB
+	opts     lease.StoreOptions
+	log      *slog.Logger
+	now      func() time.Time
+	closed   atomic.Bool
+	inflight atomic.Int64
+	// soloCommits disables group commit (benchmarks measure what it buys).
+	soloCommits bool
+	stop        chan struct{}
+	wg          sync.WaitGroup
+}
+
+var _ lease.Store = (*Store)(nil)
+
+// Open opens (creating if needed) the store file at path. A file held by
+// another process makes Open fail after one second rather than wait forever.
+func Open(path string, o Options) (*Store, error) {
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: time.Second})
+	if err != nil {
+		return nil, lease.Errorf(lease.CodeBackendUnavailable, "cannot open the store file: %s", classify(err))
+	}
+	s := &Store{db: db, opts: o.StoreOptions.WithDefaults(), now: o.Now, stop: make(chan struct{})}
+	s.log = s.opts.Logger
+	if s.now == nil {
+		s.now = time.Now
+	}
+	db.MaxBatchDelay = o.MaxBatchDelay
+	if db.MaxBatchDelay <= 0 {
+		db.MaxBatchDelay = 2 * time.Millisecond
+	}
+	if err := db.Update(func(tx *bbolt.Tx) error {
+		for _, b := range allBuckets {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		meta := tx.Bucket(bucketMeta)
+		switch v := meta.Get(keySchema); {
+		case v == nil:
+			return meta.Put(keySchema, []byte(schemaVersion))
+		case string(v) != schemaVersion:
+			return errSchema
+		}
+		return nil
+	}); err != nil {
+		db.Close()
+		if errors.Is(err, errSchema) {
+			return nil, lease.Errorf(lease.CodeCorrupt, "store file has an unsupported schema version")
+		}
+		return nil, lease.Errorf(lease.CodeBackendUnavailable, "cannot initialize the store file: %s", classify(err))
+	}
+	interval := o.ReapInterval
+	if interval == 0 {
+		interval = 30 * time.Second
+	}
+	if interval > 0 {
+		s.wg.Add(1)
+		go s.reapLoop(interval)
+	}
+	return s, nil
+}
+
+var errSchema = errors.New("unsupported schema")
+
+// Close stops the reaper and closes the file. Later calls fail with
+// backend_unavailable.
+func (s *Store) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	close(s.stop)
+	s.wg.Wait()
+	if err := s.db.Close(); err != nil {
+		return lease.Errorf(lease.CodeBackendUnavailable, "close failed: %s", classify(err))
+	}
+	return nil
+}
+
+// Health reports ok while the file is open.
+func (s *Store) Health(ctx context.Context) lease.Health {
+	if s.closed.Load() {
+		return lease.Health{Status: lease.HealthUnavailable, Reason: "store is closed"}
+	}
+	if err := s.db.View(func(tx *bbolt.Tx) error { return nil }); err != nil {
+		return lease.Health{Status: lease.HealthUnavailable, Reason: "store file unavailable: " + classify(err)}
+	}
+	return lease.Health{Status: lease.HealthOK}
+}
+
+// classify names a storage error's class without its text.
+func classify(err error) string {
+	switch {
+	case errors.Is(err, bolterr.ErrDatabaseNotOpen):
+		return "not open"
+	case errors.Is(err, bolterr.ErrTimeout):
+		return "file locked by another process"
+	case errors.Is(err, bolterr.ErrDatabaseReadOnly):
+		return "read only"
+	case errors.Is(err, bolterr.ErrInvalid), errors.Is(err, bolterr.ErrChecksum), errors.Is(err, bolterr.ErrVersionMismatch):
+		return "invalid store file"
+	default:
+		return "i/o error"
+	}
+}
+
+// begin refuses work that cannot start: a closed store is unavailable, a
+// context already done is a deadline that passed before submission.
+func (s *Store) begin(ctx context.Context) error {
+	if s.closed.Load() {
+		return lease.Errorf(lease.CodeBackendUnavailable, "store is closed")
+	}
+	if ctx.Err() != nil {
+		return lease.Errorf(lease.CodeDeadlineExceeded, "deadline elapsed before the operation started")
+	}
+	return nil
+}
+
+// mutate runs fn as one write transaction. A caller alone uses its own
+// transaction; concurrent callers share one (and its fsync) through Batch.
+// fn may run more than once and must set its outputs afresh each time.
+//
+// A storage failure after submission is outcome_unknown: bbolt may have
+// written the pages before the error, so only a request lookup can tell.
+func (s *Store) mutate(ctx context.Context, fn func(tx *bbolt.Tx) error) error {
+	if err := s.begin(ctx); err != nil {
+		return err
+	}
+	var err error
+	if s.inflight.Add(1) == 1 || s.soloCommits {
+		err = s.db.Update(fn)
+	} else {
+		err = s.db.Batch(fn)
+	}
+	s.inflight.Add(-1)
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, bolterr.ErrDatabaseNotOpen) {
+		return lease.Errorf(lease.CodeBackendUnavailable, "store is closed")
+	}
+	s.log.Error("lease store write failed", "error_class", classify(err))
+	return lease.Errorf(lease.CodeOutcomeUnknown, "storage write failed; resolve by request id")
+}
+
+// view runs fn as one read transaction.
+func (s *Store) view(ctx context.Context, fn func(tx *bbolt.Tx) error) error {
+	if err := s.begin(ctx); err != nil {
+		return err
+	}
+	if err := s.db.View(fn); err != nil {
+		if errors.Is(err, bolterr.ErrDatabaseNotOpen) {
+			return lease.Errorf(lease.CodeBackendUnavailable, "store is closed")
+		}
+		s.log.Error("lease store read failed", "error_class", classify(err))
+		return lease.Errorf(lease.CodeBackendUnavailable, "storage read failed")
+	}
+	return nil
+}
+
+// clock returns backend time for tx: the process clock, floored at the
+// last time any write transaction used, which a write transaction persists.
+func (s *Store) clock(tx *bbolt.Tx) lease.Timestamp {
+	now := s.now().UnixMilli()
+	meta := tx.Bucket(bucketMeta)
+	if v := meta.Get(keyClock); len(v) == 8 {
+		if last := int64(binary.BigEndian.Uint64(v)); last > now {
+			now = last
+		}
+	}
+	if tx.Writable() {
+		_ = meta.Put(keyClock, u64(uint64(now)))
+	}
+	return lease.UnixMilli(now)
+}
+
+// deadline is the earlier of the request's deadline and the context's.
+func deadline(ctx context.Context, at time.Time) lease.Timestamp {
+	if d, ok := ctx.Deadline(); ok && d.Before(at) {
+		at = d
+	}
+	return lease.At(at)
+}
+
+func u64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
+
+func join(parts ...string) []byte {
+	var b []byte
+	for i, p := range parts {
+		if i > 0 {
+			b = append(b, 0)
+		}
+		b = append(b, p...)
+	}
+	return b
+}

@@ -1,0 +1,188 @@
+package lease
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"golang.org/x/text/unicode/norm"
+)
+
+// KeyPrefix prefixes every canonical lock key.
+const KeyPrefix = "starintel:target-lease:v1:"
+
+// MaxIdentifierBytes bounds every identifier after normalization.
+const MaxIdentifierBytes = 256
+
+// DefaultComponent is the canonical absent value of workflow_name and
+// operation_class: never an omitted tuple component.
+const DefaultComponent = "default"
+
+// Identity is the canonical lock identity: the ordered seven-field tuple.
+//
+// Case rule, per field: every component is folded to lower case after NFC.
+// tenant_id, program_id and target_namespace are StarIntel slugs; target_id is
+// a resolved target identifier, actor_name and workflow_name are component
+// names and operation_class is a configured enum — in StarIntel none of them
+// distinguishes case, so keeping case would let "Acme" and "acme" hold two
+// leases over one target. Folding is therefore the rule for all seven.
+type Identity struct {
+	TenantID        string `json:"tenant_id"`
+	ProgramID       string `json:"program_id"`
+	TargetNamespace string `json:"target_namespace"`
+	TargetID        string `json:"target_id"`
+	ActorName       string `json:"actor_name"`
+	WorkflowName    string `json:"workflow_name"`
+	OperationClass  string `json:"operation_class"`
+}
+
+// identityFields lists the tuple in its canonical order with wire names.
+func (id *Identity) fields() [7]struct {
+	name string
+	v    *string
+} {
+	return [7]struct {
+		name string
+		v    *string
+	}{
+		{"tenant_id", &id.TenantID},
+		{"program_id", &id.ProgramID},
+		{"target_namespace", &id.TargetNamespace},
+		{"target_id", &id.TargetID},
+		{"actor_name", &id.ActorName},
+		{"workflow_name", &id.WorkflowName},
+		{"operation_class", &id.OperationClass},
+	}
+}
+
+// OperationClasses is the closed, configured set of operation classes.
+type OperationClasses struct{ allowed map[string]bool }
+
+// NewOperationClasses builds the closed set; every value must itself be a
+// canonical identifier. "default" is always a member.
+func NewOperationClasses(values ...string) (OperationClasses, error) {
+	m := map[string]bool{DefaultComponent: true}
+	for _, v := range values {
+		n, err := NormalizeIdentifier("operation_class", v)
+		if err != nil {
+			return OperationClasses{}, err
+		}
+		if n != v {
+			return OperationClasses{}, Invalid("operation_class", "configured class must already be canonical")
+		}
+		m[n] = true
+	}
+	return OperationClasses{allowed: m}, nil
+}
+
+// DefaultOperationClasses is the default configuration: only "default".
+func DefaultOperationClasses() OperationClasses {
+	return OperationClasses{allowed: map[string]bool{DefaultComponent: true}}
+}
+
+// Contains reports membership; the zero value holds only "default".
+func (c OperationClasses) Contains(v string) bool {
+	if c.allowed == nil {
+		return v == DefaultComponent
+	}
+	return c.allowed[v]
+}
+
+// NormalizeIdentifier applies the identifier rule to one field: valid UTF-8,
+// NFC, trim ASCII whitespace, lower case, 1..256 bytes, first rune a letter or
+// digit, then only letters, digits and "._:-", no "..".
+func NormalizeIdentifier(field, raw string) (string, error) {
+	if !utf8.ValidString(raw) {
+		return "", Invalid(field, "must be valid UTF-8")
+	}
+	s := strings.Trim(norm.NFC.String(raw), " \t\r\n\v\f")
+	s = norm.NFC.String(strings.ToLower(s))
+	if s == "" {
+		return "", Invalid(field, "must not be empty")
+	}
+	if len(s) > MaxIdentifierBytes {
+		return "", Invalid(field, "must be at most 256 bytes")
+	}
+	for i, r := range s {
+		switch {
+		case unicode.IsControl(r):
+			return "", Invalid(field, "must not contain control characters")
+		case r == '/' || r == '\\':
+			return "", Invalid(field, "must not contain path separators")
+		case strings.ContainsRune("*?[]{}", r):
+			return "", Invalid(field, "must not contain pattern characters")
+		case unicode.IsSpace(r):
+			return "", Invalid(field, "must not contain whitespace")
+		case unicode.IsLetter(r) || unicode.IsDigit(r):
+		case i > 0 && strings.ContainsRune("._:-", r):
+		case i == 0:
+			return "", Invalid(field, "must start with a letter or digit")
+		default:
+			return "", Invalid(field, "may contain only letters, digits and . _ : -")
+		}
+	}
+	if strings.Contains(s, "..") {
+		return "", Invalid(field, "must not contain ..")
+	}
+	return s, nil
+}
+
+// Normalize validates and normalizes all seven fields, defaulting
+// workflow_name and operation_class, and checks operation_class against the
+// configured closed set.
+func (id Identity) Normalize(classes OperationClasses) (Identity, error) {
+	out := id
+	if strings.TrimSpace(out.WorkflowName) == "" {
+		out.WorkflowName = DefaultComponent
+	}
+	if strings.TrimSpace(out.OperationClass) == "" {
+		out.OperationClass = DefaultComponent
+	}
+	for _, f := range out.fields() {
+		n, err := NormalizeIdentifier("lock_identity."+f.name, *f.v)
+		if err != nil {
+			return Identity{}, err
+		}
+		*f.v = n
+	}
+	if !classes.Contains(out.OperationClass) {
+		return Identity{}, Invalid("lock_identity.operation_class", "not a configured operation class")
+	}
+	return out, nil
+}
+
+// CanonicalLockKey is the one canonical-target-lock-key function: it
+// validates and normalizes all seven fields and derives the opaque lock key.
+func CanonicalLockKey(raw Identity, classes OperationClasses) (Identity, string, error) {
+	id, err := raw.Normalize(classes)
+	if err != nil {
+		return Identity{}, "", err
+	}
+	return id, id.lockKeyOfCanonical(), nil
+}
+
+// lockKeyOfCanonical hashes an already-canonical tuple. Only CanonicalLockKey
+// and the strict record decoder (which first checks the tuple is canonical)
+// call it.
+func (id Identity) lockKeyOfCanonical() string {
+	b, _ := json.Marshal([8]string{"v1", id.TenantID, id.ProgramID, id.TargetNamespace,
+		id.TargetID, id.ActorName, id.WorkflowName, id.OperationClass})
+	sum := sha256.Sum256(b)
+	return KeyPrefix + base64.RawURLEncoding.EncodeToString(sum[:])
+}
+
+// isCanonical reports whether id is its own normalization under the
+// identifier rule (operation_class membership is a configuration question
+// checked at request time, not at decode time).
+func (id Identity) isCanonical() (string, bool) {
+	for _, f := range id.fields() {
+		n, err := NormalizeIdentifier(f.name, *f.v)
+		if err != nil || n != *f.v {
+			return f.name, false
+		}
+	}
+	return "", true
+}

@@ -1,0 +1,499 @@
+package lease
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Prepared is a validated, normalized mutation: its canonical identity and
+// lock key, idempotency scope key and request digest. Backends act only on
+// prepared requests, so every backend validates input the same way.
+type Prepared struct {
+	Op       Op
+	Identity Identity
+	LockKey  string
+	// Scope is the idempotency key: (operation, lock key, owner principal,
+	// request id), hashed to a fixed length.
+	Scope string
+	// Digest covers every behaviour-affecting input of the operation.
+	Digest string
+}
+
+// fieldHasher builds an unambiguous digest: every field is written as its
+// name and length-prefixed value, so no two inputs share an encoding.
+type fieldHasher struct{ buf []byte }
+
+func (h *fieldHasher) add(name, value string) *fieldHasher {
+	h.buf = binary.AppendUvarint(h.buf, uint64(len(name)))
+	h.buf = append(h.buf, name...)
+	h.buf = binary.AppendUvarint(h.buf, uint64(len(value)))
+	h.buf = append(h.buf, value...)
+	return h
+}
+
+func (h *fieldHasher) sum() [32]byte { return sha256.Sum256(h.buf) }
+
+func (h *fieldHasher) hex() string { s := h.sum(); return hex.EncodeToString(s[:]) }
+
+func (h *fieldHasher) b64() string { s := h.sum(); return base64.RawURLEncoding.EncodeToString(s[:]) }
+
+func itoa(v int64) string       { return strconv.FormatInt(v, 10) }
+func utoa(v uint64) string      { return strconv.FormatUint(v, 10) }
+func ms(d time.Duration) string { return itoa(d.Milliseconds()) }
+
+// IdempotencyScope derives the idempotency key of a mutation.
+func IdempotencyScope(op Op, lockKey, principalID, requestID string) string {
+	h := &fieldHasher{}
+	return h.add("op", string(op)).add("lock_key", lockKey).add("principal", principalID).add("request_id", requestID).b64()
+}
+
+func (o StoreOptions) identity(raw Identity) (Identity, string, error) {
+	return CanonicalLockKey(raw, o.WithDefaults().OperationClasses)
+}
+
+func checkMutation(m Mutation) error {
+	if err := CheckOpaqueID("request_id", m.RequestID); err != nil {
+		return err
+	}
+	if m.DeadlineAt.IsZero() {
+		return Invalid("deadline_at", "a finite deadline is required")
+	}
+	return CheckOpaqueID("owner_principal_id", m.Caller.PrincipalID)
+}
+
+func checkToken(field string, t uint64) error {
+	if t < 1 || t > MaxFencingToken {
+		return Invalid(field, "must be between 1 and 2^53-1")
+	}
+	return nil
+}
+
+func checkDuration(field string, d, max time.Duration) error {
+	if d <= 0 {
+		return Invalid(field, "must be positive")
+	}
+	if d%time.Millisecond != 0 {
+		return Invalid(field, "must be whole milliseconds")
+	}
+	if d > max {
+		return Invalid(field, "exceeds the server maximum")
+	}
+	return nil
+}
+
+func prepared(op Op, id Identity, key string, m Mutation, h *fieldHasher) Prepared {
+	return Prepared{Op: op, Identity: id, LockKey: key,
+		Scope: IdempotencyScope(op, key, m.Caller.PrincipalID, m.RequestID), Digest: h.hex()}
+}
+
+// PrepareAcquire validates and normalizes an acquire request.
+func PrepareAcquire(req AcquireRequest, o StoreOptions) (AcquireRequest, Prepared, error) {
+	id, key, err := o.identity(req.Identity)
+	if err != nil {
+		return req, Prepared{}, err
+	}
+	req.Identity = id
+	if err := checkMutation(req.Mutation); err != nil {
+		return req, Prepared{}, err
+	}
+	for _, f := range []struct{ name, v string }{
+		{"owner_client_id", req.Caller.ClientID}, {"owner_credential_id", req.Caller.CredentialID},
+		{"service_instance_id", req.ServiceInstanceID}, {"execution_id", req.ExecutionID}, {"job_id", req.JobID},
+	} {
+		if err := CheckOpaqueID(f.name, f.v); err != nil {
+			return req, Prepared{}, err
+		}
+	}
+	if req.TraceID != "" {
+		if err := CheckOpaqueID("trace_id", req.TraceID); err != nil {
+			return req, Prepared{}, err
+		}
+	}
+	if err := checkDuration("ttl_ms", req.TTL, MaxTTL); err != nil {
+		return req, Prepared{}, err
+	}
+	if err := checkDuration("maximum_lifetime_ms", req.MaximumLifetime, MaxLifetime); err != nil {
+		return req, Prepared{}, err
+	}
+	if req.TTL > req.MaximumLifetime {
+		return req, Prepared{}, Invalid("ttl_ms", "must not exceed maximum_lifetime_ms")
+	}
+	if err := ValidateMetadata(req.Metadata); err != nil {
+		return req, Prepared{}, err
+	}
+	h := (&fieldHasher{}).add("op", string(OpAcquire)).add("lock_key", key).
+		add("owner_principal_id", req.Caller.PrincipalID).add("owner_client_id", req.Caller.ClientID).
+		add("owner_credential_id", req.Caller.CredentialID).add("service_instance_id", req.ServiceInstanceID).
+		add("ttl_ms", ms(req.TTL)).add("maximum_lifetime_ms", ms(req.MaximumLifetime)).
+		add("execution_id", req.ExecutionID).add("job_id", req.JobID).add("trace_id", req.TraceID).
+		add("metadata", string(canonicalMetadata(req.Metadata)))
+	return req, prepared(OpAcquire, id, key, req.Mutation, h), nil
+}
+
+// PrepareRenew validates and normalizes a renew request.
+func PrepareRenew(req RenewRequest, o StoreOptions) (RenewRequest, Prepared, error) {
+	id, key, err := o.identity(req.Identity)
+	if err != nil {
+		return req, Prepared{}, err
+	}
+	req.Identity = id
+	if err := checkMutation(req.Mutation); err != nil {
+		return req, Prepared{}, err
+	}
+	if err := checkHeld(req.LeaseID, req.FencingToken, req.ServiceInstanceID); err != nil {
+		return req, Prepared{}, err
+	}
+	if req.TTL != 0 {
+		if err := checkDuration("ttl_ms", req.TTL, MaxTTL); err != nil {
+			return req, Prepared{}, err
+		}
+	}
+	h := (&fieldHasher{}).add("op", string(OpRenew)).add("lock_key", key).
+		add("owner_principal_id", req.Caller.PrincipalID).add("lease_id", req.LeaseID).
+		add("fencing_token", utoa(req.FencingToken)).add("service_instance_id", req.ServiceInstanceID).
+		add("ttl_ms", ms(req.TTL))
+	return req, prepared(OpRenew, id, key, req.Mutation, h), nil
+}
+
+func checkHeld(leaseID string, token uint64, instance string) error {
+	if err := CheckOpaqueID("lease_id", leaseID); err != nil {
+		return err
+	}
+	if err := checkToken("fencing_token", token); err != nil {
+		return err
+	}
+	return CheckOpaqueID("service_instance_id", instance)
+}
+
+// PrepareRelease validates and normalizes a release request.
+func PrepareRelease(req ReleaseRequest, o StoreOptions) (ReleaseRequest, Prepared, error) {
+	id, key, err := o.identity(req.Identity)
+	if err != nil {
+		return req, Prepared{}, err
+	}
+	req.Identity = id
+	if err := checkMutation(req.Mutation); err != nil {
+		return req, Prepared{}, err
+	}
+	if err := checkHeld(req.LeaseID, req.FencingToken, req.ServiceInstanceID); err != nil {
+		return req, Prepared{}, err
+	}
+	h := (&fieldHasher{}).add("op", string(OpRelease)).add("lock_key", key).
+		add("owner_principal_id", req.Caller.PrincipalID).add("lease_id", req.LeaseID).
+		add("fencing_token", utoa(req.FencingToken)).add("service_instance_id", req.ServiceInstanceID)
+	return req, prepared(OpRelease, id, key, req.Mutation, h), nil
+}
+
+// PrepareAdmin validates a force-release (OpForceRelease) or revoke (OpRevoke).
+func PrepareAdmin(op Op, req AdminRequest, o StoreOptions) (AdminRequest, Prepared, error) {
+	if op != OpForceRelease && op != OpRevoke {
+		return req, Prepared{}, Invalid("operation", "not an administrative operation")
+	}
+	id, key, err := o.identity(req.Identity)
+	if err != nil {
+		return req, Prepared{}, err
+	}
+	req.Identity = id
+	if err := checkMutation(req.Mutation); err != nil {
+		return req, Prepared{}, err
+	}
+	if err := CheckOpaqueID("lease_id", req.LeaseID); err != nil {
+		return req, Prepared{}, err
+	}
+	if err := checkToken("fencing_token", req.FencingToken); err != nil {
+		return req, Prepared{}, err
+	}
+	if req.Reason == "" && req.IncidentID == "" {
+		return req, Prepared{}, Invalid("reason", "a reason or incident_id is required")
+	}
+	if err := CheckReason(req.Reason); err != nil {
+		return req, Prepared{}, err
+	}
+	if req.IncidentID != "" {
+		if err := CheckOpaqueID("incident_id", req.IncidentID); err != nil {
+			return req, Prepared{}, err
+		}
+	}
+	h := (&fieldHasher{}).add("op", string(op)).add("lock_key", key).
+		add("owner_principal_id", req.Caller.PrincipalID).add("lease_id", req.LeaseID).
+		add("fencing_token", utoa(req.FencingToken)).add("reason", req.Reason).add("incident_id", req.IncidentID)
+	return req, prepared(op, id, key, req.Mutation, h), nil
+}
+
+// CheckReason bounds an administrator reason: printable UTF-8, no control
+// characters, at most 512 bytes. Empty is allowed when an incident id is given.
+func CheckReason(reason string) error {
+	if len(reason) > MaxReasonBytes {
+		return Invalid("reason", "must be at most 512 bytes")
+	}
+	if !utf8.ValidString(reason) {
+		return Invalid("reason", "must be valid UTF-8")
+	}
+	for _, r := range reason {
+		if unicode.IsControl(r) {
+			return Invalid("reason", "must not contain control characters")
+		}
+	}
+	if reason != "" && strings.TrimSpace(reason) == "" {
+		return Invalid("reason", "must not be blank")
+	}
+	return nil
+}
+
+// PrepareInspect validates an inspect request: exactly one of an identity or
+// a lease id. For an identity it returns the lock key.
+func PrepareInspect(req InspectRequest, o StoreOptions) (InspectRequest, string, error) {
+	if err := checkDeadline(req.DeadlineAt); err != nil {
+		return req, "", err
+	}
+	hasID := req.Identity != (Identity{})
+	switch {
+	case hasID && req.LeaseID != "":
+		return req, "", Invalid("lease_id", "give either lock_identity or lease_id, not both")
+	case req.LeaseID != "":
+		return req, "", CheckOpaqueID("lease_id", req.LeaseID)
+	case !hasID:
+		return req, "", Invalid("lock_identity", "lock_identity or lease_id is required")
+	}
+	id, key, err := o.identity(req.Identity)
+	if err != nil {
+		return req, "", err
+	}
+	req.Identity = id
+	return req, key, nil
+}
+
+func checkDeadline(d time.Time) error {
+	if d.IsZero() {
+		return Invalid("deadline_at", "a finite deadline is required")
+	}
+	return nil
+}
+
+// ListFilter is a validated List filter: the index it walks and the
+// canonical value it matches.
+type ListFilter struct {
+	By    ListBy
+	Value string // canonical, unambiguous encoding of the filter values
+}
+
+// PrepareList validates a list request and returns its filter, the decoded
+// cursor ("" for the first page) and the effective page size.
+func PrepareList(req ListRequest, o StoreOptions) (ListFilter, string, int, error) {
+	o = o.WithDefaults()
+	if err := checkDeadline(req.DeadlineAt); err != nil {
+		return ListFilter{}, "", 0, err
+	}
+	var f ListFilter
+	switch req.By {
+	case ListByOwner:
+		if err := CheckOpaqueID("owner_principal_id", req.OwnerPrincipalID); err != nil {
+			return f, "", 0, err
+		}
+		if req.TenantID != "" || req.ProgramID != "" || req.TargetNamespace != "" || req.TargetID != "" {
+			return f, "", 0, Invalid("owner_principal_id", "list by owner takes no target fields")
+		}
+		f = ListFilter{ListByOwner, OwnerIndexValue(req.OwnerPrincipalID)}
+	case ListByTarget, ListByProgram:
+		if req.OwnerPrincipalID != "" {
+			return f, "", 0, Invalid("owner_principal_id", "list by target or program takes no owner")
+		}
+		id := Identity{TenantID: req.TenantID, ProgramID: req.ProgramID, TargetNamespace: req.TargetNamespace, TargetID: req.TargetID}
+		if req.By == ListByProgram {
+			if req.TargetNamespace != "" || req.TargetID != "" {
+				return f, "", 0, Invalid("target_id", "list by program takes no target fields")
+			}
+			id.TargetNamespace, id.TargetID = "x", "x" // placeholders, not part of the filter
+		}
+		id.ActorName = "x"
+		n, err := id.Normalize(o.OperationClasses)
+		if err != nil {
+			return f, "", 0, err
+		}
+		if req.By == ListByProgram {
+			f = ListFilter{ListByProgram, ProgramIndexValue(n)}
+		} else {
+			f = ListFilter{ListByTarget, TargetIndexValue(n)}
+		}
+	default:
+		return f, "", 0, Invalid("by", "must be owner, target or program")
+	}
+	size, err := pageSize(req.PageSize, o.MaxPageSize)
+	if err != nil {
+		return f, "", 0, err
+	}
+	after, err := DecodePageToken(req.PageToken, string(f.By)+"\x00"+f.Value)
+	return f, after, size, err
+}
+
+func pageSize(n, max int) (int, error) {
+	switch {
+	case n == 0:
+		return max, nil
+	case n < 0 || n > max:
+		return 0, Invalid("page_size", "must be between 1 and "+strconv.Itoa(max))
+	}
+	return n, nil
+}
+
+// PrepareHistory validates a history request.
+func PrepareHistory(req HistoryRequest, o StoreOptions) (HistoryRequest, string, string, int, error) {
+	o = o.WithDefaults()
+	if err := checkDeadline(req.DeadlineAt); err != nil {
+		return req, "", "", 0, err
+	}
+	id, key, err := o.identity(req.Identity)
+	if err != nil {
+		return req, "", "", 0, err
+	}
+	req.Identity = id
+	size, err := pageSize(req.PageSize, o.MaxPageSize)
+	if err != nil {
+		return req, "", "", 0, err
+	}
+	after, err := DecodePageToken(req.PageToken, "history\x00"+key)
+	return req, key, after, size, err
+}
+
+// The index values of List filters. Each is the length-prefixed encoding of
+// canonical components, so no two filters share a value.
+func OwnerIndexValue(principal string) string { return lengthPrefixed(principal) }
+
+// TargetIndexValue is the by-target index value of a canonical identity.
+func TargetIndexValue(id Identity) string {
+	return lengthPrefixed(id.TenantID, id.ProgramID, id.TargetNamespace, id.TargetID)
+}
+
+// ProgramIndexValue is the by-program index value of a canonical identity.
+func ProgramIndexValue(id Identity) string { return lengthPrefixed(id.TenantID, id.ProgramID) }
+
+func lengthPrefixed(parts ...string) string {
+	var b []byte
+	for _, p := range parts {
+		b = binary.BigEndian.AppendUint16(b, uint16(len(p)))
+		b = append(b, p...)
+	}
+	return string(b)
+}
+
+// PreparedCommit is a validated commit authorization.
+type PreparedCommit struct {
+	Identity Identity
+	LockKey  string
+	// Scope identifies the commit: (lock key, sink, commit id).
+	Scope  string
+	Digest string
+}
+
+// PrepareCommit validates a commit authorization request.
+func PrepareCommit(req CommitRequest, o StoreOptions) (CommitRequest, PreparedCommit, error) {
+	id, key, err := o.identity(req.Identity)
+	if err != nil {
+		return req, PreparedCommit{}, err
+	}
+	req.Identity = id
+	if err := checkDeadline(req.DeadlineAt); err != nil {
+		return req, PreparedCommit{}, err
+	}
+	if err := CheckOpaqueID("owner_principal_id", req.Caller.PrincipalID); err != nil {
+		return req, PreparedCommit{}, err
+	}
+	if err := checkHeld(req.LeaseID, req.FencingToken, req.ServiceInstanceID); err != nil {
+		return req, PreparedCommit{}, err
+	}
+	sink, err := NormalizeIdentifier("sink", req.Sink)
+	if err != nil {
+		return req, PreparedCommit{}, err
+	}
+	req.Sink = sink
+	for _, f := range []struct{ name, v string }{{"commit_id", req.CommitID}, {"execution_id", req.ExecutionID}} {
+		if err := CheckOpaqueID(f.name, f.v); err != nil {
+			return req, PreparedCommit{}, err
+		}
+	}
+	if req.TraceID != "" {
+		if err := CheckOpaqueID("trace_id", req.TraceID); err != nil {
+			return req, PreparedCommit{}, err
+		}
+	}
+	scope := (&fieldHasher{}).add("op", "commit").add("lock_key", key).add("sink", sink).add("commit_id", req.CommitID).b64()
+	h := (&fieldHasher{}).add("op", "commit").add("lock_key", key).add("owner_principal_id", req.Caller.PrincipalID).
+		add("lease_id", req.LeaseID).add("fencing_token", utoa(req.FencingToken)).
+		add("service_instance_id", req.ServiceInstanceID).add("sink", sink).add("commit_id", req.CommitID).
+		add("execution_id", req.ExecutionID).add("trace_id", req.TraceID)
+	return req, PreparedCommit{Identity: id, LockKey: key, Scope: scope, Digest: h.hex()}, nil
+}
+
+// PrepareLookup validates a request lookup and returns its idempotency scope.
+func PrepareLookup(req LookupRequest, o StoreOptions) (Prepared, error) {
+	if !req.Op.Valid() {
+		return Prepared{}, Invalid("operation", "unknown operation")
+	}
+	if err := checkDeadline(req.DeadlineAt); err != nil {
+		return Prepared{}, err
+	}
+	id, key, err := o.identity(req.Identity)
+	if err != nil {
+		return Prepared{}, err
+	}
+	if err := CheckOpaqueID("owner_principal_id", req.PrincipalID); err != nil {
+		return Prepared{}, err
+	}
+	if err := CheckOpaqueID("request_id", req.RequestID); err != nil {
+		return Prepared{}, err
+	}
+	return Prepared{Op: req.Op, Identity: id, LockKey: key, Scope: IdempotencyScope(req.Op, key, req.PrincipalID, req.RequestID)}, nil
+}
+
+// Page tokens are opaque to callers: base64url of a small versioned JSON
+// object binding the cursor to its filter, so a token cannot be replayed
+// against another filter or forged into a pattern.
+type pageToken struct {
+	V int    `json:"v"`
+	F string `json:"f"`
+	A string `json:"a"`
+}
+
+// MaxPageTokenBytes bounds an encoded page token.
+const MaxPageTokenBytes = 1024
+
+func filterTag(scope string) string {
+	return (&fieldHasher{}).add("filter", scope).b64()[:16]
+}
+
+// EncodePageToken encodes cursor "after" for the filter scope.
+func EncodePageToken(after, scope string) string {
+	b, _ := json.Marshal(pageToken{V: 1, F: filterTag(scope), A: after})
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// DecodePageToken decodes a token minted by EncodePageToken for the same
+// filter scope. "" decodes to "" (first page).
+func DecodePageToken(tok, scope string) (string, error) {
+	if tok == "" {
+		return "", nil
+	}
+	if len(tok) > MaxPageTokenBytes {
+		return "", Invalid("page_token", "too long")
+	}
+	b, err := base64.RawURLEncoding.DecodeString(tok)
+	if err != nil {
+		return "", Invalid("page_token", "malformed")
+	}
+	var p pageToken
+	if err := strictUnmarshal(b, &p); err != nil || p.V != 1 || p.A == "" {
+		return "", Invalid("page_token", "malformed")
+	}
+	if p.F != filterTag(scope) {
+		return "", Invalid("page_token", "does not belong to this filter")
+	}
+	return p.A, nil
+}

@@ -1,0 +1,394 @@
+package lease
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// RecordVersion is the only record version this code reads or writes.
+const RecordVersion = 1
+
+// Bounds on stored values; the strict decoder fails closed outside them.
+const (
+	// MaxFencingToken is the last token ever issued: 2^53-1, the largest
+	// integer every JSON reader holds exactly.
+	MaxFencingToken uint64 = 1<<53 - 1
+	// MaxTTL and MaxLifetime are hard ceilings; service policy narrows them.
+	MaxTTL      = 24 * time.Hour
+	MaxLifetime = 7 * 24 * time.Hour
+	// MaxMetadataKeys and MaxMetadataBytes bound the metadata object.
+	MaxMetadataKeys  = 32
+	MaxMetadataBytes = 4096
+	// MaxReasonBytes bounds administrator reasons.
+	MaxReasonBytes = 512
+)
+
+// State is an externally observable lease state.
+type State string
+
+const (
+	StateActive   State = "active"
+	StateExpired  State = "expired"
+	StateReleased State = "released"
+	StateRevoked  State = "revoked"
+)
+
+// Valid reports whether s is one of the four states.
+func (s State) Valid() bool {
+	switch s {
+	case StateActive, StateExpired, StateReleased, StateRevoked:
+		return true
+	}
+	return false
+}
+
+// Terminal reports whether s is a terminal state.
+func (s State) Terminal() bool { return s == StateExpired || s == StateReleased || s == StateRevoked }
+
+const timestampLayout = "2006-01-02T15:04:05.000Z"
+
+// Timestamp is a UTC instant with millisecond precision, encoded as RFC 3339
+// with exactly three fractional digits and "Z".
+type Timestamp struct{ t time.Time }
+
+// At converts t, truncating to the millisecond.
+func At(t time.Time) Timestamp { return Timestamp{t.UTC().Truncate(time.Millisecond)} }
+
+// UnixMilli builds a Timestamp from milliseconds since the epoch.
+func UnixMilli(ms int64) Timestamp { return Timestamp{time.UnixMilli(ms).UTC()} }
+
+// Time returns the instant.
+func (ts Timestamp) Time() time.Time { return ts.t }
+
+// UnixMilli returns milliseconds since the epoch.
+func (ts Timestamp) UnixMilli() int64 { return ts.t.UnixMilli() }
+
+// IsZero reports whether ts is unset.
+func (ts Timestamp) IsZero() bool { return ts.t.IsZero() }
+
+// Add returns ts+d.
+func (ts Timestamp) Add(d time.Duration) Timestamp { return At(ts.t.Add(d)) }
+
+// Before reports ts < o.
+func (ts Timestamp) Before(o Timestamp) bool { return ts.t.Before(o.t) }
+
+func (ts Timestamp) String() string { return ts.t.Format(timestampLayout) }
+
+// MarshalJSON writes the contract's timestamp form.
+func (ts Timestamp) MarshalJSON() ([]byte, error) {
+	if ts.t.IsZero() {
+		return nil, fmt.Errorf("lease: zero timestamp")
+	}
+	return []byte(`"` + ts.String() + `"`), nil
+}
+
+// UnmarshalJSON accepts only the exact contract form.
+func (ts *Timestamp) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("timestamp must be a string")
+	}
+	t, err := ParseTimestamp(s)
+	if err != nil {
+		return err
+	}
+	*ts = t
+	return nil
+}
+
+// ParseTimestamp parses the exact contract form "YYYY-MM-DDTHH:MM:SS.mmmZ".
+func ParseTimestamp(s string) (Timestamp, error) {
+	t, err := time.Parse(timestampLayout, s)
+	if err != nil || t.Format(timestampLayout) != s {
+		return Timestamp{}, fmt.Errorf("timestamp must be RFC 3339 UTC with milliseconds")
+	}
+	return Timestamp{t.UTC()}, nil
+}
+
+// Metadata is the bounded, non-secret metadata object: at most 32 keys that
+// follow the identifier rule, scalar values only (string, number, boolean,
+// null), at most 4 KiB encoded.
+type Metadata map[string]any
+
+// Record is lease record v1, exactly the contract's fields.
+type Record struct {
+	RecordVersion     int       `json:"record_version"`
+	LockKey           string    `json:"lock_key"`
+	TenantID          string    `json:"tenant_id"`
+	ProgramID         string    `json:"program_id"`
+	TargetNamespace   string    `json:"target_namespace"`
+	TargetID          string    `json:"target_id"`
+	ActorName         string    `json:"actor_name"`
+	WorkflowName      string    `json:"workflow_name"`
+	OperationClass    string    `json:"operation_class"`
+	LeaseID           string    `json:"lease_id"`
+	OwnerPrincipalID  string    `json:"owner_principal_id"`
+	OwnerClientID     string    `json:"owner_client_id"`
+	OwnerCredentialID string    `json:"owner_credential_id"`
+	ServiceInstanceID string    `json:"service_instance_id"`
+	FencingToken      uint64    `json:"fencing_token"`
+	AcquiredAt        Timestamp `json:"acquired_at"`
+	RenewedAt         Timestamp `json:"renewed_at"`
+	ExpiresAt         Timestamp `json:"expires_at"`
+	TTLMs             int64     `json:"ttl_ms"`
+	MaximumLifetimeMs int64     `json:"maximum_lifetime_ms"`
+	ExecutionID       string    `json:"execution_id"`
+	JobID             string    `json:"job_id"`
+	TraceID           string    `json:"trace_id"`
+	RequestID         string    `json:"request_id"`
+	Metadata          Metadata  `json:"metadata"`
+	State             State     `json:"state"`
+}
+
+// Identity returns the record's tuple.
+func (r *Record) Identity() Identity {
+	return Identity{r.TenantID, r.ProgramID, r.TargetNamespace, r.TargetID, r.ActorName, r.WorkflowName, r.OperationClass}
+}
+
+// SetIdentity copies id's tuple into r.
+func (r *Record) SetIdentity(id Identity) {
+	r.TenantID, r.ProgramID, r.TargetNamespace, r.TargetID = id.TenantID, id.ProgramID, id.TargetNamespace, id.TargetID
+	r.ActorName, r.WorkflowName, r.OperationClass = id.ActorName, id.WorkflowName, id.OperationClass
+}
+
+// LiveAt reports whether r is authoritative at backend time now: state active
+// and now strictly before expires_at.
+func (r *Record) LiveAt(now Timestamp) bool {
+	return r.State == StateActive && now.Before(r.ExpiresAt)
+}
+
+// ObservedAt returns a copy of r as seen at backend time now: an active
+// record past its expiry is reported as expired.
+func (r *Record) ObservedAt(now Timestamp) *Record {
+	c := r.Clone()
+	if c.State == StateActive && !now.Before(c.ExpiresAt) {
+		c.State = StateExpired
+	}
+	return c
+}
+
+// Clone returns a deep copy.
+func (r *Record) Clone() *Record {
+	if r == nil {
+		return nil
+	}
+	c := *r
+	if r.Metadata != nil {
+		c.Metadata = make(Metadata, len(r.Metadata))
+		for k, v := range r.Metadata {
+			c.Metadata[k] = v
+		}
+	}
+	return &c
+}
+
+// Encode validates r and returns its canonical JSON. Backends store exactly
+// these bytes.
+func (r *Record) Encode() ([]byte, error) {
+	if err := r.validate(); err != nil {
+		return nil, err
+	}
+	if r.Metadata == nil {
+		c := r.Clone()
+		c.Metadata = Metadata{}
+		r = c
+	}
+	return json.Marshal(r)
+}
+
+// DecodeRecord is the strict decoder: unknown fields, trailing data, a wrong
+// version, a tuple that is not canonical or does not hash to lock_key, a bad
+// state or an out-of-bounds value fail closed with a corrupt *Error.
+func DecodeRecord(b []byte) (*Record, error) {
+	var r Record
+	if err := strictUnmarshal(b, &r); err != nil {
+		return nil, corrupt("record: " + err.Error())
+	}
+	if err := r.validate(); err != nil {
+		return nil, corrupt("record: " + AsError(err).Reason)
+	}
+	return &r, nil
+}
+
+func corrupt(reason string) *Error { return &Error{Code: CodeCorrupt, Reason: reason} }
+
+// strictUnmarshal decodes exactly one JSON value into v, rejecting unknown
+// fields, trailing data and numbers outside v's types.
+func strictUnmarshal(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	dec.UseNumber()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("malformed: %s", sanitizeJSONError(err))
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("trailing data")
+	}
+	return nil
+}
+
+// sanitizeJSONError keeps the decoder's field-level explanation but never
+// echoes input bytes beyond a field name.
+func sanitizeJSONError(err error) string {
+	switch e := err.(type) {
+	case *json.UnmarshalTypeError:
+		return "wrong type for " + e.Field
+	case *json.SyntaxError:
+		return fmt.Sprintf("syntax error at offset %d", e.Offset)
+	}
+	msg := err.Error()
+	if strings.HasPrefix(msg, "json: unknown field ") {
+		return "unknown field " + strings.TrimPrefix(msg, "json: unknown field ")
+	}
+	return "invalid JSON"
+}
+
+// validate checks every invariant of a stored record.
+func (r *Record) validate() error {
+	if r.RecordVersion != RecordVersion {
+		return Invalid("record_version", "unsupported record version")
+	}
+	id := r.Identity()
+	if f, ok := id.isCanonical(); !ok {
+		return Invalid(f, "stored tuple is not canonical")
+	}
+	if id.lockKeyOfCanonical() != r.LockKey {
+		return Invalid("lock_key", "stored tuple does not hash to lock_key")
+	}
+	for _, f := range []struct{ name, v string }{
+		{"lease_id", r.LeaseID}, {"owner_principal_id", r.OwnerPrincipalID},
+		{"owner_client_id", r.OwnerClientID}, {"owner_credential_id", r.OwnerCredentialID},
+		{"service_instance_id", r.ServiceInstanceID}, {"execution_id", r.ExecutionID},
+		{"job_id", r.JobID}, {"request_id", r.RequestID},
+	} {
+		if err := CheckOpaqueID(f.name, f.v); err != nil {
+			return err
+		}
+	}
+	if r.TraceID != "" {
+		if err := CheckOpaqueID("trace_id", r.TraceID); err != nil {
+			return err
+		}
+	}
+	if r.FencingToken < 1 || r.FencingToken > MaxFencingToken {
+		return Invalid("fencing_token", "out of range")
+	}
+	if r.AcquiredAt.IsZero() || r.RenewedAt.IsZero() || r.ExpiresAt.IsZero() {
+		return Invalid("acquired_at", "timestamps are required")
+	}
+	if r.TTLMs < 1 || r.TTLMs > MaxTTL.Milliseconds() {
+		return Invalid("ttl_ms", "out of range")
+	}
+	if r.MaximumLifetimeMs < 1 || r.MaximumLifetimeMs > MaxLifetime.Milliseconds() {
+		return Invalid("maximum_lifetime_ms", "out of range")
+	}
+	if r.RenewedAt.Before(r.AcquiredAt) || !r.RenewedAt.Before(r.ExpiresAt) {
+		return Invalid("renewed_at", "must lie in [acquired_at, expires_at)")
+	}
+	if r.ExpiresAt.UnixMilli() > r.AcquiredAt.UnixMilli()+r.MaximumLifetimeMs {
+		return Invalid("expires_at", "exceeds acquired_at + maximum_lifetime_ms")
+	}
+	if r.ExpiresAt.UnixMilli()-r.RenewedAt.UnixMilli() > r.TTLMs {
+		return Invalid("expires_at", "exceeds renewed_at + ttl_ms")
+	}
+	if !r.State.Valid() {
+		return Invalid("state", "unknown state")
+	}
+	return ValidateMetadata(r.Metadata)
+}
+
+// CheckOpaqueID validates a caller- or server-generated identifier (lease,
+// principal, execution, job, trace, request ids): same character rule as
+// identity components but case is preserved, since these are opaque tokens
+// compared byte for byte.
+func CheckOpaqueID(field, v string) error {
+	if v == "" {
+		return Invalid(field, "must not be empty")
+	}
+	if len(v) > MaxIdentifierBytes {
+		return Invalid(field, "must be at most 256 bytes")
+	}
+	if !utf8.ValidString(v) {
+		return Invalid(field, "must be valid UTF-8")
+	}
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case i > 0 && (c == '.' || c == '_' || c == ':' || c == '-'):
+		default:
+			return Invalid(field, "may contain only ASCII letters, digits and . _ : - and must start with a letter or digit")
+		}
+	}
+	if strings.Contains(v, "..") {
+		return Invalid(field, "must not contain ..")
+	}
+	return nil
+}
+
+// ValidateMetadata enforces the metadata rule.
+func ValidateMetadata(m Metadata) error {
+	if len(m) > MaxMetadataKeys {
+		return Invalid("metadata", "at most 32 keys")
+	}
+	for k, v := range m {
+		if n, err := NormalizeIdentifier("metadata", k); err != nil || n != k {
+			return Invalid("metadata", "keys must be canonical identifiers")
+		}
+		switch x := v.(type) {
+		case nil, bool, string:
+		case json.Number:
+			if _, err := x.Float64(); err != nil {
+				return Invalid("metadata."+k, "invalid number")
+			}
+		case float64:
+			if math.IsNaN(x) || math.IsInf(x, 0) {
+				return Invalid("metadata."+k, "number must be finite")
+			}
+		case int, int64, uint64, int32:
+		default:
+			return Invalid("metadata."+k, "values must be scalars")
+		}
+		if s, ok := v.(string); ok && !utf8.ValidString(s) {
+			return Invalid("metadata."+k, "must be valid UTF-8")
+		}
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return Invalid("metadata", "not encodable")
+	}
+	if len(b) > MaxMetadataBytes {
+		return Invalid("metadata", "at most 4 KiB encoded")
+	}
+	return nil
+}
+
+// canonicalMetadata is the digest form of metadata: keys sorted (encoding/json
+// sorts map keys), numbers as written.
+func canonicalMetadata(m Metadata) []byte {
+	if len(m) == 0 {
+		return []byte("{}")
+	}
+	b, _ := json.Marshal(m)
+	return b
+}
+
+// DecodeMetadata strictly decodes a metadata object (numbers kept as written).
+func DecodeMetadata(b []byte) (Metadata, error) {
+	var m Metadata
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	if err := dec.Decode(&m); err != nil || dec.More() {
+		return nil, Invalid("metadata", "must be a JSON object")
+	}
+	if m == nil {
+		return nil, Invalid("metadata", "must be a JSON object")
+	}
+	return m, ValidateMetadata(m)
+}

@@ -1,0 +1,321 @@
+package lease
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// Store is the lease-store protocol. Every method is one atomic backend
+// operation decided at backend time. Errors are always *Error; backend
+// booleans, NIL replies and raw backend errors never cross this boundary.
+//
+// Every mutating request carries the identity, a request id, a finite
+// deadline and the caller's safe security context; the owner of a new lease
+// is the caller, never a body field.
+type Store interface {
+	// Acquire grants a new lease if no unexpired active lease exists.
+	Acquire(ctx context.Context, req AcquireRequest) (Result, error)
+	// Renew extends the exact matching active lease.
+	Renew(ctx context.Context, req RenewRequest) (Result, error)
+	// Release ends the exact matching active lease (compare-and-delete).
+	Release(ctx context.Context, req ReleaseRequest) (Result, error)
+	// ForceRelease ends the observed active lease for an administrator.
+	ForceRelease(ctx context.Context, req AdminRequest) (Result, error)
+	// Revoke ends the observed active lease with the security terminal state.
+	Revoke(ctx context.Context, req AdminRequest) (Result, error)
+	// Inspect reads the lease of an identity, or a lease by its id.
+	Inspect(ctx context.Context, req InspectRequest) (Result, error)
+	// List pages through unexpired active leases by a canonical filter.
+	List(ctx context.Context, req ListRequest) (ListResult, error)
+	// History pages through an identity's terminal records, newest first.
+	History(ctx context.Context, req HistoryRequest) (HistoryResult, error)
+	// AuthorizeCommit is the fenced-write validation at the backend
+	// linearization point.
+	AuthorizeCommit(ctx context.Context, req CommitRequest) (CommitResult, error)
+	// LookupRequest returns the stored result of a mutation by request id,
+	// resolving an outcome_unknown.
+	LookupRequest(ctx context.Context, req LookupRequest) (Result, error)
+	// Health reports whether the backend can give safe answers.
+	Health(ctx context.Context) Health
+	// Close releases resources; later calls return backend_unavailable.
+	Close() error
+}
+
+// Op names a mutating operation; it scopes idempotency keys.
+type Op string
+
+const (
+	OpAcquire      Op = "acquire"
+	OpRenew        Op = "renew"
+	OpRelease      Op = "release"
+	OpForceRelease Op = "force_release"
+	OpRevoke       Op = "revoke"
+)
+
+// Valid reports whether o is a known mutation.
+func (o Op) Valid() bool {
+	switch o {
+	case OpAcquire, OpRenew, OpRelease, OpForceRelease, OpRevoke:
+		return true
+	}
+	return false
+}
+
+// Caller is the authenticated, non-secret security context of a request.
+type Caller struct {
+	PrincipalID    string
+	PrincipalClass string
+	ClientID       string
+	CredentialID   string
+	// CorrelationID ties the request to its audit event.
+	CorrelationID string
+}
+
+// Mutation is what every mutating request carries besides its own fields.
+type Mutation struct {
+	RequestID  string
+	DeadlineAt time.Time
+	Caller     Caller
+}
+
+// AcquireRequest asks for a new lease. TTL is the effective TTL already chosen
+// by server policy; MaximumLifetime the configured maximum lifetime.
+type AcquireRequest struct {
+	Identity          Identity
+	ServiceInstanceID string
+	TTL               time.Duration
+	MaximumLifetime   time.Duration
+	ExecutionID       string
+	JobID             string
+	TraceID           string
+	Metadata          Metadata
+	Mutation
+}
+
+// RenewRequest extends a lease. TTL zero keeps the lease's current ttl_ms.
+type RenewRequest struct {
+	Identity          Identity
+	LeaseID           string
+	FencingToken      uint64
+	ServiceInstanceID string
+	TTL               time.Duration
+	Mutation
+}
+
+// ReleaseRequest ends a lease held by the caller.
+type ReleaseRequest struct {
+	Identity          Identity
+	LeaseID           string
+	FencingToken      uint64
+	ServiceInstanceID string
+	Mutation
+}
+
+// AdminRequest force-releases or revokes the observed lease (LeaseID and
+// FencingToken as the administrator saw them). Reason or IncidentID is
+// required.
+type AdminRequest struct {
+	Identity     Identity
+	LeaseID      string
+	FencingToken uint64
+	Reason       string
+	IncidentID   string
+	Mutation
+}
+
+// InspectRequest names exactly one of an identity or a lease id.
+type InspectRequest struct {
+	Identity   Identity
+	LeaseID    string
+	DeadlineAt time.Time
+	Caller     Caller
+}
+
+// ListBy selects a List filter.
+type ListBy string
+
+const (
+	ListByOwner   ListBy = "owner"
+	ListByTarget  ListBy = "target"
+	ListByProgram ListBy = "program"
+)
+
+// ListRequest lists unexpired active leases by one canonical filter: by owner
+// (OwnerPrincipalID), by target (tenant, program, namespace, target) or by
+// program (tenant, program). Order is stable (by lease id, which sorts by
+// acquisition time); PageToken is opaque and bound to the filter.
+type ListRequest struct {
+	By               ListBy
+	OwnerPrincipalID string
+	TenantID         string
+	ProgramID        string
+	TargetNamespace  string
+	TargetID         string
+	PageSize         int
+	PageToken        string
+	DeadlineAt       time.Time
+	Caller           Caller
+}
+
+// HistoryRequest pages through an identity's terminal records, newest first.
+type HistoryRequest struct {
+	Identity   Identity
+	PageSize   int
+	PageToken  string
+	DeadlineAt time.Time
+	Caller     Caller
+}
+
+// CommitRequest asks whether a commit to Sink may linearize now under the
+// exact lease. The caller is the owner. CommitID makes it idempotent.
+type CommitRequest struct {
+	Identity          Identity
+	LeaseID           string
+	FencingToken      uint64
+	ServiceInstanceID string
+	Sink              string
+	CommitID          string
+	ExecutionID       string
+	TraceID           string
+	DeadlineAt        time.Time
+	Caller            Caller
+}
+
+// LookupRequest names a mutation by its idempotency scope.
+type LookupRequest struct {
+	Op          Op
+	Identity    Identity
+	PrincipalID string
+	RequestID   string
+	DeadlineAt  time.Time
+}
+
+// Result is the typed result of a lease operation.
+type Result struct {
+	Code Code
+	// Lease is the lease acted on, as the operation left it (for a replay:
+	// as the original operation left it).
+	Lease *Record
+	// Current is, on a replay whose lease has since changed state, the
+	// lease's state now.
+	Current *Record
+	// Replayed reports that the result was returned from idempotency evidence.
+	Replayed bool
+	// Op is the operation whose result this is (set by LookupRequest).
+	Op Op
+	// BackendTime is the backend time of the decision.
+	BackendTime Timestamp
+}
+
+// ListResult is a page of leases.
+type ListResult struct {
+	Leases        []*Record
+	NextPageToken string
+	BackendTime   Timestamp
+}
+
+// HistoryEntry is terminal evidence of a lease: the record in its terminal
+// state plus who ended it, when and why. Versioned separately from Record.
+type HistoryEntry struct {
+	HistoryVersion int       `json:"history_version"`
+	Record         *Record   `json:"record"`
+	EndedAt        Timestamp `json:"ended_at"`
+	EndedBy        string    `json:"ended_by,omitempty"`
+	RequestID      string    `json:"request_id,omitempty"`
+	Reason         string    `json:"reason,omitempty"`
+	IncidentID     string    `json:"incident_id,omitempty"`
+}
+
+// HistoryResult is a page of terminal evidence.
+type HistoryResult struct {
+	Entries       []HistoryEntry
+	NextPageToken string
+	BackendTime   Timestamp
+}
+
+// Commit is an accepted commit authorization.
+type Commit struct {
+	Sink         string    `json:"sink"`
+	CommitID     string    `json:"commit_id"`
+	LeaseID      string    `json:"lease_id"`
+	FencingToken uint64    `json:"fencing_token"`
+	ExecutionID  string    `json:"execution_id"`
+	TraceID      string    `json:"trace_id,omitempty"`
+	AcceptedAt   Timestamp `json:"accepted_at"`
+	Digest       string    `json:"digest"`
+}
+
+// CommitResult is the typed result of AuthorizeCommit.
+type CommitResult struct {
+	Code        Code
+	Commit      Commit
+	Replayed    bool
+	BackendTime Timestamp
+}
+
+// HealthStatus classifies backend health.
+type HealthStatus string
+
+const (
+	HealthOK          HealthStatus = "ok"
+	HealthDegraded    HealthStatus = "degraded"
+	HealthUnsuitable  HealthStatus = "unsuitable"
+	HealthUnavailable HealthStatus = "unavailable"
+)
+
+// Health is a backend's health. Reason is safe to show operators.
+type Health struct {
+	Status HealthStatus
+	Reason string
+}
+
+// StoreOptions configures behaviour every backend shares.
+type StoreOptions struct {
+	OperationClasses OperationClasses
+	// MaxPageSize is the server maximum page size of List and History.
+	MaxPageSize int
+	// HistoryPerIdentity and HistoryRetention bound terminal evidence.
+	HistoryPerIdentity int
+	HistoryRetention   time.Duration
+	// IdempotencyRetention must exceed MaxLifetime plus the client retry window.
+	IdempotencyRetention time.Duration
+	// CommitRetention bounds accepted-commit records (high-water marks are kept forever).
+	CommitRetention time.Duration
+	Logger          *slog.Logger
+}
+
+// Defaults for StoreOptions.
+const (
+	DefaultMaxPageSize          = 100
+	DefaultHistoryPerIdentity   = 64
+	DefaultHistoryRetention     = 30 * 24 * time.Hour
+	DefaultIdempotencyRetention = MaxLifetime + 24*time.Hour
+	DefaultCommitRetention      = MaxLifetime + 24*time.Hour
+)
+
+// WithDefaults fills unset options.
+func (o StoreOptions) WithDefaults() StoreOptions {
+	if o.OperationClasses.allowed == nil {
+		o.OperationClasses = DefaultOperationClasses()
+	}
+	if o.MaxPageSize <= 0 {
+		o.MaxPageSize = DefaultMaxPageSize
+	}
+	if o.HistoryPerIdentity <= 0 {
+		o.HistoryPerIdentity = DefaultHistoryPerIdentity
+	}
+	if o.HistoryRetention <= 0 {
+		o.HistoryRetention = DefaultHistoryRetention
+	}
+	if o.IdempotencyRetention <= MaxLifetime {
+		o.IdempotencyRetention = DefaultIdempotencyRetention
+	}
+	if o.CommitRetention <= MaxLifetime {
+		o.CommitRetention = DefaultCommitRetention
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
