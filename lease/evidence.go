@@ -27,13 +27,20 @@ type IdempotencyRecord struct {
 	BackendTime Timestamp `json:"backend_time"`
 }
 
+// validate checks every invariant of stored idempotency evidence; the
+// encoder and the decoder share it, so nothing is written that cannot be read.
+func (e *IdempotencyRecord) validate(stored bool) error {
+	if e.Version != IdempotencyVersion || !e.Op.Valid() || !e.Code.Success() || e.Lease == nil ||
+		len(e.Digest) != 64 || !e.BackendTime.inRange() {
+		return corrupt("invalid evidence")
+	}
+	return e.Lease.check(stored)
+}
+
 // Encode returns the canonical JSON of e.
 func (e *IdempotencyRecord) Encode() ([]byte, error) {
-	if e.Lease == nil {
-		return nil, corrupt("idempotency record without lease")
-	}
-	if err := e.Lease.validate(); err != nil {
-		return nil, err
+	if err := e.validate(false); err != nil {
+		return nil, corrupt("idempotency: " + AsError(err).Reason)
 	}
 	return json.Marshal(e)
 }
@@ -44,10 +51,7 @@ func DecodeIdempotencyRecord(b []byte) (*IdempotencyRecord, error) {
 	if err := strictUnmarshal(b, &e); err != nil {
 		return nil, corrupt("idempotency: " + err.Error())
 	}
-	if e.Version != IdempotencyVersion || !e.Op.Valid() || !e.Code.Success() || e.Lease == nil || len(e.Digest) != 64 {
-		return nil, corrupt("idempotency: invalid evidence")
-	}
-	if err := e.Lease.validate(); err != nil {
+	if err := e.validate(true); err != nil {
 		return nil, corrupt("idempotency: " + AsError(err).Reason)
 	}
 	return &e, nil
@@ -61,13 +65,35 @@ func (e *IdempotencyRecord) Result() Result {
 // HistoryVersion is the version of stored terminal evidence.
 const HistoryVersion = 1
 
+func (h *HistoryEntry) validate(stored bool) error {
+	if h.HistoryVersion != HistoryVersion || h.Record == nil || !h.Record.State.Terminal() || !h.EndedAt.inRange() {
+		return corrupt("invalid entry")
+	}
+	if h.EndedBy != "" {
+		if err := CheckOpaqueID("ended_by", h.EndedBy); err != nil {
+			return err
+		}
+	}
+	if h.RequestID != "" {
+		if err := CheckOpaqueID("request_id", h.RequestID); err != nil {
+			return err
+		}
+	}
+	if h.IncidentID != "" {
+		if err := CheckOpaqueID("incident_id", h.IncidentID); err != nil {
+			return err
+		}
+	}
+	if err := CheckReason(h.Reason); err != nil {
+		return err
+	}
+	return h.Record.check(stored)
+}
+
 // Encode returns the canonical JSON of h.
 func (h *HistoryEntry) Encode() ([]byte, error) {
-	if h.Record == nil || !h.Record.State.Terminal() {
-		return nil, corrupt("history entry must hold a terminal record")
-	}
-	if err := h.Record.validate(); err != nil {
-		return nil, err
+	if err := h.validate(false); err != nil {
+		return nil, corrupt("history: " + AsError(err).Reason)
 	}
 	return json.Marshal(h)
 }
@@ -78,10 +104,7 @@ func DecodeHistoryEntry(b []byte) (*HistoryEntry, error) {
 	if err := strictUnmarshal(b, &h); err != nil {
 		return nil, corrupt("history: " + err.Error())
 	}
-	if h.HistoryVersion != HistoryVersion || h.Record == nil || !h.Record.State.Terminal() || h.EndedAt.IsZero() {
-		return nil, corrupt("history: invalid entry")
-	}
-	if err := h.Record.validate(); err != nil {
+	if err := h.validate(true); err != nil {
 		return nil, corrupt("history: " + AsError(err).Reason)
 	}
 	return &h, nil
@@ -96,8 +119,29 @@ type commitEvidence struct {
 	Commit
 }
 
+func (c Commit) validate() error {
+	if c.FencingToken < 1 || c.FencingToken > MaxFencingToken || !c.AcceptedAt.inRange() || len(c.Digest) != 64 {
+		return corrupt("invalid evidence")
+	}
+	if n, err := NormalizeIdentifier("sink", c.Sink); err != nil || n != c.Sink {
+		return corrupt("invalid sink")
+	}
+	for _, f := range []struct{ name, v string }{{"commit_id", c.CommitID}, {"lease_id", c.LeaseID}, {"execution_id", c.ExecutionID}} {
+		if err := CheckOpaqueID(f.name, f.v); err != nil {
+			return err
+		}
+	}
+	if c.TraceID != "" {
+		return CheckOpaqueID("trace_id", c.TraceID)
+	}
+	return nil
+}
+
 // EncodeCommit returns the stored form of an accepted commit.
 func EncodeCommit(c Commit) ([]byte, error) {
+	if err := c.validate(); err != nil {
+		return nil, corrupt("commit: " + AsError(err).Reason)
+	}
 	return json.Marshal(commitEvidence{Version: CommitVersion, Commit: c})
 }
 
@@ -107,8 +151,11 @@ func DecodeCommit(b []byte) (Commit, error) {
 	if err := strictUnmarshal(b, &e); err != nil {
 		return Commit{}, corrupt("commit: " + err.Error())
 	}
-	if e.Version != CommitVersion || e.FencingToken < 1 || e.FencingToken > MaxFencingToken || e.AcceptedAt.IsZero() || len(e.Digest) != 64 {
+	if e.Version != CommitVersion {
 		return Commit{}, corrupt("commit: invalid evidence")
+	}
+	if err := e.Commit.validate(); err != nil {
+		return Commit{}, corrupt("commit: " + AsError(err).Reason)
 	}
 	return e.Commit, nil
 }

@@ -98,7 +98,7 @@ func NormalizeIdentifier(field, raw string) (string, error) {
 	if !utf8.ValidString(raw) {
 		return "", Invalid(field, "must be valid UTF-8")
 	}
-	s := strings.Trim(norm.NFC.String(raw), " \t\r\n\v\f")
+	s := trimASCIISpace(norm.NFC.String(raw))
 	s = norm.NFC.String(strings.ToLower(s))
 	if s == "" {
 		return "", Invalid(field, "must not be empty")
@@ -130,15 +130,19 @@ func NormalizeIdentifier(field, raw string) (string, error) {
 	return s, nil
 }
 
+// trimASCIISpace trims only ASCII whitespace: any other space or control
+// character must reach the identifier rule and be rejected.
+func trimASCIISpace(s string) string { return strings.Trim(s, " \t\r\n\v\f") }
+
 // Normalize validates and normalizes all seven fields, defaulting
 // workflow_name and operation_class, and checks operation_class against the
 // configured closed set.
 func (id Identity) Normalize(classes OperationClasses) (Identity, error) {
 	out := id
-	if strings.TrimSpace(out.WorkflowName) == "" {
+	if trimASCIISpace(out.WorkflowName) == "" {
 		out.WorkflowName = DefaultComponent
 	}
-	if strings.TrimSpace(out.OperationClass) == "" {
+	if trimASCIISpace(out.OperationClass) == "" {
 		out.OperationClass = DefaultComponent
 	}
 	for _, f := range out.fields() {

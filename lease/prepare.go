@@ -238,8 +238,10 @@ func CheckReason(reason string) error {
 		return Invalid("reason", "must be valid UTF-8")
 	}
 	for _, r := range reason {
-		if unicode.IsControl(r) {
-			return Invalid("reason", "must not contain control characters")
+		// Format and line/paragraph separators can forge lines or reorder
+		// text in audit logs, like control characters.
+		if unicode.IsControl(r) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp) {
+			return Invalid("reason", "must not contain control or format characters")
 		}
 	}
 	if reason != "" && strings.TrimSpace(reason) == "" {
@@ -316,7 +318,10 @@ func PrepareList(req ListRequest, o StoreOptions) (ListFilter, string, int, erro
 		id.ActorName = "x"
 		n, err := id.Normalize(o.OperationClasses)
 		if err != nil {
-			return f, "", 0, err
+			// List filters are top-level query fields, not a lock_identity.
+			le := *AsError(err)
+			le.Field = strings.TrimPrefix(le.Field, "lock_identity.")
+			return f, "", 0, &le
 		}
 		if req.By == ListByProgram {
 			f = ListFilter{ListByProgram, ProgramIndexValue(n)}

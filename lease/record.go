@@ -69,6 +69,9 @@ func (ts Timestamp) Time() time.Time { return ts.t }
 // UnixMilli returns milliseconds since the epoch.
 func (ts Timestamp) UnixMilli() int64 { return ts.t.UnixMilli() }
 
+// inRange reports whether ts is set and encodable in the contract form.
+func (ts Timestamp) inRange() bool { return ts.t.Year() >= 1970 && ts.t.Year() <= 9999 }
+
 // IsZero reports whether ts is unset.
 func (ts Timestamp) IsZero() bool { return ts.t.IsZero() }
 
@@ -115,6 +118,15 @@ func ParseTimestamp(s string) (Timestamp, error) {
 // follow the identifier rule, scalar values only (string, number, boolean,
 // null), at most 4 KiB encoded.
 type Metadata map[string]any
+
+// MarshalJSON writes a nil Metadata as the empty object: metadata is always
+// an object on the wire and at rest.
+func (m Metadata) MarshalJSON() ([]byte, error) {
+	if m == nil {
+		return []byte("{}"), nil
+	}
+	return json.Marshal(map[string]any(m))
+}
 
 // Record is lease record v1, exactly the contract's fields.
 type Record struct {
@@ -194,11 +206,6 @@ func (r *Record) Encode() ([]byte, error) {
 	if err := r.validate(); err != nil {
 		return nil, err
 	}
-	if r.Metadata == nil {
-		c := r.Clone()
-		c.Metadata = Metadata{}
-		r = c
-	}
 	return json.Marshal(r)
 }
 
@@ -210,16 +217,28 @@ func DecodeRecord(b []byte) (*Record, error) {
 	if err := strictUnmarshal(b, &r); err != nil {
 		return nil, corrupt("record: " + err.Error())
 	}
-	if err := r.validate(); err != nil {
+	if err := r.validateStored(); err != nil {
 		return nil, corrupt("record: " + AsError(err).Reason)
 	}
 	return &r, nil
 }
 
+// validateStored is validate for decoded bytes, where a missing or null
+// metadata member is also a fault (encoding always writes an object).
+func (r *Record) validateStored() error { return r.check(true) }
+
+func (r *Record) check(stored bool) error {
+	if stored && r.Metadata == nil {
+		return Invalid("metadata", "must be a JSON object")
+	}
+	return r.validate()
+}
+
 func corrupt(reason string) *Error { return &Error{Code: CodeCorrupt, Reason: reason} }
 
 // strictUnmarshal decodes exactly one JSON value into v, rejecting unknown
-// fields, trailing data and numbers outside v's types.
+// fields, trailing data, numbers outside v's types, duplicate keys and keys
+// that match a field only case-insensitively (encoding/json accepts both).
 func strictUnmarshal(b []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
@@ -229,6 +248,97 @@ func strictUnmarshal(b []byte, v any) error {
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return fmt.Errorf("trailing data")
+	}
+	in, err := parseTree(b)
+	if err != nil {
+		return err
+	}
+	canonical, err := json.Marshal(v)
+	if err != nil {
+		// Only a missing timestamp fails to re-encode, and validation
+		// rejects that with a precise reason.
+		return nil
+	}
+	out, err := parseTree(canonical)
+	if err != nil {
+		return err
+	}
+	return sameKeys(in, out, "")
+}
+
+// jsonObject is an object parsed with its exact keys.
+type jsonObject map[string]any
+
+// parseTree parses one JSON value keeping exact object keys and rejecting
+// duplicates at any depth.
+func parseTree(b []byte) (any, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	return parseValue(dec)
+}
+
+func parseValue(dec *json.Decoder) (any, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, fmt.Errorf("malformed JSON")
+	}
+	switch tok {
+	case json.Delim('{'):
+		obj := jsonObject{}
+		for dec.More() {
+			kt, err := dec.Token()
+			if err != nil {
+				return nil, fmt.Errorf("malformed JSON")
+			}
+			k, _ := kt.(string)
+			if _, dup := obj[k]; dup {
+				return nil, fmt.Errorf("duplicate key %q", k)
+			}
+			if obj[k], err = parseValue(dec); err != nil {
+				return nil, err
+			}
+		}
+		_, err := dec.Token()
+		return obj, err
+	case json.Delim('['):
+		var arr []any
+		for dec.More() {
+			e, err := parseValue(dec)
+			if err != nil {
+				return nil, err
+			}
+			arr = append(arr, e)
+		}
+		_, err := dec.Token()
+		return arr, err
+	}
+	return tok, nil
+}
+
+// sameKeys reports a key of in that the canonical re-encoding out does not
+// have at the same path: a case-variant spelling of a field.
+func sameKeys(in, out any, path string) error {
+	switch x := in.(type) {
+	case jsonObject:
+		y, _ := out.(jsonObject)
+		for k, v := range x {
+			w, ok := y[k]
+			if !ok {
+				return fmt.Errorf("unknown field %q", path+k)
+			}
+			if err := sameKeys(v, w, path+k+"."); err != nil {
+				return err
+			}
+		}
+	case []any:
+		y, _ := out.([]any)
+		for i := range x {
+			if i < len(y) {
+				if err := sameKeys(x[i], y[i], path); err != nil {
+					return err
+				}
+			}
+		}
 	}
 	return nil
 }
@@ -279,8 +389,13 @@ func (r *Record) validate() error {
 	if r.FencingToken < 1 || r.FencingToken > MaxFencingToken {
 		return Invalid("fencing_token", "out of range")
 	}
-	if r.AcquiredAt.IsZero() || r.RenewedAt.IsZero() || r.ExpiresAt.IsZero() {
-		return Invalid("acquired_at", "timestamps are required")
+	for _, ts := range []struct {
+		name string
+		t    Timestamp
+	}{{"acquired_at", r.AcquiredAt}, {"renewed_at", r.RenewedAt}, {"expires_at", r.ExpiresAt}} {
+		if !ts.t.inRange() {
+			return Invalid(ts.name, "must be a time between 1970 and 9999")
+		}
 	}
 	if r.TTLMs < 1 || r.TTLMs > MaxTTL.Milliseconds() {
 		return Invalid("ttl_ms", "out of range")
@@ -382,12 +497,7 @@ func canonicalMetadata(m Metadata) []byte {
 // DecodeMetadata strictly decodes a metadata object (numbers kept as written).
 func DecodeMetadata(b []byte) (Metadata, error) {
 	var m Metadata
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	if err := dec.Decode(&m); err != nil || dec.More() {
-		return nil, Invalid("metadata", "must be a JSON object")
-	}
-	if m == nil {
+	if err := strictUnmarshal(b, &m); err != nil || m == nil {
 		return nil, Invalid("metadata", "must be a JSON object")
 	}
 	return m, ValidateMetadata(m)
