@@ -224,6 +224,15 @@ func finish(res lease.Result, opErr, err error) (lease.Result, error) {
 	return res, nil
 }
 
+// pastDeadline is deadline_exceeded if due has passed at backend time now.
+// It returns error, not *lease.Error, so a nil result is a nil interface.
+func pastDeadline(now, due lease.Timestamp) error {
+	if now.Before(due) {
+		return nil
+	}
+	return &lease.Error{Code: lease.CodeDeadlineExceeded, Reason: "deadline elapsed before the operation started", BackendTime: now.Time()}
+}
+
 func lost(now lease.Timestamp) *lease.Error {
 	return &lease.Error{Code: lease.CodeLost, Reason: "the lease is not held", BackendTime: now.Time()}
 }
@@ -233,8 +242,7 @@ func lost(now lease.Timestamp) *lease.Error {
 // evidence only. done reports that the result (replay or error) is final.
 func (s *Store) start(tx *bbolt.Tx, p lease.Prepared, due lease.Timestamp, res *lease.Result, opErr *error) (lease.Timestamp, bool, error) {
 	now := s.clock(tx)
-	if !now.Before(due) {
-		*opErr = &lease.Error{Code: lease.CodeDeadlineExceeded, Reason: "deadline elapsed before the operation started", BackendTime: now.Time()}
+	if *opErr = pastDeadline(now, due); *opErr != nil {
 		return now, true, nil
 	}
 	v := tx.Bucket(bucketIdem).Get([]byte(p.Scope))

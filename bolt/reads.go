@@ -18,10 +18,14 @@ func (s *Store) Inspect(ctx context.Context, req lease.InspectRequest) (lease.Re
 	if err != nil {
 		return lease.Result{}, err
 	}
+	due := deadline(ctx, req.DeadlineAt)
 	var res lease.Result
 	var opErr error
 	err = s.view(ctx, func(tx *bbolt.Tx) error {
 		now := s.clock(tx)
+		if opErr = pastDeadline(now, due); opErr != nil {
+			return nil
+		}
 		res = lease.Result{Code: lease.CodeInspected, BackendTime: now}
 		if req.LeaseID == "" {
 			cur, err := s.loadActive(tx, lockKey)
@@ -72,10 +76,14 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 	if err != nil {
 		return lease.ListResult{}, err
 	}
-	scope := string(f.By) + "\x00" + f.Value
+	due := deadline(ctx, req.DeadlineAt)
 	var out lease.ListResult
+	var opErr error
 	err = s.view(ctx, func(tx *bbolt.Tx) error {
 		now := s.clock(tx)
+		if opErr = pastDeadline(now, due); opErr != nil {
+			return nil
+		}
 		out = lease.ListResult{Leases: []*lease.Record{}, BackendTime: now}
 		prefix := append(join(string(f.By), f.Value), 0)
 		c := tx.Bucket(bucketIndex).Cursor()
@@ -90,7 +98,7 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 		last := ""
 		for ; k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
 			if len(out.Leases) == size || budget == 0 {
-				out.NextPageToken = lease.EncodePageToken(last, scope)
+				out.NextPageToken = f.NextPageToken(last)
 				return nil
 			}
 			budget--
@@ -103,7 +111,13 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 		}
 		return nil
 	})
-	return out, err
+	if err == nil && opErr != nil {
+		err = opErr
+	}
+	if err != nil {
+		return lease.ListResult{}, err
+	}
+	return out, nil
 }
 
 // History pages through an identity's terminal evidence, newest first.
@@ -112,10 +126,14 @@ func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.Hi
 	if err != nil {
 		return lease.HistoryResult{}, err
 	}
+	due := deadline(ctx, req.DeadlineAt)
 	var out lease.HistoryResult
 	var opErr error
 	err = s.view(ctx, func(tx *bbolt.Tx) error {
 		now := s.clock(tx)
+		if opErr = pastDeadline(now, due); opErr != nil {
+			return nil
+		}
 		out = lease.HistoryResult{Entries: []lease.HistoryEntry{}, BackendTime: now}
 		prefix := join(lockKey, "")
 		c := tx.Bucket(bucketHistory).Cursor()
@@ -138,7 +156,7 @@ func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.Hi
 		for ; k != nil && bytes.HasPrefix(k, prefix); k, v = c.Prev() {
 			if len(out.Entries) == size {
 				seq := binary.BigEndian.Uint64(k[len(prefix):])
-				out.NextPageToken = lease.EncodePageToken(strconv.FormatUint(seq, 10), "history\x00"+lockKey)
+				out.NextPageToken = lease.HistoryPageToken(lockKey, strconv.FormatUint(seq, 10))
 				return nil
 			}
 			h, err := lease.DecodeHistoryEntry(v)
@@ -173,8 +191,7 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 	err = s.mutate(ctx, func(tx *bbolt.Tx) error {
 		res, opErr = lease.CommitResult{}, nil
 		now := s.clock(tx)
-		if !now.Before(due) {
-			opErr = &lease.Error{Code: lease.CodeDeadlineExceeded, Reason: "deadline elapsed before the operation started", BackendTime: now.Time()}
+		if opErr = pastDeadline(now, due); opErr != nil {
 			return nil
 		}
 		commits := tx.Bucket(bucketCommits)
@@ -242,10 +259,14 @@ func (s *Store) LookupRequest(ctx context.Context, req lease.LookupRequest) (lea
 	if err != nil {
 		return lease.Result{}, err
 	}
+	due := deadline(ctx, req.DeadlineAt)
 	var res lease.Result
 	var opErr error
 	err = s.view(ctx, func(tx *bbolt.Tx) error {
 		now := s.clock(tx)
+		if opErr = pastDeadline(now, due); opErr != nil {
+			return nil
+		}
 		v := tx.Bucket(bucketIdem).Get([]byte(p.Scope))
 		if v == nil {
 			opErr = &lease.Error{Code: lease.CodeNotFound, Reason: "no committed result for this request id", BackendTime: now.Time()}

@@ -287,6 +287,19 @@ type ListFilter struct {
 	Value string // canonical, unambiguous encoding of the filter values
 }
 
+func (f ListFilter) tokenScope() string { return string(f.By) + "\x00" + f.Value }
+
+// NextPageToken is the opaque token of the page after cursor "after".
+func (f ListFilter) NextPageToken(after string) string { return EncodePageToken(after, f.tokenScope()) }
+
+func historyTokenScope(lockKey string) string { return "history\x00" + lockKey }
+
+// HistoryPageToken is the opaque token of the history page of lockKey that
+// starts at cursor "at".
+func HistoryPageToken(lockKey, at string) string {
+	return EncodePageToken(at, historyTokenScope(lockKey))
+}
+
 // PrepareList validates a list request and returns its filter, the decoded
 // cursor ("" for the first page) and the effective page size.
 func PrepareList(req ListRequest, o StoreOptions) (ListFilter, string, int, error) {
@@ -335,7 +348,7 @@ func PrepareList(req ListRequest, o StoreOptions) (ListFilter, string, int, erro
 	if err != nil {
 		return f, "", 0, err
 	}
-	after, err := DecodePageToken(req.PageToken, string(f.By)+"\x00"+f.Value)
+	after, err := DecodePageToken(req.PageToken, f.tokenScope())
 	return f, after, size, err
 }
 
@@ -364,7 +377,7 @@ func PrepareHistory(req HistoryRequest, o StoreOptions) (HistoryRequest, string,
 	if err != nil {
 		return req, "", "", 0, err
 	}
-	after, err := DecodePageToken(req.PageToken, "history\x00"+key)
+	after, err := DecodePageToken(req.PageToken, historyTokenScope(key))
 	return req, key, after, size, err
 }
 

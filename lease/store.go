@@ -12,7 +12,10 @@ import (
 //
 // Every mutating request carries the identity, a request id, a finite
 // deadline and the caller's safe security context; the owner of a new lease
-// is the caller, never a body field.
+// is the caller, never a body field. Every call, reads included, has a
+// finite deadline: one that has passed at backend time when the operation
+// would start returns deadline_exceeded. Reads report an active record past
+// its expires_at in state expired.
 type Store interface {
 	// Acquire grants a new lease if no unexpired active lease exists.
 	Acquire(ctx context.Context, req AcquireRequest) (Result, error)
@@ -93,7 +96,8 @@ type AcquireRequest struct {
 	Mutation
 }
 
-// RenewRequest extends a lease. TTL zero keeps the lease's current ttl_ms.
+// RenewRequest extends a lease. TTL zero keeps the lease's current ttl_ms;
+// otherwise ttl_ms becomes TTL, the effective TTL of the renewal.
 type RenewRequest struct {
 	Identity          Identity
 	LeaseID           string
@@ -202,7 +206,8 @@ type Result struct {
 	Current *Record
 	// Replayed reports that the result was returned from idempotency evidence.
 	Replayed bool
-	// Op is the operation whose result this is (set by LookupRequest).
+	// Op is the operation whose result this is (set on replays and by
+	// LookupRequest).
 	Op Op
 	// BackendTime is the backend time of the decision.
 	BackendTime Timestamp
