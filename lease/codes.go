@@ -20,7 +20,6 @@ const (
 	CodeRevoked          Code = "lease_revoked"
 	CodeCommitAuthorized Code = "commit_authorized"
 	CodeHistory          Code = "lease_history"
-	CodeRequestFound     Code = "lease_request_found"
 
 	CodeConflict            Code = "lease_conflict"
 	CodeLost                Code = "lease_lost"
@@ -54,7 +53,6 @@ var codes = map[Code]codeInfo{
 	CodeRevoked:          {success: true, message: "Target lease revoked"},
 	CodeCommitAuthorized: {success: true, message: "Commit authorized"},
 	CodeHistory:          {success: true, message: "Target lease history"},
-	CodeRequestFound:     {success: true, message: "Request outcome found"},
 
 	// A conflict clears when the holder releases or expires.
 	CodeConflict: {retryable: true, message: "Target lease is unavailable"},

@@ -20,7 +20,6 @@ func TestCodesWireValues(t *testing.T) {
 		CodeRevoked:             "lease_revoked",
 		CodeCommitAuthorized:    "commit_authorized",
 		CodeHistory:             "lease_history",
-		CodeRequestFound:        "lease_request_found",
 		CodeConflict:            "lease_conflict",
 		CodeLost:                "lease_lost",
 		CodeIdempotencyConflict: "idempotency_conflict",
@@ -95,7 +94,7 @@ func TestCodeProperties(t *testing.T) {
 	}
 	sort.Strings(success)
 	sort.Strings(retryable)
-	wantSuccess := "commit_authorized lease_acquired lease_force_released lease_history lease_inspected lease_listed lease_released lease_renewed lease_request_found lease_revoked"
+	wantSuccess := "commit_authorized lease_acquired lease_force_released lease_history lease_inspected lease_listed lease_released lease_renewed lease_revoked"
 	if got := strings.Join(success, " "); got != wantSuccess {
 		t.Errorf("success codes = %s\nwant %s", got, wantSuccess)
 	}

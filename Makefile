@@ -1,0 +1,35 @@
+# starlease — see README.md. Go 1.26 is expected at /usr/local/go.
+export PATH := /usr/local/go/bin:$(PATH)
+
+GO       ?= go
+FUZZTIME ?= 15s
+FUZZ_TARGETS := FuzzNormalizeIdentifier FuzzCanonicalLockKey FuzzDecodeRecord
+
+.PHONY: build test vet fmt-check bench fuzz demo ci
+
+build:
+	$(GO) build -o bin/starlease ./cmd/starlease
+
+test:
+	$(GO) test -race -count=1 ./...
+
+vet:
+	$(GO) vet ./...
+
+fmt-check:
+	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+bench:
+	$(GO) test ./bolt -run '^$$' -bench . -benchtime 2s
+
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		echo "== $$t ($(FUZZTIME))"; \
+		$(GO) test ./lease -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME); \
+	done
+
+demo:
+	./scripts/quickstart.sh
+
+ci:
+	./.ci/run
