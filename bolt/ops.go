@@ -32,16 +32,12 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Re
 			opErr = err
 			return nil
 		}
-		if cur != nil {
-			if cur.LiveAt(now) {
-				opErr = &lease.Error{Code: lease.CodeConflict, Reason: "another unexpired lease holds the identity",
-					RetryAfter: cur.ExpiresAt.Time().Sub(now.Time()), BackendTime: now.Time()}
-				return nil
-			}
-			if err := s.archive(tx, cur, lease.StateExpired, cur.ExpiresAt, ended{}); err != nil {
-				return err
-			}
+		if cur != nil && cur.LiveAt(now) {
+			opErr = &lease.Error{Code: lease.CodeConflict, Reason: "another unexpired lease holds the identity",
+				RetryAfter: cur.ExpiresAt.Time().Sub(now.Time()), BackendTime: now.Time()}
+			return nil
 		}
+		// Every check that can refuse runs before the first write.
 		counters := tx.Bucket(bucketCounters)
 		var counter uint64
 		if v := counters.Get([]byte(p.LockKey)); v != nil {
@@ -55,6 +51,11 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Re
 			s.log.Error("ALERT fencing counter exhausted; acquisition refused", identityAttrs(p.Identity)...)
 			opErr = &lease.Error{Code: lease.CodeCounterExhausted, Reason: "the fencing counter reached 2^53-1", BackendTime: now.Time()}
 			return nil
+		}
+		if cur != nil {
+			if err := s.archive(tx, cur, lease.StateExpired, cur.ExpiresAt, ended{}); err != nil {
+				return err
+			}
 		}
 		rec := &lease.Record{
 			RecordVersion: lease.RecordVersion, LockKey: p.LockKey,

@@ -11,6 +11,26 @@ import (
 	"github.com/starintel/starlease/lease"
 )
 
+// read runs fn in one read transaction at backend time, after the deadline
+// check. fn returns typed errors directly: a read has nothing to roll back.
+func read[T any](s *Store, ctx context.Context, due lease.Timestamp, fn func(*bbolt.Tx, lease.Timestamp) (T, error)) (T, error) {
+	var out T
+	err := s.view(ctx, func(tx *bbolt.Tx) error {
+		now := s.clock(tx)
+		if err := pastDeadline(now, due); err != nil {
+			return err
+		}
+		var err error
+		out, err = fn(tx, now)
+		return err
+	})
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return out, nil
+}
+
 // Inspect reads the lease of an identity (active, or expired if its time
 // has passed) or a lease by id (active or terminal).
 func (s *Store) Inspect(ctx context.Context, req lease.InspectRequest) (lease.Result, error) {
@@ -18,50 +38,32 @@ func (s *Store) Inspect(ctx context.Context, req lease.InspectRequest) (lease.Re
 	if err != nil {
 		return lease.Result{}, err
 	}
-	due := deadline(ctx, req.DeadlineAt)
-	var res lease.Result
-	var opErr error
-	err = s.view(ctx, func(tx *bbolt.Tx) error {
-		now := s.clock(tx)
-		if opErr = pastDeadline(now, due); opErr != nil {
-			return nil
-		}
-		res = lease.Result{Code: lease.CodeInspected, BackendTime: now}
-		if req.LeaseID == "" {
-			cur, err := s.loadActive(tx, lockKey)
-			switch {
-			case err != nil:
-				opErr = err
-			case cur == nil:
-				opErr = notFound(now)
-			default:
-				res.Lease = cur.ObservedAt(now)
+	return read(s, ctx, deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.Result, error) {
+		res := lease.Result{Code: lease.CodeInspected, BackendTime: now}
+		key := lockKey
+		if req.LeaseID != "" {
+			v := tx.Bucket(bucketLeases).Get([]byte(req.LeaseID))
+			if v == nil {
+				return res, notFound(now)
 			}
-			return nil
+			key = string(v[:bytes.IndexByte(v, 0)])
 		}
-		v := tx.Bucket(bucketLeases).Get([]byte(req.LeaseID))
-		if v == nil {
-			opErr = notFound(now)
-			return nil
-		}
-		key := string(v[:bytes.IndexByte(v, 0)])
 		cur, err := s.loadActive(tx, key)
-		if err != nil {
-			opErr = err
-			return nil
-		}
-		if cur != nil && cur.LeaseID == req.LeaseID {
+		switch {
+		case err != nil:
+			return res, err
+		case cur != nil && (req.LeaseID == "" || cur.LeaseID == req.LeaseID):
 			res.Lease = cur.ObservedAt(now)
-			return nil
+			return res, nil
+		case req.LeaseID == "":
+			return res, notFound(now)
 		}
 		if h := findHistory(tx, key, req.LeaseID); h != nil {
 			res.Lease = h.Record
-			return nil
+			return res, nil
 		}
-		opErr = notFound(now)
-		return nil
+		return res, notFound(now)
 	})
-	return finish(res, opErr, err)
 }
 
 func notFound(now lease.Timestamp) *lease.Error {
@@ -76,15 +78,8 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 	if err != nil {
 		return lease.ListResult{}, err
 	}
-	due := deadline(ctx, req.DeadlineAt)
-	var out lease.ListResult
-	var opErr error
-	err = s.view(ctx, func(tx *bbolt.Tx) error {
-		now := s.clock(tx)
-		if opErr = pastDeadline(now, due); opErr != nil {
-			return nil
-		}
-		out = lease.ListResult{Leases: []*lease.Record{}, BackendTime: now}
+	return read(s, ctx, deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.ListResult, error) {
+		out := lease.ListResult{Leases: []*lease.Record{}, BackendTime: now}
 		prefix := append(join(string(f.By), f.Value), 0)
 		c := tx.Bucket(bucketIndex).Cursor()
 		k, v := c.Seek(prefix)
@@ -99,7 +94,7 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 		for ; k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
 			if len(out.Leases) == size || budget == 0 {
 				out.NextPageToken = f.NextPageToken(last)
-				return nil
+				return out, nil
 			}
 			budget--
 			last = string(k[len(prefix):])
@@ -109,15 +104,8 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 			}
 			out.Leases = append(out.Leases, rec)
 		}
-		return nil
+		return out, nil
 	})
-	if err == nil && opErr != nil {
-		err = opErr
-	}
-	if err != nil {
-		return lease.ListResult{}, err
-	}
-	return out, nil
 }
 
 // History pages through an identity's terminal evidence, newest first.
@@ -126,23 +114,15 @@ func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.Hi
 	if err != nil {
 		return lease.HistoryResult{}, err
 	}
-	due := deadline(ctx, req.DeadlineAt)
-	var out lease.HistoryResult
-	var opErr error
-	err = s.view(ctx, func(tx *bbolt.Tx) error {
-		now := s.clock(tx)
-		if opErr = pastDeadline(now, due); opErr != nil {
-			return nil
-		}
-		out = lease.HistoryResult{Entries: []lease.HistoryEntry{}, BackendTime: now}
+	return read(s, ctx, deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.HistoryResult, error) {
+		out := lease.HistoryResult{Entries: []lease.HistoryEntry{}, BackendTime: now}
 		prefix := join(lockKey, "")
 		c := tx.Bucket(bucketHistory).Cursor()
 		k, v := seekLast(c, prefix)
 		if after != "" {
 			seq, err := strconv.ParseUint(after, 10, 64)
 			if err != nil {
-				opErr = lease.Invalid("page_token", "malformed")
-				return nil
+				return out, lease.Invalid("page_token", "malformed")
 			}
 			// Resume at the entry the token names, or the next older one if
 			// retention removed it.
@@ -157,7 +137,7 @@ func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.Hi
 			if len(out.Entries) == size {
 				seq := binary.BigEndian.Uint64(k[len(prefix):])
 				out.NextPageToken = lease.HistoryPageToken(lockKey, strconv.FormatUint(seq, 10))
-				return nil
+				return out, nil
 			}
 			h, err := lease.DecodeHistoryEntry(v)
 			if err != nil {
@@ -166,15 +146,8 @@ func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.Hi
 			}
 			out.Entries = append(out.Entries, *h)
 		}
-		return nil
+		return out, nil
 	})
-	if err == nil && opErr != nil {
-		err = opErr
-	}
-	if err != nil {
-		return lease.HistoryResult{}, err
-	}
-	return out, nil
 }
 
 // AuthorizeCommit validates, at the linearization point, that the exact
@@ -259,29 +232,19 @@ func (s *Store) LookupRequest(ctx context.Context, req lease.LookupRequest) (lea
 	if err != nil {
 		return lease.Result{}, err
 	}
-	due := deadline(ctx, req.DeadlineAt)
-	var res lease.Result
-	var opErr error
-	err = s.view(ctx, func(tx *bbolt.Tx) error {
-		now := s.clock(tx)
-		if opErr = pastDeadline(now, due); opErr != nil {
-			return nil
-		}
+	return read(s, ctx, deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.Result, error) {
 		v := tx.Bucket(bucketIdem).Get([]byte(p.Scope))
 		if v == nil {
-			opErr = &lease.Error{Code: lease.CodeNotFound, Reason: "no committed result for this request id", BackendTime: now.Time()}
-			return nil
+			return lease.Result{}, &lease.Error{Code: lease.CodeNotFound, Reason: "no committed result for this request id", BackendTime: now.Time()}
 		}
 		ev, err := lease.DecodeIdempotencyRecord(v)
 		if err != nil || ev.Op != p.Op || ev.Lease.LockKey != p.LockKey {
-			opErr = s.quarantine(tx, p.LockKey, p.Identity, "idempotency evidence is corrupt")
-			return nil
+			return lease.Result{}, s.quarantine(tx, p.LockKey, p.Identity, "idempotency evidence is corrupt")
 		}
-		res = ev.Result()
+		res := ev.Result()
 		if cur, err := s.currentOf(tx, ev.Lease, now); err == nil && cur.State != ev.Lease.State {
 			res.Current = cur
 		}
-		return nil
+		return res, nil
 	})
-	return finish(res, opErr, err)
 }

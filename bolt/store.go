@@ -206,12 +206,17 @@ func (s *Store) mutate(ctx context.Context, fn func(tx *bbolt.Tx) error) error {
 	return lease.Errorf(lease.CodeOutcomeUnknown, "storage write failed; resolve by request id")
 }
 
-// view runs fn as one read transaction.
+// view runs fn as one read transaction; a *lease.Error from fn is the
+// typed result and passes through.
 func (s *Store) view(ctx context.Context, fn func(tx *bbolt.Tx) error) error {
 	if err := s.begin(ctx); err != nil {
 		return err
 	}
 	if err := s.db.View(fn); err != nil {
+		var le *lease.Error
+		if errors.As(err, &le) {
+			return le
+		}
 		if errors.Is(err, bolterr.ErrDatabaseNotOpen) {
 			return lease.Errorf(lease.CodeBackendUnavailable, "store is closed")
 		}

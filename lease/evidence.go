@@ -8,7 +8,8 @@ import (
 )
 
 // NewLeaseID returns a new opaque lease id, "lease_" and a ULID whose time
-// part is the backend time of the acquisition, so ids sort by acquisition.
+// part is now (the acquisition time as the generating side sees it), so ids
+// roughly sort by acquisition. Nothing may rely on that order for safety.
 func NewLeaseID(now Timestamp) string {
 	return "lease_" + ulid.MustNew(uint64(now.UnixMilli()), rand.Reader).String()
 }
