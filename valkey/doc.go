@@ -1,0 +1,97 @@
+// Package valkey is the production lease backend: the lease-store protocol
+// (lease.Store) on a Valkey (or Redis 7) server through
+// github.com/valkey-io/valkey-go.
+//
+// # Atomicity and time
+//
+// Every transition is one server-side function of a function library
+// (library.lua, loaded with FUNCTION LOAD and called with FCALL/FCALL_RO),
+// so one atomic section at one backend time: TIME inside the function
+// decides expiry, renewal and deadlines; caller clocks never do. Inside a
+// mutation the order is that of the reference backend (package bolt):
+// backend time, the deadline check, the idempotency lookup first, the
+// strict reading of the active record (a key without a TTL, a value that is
+// not a canonical v1 record, or a tuple that does not match the requested
+// identity fails closed as corrupt and nothing is written), the decision,
+// then every write of the transition including its idempotency evidence.
+// The Go side validates all input with lease.Prepare* before, and strictly
+// decodes every record it receives with lease.DecodeRecord after.
+//
+// The library's name and its function names carry a hash of its code, so
+// service instances of different builds never call each other's functions
+// during a rolling deploy; loading is FUNCTION LOAD without REPLACE and an
+// existing library of the same hash is the same code.
+//
+// # Key layout
+//
+// ns is Options.KeyPrefix ("starlease" by default); tag is the lock key's
+// suffix after "starintel:target-lease:v1:" (43 base64url characters), used
+// as a hash tag so all keys of one identity share one slot:
+//
+//	ns:{tag}:active         the active record v1 (JSON); PXAT expires_at+ReclaimGrace,
+//	                        storage reclamation only: expiry is decided from expires_at
+//	ns:{tag}:counter        durable fencing counter; no TTL, never deleted
+//	ns:{tag}:idem:<scope>   idempotency evidence; TTL IdempotencyRetention
+//	ns:{tag}:history        terminal evidence, newest first, capped at HistoryPerIdentity,
+//	                        TTL HistoryRetention refreshed on every push
+//	ns:{tag}:marks          hash sink → fencing high-water mark; no TTL, never deleted
+//	ns:{tag}:commit:<scope> accepted-commit evidence; TTL CommitRetention
+//	ns:{tag}:quarantine     the last corruption found for the identity, for operators
+//	ns:lease:<lease id>     lease id → tag, for inspect by id; TTL covers the lease's
+//	                        maximum lifetime plus HistoryRetention
+//	ns:index                List index: one sorted set, score 0, members
+//	                        filter ‖ 0 ‖ filter value ‖ lease id ‖ 0 ‖ tag, so
+//	                        ZRANGEBYLEX over a filter's prefix pages in lease-id order
+//	ns:expiry               expiry schedule (score expires_at) for the reaper
+//
+// Every operation on an identity archives an expired active record it
+// finds; the reaper (Options.ReapInterval) archives the rest from the
+// schedule. Only if no reaper ran for longer than Options.ReclaimGrace
+// does a key's TTL remove an expired record first: its expiry is then
+// missing from history and its index entries stay behind, skipped by List.
+//
+// Every key a function touches is passed in KEYS; nothing is ever found by
+// SCAN or by a client-supplied pattern. The index, schedule and lease-id
+// keys are shared by all identities and written by the same functions, so
+// the adapter requires a single-node (non-cluster) primary; Open and Health
+// report a cluster or a replica as unsuitable.
+//
+// # Durability
+//
+// The fencing counter and idempotency evidence must survive a crash, so the
+// server must run with appendonly yes and appendfsync always. Open and
+// Health check this with CONFIG GET; otherwise Health reports
+// lease.HealthUnsuitable and every mutation (including AuthorizeCommit)
+// returns lease_backend_unavailable. Managed services that hide CONFIG can
+// set Options.AllowUnverifiedDurability after verifying the equivalent
+// guarantee out of band.
+//
+// # Errors
+//
+// Only *lease.Error leaves this package. A connection that cannot be made
+// (nothing was sent) and a server that refuses a command before running it
+// (NOPERM, READONLY, OOM, LOADING, …) are lease_backend_unavailable. A
+// timeout, reset or closed connection after a mutation was handed to the
+// client is lease_outcome_unknown: the function may have committed, and
+// LookupRequest (or AuthorizeCommit with the same commit id) resolves it. A
+// context already done, or a deadline_at the backend finds passed, is
+// deadline_exceeded. Reads never report outcome_unknown.
+//
+// # Credentials and ACL
+//
+// The password is read from Options.PasswordFile on every new connection
+// (so it can be rotated) and never logged. TLS is used when Options.TLS is
+// set, always with certificate verification. A least-privilege ACL for the
+// default namespace is:
+//
+//	user starlease on >PASSWORD resetkeys ~starlease:* resetchannels -@all
+//	  +fcall +fcall_ro +function|load +config|get +info +ping +hello
+//	  +time +get +set +del +exists +incr +type +pttl +pexpire +lpush +ltrim
+//	  +lrange +zadd +zrem +zrangebylex +zrangebyscore +hget +hset
+//
+// The first line's commands are the adapter's own (+function|load may be
+// dropped if an operator preloads the library); the rest are what the
+// functions call, which Valkey checks against the caller's ACL, so the key
+// pattern must cover the whole namespace. The conformance suite runs under
+// exactly this ACL (TestConformance), with the password read from a file.
+package valkey

@@ -1,0 +1,631 @@
+#!lua name=__LIBRARY__
+--[[
+starlease lease-store function library, record version 1.
+
+Every lease transition is one function, so one atomic section at one
+backend time. The Go side validates and normalizes every input
+(lease.Prepare*) and passes all keys in KEYS; these functions decide and
+write. Inside each mutation the order is fixed: backend time (TIME), the
+deadline check, the idempotency lookup, then the strict reading of the
+active record, then the decision, and only then writes. Every check that
+can fail runs before the first write, so a refused operation changes
+nothing (a quarantine marker aside).
+
+Replies are arrays of strings: { status, backend_time_ms, ... }.
+
+Records are built here byte-for-byte as Go's lease.Record.Encode builds
+them. A stored record is accepted only if it re-encodes to exactly its own
+bytes, which makes the reader as strict as the writer: unknown or missing
+fields, other field orders, non-canonical numbers or timestamps, escapes in
+identifiers, trailing data all fail closed as corrupt.
+]]
+
+local MAX_TOKEN = 9007199254740991 -- 2^53-1
+local MAX_TTL_MS = 86400000 -- lease.MaxTTL
+local MAX_LIFETIME_MS = 604800000 -- lease.MaxLifetime
+
+-- __FN__ is replaced by the Go side with the content-addressed function
+-- name prefix, so builds with different code never share a name.
+local FN = '__FN__'
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function int(n) return string.format('%.0f', n) end
+
+-- Civil-date conversions (H. Hinnant's algorithms), exact on doubles for
+-- every millisecond instant a record can hold.
+local function days_from_civil(y, m, d)
+  if m <= 2 then y = y - 1 end
+  local era = math.floor(y / 400)
+  local yoe = y - era * 400
+  local mp = (m + 9) % 12
+  local doy = math.floor((153 * mp + 2) / 5) + d - 1
+  local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
+  return era * 146097 + doe - 719468
+end
+
+local function civil_from_days(z)
+  z = z + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
+  local y = yoe + era * 400
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local d = doy - math.floor((153 * mp + 2) / 5) + 1
+  local m = mp + 3
+  if mp >= 10 then m = mp - 9 end
+  if m <= 2 then y = y + 1 end
+  return y, m, d
+end
+
+-- ts formats ms since the epoch as "2006-01-02T15:04:05.000Z".
+local function ts(ms)
+  local days = math.floor(ms / 86400000)
+  local rem = ms - days * 86400000
+  local y, m, d = civil_from_days(days)
+  local h = math.floor(rem / 3600000)
+  rem = rem - h * 3600000
+  local mi = math.floor(rem / 60000)
+  rem = rem - mi * 60000
+  local s = math.floor(rem / 1000)
+  return string.format('%04d-%02d-%02dT%02d:%02d:%02d.%03dZ', y, m, d, h, mi, s, rem - s * 1000)
+end
+
+-- parse_ts is ts's inverse; anything that does not round-trip is nil.
+local function parse_ts(v)
+  if type(v) ~= 'string' then return nil end
+  local y, mo, d, h, mi, s, ml = string.match(v, '^(%d%d%d%d)%-(%d%d)%-(%d%d)T(%d%d):(%d%d):(%d%d)%.(%d%d%d)Z$')
+  if not y then return nil end
+  y, mo, d, h, mi, s, ml = tonumber(y), tonumber(mo), tonumber(d), tonumber(h), tonumber(mi), tonumber(s), tonumber(ml)
+  if y < 1 or mo < 1 or mo > 12 or d < 1 or d > 31 or h > 23 or mi > 59 or s > 59 then return nil end
+  local ms = ((days_from_civil(y, mo, d) * 24 + h) * 60 + mi) * 60000 + s * 1000 + ml
+  if ts(ms) ~= v then return nil end
+  return ms
+end
+
+-- Record v1 fields in lease.Record's declaration (and so JSON) order;
+-- metadata and state follow.
+local STR, ID, OPT, INT, TS = 1, 2, 3, 4, 5
+local FIELDS = {
+  { 'record_version', INT }, { 'lock_key', STR },
+  { 'tenant_id', STR }, { 'program_id', STR }, { 'target_namespace', STR }, { 'target_id', STR },
+  { 'actor_name', STR }, { 'workflow_name', STR }, { 'operation_class', STR },
+  { 'lease_id', ID }, { 'owner_principal_id', ID }, { 'owner_client_id', ID }, { 'owner_credential_id', ID },
+  { 'service_instance_id', ID }, { 'fencing_token', INT },
+  { 'acquired_at', TS }, { 'renewed_at', TS }, { 'expires_at', TS },
+  { 'ttl_ms', INT }, { 'maximum_lifetime_ms', INT },
+  { 'execution_id', ID }, { 'job_id', ID }, { 'trace_id', OPT }, { 'request_id', ID },
+}
+local IDENTITY = { 'tenant_id', 'program_id', 'target_namespace', 'target_id', 'actor_name', 'workflow_name', 'operation_class' }
+local STATES = { active = true, expired = true, released = true, revoked = true }
+
+-- encode builds record JSON from r: strings are already known to need no
+-- escaping, timestamps are ms, metadata is raw JSON.
+local function encode(r)
+  local parts = {}
+  for i, f in ipairs(FIELDS) do
+    local name, kind = f[1], f[2]
+    local v = r[name]
+    if kind == INT then
+      v = int(v)
+    elseif kind == TS then
+      v = '"' .. ts(v) .. '"'
+    else
+      v = '"' .. v .. '"'
+    end
+    parts[i] = '"' .. name .. '":' .. v
+  end
+  return '{' .. table.concat(parts, ',') .. ',"metadata":' .. r.metadata .. ',"state":"' .. r.state .. '"}'
+end
+
+local function is_id(v) return type(v) == 'string' and #v <= 256 and string.find(v, '^[%w][%w%._:%-]*$') ~= nil end
+
+-- plain reports a string JSON writes verbatim between quotes.
+local function plain(v) return type(v) == 'string' and v ~= '' and #v <= 256 and not string.find(v, '["\\%c]') end
+
+-- decode strictly reads a stored record. lock_key is the requested one;
+-- ident, when given, the requested canonical tuple. Returns the record
+-- (timestamps in ms) or nil and a reason.
+local function decode(raw, lock_key, ident)
+  local ok, t = pcall(cjson.decode, raw)
+  if not ok or type(t) ~= 'table' then return nil, 'record is not JSON' end
+  if t.record_version ~= 1 then return nil, 'record version is not 1' end
+  local n = 0
+  for _ in pairs(t) do n = n + 1 end
+  if n ~= #FIELDS + 2 then return nil, 'record has unknown or missing fields' end
+  local m_at = string.find(raw, ',"metadata":', 1, true)
+  local s_at, _, state = string.find(raw, ',"state":"(%l+)"}$')
+  if not m_at or not s_at or s_at < m_at then return nil, 'record layout is not canonical' end
+  local meta = string.sub(raw, m_at + 12, s_at - 1)
+  local okm, m = pcall(cjson.decode, meta)
+  if not okm or type(m) ~= 'table' or string.sub(meta, 1, 1) ~= '{' or #meta > 4096 then
+    return nil, 'record metadata is not an object'
+  end
+  if not STATES[state] then return nil, 'record state is unknown' end
+  local r = { metadata = meta, state = state }
+  for _, f in ipairs(FIELDS) do
+    local name, kind = f[1], f[2]
+    local v = t[name]
+    if kind == INT then
+      if type(v) ~= 'number' or v ~= math.floor(v) or v < 1 or v > MAX_TOKEN then return nil, 'record field ' .. name .. ' is out of range' end
+    elseif kind == TS then
+      v = parse_ts(v)
+      if not v then return nil, 'record field ' .. name .. ' is not a timestamp' end
+    elseif kind == ID then
+      if not is_id(v) then return nil, 'record field ' .. name .. ' is not an identifier' end
+    elseif kind == OPT then
+      if v ~= '' and not is_id(v) then return nil, 'record field ' .. name .. ' is not an identifier' end
+    elseif not plain(v) then
+      return nil, 'record field ' .. name .. ' is malformed'
+    end
+    r[name] = v
+  end
+  if encode(r) ~= raw then return nil, 'record is not in canonical form' end
+  if r.lock_key ~= lock_key then return nil, 'record is stored under a foreign lock key' end
+  if ident then
+    for i, name in ipairs(IDENTITY) do
+      if r[name] ~= ident[i] then return nil, 'stored tuple does not match the requested identity' end
+    end
+  end
+  if r.ttl_ms > MAX_TTL_MS or r.maximum_lifetime_ms > MAX_LIFETIME_MS then return nil, 'record durations are out of range' end
+  if r.renewed_at < r.acquired_at or r.renewed_at >= r.expires_at
+      or r.expires_at > r.acquired_at + r.maximum_lifetime_ms or r.expires_at - r.renewed_at > r.ttl_ms then
+    return nil, 'record timestamps are inconsistent'
+  end
+  return r
+end
+
+-- get reads a string key; a key of another type is corruption, not a
+-- script error (an error would surface as a raw backend failure).
+local function get(key)
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' and v.err then return nil, 'key has the wrong type' end
+  return v or nil
+end
+
+-- load_active strictly reads the active record: nil if none; nil and a
+-- reason if corrupt. A key without a TTL is corrupt: every writer of the
+-- active key attaches one.
+local function load_active(key, lock_key, ident)
+  local raw, why = get(key)
+  if why then return nil, 'active ' .. why end
+  if not raw then return nil end
+  if redis.call('PTTL', key) == -1 then return nil, 'active key has no TTL' end
+  local r
+  r, why = decode(raw, lock_key, ident)
+  if not r then return nil, why end
+  return r
+end
+
+local function live(r, now) return r.state == 'active' and now < r.expires_at end
+
+-- want_types checks that keys the operation may write hold the type it
+-- writes (or nothing), before the first write.
+local function want_types(spec)
+  for key, want in pairs(spec) do
+    local t = redis.call('TYPE', key)
+    t = t.ok or t
+    if t ~= 'none' and t ~= want then return 'a lease key has the wrong type' end
+  end
+  return nil
+end
+
+-- lp is lease.lengthPrefixed: each part as a 2-byte big-endian length and
+-- its bytes.
+local function lp(...)
+  local out = {}
+  for i, s in ipairs({ ... }) do
+    out[i] = string.char(math.floor(#s / 256), #s % 256) .. s
+  end
+  return table.concat(out)
+end
+
+-- index_members are r's List index entries: filter ‖ 0 ‖ filter value ‖
+-- lease id ‖ 0 ‖ hash tag, all with score 0, so ZRANGEBYLEX over a
+-- filter's prefix walks its leases in lease-id order.
+local function index_members(r, tag)
+  local tail = r.lease_id .. '\0' .. tag
+  return {
+    'owner\0' .. lp(r.owner_principal_id) .. tail,
+    'target\0' .. lp(r.tenant_id, r.program_id, r.target_namespace, r.target_id) .. tail,
+    'program\0' .. lp(r.tenant_id, r.program_id) .. tail,
+  }
+end
+
+local function expiry_member(r, tag) return tag .. '\0' .. r.lease_id .. '\0' .. int(r.fencing_token) end
+
+-- Common ARGV of lease mutations:
+--   1 deadline ms, 2 lock key, 3 hash tag, 4..10 identity,
+--   11 physical grace ms, 12 history cap, 13 history retention ms,
+--   14 evidence retention ms; operation-specific arguments follow.
+-- Common KEYS: 1 active, 2 history, 3 index, 4 expiry schedule,
+--   5 evidence (idempotency or accepted commit), 6 quarantine.
+local function context(keys, args)
+  return {
+    deadline = tonumber(args[1]), lock_key = args[2], tag = args[3],
+    ident = { args[4], args[5], args[6], args[7], args[8], args[9], args[10] },
+    grace = tonumber(args[11]), hist_cap = tonumber(args[12]), hist_ret = tonumber(args[13]),
+    ev_ret = tonumber(args[14]),
+    k_active = keys[1], k_hist = keys[2], k_index = keys[3], k_expiry = keys[4], k_ev = keys[5], k_quar = keys[6],
+  }
+end
+
+local function layout_types(c)
+  return want_types({ [c.k_hist] = 'list', [c.k_index] = 'zset', [c.k_expiry] = 'zset' })
+end
+
+-- corrupt fails closed: it records the reason for operators and changes
+-- nothing else.
+local function corrupt(c, now, why)
+  redis.call('SET', c.k_quar, why)
+  return { 'corrupt', int(now), why }
+end
+
+-- store_active writes r as the active record, with a physical TTL past
+-- expires_at: storage reclamation only, the decision is always made from
+-- the stored expires_at.
+local function store_active(c, r)
+  local raw = encode(r)
+  redis.call('SET', c.k_active, raw, 'PXAT', int(r.expires_at + c.grace))
+  redis.call('ZADD', c.k_expiry, int(r.expires_at), expiry_member(r, c.tag))
+  return raw
+end
+
+-- archive ends r: terminal evidence to the capped history list, then the
+-- active record and its index and schedule entries go. why holds the
+-- optional ended_by, request_id, reason (JSON-encoded) and incident_id.
+local function archive(c, r, state, ended, why)
+  local final = {}
+  for k, v in pairs(r) do final[k] = v end
+  final.state = state
+  local raw = encode(final)
+  local entry = '{"history_version":1,"record":' .. raw .. ',"ended_at":"' .. ts(ended) .. '"'
+  if why and why.by ~= '' then entry = entry .. ',"ended_by":"' .. why.by .. '"' end
+  if why and why.request_id ~= '' then entry = entry .. ',"request_id":"' .. why.request_id .. '"' end
+  if why and why.reason ~= '' then entry = entry .. ',"reason":' .. why.reason end
+  if why and why.incident ~= '' then entry = entry .. ',"incident_id":"' .. why.incident .. '"' end
+  entry = entry .. '}'
+  redis.call('LPUSH', c.k_hist, entry)
+  redis.call('LTRIM', c.k_hist, 0, c.hist_cap - 1)
+  redis.call('PEXPIRE', c.k_hist, c.hist_ret)
+  redis.call('DEL', c.k_active)
+  redis.call('ZREM', c.k_index, unpack(index_members(r, c.tag)))
+  redis.call('ZREM', c.k_expiry, expiry_member(r, c.tag))
+  return raw
+end
+
+-- remember stores the typed result as idempotency evidence, in the same
+-- atomic section as the mutation (lease.IdempotencyRecord's JSON).
+local function remember(c, now, op, digest, code, raw)
+  local ev = '{"idempotency_version":1,"op":"' .. op .. '","digest":"' .. digest .. '","code":"' .. code ..
+      '","lease":' .. raw .. ',"backend_time":"' .. ts(now) .. '"}'
+  redis.call('SET', c.k_ev, ev, 'PX', int(c.ev_ret))
+end
+
+-- history_of returns the history entries that name lease_id (normally
+-- one); the Go side decodes them strictly.
+local function history_of(k_hist, lease_id)
+  local out = {}
+  if not lease_id or redis.call('TYPE', k_hist).ok ~= 'list' then return out end
+  local needle = '"lease_id":"' .. lease_id .. '"'
+  for _, e in ipairs(redis.call('LRANGE', k_hist, 0, -1)) do
+    if string.find(e, needle, 1, true) then out[#out + 1] = e end
+  end
+  return out
+end
+
+-- evidence_reply answers from stored idempotency evidence: the evidence and
+-- what the Go side needs to report the lease's state now (its active
+-- record, with its PTTL, and its history entries). The Go side decides
+-- replay, conflict or corruption from these bytes alone.
+local function evidence_reply(now, ev, k_active, k_hist)
+  local lease_id
+  local ok, t = pcall(cjson.decode, ev)
+  if ok and type(t) == 'table' and type(t.lease) == 'table' and is_id(t.lease.lease_id) then
+    lease_id = t.lease.lease_id
+  end
+  local active, why = get(k_active)
+  local pttl = '-2'
+  if why then active = '\0wrongtype' end
+  if active then pttl = int(redis.call('PTTL', k_active)) end
+  local out = { 'evidence', int(now), ev, active or '', pttl }
+  for _, e in ipairs(history_of(k_hist, lease_id)) do out[#out + 1] = e end
+  return out
+end
+
+-- begin runs the common start of a mutation: backend time, the deadline
+-- check, then the idempotency lookup before any other read. It returns
+-- now and, if the operation is already answered, the reply.
+local function begin(c)
+  local now = now_ms()
+  if now >= c.deadline then return now, { 'deadline', int(now) } end
+  local ev, why = get(c.k_ev)
+  if why then return now, corrupt(c, now, 'evidence ' .. why) end
+  if ev then return now, evidence_reply(now, ev, c.k_active, c.k_hist) end
+  why = layout_types(c)
+  if why then return now, corrupt(c, now, why) end
+  return now
+end
+
+-- acquire: ARGV 15 lease id, 16 owner principal, 17 owner client,
+-- 18 owner credential, 19 service instance, 20 ttl ms, 21 maximum
+-- lifetime ms, 22 execution id, 23 job id, 24 trace id, 25 request id,
+-- 26 metadata JSON, 27 digest, 28 lease-id lookup TTL ms.
+-- KEYS 7 counter, 8 lease-id lookup.
+local function acquire(keys, args)
+  local c = context(keys, args)
+  local now, done = begin(c)
+  if done then return done end
+  local k_counter, k_lookup = keys[7], keys[8]
+  local cur, why = load_active(c.k_active, c.lock_key, c.ident)
+  if why then return corrupt(c, now, why) end
+  if cur and live(cur, now) then return { 'conflict', int(now), int(cur.expires_at) } end
+  local counter
+  counter, why = get(k_counter)
+  if why or (counter and (not string.find(counter, '^%d+$') or #counter > 16)) then
+    return corrupt(c, now, 'fencing counter is malformed')
+  end
+  if redis.call('EXISTS', k_lookup) == 1 then return { 'collision', int(now) } end
+  -- As in the reference backend, an expired predecessor is archived
+  -- before the counter is consulted.
+  if cur then archive(c, cur, 'expired', cur.expires_at) end
+  counter = tonumber(counter or '0')
+  if counter >= MAX_TOKEN then return { 'exhausted', int(now) } end
+  local ttl, life = tonumber(args[20]), tonumber(args[21])
+  local r = {
+    record_version = 1, lock_key = c.lock_key, lease_id = args[15],
+    owner_principal_id = args[16], owner_client_id = args[17], owner_credential_id = args[18],
+    service_instance_id = args[19], fencing_token = counter + 1,
+    acquired_at = now, renewed_at = now, expires_at = now + math.min(ttl, life),
+    ttl_ms = ttl, maximum_lifetime_ms = life,
+    execution_id = args[22], job_id = args[23], trace_id = args[24], request_id = args[25],
+    metadata = args[26], state = 'active',
+  }
+  for i, name in ipairs(IDENTITY) do r[name] = c.ident[i] end
+  redis.call('SET', k_counter, int(r.fencing_token))
+  local raw = store_active(c, r)
+  for _, m in ipairs(index_members(r, c.tag)) do redis.call('ZADD', c.k_index, 0, m) end
+  redis.call('SET', k_lookup, c.tag, 'PX', args[28])
+  remember(c, now, 'acquire', args[27], 'lease_acquired', raw)
+  return { 'ok', int(now), raw }
+end
+
+-- held returns the active record matching every ownership field given and
+-- unexpired at now, or a reply: lost (archiving an expired match so it is
+-- never seen as active again) or corrupt.
+local function held(c, now, lease_id, token, owner, instance)
+  local cur, why = load_active(c.k_active, c.lock_key, c.ident)
+  if why then return nil, corrupt(c, now, why) end
+  if not cur or cur.lease_id ~= lease_id or int(cur.fencing_token) ~= token
+      or (owner and cur.owner_principal_id ~= owner) or (instance and cur.service_instance_id ~= instance) then
+    return nil, { 'lost', int(now) }
+  end
+  if not live(cur, now) then
+    archive(c, cur, 'expired', cur.expires_at)
+    return nil, { 'lost', int(now) }
+  end
+  return cur
+end
+
+-- renew: ARGV 15 lease id, 16 token, 17 owner, 18 instance, 19 ttl ms
+-- (0 keeps the lease's ttl_ms), 20 digest.
+local function renew(keys, args)
+  local c = context(keys, args)
+  local now, done = begin(c)
+  if done then return done end
+  local cur, reply = held(c, now, args[15], args[16], args[17], args[18])
+  if not cur then return reply end
+  local ttl = tonumber(args[19])
+  if ttl == 0 then ttl = cur.ttl_ms end
+  cur.renewed_at = now
+  cur.expires_at = math.min(now + ttl, cur.acquired_at + cur.maximum_lifetime_ms)
+  cur.ttl_ms = ttl
+  local raw = store_active(c, cur)
+  remember(c, now, 'renew', args[20], 'lease_renewed', raw)
+  return { 'ok', int(now), raw }
+end
+
+-- finish: release, force-release and revoke. ARGV 15 lease id, 16 token,
+-- 17 caller principal, 18 service instance (release only, else ''),
+-- 19 digest, 20 request id, 21 reason as JSON ('' if none), 22 incident id,
+-- 23 operation.
+local ENDINGS = {
+  release = { code = 'lease_released', state = 'released', owner = true },
+  force_release = { code = 'lease_force_released', state = 'released' },
+  revoke = { code = 'lease_revoked', state = 'revoked' },
+}
+
+local function finish(keys, args)
+  local c = context(keys, args)
+  local e = ENDINGS[args[23]]
+  if not e then return redis.error_reply('unknown ending') end
+  local now, done = begin(c)
+  if done then return done end
+  local owner, instance
+  if e.owner then owner, instance = args[17], args[18] end
+  local cur, reply = held(c, now, args[15], args[16], owner, instance)
+  if not cur then return reply end
+  local raw = archive(c, cur, e.state, now, { by = args[17], request_id = args[20], reason = args[21], incident = args[22] })
+  remember(c, now, args[23], args[19], e.code, raw)
+  return { 'ok', int(now), raw }
+end
+
+-- commit authorizes a fenced write. ARGV 15 lease id, 16 token, 17 owner,
+-- 18 instance, 19 sink, 20 accepted-commit JSON before accepted_at,
+-- 21 the JSON after it. KEYS 5 accepted-commit record, 7 high-water marks.
+local function commit(keys, args)
+  local c = context(keys, args)
+  local now = now_ms()
+  if now >= c.deadline then return { 'deadline', int(now) } end
+  local prior, why = get(c.k_ev)
+  if why then return corrupt(c, now, 'accepted commit ' .. why) end
+  if prior then return { 'evidence', int(now), prior } end
+  local k_marks = keys[7]
+  why = layout_types(c) or want_types({ [k_marks] = 'hash' })
+  if why then return corrupt(c, now, why) end
+  local cur, reply = held(c, now, args[15], args[16], args[17], args[18])
+  if not cur then return reply end
+  local mark = redis.call('HGET', k_marks, args[19])
+  if mark and (not string.find(mark, '^%d+$') or #mark > 16) then
+    return corrupt(c, now, 'high-water mark is malformed')
+  end
+  if mark and cur.fencing_token < tonumber(mark) then return { 'rejected', int(now) } end
+  redis.call('HSET', k_marks, args[19], int(cur.fencing_token))
+  local raw = args[20] .. ts(now) .. args[21]
+  redis.call('SET', c.k_ev, raw, 'PX', int(c.ev_ret))
+  return { 'ok', int(now), raw }
+end
+
+-- expire is the delayed expiry cleanup of one lease: it archives the
+-- active record only if it still has this lease id and token and is
+-- expired at backend time, so a late cleanup never touches a successor.
+-- A schedule entry naming a lease that is no longer active is dropped.
+-- ARGV as context (identity unused, may be empty), 15 lease id, 16 token.
+local function expire(keys, args)
+  local c = context(keys, args)
+  local now = now_ms()
+  local member = c.tag .. '\0' .. args[15] .. '\0' .. args[16]
+  local cur, why = load_active(c.k_active, c.lock_key, nil)
+  if why then return corrupt(c, now, why) end
+  why = layout_types(c)
+  if why then return corrupt(c, now, why) end
+  if not cur or cur.lease_id ~= args[15] or int(cur.fencing_token) ~= args[16] then
+    redis.call('ZREM', c.k_expiry, member)
+    return { 'noop', int(now) }
+  end
+  if live(cur, now) then return { 'live', int(now) } end
+  archive(c, cur, 'expired', cur.expires_at)
+  return { 'ok', int(now) }
+end
+
+-- Read-only functions (FCALL_RO). ARGV 1 of each is the deadline (ms):
+-- a read that has not started by then is refused, as a mutation is.
+
+local function read_begin(args)
+  local now = now_ms()
+  if now >= tonumber(args[1]) then return now, { 'deadline', int(now) } end
+  return now
+end
+
+-- inspect reads an identity's active record at backend time.
+-- KEYS 1 active. ARGV 2 lock key, 3..9 identity.
+local function inspect(keys, args)
+  local now, done = read_begin(args)
+  if done then return done end
+  local ident = { args[3], args[4], args[5], args[6], args[7], args[8], args[9] }
+  local _, why = load_active(keys[1], args[2], ident)
+  if why then return { 'corrupt', int(now), why } end
+  return { 'ok', int(now), get(keys[1]) or '', int(redis.call('PTTL', keys[1])) }
+end
+
+-- inspect_id reads a lease by id: its active record if current, else its
+-- history entries. KEYS 1 active, 2 history. ARGV 2 lock key, 3 lease id.
+local function inspect_id(keys, args)
+  local now, done = read_begin(args)
+  if done then return done end
+  local cur, why = load_active(keys[1], args[2], nil)
+  if why then return { 'corrupt', int(now), why } end
+  if cur and cur.lease_id == args[3] then
+    return { 'active', int(now), get(keys[1]), int(redis.call('PTTL', keys[1])) }
+  end
+  local out = { 'history', int(now) }
+  for _, e in ipairs(history_of(keys[2], args[3])) do out[#out + 1] = e end
+  return out
+end
+
+-- resolve reads a lease-id lookup key: the lease's hash tag, or ''.
+-- KEYS 1 lookup.
+local function resolve(keys, args)
+  local now, done = read_begin(args)
+  if done then return done end
+  return { 'ok', int(now), get(keys[1]) or '' }
+end
+
+-- lookup returns stored idempotency evidence and the lease's state now.
+-- KEYS 1 evidence, 2 active, 3 history.
+local function lookup(keys, args)
+  local now, done = read_begin(args)
+  if done then return done end
+  local ev, why = get(keys[1])
+  if why then return { 'corrupt', int(now), 'evidence ' .. why } end
+  if not ev then return { 'none', int(now) } end
+  return evidence_reply(now, ev, keys[2], keys[3])
+end
+
+-- index_page reads up to ARGV 4 index members in [ARGV 2, ARGV 3).
+-- KEYS 1 index.
+local function index_page(keys, args)
+  local now, done = read_begin(args)
+  if done then return done end
+  local out = { 'ok', int(now) }
+  if redis.call('TYPE', keys[1]).ok ~= 'zset' then return out end
+  for _, m in ipairs(redis.call('ZRANGEBYLEX', keys[1], args[2], args[3], 'LIMIT', 0, tonumber(args[4]))) do
+    out[#out + 1] = m
+  end
+  return out
+end
+
+-- actives reads several identities' active records at one backend time:
+-- for each key, its value ('' if none) and PTTL.
+local function actives(keys, args)
+  local now, done = read_begin(args)
+  if done then return done end
+  local out = { 'ok', int(now) }
+  for _, k in ipairs(keys) do
+    local v, why = get(k)
+    if why then v = '\0wrongtype' end
+    out[#out + 1] = v or ''
+    out[#out + 1] = int(redis.call('PTTL', k))
+  end
+  return out
+end
+
+-- history reads an identity's terminal evidence, newest first (bounded by
+-- the list's cap). KEYS 1 history.
+local function history(keys, args)
+  local now, done = read_begin(args)
+  if done then return done end
+  local out = { 'ok', int(now) }
+  if redis.call('TYPE', keys[1]).ok ~= 'list' then return out end
+  for _, e in ipairs(redis.call('LRANGE', keys[1], 0, -1)) do out[#out + 1] = e end
+  return out
+end
+
+-- due lists expiry-schedule entries whose expires_at has passed at
+-- backend time. KEYS 1 schedule. ARGV 1 limit.
+local function due(keys, args)
+  local now = now_ms()
+  local out = { 'ok', int(now) }
+  if redis.call('TYPE', keys[1]).ok ~= 'zset' then return out end
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', keys[1], '-inf', int(now), 'LIMIT', 0, tonumber(args[1]))) do
+    out[#out + 1] = m
+  end
+  return out
+end
+
+-- clock returns backend time only: the floor of a read.
+local function clock() return { 'ok', int(now_ms()) } end
+
+-- probe reads TIME and writes one scratch key: the floor of a mutation.
+local function probe(keys) redis.call('INCR', keys[1]); return { 'ok', int(now_ms()) } end
+
+local RO = { 'no-writes' }
+redis.register_function(FN .. 'acquire', acquire)
+redis.register_function(FN .. 'renew', renew)
+redis.register_function(FN .. 'finish', finish)
+redis.register_function(FN .. 'commit', commit)
+redis.register_function(FN .. 'expire', expire)
+redis.register_function(FN .. 'probe', probe)
+redis.register_function { function_name = FN .. 'inspect', callback = inspect, flags = RO }
+redis.register_function { function_name = FN .. 'inspect_id', callback = inspect_id, flags = RO }
+redis.register_function { function_name = FN .. 'resolve', callback = resolve, flags = RO }
+redis.register_function { function_name = FN .. 'lookup', callback = lookup, flags = RO }
+redis.register_function { function_name = FN .. 'index_page', callback = index_page, flags = RO }
+redis.register_function { function_name = FN .. 'actives', callback = actives, flags = RO }
+redis.register_function { function_name = FN .. 'history', callback = history, flags = RO }
+redis.register_function { function_name = FN .. 'due', callback = due, flags = RO }
+redis.register_function { function_name = FN .. 'clock', callback = clock, flags = RO }

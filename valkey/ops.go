@@ -1,0 +1,366 @@
+package valkey
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strconv"
+	"time"
+
+	"github.com/starintel/starlease/lease"
+)
+
+// mutation is the shared part of one lease mutation's function call.
+type mutation struct {
+	p   lease.Prepared
+	tag string
+	due lease.Timestamp
+}
+
+func (s *Store) prepare(ctx context.Context, p lease.Prepared, at time.Time) mutation {
+	return mutation{p: p, tag: tagOf(p.LockKey), due: due(ctx, at)}
+}
+
+// keys are the common KEYS: active, history, index, expiry schedule,
+// evidence, quarantine.
+func (s *Store) commonKeys(tag, evidence string) []string {
+	return []string{s.keys.active(tag), s.keys.history(tag), s.keys.index(), s.keys.expiry(), evidence, s.keys.quarantine(tag)}
+}
+
+// commonArgs are the common ARGV (see library.lua's context).
+func (s *Store) commonArgs(due lease.Timestamp, lockKey, tag string, id lease.Identity, retention time.Duration) []string {
+	return []string{itoa(due.UnixMilli()), lockKey, tag,
+		id.TenantID, id.ProgramID, id.TargetNamespace, id.TargetID, id.ActorName, id.WorkflowName, id.OperationClass,
+		ms(s.reclaimGrace), strconv.Itoa(s.opts.HistoryPerIdentity), ms(s.opts.HistoryRetention), ms(retention)}
+}
+
+// Acquire grants a lease if no unexpired active lease holds the identity.
+func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Result, error) {
+	req, p, err := lease.PrepareAcquire(req, s.opts)
+	if err != nil {
+		return lease.Result{}, err
+	}
+	if err := s.writable(ctx); err != nil {
+		return lease.Result{}, err
+	}
+	m := s.prepare(ctx, p, req.DeadlineAt)
+	// The lease id is made here so its lookup key can be declared in KEYS;
+	// its time part is the adapter's clock at submission, an ordering hint
+	// only (the id is opaque and the record's times are backend time).
+	leaseID := lease.NewLeaseID(lease.At(time.Now()))
+	meta := []byte("{}")
+	if len(req.Metadata) > 0 {
+		if meta, err = json.Marshal(req.Metadata); err != nil {
+			return lease.Result{}, lease.Invalid("metadata", "not encodable")
+		}
+	}
+	keys := append(s.commonKeys(m.tag, s.keys.idem(m.tag, p.Scope)), s.keys.counter(m.tag), s.keys.leaseLookup(leaseID))
+	args := append(s.commonArgs(m.due, p.LockKey, m.tag, p.Identity, s.opts.IdempotencyRetention),
+		leaseID, req.Caller.PrincipalID, req.Caller.ClientID, req.Caller.CredentialID, req.ServiceInstanceID,
+		ms(req.TTL), ms(req.MaximumLifetime), req.ExecutionID, req.JobID, req.TraceID, req.RequestID,
+		string(meta), p.Digest, ms(req.MaximumLifetime+s.reclaimGrace+s.opts.HistoryRetention))
+	rep, err := s.fcall(ctx, call{fn: "acquire", mutation: true, keys: keys, args: args, wait: s.waitFor(m.due)})
+	if err != nil {
+		return lease.Result{}, err
+	}
+	switch rep.status {
+	case "ok":
+		return s.leaseResult(m, rep, lease.CodeAcquired)
+	case "conflict":
+		exp, err := strconv.ParseInt(rep.at(0), 10, 64)
+		if err != nil {
+			return lease.Result{}, s.malformed(call{fn: "acquire", mutation: true})
+		}
+		return lease.Result{}, &lease.Error{Code: lease.CodeConflict, Reason: "another unexpired lease holds the identity",
+			RetryAfter: time.Duration(exp-rep.now.UnixMilli()) * time.Millisecond, BackendTime: rep.now.Time()}
+	case "exhausted":
+		s.log.Error("ALERT fencing counter exhausted; acquisition refused", identityAttrs(p.Identity)...)
+		return lease.Result{}, &lease.Error{Code: lease.CodeCounterExhausted, Reason: "the fencing counter reached 2^53-1", BackendTime: rep.now.Time()}
+	case "collision":
+		// A fresh 80-bit random lease id already in use: nothing changed.
+		return lease.Result{}, lease.Errorf(lease.CodeBackendUnavailable, "lease id collision; retry")
+	}
+	return s.common(m, rep, "acquire")
+}
+
+// Renew extends the exact matching active lease.
+func (s *Store) Renew(ctx context.Context, req lease.RenewRequest) (lease.Result, error) {
+	req, p, err := lease.PrepareRenew(req, s.opts)
+	if err != nil {
+		return lease.Result{}, err
+	}
+	if err := s.writable(ctx); err != nil {
+		return lease.Result{}, err
+	}
+	m := s.prepare(ctx, p, req.DeadlineAt)
+	args := append(s.commonArgs(m.due, p.LockKey, m.tag, p.Identity, s.opts.IdempotencyRetention),
+		req.LeaseID, utoa(req.FencingToken), req.Caller.PrincipalID, req.ServiceInstanceID, ms(req.TTL), p.Digest)
+	rep, err := s.fcall(ctx, call{fn: "renew", mutation: true, keys: s.commonKeys(m.tag, s.keys.idem(m.tag, p.Scope)),
+		args: args, wait: s.waitFor(m.due)})
+	if err != nil {
+		return lease.Result{}, err
+	}
+	if rep.status == "ok" {
+		return s.leaseResult(m, rep, lease.CodeRenewed)
+	}
+	return s.common(m, rep, "renew")
+}
+
+// Release ends the exact matching active lease (compare-and-delete).
+func (s *Store) Release(ctx context.Context, req lease.ReleaseRequest) (lease.Result, error) {
+	req, p, err := lease.PrepareRelease(req, s.opts)
+	if err != nil {
+		return lease.Result{}, err
+	}
+	return s.finish(ctx, p, req.DeadlineAt, lease.CodeReleased, req.LeaseID, req.FencingToken, req.Caller.PrincipalID,
+		req.ServiceInstanceID, req.RequestID, "", "")
+}
+
+// ForceRelease ends the observed active lease with the operational terminal
+// state, recording the administrator's reason.
+func (s *Store) ForceRelease(ctx context.Context, req lease.AdminRequest) (lease.Result, error) {
+	return s.admin(ctx, lease.OpForceRelease, req)
+}
+
+// Revoke ends the observed active lease with the security terminal state.
+func (s *Store) Revoke(ctx context.Context, req lease.AdminRequest) (lease.Result, error) {
+	return s.admin(ctx, lease.OpRevoke, req)
+}
+
+func (s *Store) admin(ctx context.Context, op lease.Op, req lease.AdminRequest) (lease.Result, error) {
+	req, p, err := lease.PrepareAdmin(op, req, s.opts)
+	if err != nil {
+		return lease.Result{}, err
+	}
+	code := lease.CodeForceReleased
+	if op == lease.OpRevoke {
+		code = lease.CodeRevoked
+	}
+	reason := ""
+	if req.Reason != "" {
+		b, err := json.Marshal(req.Reason)
+		if err != nil {
+			return lease.Result{}, lease.Invalid("reason", "not encodable")
+		}
+		reason = string(b)
+	}
+	return s.finish(ctx, p, req.DeadlineAt, code, req.LeaseID, req.FencingToken, req.Caller.PrincipalID, "",
+		req.RequestID, reason, req.IncidentID)
+}
+
+// finish runs release, force-release or revoke (p.Op says which). reason
+// is JSON-encoded, as the history entry stores it.
+func (s *Store) finish(ctx context.Context, p lease.Prepared, at time.Time, code lease.Code, leaseID string, token uint64,
+	principal, instance, requestID, reason, incident string) (lease.Result, error) {
+	if err := s.writable(ctx); err != nil {
+		return lease.Result{}, err
+	}
+	m := s.prepare(ctx, p, at)
+	args := append(s.commonArgs(m.due, p.LockKey, m.tag, p.Identity, s.opts.IdempotencyRetention),
+		leaseID, utoa(token), principal, instance, p.Digest, requestID, reason, incident, string(p.Op))
+	rep, err := s.fcall(ctx, call{fn: "finish", mutation: true, keys: s.commonKeys(m.tag, s.keys.idem(m.tag, p.Scope)),
+		args: args, wait: s.waitFor(m.due)})
+	if err != nil {
+		return lease.Result{}, err
+	}
+	if rep.status == "ok" {
+		return s.leaseResult(m, rep, code)
+	}
+	return s.common(m, rep, string(p.Op))
+}
+
+// leaseResult turns an "ok" reply carrying the record into the result.
+func (s *Store) leaseResult(m mutation, rep reply, code lease.Code) (lease.Result, error) {
+	rec, err := s.decodeRecord([]byte(rep.at(0)), m.p.LockKey)
+	if err != nil {
+		return lease.Result{}, s.corrupt(m.p.Identity, "the backend returned a record that fails strict decoding: "+lease.AsError(err).Reason)
+	}
+	return lease.Result{Code: code, Lease: rec, BackendTime: rep.now}, nil
+}
+
+// common maps the replies every lease mutation shares.
+func (s *Store) common(m mutation, rep reply, fn string) (lease.Result, error) {
+	switch rep.status {
+	case "deadline":
+		return lease.Result{}, &lease.Error{Code: lease.CodeDeadlineExceeded, Reason: "deadline elapsed before the operation started", BackendTime: rep.now.Time()}
+	case "lost":
+		return lease.Result{}, lost(rep.now)
+	case "corrupt":
+		return lease.Result{}, s.corrupt(m.p.Identity, rep.at(0))
+	case "evidence":
+		return s.replay(m.p, rep)
+	}
+	return lease.Result{}, s.malformed(call{fn: fn, mutation: true})
+}
+
+func lost(now lease.Timestamp) *lease.Error {
+	return &lease.Error{Code: lease.CodeLost, Reason: "the lease is not held", BackendTime: now.Time()}
+}
+
+// replay answers a mutation from its stored idempotency evidence: the
+// original result, or idempotency_conflict if the request id was used with
+// other inputs. A replayed acquire also reports the lease's state now.
+func (s *Store) replay(p lease.Prepared, rep reply) (lease.Result, error) {
+	ev, err := lease.DecodeIdempotencyRecord([]byte(rep.at(0)))
+	if err != nil {
+		return lease.Result{}, s.corrupt(p.Identity, "idempotency evidence is corrupt")
+	}
+	if ev.Op != p.Op || ev.Digest != p.Digest || ev.Lease.LockKey != p.LockKey {
+		return lease.Result{}, &lease.Error{Code: lease.CodeIdempotencyConflict, Reason: "request id was reused with different inputs", BackendTime: rep.now.Time()}
+	}
+	r := ev.Result()
+	if p.Op == lease.OpAcquire {
+		cur, err := s.currentOf(ev.Lease, rep, p.Identity)
+		if err != nil {
+			return lease.Result{}, err
+		}
+		if cur.State != ev.Lease.State {
+			r.Current = cur
+		}
+	}
+	return r, nil
+}
+
+// currentOf finds the state now of a lease from an evidence reply: its
+// active record (fields 1, 2: value and PTTL), else its terminal record
+// (fields 3…: history entries naming it), else expired: the only terminal
+// state that needs no evidence.
+func (s *Store) currentOf(orig *lease.Record, rep reply, id lease.Identity) (*lease.Record, error) {
+	cur, err := s.decodeActive(rep.at(1), rep.at(2), orig.LockKey, id)
+	if err != nil {
+		return nil, err
+	}
+	if cur != nil && cur.LeaseID == orig.LeaseID {
+		return cur.ObservedAt(rep.now), nil
+	}
+	if h := findHistory(rep.f[min(3, len(rep.f)):], orig.LeaseID); h != nil {
+		return h.Record, nil
+	}
+	gone := orig.Clone()
+	gone.State = lease.StateExpired
+	return gone, nil
+}
+
+// findHistory returns the first entry (newest first) that strictly decodes
+// and names leaseID.
+func findHistory(entries []string, leaseID string) *lease.HistoryEntry {
+	for _, e := range entries {
+		if h, err := lease.DecodeHistoryEntry([]byte(e)); err == nil && h.Record.LeaseID == leaseID {
+			return h
+		}
+	}
+	return nil
+}
+
+// decodeRecord strictly decodes a record read under lockKey.
+func (s *Store) decodeRecord(raw []byte, lockKey string) (*lease.Record, error) {
+	rec, err := lease.DecodeRecord(raw)
+	if err != nil {
+		return nil, err
+	}
+	if rec.LockKey != lockKey {
+		return nil, lease.Errorf(lease.CodeCorrupt, "record: stored under a foreign lock key")
+	}
+	return rec, nil
+}
+
+// decodeActive strictly decodes an active record read with its PTTL: nil if
+// there is none; corrupt (alerted) if it has no TTL or fails decoding.
+func (s *Store) decodeActive(raw, pttl, lockKey string, id lease.Identity) (*lease.Record, error) {
+	if raw == "" {
+		return nil, nil
+	}
+	if pttl == "-1" {
+		return nil, s.corrupt(id, "active key has no TTL")
+	}
+	rec, err := s.decodeRecord([]byte(raw), lockKey)
+	if err != nil {
+		return nil, s.corrupt(id, lease.AsError(err).Reason)
+	}
+	return rec, nil
+}
+
+// corrupt alerts operators and fails closed with the uniform corrupt
+// error; reason goes to the log only.
+func (s *Store) corrupt(id lease.Identity, reason string) *lease.Error {
+	attrs := append([]any{"reason", reason}, identityAttrs(id)...)
+	s.log.Error("ALERT corrupt lease state; failing closed", attrs...)
+	return &lease.Error{Code: lease.CodeCorrupt, Reason: "stored lease state is corrupt; failing closed"}
+}
+
+// identityAttrs are the log attributes of an identity: its canonical scope,
+// never the raw lock key.
+func identityAttrs(id lease.Identity) []any {
+	if id == (lease.Identity{}) {
+		return nil
+	}
+	return []any{"tenant_id", id.TenantID, "program_id", id.ProgramID, "target_namespace", id.TargetNamespace,
+		"target_id", id.TargetID, "actor_name", id.ActorName, "workflow_name", id.WorkflowName, "operation_class", id.OperationClass}
+}
+
+// AuthorizeCommit validates, at the linearization point, that the exact
+// lease is active and unexpired and its token is not below the sink's
+// high-water mark, then records the accepted commit and raises the mark.
+func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (lease.CommitResult, error) {
+	req, p, err := lease.PrepareCommit(req, s.opts)
+	if err != nil {
+		return lease.CommitResult{}, err
+	}
+	if err := s.writable(ctx); err != nil {
+		return lease.CommitResult{}, err
+	}
+	tag, d := tagOf(p.LockKey), due(ctx, req.DeadlineAt)
+	head, tail, err := commitTemplate(req, p.Digest)
+	if err != nil {
+		return lease.CommitResult{}, err
+	}
+	keys := append(s.commonKeys(tag, s.keys.commit(tag, p.Scope)), s.keys.marks(tag))
+	args := append(s.commonArgs(d, p.LockKey, tag, p.Identity, s.opts.CommitRetention),
+		req.LeaseID, utoa(req.FencingToken), req.Caller.PrincipalID, req.ServiceInstanceID, req.Sink, head, tail)
+	rep, err := s.fcall(ctx, call{fn: "commit", mutation: true, keys: keys, args: args, wait: s.waitFor(d)})
+	if err != nil {
+		return lease.CommitResult{}, err
+	}
+	switch rep.status {
+	case "ok", "evidence":
+		c, err := lease.DecodeCommit([]byte(rep.at(0)))
+		if err != nil {
+			return lease.CommitResult{}, s.corrupt(p.Identity, "accepted-commit evidence is corrupt")
+		}
+		if rep.status == "ok" {
+			return lease.CommitResult{Code: lease.CodeCommitAuthorized, Commit: c, BackendTime: rep.now}, nil
+		}
+		if c.Digest != p.Digest {
+			return lease.CommitResult{}, &lease.Error{Code: lease.CodeIdempotencyConflict, Reason: "commit id was reused with different inputs", BackendTime: rep.now.Time()}
+		}
+		return lease.CommitResult{Code: lease.CodeCommitAuthorized, Commit: c, Replayed: true, BackendTime: rep.now}, nil
+	case "rejected":
+		s.log.Error("ALERT commit token below the sink's high-water mark", identityAttrs(p.Identity)...)
+		return lease.CommitResult{}, &lease.Error{Code: lease.CodeCommitRejected, Reason: "fencing token is below the sink's high-water mark", BackendTime: rep.now.Time()}
+	case "deadline":
+		return lease.CommitResult{}, &lease.Error{Code: lease.CodeDeadlineExceeded, Reason: "deadline elapsed before the operation started", BackendTime: rep.now.Time()}
+	case "lost":
+		return lease.CommitResult{}, lost(rep.now)
+	case "corrupt":
+		return lease.CommitResult{}, s.corrupt(p.Identity, rep.at(0))
+	}
+	return lease.CommitResult{}, s.malformed(call{fn: "commit", mutation: true})
+}
+
+// epochMarker is how accepted_at encodes in the commit template.
+const epochMarker = `"accepted_at":"1970-01-01T00:00:00.000Z"`
+
+// commitTemplate encodes the accepted-commit evidence with lease's own
+// encoder and splits it around accepted_at, which the function fills with
+// backend time: the stored bytes are exactly lease.EncodeCommit's.
+func commitTemplate(req lease.CommitRequest, digest string) (string, string, error) {
+	b, err := lease.EncodeCommit(lease.Commit{Sink: req.Sink, CommitID: req.CommitID, LeaseID: req.LeaseID,
+		FencingToken: req.FencingToken, ExecutionID: req.ExecutionID, TraceID: req.TraceID,
+		AcceptedAt: lease.UnixMilli(0), Digest: digest})
+	i := bytes.Index(b, []byte(epochMarker))
+	if err != nil || i < 0 || bytes.Count(b, []byte(epochMarker)) != 1 {
+		return "", "", lease.Invalid("commit_id", "not encodable")
+	}
+	cut := i + len(`"accepted_at":"`)
+	return string(b[:cut]), string(b[i+len(epochMarker)-1:]), nil
+}

@@ -1,0 +1,241 @@
+package valkey
+
+import (
+	"context"
+	"strconv"
+	"strings"
+
+	"github.com/starintel/starlease/lease"
+)
+
+// read runs a read-only function under deadline d, which the function
+// enforces at backend time.
+func (s *Store) read(ctx context.Context, d lease.Timestamp, fn string, keys []string, args ...string) (reply, error) {
+	rep, err := s.fcall(ctx, call{fn: fn, ro: true, keys: keys, args: append([]string{itoa(d.UnixMilli())}, args...), wait: s.waitFor(d)})
+	if err == nil && rep.status == "deadline" {
+		return reply{}, &lease.Error{Code: lease.CodeDeadlineExceeded, Reason: "deadline elapsed before the operation started", BackendTime: rep.now.Time()}
+	}
+	return rep, err
+}
+
+func notFound(now lease.Timestamp) *lease.Error {
+	return &lease.Error{Code: lease.CodeNotFound, Reason: "no such lease", BackendTime: now.Time()}
+}
+
+// Inspect reads the lease of an identity (active, or expired if its time
+// has passed) or a lease by id (active or terminal).
+func (s *Store) Inspect(ctx context.Context, req lease.InspectRequest) (lease.Result, error) {
+	req, lockKey, err := lease.PrepareInspect(req, s.opts)
+	if err != nil {
+		return lease.Result{}, err
+	}
+	d := due(ctx, req.DeadlineAt)
+	if req.LeaseID == "" {
+		id, tag := req.Identity, tagOf(lockKey)
+		rep, err := s.read(ctx, d, "inspect", []string{s.keys.active(tag)},
+			lockKey, id.TenantID, id.ProgramID, id.TargetNamespace, id.TargetID, id.ActorName, id.WorkflowName, id.OperationClass)
+		if err != nil {
+			return lease.Result{}, err
+		}
+		switch rep.status {
+		case "corrupt":
+			return lease.Result{}, s.corrupt(id, rep.at(0))
+		case "ok":
+			cur, err := s.decodeActive(rep.at(0), rep.at(1), lockKey, id)
+			if err != nil {
+				return lease.Result{}, err
+			}
+			if cur == nil {
+				return lease.Result{}, notFound(rep.now)
+			}
+			return lease.Result{Code: lease.CodeInspected, Lease: cur.ObservedAt(rep.now), BackendTime: rep.now}, nil
+		}
+		return lease.Result{}, s.malformed(call{fn: "inspect"})
+	}
+
+	// By id: the lookup key names the identity (it never changes once
+	// written), then one atomic read of that identity decides.
+	ref, err := s.read(ctx, d, "resolve", []string{s.keys.leaseLookup(req.LeaseID)})
+	if err != nil {
+		return lease.Result{}, err
+	}
+	tag := ref.at(0)
+	if ref.status != "ok" || tag == "" {
+		return lease.Result{}, notFound(ref.now)
+	}
+	if !validTag(tag) {
+		return lease.Result{}, s.corrupt(lease.Identity{}, "lease-id lookup holds a malformed value")
+	}
+	lockKey = lease.KeyPrefix + tag
+	rep, err := s.read(ctx, d, "inspect_id", []string{s.keys.active(tag), s.keys.history(tag)}, lockKey, req.LeaseID)
+	if err != nil {
+		return lease.Result{}, err
+	}
+	switch rep.status {
+	case "corrupt":
+		return lease.Result{}, s.corrupt(lease.Identity{}, rep.at(0))
+	case "active":
+		cur, err := s.decodeActive(rep.at(0), rep.at(1), lockKey, lease.Identity{})
+		if err != nil {
+			return lease.Result{}, err
+		}
+		if cur != nil && cur.LeaseID == req.LeaseID {
+			return lease.Result{Code: lease.CodeInspected, Lease: cur.ObservedAt(rep.now), BackendTime: rep.now}, nil
+		}
+		return lease.Result{}, notFound(rep.now)
+	case "history":
+		if h := findHistory(rep.f, req.LeaseID); h != nil {
+			return lease.Result{Code: lease.CodeInspected, Lease: h.Record, BackendTime: rep.now}, nil
+		}
+		return lease.Result{}, notFound(rep.now)
+	}
+	return lease.Result{}, s.malformed(call{fn: "inspect_id"})
+}
+
+// List pages through unexpired active leases of one filter in lease-id
+// order. Each step reads a chunk of the filter's index range, then the
+// chunk's active records in one atomic read; like the reference backend it
+// examines at most 4×page size + 64 entries per page, so a page costs
+// O(page size) whatever the number of stale entries.
+func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResult, error) {
+	f, after, size, err := lease.PrepareList(req, s.opts)
+	if err != nil {
+		return lease.ListResult{}, err
+	}
+	scope := string(f.By) + "\x00" + f.Value
+	prefix := scope // index members: filter ‖ 0 ‖ value ‖ lease id ‖ 0 ‖ tag
+	upper := "(" + prefix + "\xff"
+	d := due(ctx, req.DeadlineAt)
+	out := lease.ListResult{Leases: []*lease.Record{}}
+	budget := 4*size + 64
+	lower := "[" + prefix
+	if after != "" {
+		// Members with lease id `after` continue with 0, so this bound
+		// excludes exactly them and everything before.
+		lower = "[" + prefix + after + "\x01"
+	}
+	for {
+		want := min(size-len(out.Leases), budget)
+		page, err := s.read(ctx, d, "index_page", []string{s.keys.index()}, lower, upper, strconv.Itoa(want+1))
+		if err != nil {
+			return lease.ListResult{}, err
+		}
+		out.BackendTime = page.now
+		examine := page.f[:min(len(page.f), want)]
+		type entry struct{ leaseID, tag string }
+		entries := make([]entry, 0, len(examine))
+		keys := make([]string, 0, len(examine))
+		for _, m := range examine {
+			id, tag, ok := strings.Cut(strings.TrimPrefix(m, prefix), "\x00")
+			if !strings.HasPrefix(m, prefix) || !ok || !validTag(tag) {
+				s.log.Error("ALERT malformed list index entry skipped")
+				id, tag = "", ""
+			} else {
+				keys = append(keys, s.keys.active(tag))
+			}
+			entries = append(entries, entry{id, tag})
+		}
+		var recs reply
+		if len(keys) > 0 {
+			if recs, err = s.read(ctx, d, "actives", keys); err != nil {
+				return lease.ListResult{}, err
+			}
+			out.BackendTime = recs.now
+		}
+		j := 0
+		for i, e := range entries {
+			budget--
+			lower = "(" + examine[i]
+			if e.tag == "" {
+				continue
+			}
+			after = e.leaseID
+			rec, err := s.decodeActive(recs.at(2*j), recs.at(2*j+1), lease.KeyPrefix+e.tag, lease.Identity{})
+			j++
+			if err != nil || rec == nil || rec.LeaseID != e.leaseID || !rec.LiveAt(recs.now) {
+				continue // corrupt (already alerted), ended or expired: not listed
+			}
+			out.Leases = append(out.Leases, rec)
+		}
+		if len(page.f) <= want {
+			return out, nil // the filter's range is exhausted
+		}
+		if len(out.Leases) == size || budget == 0 {
+			out.NextPageToken = lease.EncodePageToken(after, scope)
+			return out, nil
+		}
+	}
+}
+
+// History pages through an identity's terminal evidence, newest first.
+// Entries are pushed in token order (an identity's leases end one after
+// another), so the page token is the fencing token of the next entry.
+func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.HistoryResult, error) {
+	req, lockKey, after, size, err := lease.PrepareHistory(req, s.opts)
+	if err != nil {
+		return lease.HistoryResult{}, err
+	}
+	var cursor uint64
+	if after != "" {
+		if cursor, err = strconv.ParseUint(after, 10, 64); err != nil {
+			return lease.HistoryResult{}, lease.Invalid("page_token", "malformed")
+		}
+	}
+	tag := tagOf(lockKey)
+	rep, err := s.read(ctx, due(ctx, req.DeadlineAt), "history", []string{s.keys.history(tag)})
+	if err != nil {
+		return lease.HistoryResult{}, err
+	}
+	out := lease.HistoryResult{Entries: []lease.HistoryEntry{}, BackendTime: rep.now}
+	for _, raw := range rep.f {
+		h, err := lease.DecodeHistoryEntry([]byte(raw))
+		if err == nil && h.Record.LockKey != lockKey {
+			err = lease.Errorf(lease.CodeCorrupt, "history entry of a foreign lock key")
+		}
+		if err != nil {
+			s.corrupt(req.Identity, "history entry is corrupt")
+			continue
+		}
+		// Resume at the entry the token names, or the next older one if
+		// retention removed it.
+		if after != "" && h.Record.FencingToken > cursor {
+			continue
+		}
+		if len(out.Entries) == size {
+			out.NextPageToken = lease.EncodePageToken(utoa(h.Record.FencingToken), "history\x00"+lockKey)
+			break
+		}
+		out.Entries = append(out.Entries, *h)
+	}
+	return out, nil
+}
+
+// LookupRequest returns the stored result of a mutation by its request id.
+func (s *Store) LookupRequest(ctx context.Context, req lease.LookupRequest) (lease.Result, error) {
+	p, err := lease.PrepareLookup(req, s.opts)
+	if err != nil {
+		return lease.Result{}, err
+	}
+	tag := tagOf(p.LockKey)
+	rep, err := s.read(ctx, due(ctx, req.DeadlineAt), "lookup", []string{s.keys.idem(tag, p.Scope), s.keys.active(tag), s.keys.history(tag)})
+	if err != nil {
+		return lease.Result{}, err
+	}
+	switch rep.status {
+	case "none":
+		return lease.Result{}, &lease.Error{Code: lease.CodeNotFound, Reason: "no committed result for this request id", BackendTime: rep.now.Time()}
+	case "corrupt":
+		return lease.Result{}, s.corrupt(p.Identity, rep.at(0))
+	case "evidence":
+		ev, err := lease.DecodeIdempotencyRecord([]byte(rep.at(0)))
+		if err != nil || ev.Op != p.Op || ev.Lease.LockKey != p.LockKey {
+			return lease.Result{}, s.corrupt(p.Identity, "idempotency evidence is corrupt")
+		}
+		res := ev.Result()
+		if cur, err := s.currentOf(ev.Lease, rep, p.Identity); err == nil && cur.State != ev.Lease.State {
+			res.Current = cur
+		}
+		return res, nil
+	}
+	return lease.Result{}, s.malformed(call{fn: "lookup"})
+}

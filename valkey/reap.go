@@ -1,0 +1,85 @@
+package valkey
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/starintel/starlease/lease"
+)
+
+// reapBatch bounds one reaper pass.
+const reapBatch = 512
+
+func (s *Store) reapLoop(interval time.Duration) {
+	defer s.wg.Done()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), interval)
+			if err := s.reap(ctx); err != nil && lease.CodeOf(err) != lease.CodeBackendUnavailable {
+				s.log.Warn("lease store cleanup failed", "code", lease.CodeOf(err))
+			}
+			cancel()
+		}
+	}
+}
+
+// reap is storage reclamation, never a source of truth: every operation
+// already treats an expired record as expired. It archives leases whose
+// expires_at has passed (each conditional on its lease id and token), so
+// their expiry is recorded in history and they leave the List index.
+// Idempotency, commit and history evidence expire by their own TTLs;
+// counters and high-water marks never do.
+func (s *Store) reap(ctx context.Context) error {
+	if err := s.writable(ctx); err != nil {
+		return err
+	}
+	rep, err := s.fcall(ctx, call{fn: "due", ro: true, keys: []string{s.keys.expiry()}, args: []string{strconv.Itoa(reapBatch)}})
+	if err != nil {
+		return err
+	}
+	for _, m := range rep.f {
+		parts := strings.Split(m, "\x00")
+		token, perr := strconv.ParseUint(safeIndex(parts, 2), 10, 64)
+		if len(parts) != 3 || !validTag(parts[0]) || lease.CheckOpaqueID("lease_id", parts[1]) != nil || perr != nil {
+			s.log.Error("ALERT malformed expiry schedule entry skipped")
+			continue
+		}
+		if err := s.expireIfCurrent(ctx, lease.KeyPrefix+parts[0], parts[1], token); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func safeIndex(p []string, i int) string {
+	if i < len(p) {
+		return p[i]
+	}
+	return ""
+}
+
+// expireIfCurrent is the delayed expiry cleanup of one lease: the function
+// archives the active record only if it still has this lease id and token
+// and is expired at backend time, so a late cleanup never touches a
+// successor. Corruption is alerted and left alone.
+func (s *Store) expireIfCurrent(ctx context.Context, lockKey, leaseID string, token uint64) error {
+	tag := tagOf(lockKey)
+	var none lease.Identity
+	args := append(s.commonArgs(lease.UnixMilli(0), lockKey, tag, none, 0), leaseID, utoa(token))
+	// expire keeps no evidence: slot 5 repeats the quarantine key.
+	rep, err := s.fcall(ctx, call{fn: "expire", mutation: true, keys: s.commonKeys(tag, s.keys.quarantine(tag)), args: args})
+	if err != nil {
+		return err
+	}
+	if rep.status == "corrupt" {
+		s.corrupt(none, rep.at(0))
+	}
+	return nil
+}
