@@ -1,0 +1,289 @@
+package audit
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	bbolt "go.etcd.io/bbolt"
+)
+
+// BoltFileName is the conventional name of the bbolt audit file in a data
+// directory.
+const BoltFileName = "audit.db"
+
+// Retention defaults and read bounds of a BoltSink.
+const (
+	DefaultMaxEvents = 1_000_000
+	DefaultMaxAge    = 90 * 24 * time.Hour
+	DefaultReadLimit = 100
+	MaxReadLimit     = 1000
+	// prunePerWrite bounds the deletions one Write does, so a Write's cost
+	// stays bounded after a retention change; Prune finishes the job.
+	prunePerWrite = 256
+)
+
+var (
+	bucketEvents = []byte("events") // event id (ULID text) → event JSON
+	bucketMeta   = []byte("meta")
+	keyCount     = []byte("count") // uint64 number of events
+)
+
+// BoltOptions configures a BoltSink.
+type BoltOptions struct {
+	// MaxEvents bounds the number of stored events; the oldest go first.
+	// Zero means DefaultMaxEvents.
+	MaxEvents int
+	// MaxAge bounds the age of stored events, by their event id time.
+	// Zero means DefaultMaxAge.
+	MaxAge time.Duration
+	// Now is the clock used for age pruning; nil means time.Now.
+	Now func() time.Time
+}
+
+// BoltSink stores events in a bbolt file, keyed by event id, so keys are in
+// time order. Every Write is one committed (fsynced) transaction. Retention
+// is bounded by count and age and enforced on every write (at most
+// prunePerWrite deletions each) and by Prune. Safe for concurrent use.
+type BoltSink struct {
+	db     *bbolt.DB
+	opts   BoltOptions
+	mu     sync.RWMutex // guards closed against Close racing a transaction
+	closed bool
+}
+
+// OpenBolt opens (creating if needed, mode 0600) the bbolt audit file at
+// path. A file held by another process fails after one second.
+func OpenBolt(path string, o BoltOptions) (*BoltSink, error) {
+	if o.MaxEvents <= 0 {
+		o.MaxEvents = DefaultMaxEvents
+	}
+	if o.MaxAge <= 0 {
+		o.MaxAge = DefaultMaxAge
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("audit: open %s: %w", path, err)
+	}
+	if err := db.Update(func(tx *bbolt.Tx) error {
+		if _, err := tx.CreateBucketIfNotExists(bucketEvents); err != nil {
+			return err
+		}
+		_, err := tx.CreateBucketIfNotExists(bucketMeta)
+		return err
+	}); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("audit: initialize %s: %w", path, err)
+	}
+	return &BoltSink{db: db, opts: o}, nil
+}
+
+// ErrDuplicateEvent is returned when an event id is already stored.
+var ErrDuplicateEvent = errors.New("audit: duplicate event id")
+
+// Write validates e and stores it in one committed transaction, then prunes
+// past retention.
+func (s *BoltSink) Write(ctx context.Context, e Event) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("audit: write: %w", err)
+	}
+	b, err := Marshal(e)
+	if err != nil {
+		return err
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return ErrClosed
+	}
+	key := []byte(e.EventID)
+	err = s.db.Update(func(tx *bbolt.Tx) error {
+		ev := tx.Bucket(bucketEvents)
+		if ev.Get(key) != nil {
+			return ErrDuplicateEvent
+		}
+		if err := ev.Put(key, b); err != nil {
+			return err
+		}
+		n := count(tx) + 1
+		n, _ = s.prune(tx, n, prunePerWrite)
+		return setCount(tx, n)
+	})
+	if err != nil && !errors.Is(err, ErrDuplicateEvent) {
+		return fmt.Errorf("audit: write: %w", err)
+	}
+	return err
+}
+
+func count(tx *bbolt.Tx) uint64 {
+	if v := tx.Bucket(bucketMeta).Get(keyCount); len(v) == 8 {
+		return binary.BigEndian.Uint64(v)
+	}
+	return 0
+}
+
+func setCount(tx *bbolt.Tx, n uint64) error {
+	return tx.Bucket(bucketMeta).Put(keyCount, binary.BigEndian.AppendUint64(nil, n))
+}
+
+// prune deletes the oldest events while there are more than MaxEvents or
+// the oldest is older than MaxAge, at most max deletions. It returns the new
+// count and whether it stopped early.
+func (s *BoltSink) prune(tx *bbolt.Tx, n uint64, max int) (uint64, bool) {
+	cutoff := ulid.Timestamp(s.opts.Now().Add(-s.opts.MaxAge))
+	c := tx.Bucket(bucketEvents).Cursor()
+	for i := 0; ; i++ {
+		k, _ := c.First() // re-seek: Next after Delete skips a key in bbolt
+		if k == nil {
+			return 0, false
+		}
+		if n <= uint64(s.opts.MaxEvents) && keyTime(k) >= cutoff {
+			return n, false
+		}
+		if i == max {
+			return n, true
+		}
+		if c.Delete() != nil {
+			return n, true
+		}
+		n--
+	}
+}
+
+// keyTime is the ULID time of a key; an unparsable key counts as oldest.
+func keyTime(k []byte) uint64 {
+	id, err := ulid.ParseStrict(string(k))
+	if err != nil {
+		return 0
+	}
+	return id.Time()
+}
+
+// Prune enforces retention completely (Write does it incrementally).
+func (s *BoltSink) Prune(ctx context.Context) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return ErrClosed
+	}
+	for more := true; more; {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := s.db.Update(func(tx *bbolt.Tx) error {
+			var n uint64
+			n, more = s.prune(tx, count(tx), 10*prunePerWrite)
+			return setCount(tx, n)
+		}); err != nil {
+			return fmt.Errorf("audit: prune: %w", err)
+		}
+	}
+	return nil
+}
+
+// Count returns the number of stored events.
+func (s *BoltSink) Count(ctx context.Context) (int, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return 0, ErrClosed
+	}
+	var n uint64
+	err := s.db.View(func(tx *bbolt.Tx) error { n = count(tx); return nil })
+	return int(n), err
+}
+
+// Filter selects stored events; zero fields match everything.
+type Filter struct {
+	EventType EventType
+	TenantID  string
+	ProgramID string
+	LeaseID   string
+	// Since keeps events whose event id time is at or after Since (NewEvent
+	// gives the id and the timestamp the same instant).
+	Since time.Time
+	// After keeps events whose id sorts after After: pass the last id of
+	// one page to read the next.
+	After string
+}
+
+func (f Filter) match(e *Event) bool {
+	return (f.EventType == "" || e.EventType == f.EventType) &&
+		(f.TenantID == "" || e.TenantID == f.TenantID) &&
+		(f.ProgramID == "" || e.ProgramID == f.ProgramID) &&
+		(f.LeaseID == "" || e.LeaseID == f.LeaseID)
+}
+
+// Read returns up to limit stored events matching f, oldest first. A limit
+// of zero or less means DefaultReadLimit; more than MaxReadLimit is capped.
+// A stored event that does not decode strictly fails the read.
+func (s *BoltSink) Read(ctx context.Context, f Filter, limit int) ([]Event, error) {
+	if limit <= 0 {
+		limit = DefaultReadLimit
+	}
+	limit = min(limit, MaxReadLimit)
+	var start []byte
+	if !f.Since.IsZero() {
+		if f.Since.Before(time.UnixMilli(0)) {
+			f.Since = time.UnixMilli(0)
+		}
+		var id ulid.ULID
+		if err := id.SetTime(ulid.Timestamp(f.Since)); err != nil {
+			return nil, fmt.Errorf("audit: read: since out of range")
+		}
+		start = []byte(id.String())
+	}
+	if f.After != "" && string(start) <= f.After {
+		start = append([]byte(f.After), 0)
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return nil, ErrClosed
+	}
+	var out []Event
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		c := tx.Bucket(bucketEvents).Cursor()
+		k, v := c.First()
+		if start != nil {
+			k, v = c.Seek(start)
+		}
+		for i := 0; k != nil && len(out) < limit; k, v = c.Next() {
+			if i++; i%1024 == 0 {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+			}
+			e, err := Unmarshal(v)
+			if err != nil {
+				return fmt.Errorf("stored event %s: %w", k, err)
+			}
+			if f.match(&e) {
+				out = append(out, e)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("audit: read: %w", err)
+	}
+	return out, nil
+}
+
+// Close closes the file. Later calls fail with ErrClosed.
+func (s *BoltSink) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	return s.db.Close()
+}

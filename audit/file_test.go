@@ -1,0 +1,169 @@
+package audit
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestFileSinkConcurrent(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	s, err := OpenFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const writers, each = 8, 25
+	want := map[string]Event{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				e := acquireEvent(t0.Add(time.Duration(w*each+i) * time.Millisecond))
+				e.RequestID = fmt.Sprintf("request_%d_%d", w, i)
+				if i%3 == 0 {
+					e = revokeEvent(e.Timestamp.Time())
+				}
+				if err := s.Write(context.Background(), e); err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				want[e.EventID] = e
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v, want 0600", fi.Mode().Perm())
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := bytes.Split(bytes.TrimSuffix(raw, []byte("\n")), []byte("\n"))
+	if len(lines) != writers*each {
+		t.Fatalf("%d lines, want %d", len(lines), writers*each)
+	}
+	for i, l := range lines {
+		if !json.Valid(l) {
+			t.Fatalf("line %d is not valid JSON: %s", i+1, l)
+		}
+	}
+	got, err := ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("read %d events, want %d", len(got), len(want))
+	}
+	for _, e := range got {
+		w, ok := want[e.EventID]
+		if !ok {
+			t.Fatalf("unexpected event %s", e.EventID)
+		}
+		a, _ := Marshal(e)
+		b, _ := Marshal(w)
+		if !bytes.Equal(a, b) {
+			t.Fatalf("event changed:\n%s\n%s", a, b)
+		}
+		delete(want, e.EventID)
+	}
+}
+
+func TestFileSinkAppendsAndNarrowsMode(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		s, err := OpenFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Write(context.Background(), acquireEvent(t0.Add(time.Duration(i)*time.Second))); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+	}
+	fi, _ := os.Stat(path)
+	if fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v, want 0600", fi.Mode().Perm())
+	}
+	got, err := ReadFile(path)
+	if err != nil || len(got) != 2 {
+		t.Fatalf("got %d events, %v; want 2 (reopen appends)", len(got), err)
+	}
+	if _, err := OpenFile(t.TempDir()); err == nil {
+		t.Fatal("opened a directory as an audit file")
+	}
+}
+
+func TestFileSinkRefuses(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	s, err := OpenFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := revokeEvent(t0)
+	bad.Reason = "token Bearer abc"
+	var ve *ValidationError
+	if err := s.Write(context.Background(), bad); !errors.As(err, &ve) {
+		t.Fatalf("invalid event: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.Write(ctx, acquireEvent(t0)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled context: %v", err)
+	}
+	s.Close()
+	if err := s.Write(context.Background(), acquireEvent(t0)); !errors.Is(err, ErrClosed) {
+		t.Fatalf("closed sink: %v", err)
+	}
+	if b, _ := os.ReadFile(path); len(b) != 0 {
+		t.Fatalf("refused events were written: %s", b)
+	}
+}
+
+func TestReadFileStrict(t *testing.T) {
+	good, _ := Marshal(acquireEvent(t0))
+	cases := map[string]string{
+		"torn final line": string(good) + "\n" + string(good[:len(good)/2]),
+		"blank line":      string(good) + "\n\n",
+		"unknown field":   strings.Replace(string(good), "{", `{"raw_body":"x",`, 1) + "\n",
+		"secret":          strings.Replace(string(good), `"job_01"`, `"star_sk_v1_x"`, 1) + "\n",
+	}
+	for name, content := range cases {
+		path := filepath.Join(t.TempDir(), "a.jsonl")
+		os.WriteFile(path, []byte(content), 0o600)
+		if _, err := ReadFile(path); err == nil {
+			t.Errorf("%s: accepted", name)
+		} else if strings.Contains(err.Error(), "star_sk_") {
+			t.Errorf("%s: error echoes a secret: %v", name, err)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "empty.jsonl")
+	os.WriteFile(path, nil, 0o600)
+	if got, err := ReadFile(path); err != nil || len(got) != 0 {
+		t.Fatalf("empty file: %v, %v", got, err)
+	}
+}

@@ -1,0 +1,57 @@
+package audit
+
+import (
+	"context"
+	"errors"
+)
+
+// Sink receives audit events. Implementations are safe for concurrent use.
+//
+// Write returns nil only once the event is durable: a high-priority event
+// (force-release, revoke) that Write accepted survives a crash, and the
+// service reports such an operation's success only after Write returned
+// nil. A Write error means the event may not have been recorded; the caller
+// must not report a high-priority operation as successful.
+type Sink interface {
+	Write(ctx context.Context, e Event) error
+	Close() error
+}
+
+// ErrClosed is returned by Write on a closed sink.
+var ErrClosed = errors.New("audit: sink is closed")
+
+// Multi returns a sink that writes every event to each of sinks in order
+// and fails if any of them fails (it still tries them all). Close closes
+// them all.
+func Multi(sinks ...Sink) Sink {
+	return multi(append([]Sink(nil), sinks...))
+}
+
+type multi []Sink
+
+func (m multi) Write(ctx context.Context, e Event) error {
+	var errs []error
+	for _, s := range m {
+		if err := s.Write(ctx, e); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (m multi) Close() error {
+	var errs []error
+	for _, s := range m {
+		if err := s.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+var (
+	_ Sink = (*FileSink)(nil)
+	_ Sink = (*BoltSink)(nil)
+	_ Sink = (*Limiter)(nil)
+	_ Sink = multi(nil)
+)

@@ -1,0 +1,254 @@
+package auth
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// FileStore keeps each credential in its own file, DIR/<id>.json, holding
+// exactly the bytes of EncodeCredential. Files are written to a temporary
+// name, fsynced and then linked (create) or renamed (update) into place, so
+// a reader never sees a partial record and several processes — a running
+// server and the keys command — can use one directory without a lock: a
+// server re-reads the file on every request (no cache), so a key created,
+// revoked or rotated by another process takes effect on the next request.
+type FileStore struct {
+	dir    string
+	mu     sync.Mutex // serializes writers within this process
+	closed atomic.Bool
+}
+
+var _ Store = (*FileStore)(nil)
+
+// OpenFileStore opens (creating 0700 if needed) the credential directory.
+func OpenFileStore(dir string) (*FileStore, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("%w: cannot create the credential directory", ErrUnavailable)
+	}
+	fi, err := os.Stat(dir)
+	if err != nil || !fi.IsDir() {
+		return nil, fmt.Errorf("%w: the credential directory is not a directory", ErrUnavailable)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		if err := os.Chmod(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("%w: cannot restrict the credential directory", ErrUnavailable)
+		}
+	}
+	return &FileStore{dir: dir}, nil
+}
+
+func (s *FileStore) path(id string) (string, error) {
+	if s.closed.Load() {
+		return "", fmt.Errorf("%w: store is closed", ErrUnavailable)
+	}
+	if !ValidCredentialID(id) {
+		return "", ErrNotFound
+	}
+	return filepath.Join(s.dir, id+".json"), nil
+}
+
+// lock serializes writers across processes (an flock on DIR/.lock) and
+// within this one, so Revoke and Rotate are atomic read-modify-writes.
+func (s *FileStore) lock() (func(), error) {
+	s.mu.Lock()
+	f, err := os.OpenFile(filepath.Join(s.dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err == nil {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+	}
+	if err != nil {
+		if f != nil {
+			f.Close()
+		}
+		s.mu.Unlock()
+		return nil, fmt.Errorf("%w: cannot lock the credential directory", ErrUnavailable)
+	}
+	return func() { f.Close(); s.mu.Unlock() }, nil // closing releases the flock
+}
+
+// Create implements Store.
+func (s *FileStore) Create(ctx context.Context, c Credential) error {
+	unlock, err := s.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return s.create(c)
+}
+
+func (s *FileStore) create(c Credential) error {
+	rec, err := EncodeCredential(c)
+	if err != nil {
+		return err
+	}
+	final, err := s.path(c.ID)
+	if err != nil {
+		return err
+	}
+	tmp, err := s.writeTemp(rec)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp)
+	if err := os.Link(tmp, final); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return ErrExists
+		}
+		return fmt.Errorf("%w: cannot store the credential", ErrUnavailable)
+	}
+	return s.syncDir()
+}
+
+// Get implements Store.
+func (s *FileStore) Get(ctx context.Context, id string) (Credential, error) {
+	p, err := s.path(id)
+	if err != nil {
+		return Credential{}, err
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return Credential{}, ErrNotFound
+		}
+		return Credential{}, fmt.Errorf("%w: cannot read the credential", ErrUnavailable)
+	}
+	c, err := DecodeCredential(b)
+	if err != nil {
+		return Credential{}, err
+	}
+	if c.ID != id {
+		return Credential{}, fmt.Errorf("%w: credential stored under another id", ErrCorrupt)
+	}
+	return c, nil
+}
+
+// List implements Store.
+func (s *FileStore) List(ctx context.Context, after string, limit int) ([]Credential, error) {
+	if s.closed.Load() {
+		return nil, fmt.Errorf("%w: store is closed", ErrUnavailable)
+	}
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: cannot list credentials", ErrUnavailable)
+	}
+	var ids []string
+	for _, e := range entries {
+		id, ok := strings.CutSuffix(e.Name(), ".json")
+		if ok && e.Type().IsRegular() && ValidCredentialID(id) && id > after {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	out := []Credential{}
+	for _, id := range ids[:min(len(ids), clampLimit(limit))] {
+		c, err := s.Get(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// Revoke implements Store.
+func (s *FileStore) Revoke(ctx context.Context, id string, at time.Time) (Credential, error) {
+	unlock, err := s.lock()
+	if err != nil {
+		return Credential{}, err
+	}
+	defer unlock()
+	cur, err := s.Get(ctx, id)
+	if err != nil || !cur.RevokedAt.IsZero() {
+		return cur, err
+	}
+	c := revokedCopy(cur, at, "")
+	return c, s.replace(c)
+}
+
+// Rotate implements Store. Under the writer lock the new credential is
+// created first, then the old one revoked: a crash in between leaves both
+// usable (rotate again), never neither.
+func (s *FileStore) Rotate(ctx context.Context, oldID string, at time.Time, next Credential) (Credential, error) {
+	unlock, err := s.lock()
+	if err != nil {
+		return Credential{}, err
+	}
+	defer unlock()
+	cur, err := s.Get(ctx, oldID)
+	if err != nil {
+		return Credential{}, err
+	}
+	if !cur.RevokedAt.IsZero() {
+		return Credential{}, ErrRevoked
+	}
+	if next.ID == oldID {
+		return Credential{}, ErrExists
+	}
+	if err := s.create(next); err != nil {
+		return Credential{}, err
+	}
+	old := revokedCopy(cur, at, next.ID)
+	return old, s.replace(old)
+}
+
+// replace atomically overwrites an existing credential's file.
+func (s *FileStore) replace(c Credential) error {
+	rec, err := EncodeCredential(c)
+	if err != nil {
+		return err
+	}
+	final, err := s.path(c.ID)
+	if err != nil {
+		return err
+	}
+	tmp, err := s.writeTemp(rec)
+	if err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("%w: cannot update the credential", ErrUnavailable)
+	}
+	return s.syncDir()
+}
+
+func (s *FileStore) writeTemp(rec []byte) (string, error) {
+	f, err := os.CreateTemp(s.dir, ".tmp-*")
+	if err != nil {
+		return "", fmt.Errorf("%w: cannot write the credential", ErrUnavailable)
+	}
+	_, werr := f.Write(rec)
+	serr := f.Sync()
+	cerr := f.Close()
+	if werr != nil || serr != nil || cerr != nil {
+		os.Remove(f.Name())
+		return "", fmt.Errorf("%w: cannot write the credential", ErrUnavailable)
+	}
+	return f.Name(), nil
+}
+
+func (s *FileStore) syncDir() error {
+	d, err := os.Open(s.dir)
+	if err != nil {
+		return fmt.Errorf("%w: cannot sync the credential directory", ErrUnavailable)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("%w: cannot sync the credential directory", ErrUnavailable)
+	}
+	return nil
+}
+
+// Close implements Store; later calls fail with ErrUnavailable.
+func (s *FileStore) Close() error {
+	s.closed.Store(true)
+	return nil
+}
