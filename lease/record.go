@@ -236,6 +236,10 @@ func (r *Record) check(stored bool) error {
 
 func corrupt(reason string) *Error { return &Error{Code: CodeCorrupt, Reason: reason} }
 
+// DecodeStrict decodes untrusted JSON into v as strictly as stored records
+// are: one value, no unknown, duplicate or case-variant keys, no trailing data.
+func DecodeStrict(b []byte, v any) error { return strictUnmarshal(b, v) }
+
 // strictUnmarshal decodes exactly one JSON value into v, rejecting unknown
 // fields, trailing data, numbers outside v's types, duplicate keys and keys
 // that match a field only case-insensitively (encoding/json accepts both).

@@ -53,6 +53,8 @@ Run "starlease <command> -h" for a command's flags.
 func usage(w io.Writer) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "  %-17s %s\n", "version", "print the module version and the Go version")
+	fmt.Fprintf(&b, "  %-17s %s\n", "serve", "serve the lease HTTP API (see starlease serve -h)")
+	fmt.Fprintf(&b, "  %-17s %s\n", "keys", "create, list, revoke and rotate API keys (see starlease keys)")
 	for _, c := range commands {
 		fmt.Fprintf(&b, "  %-17s %s\n", c.name, c.summary)
 	}
@@ -73,6 +75,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitOK
 	case "version":
 		return runVersion(rest, stdout, stderr)
+	case "serve":
+		return runServe(rest, stdout, stderr)
+	case "keys":
+		return runKeys(rest, stdout, stderr)
 	}
 	for _, c := range commands {
 		if c.name == name {

@@ -1,0 +1,213 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/starintel/starlease/audit"
+	"github.com/starintel/starlease/auth"
+	"github.com/starintel/starlease/bolt"
+	"github.com/starintel/starlease/httpapi"
+	"github.com/starintel/starlease/lease"
+	"github.com/starintel/starlease/service"
+	"github.com/starintel/starlease/valkey"
+)
+
+// Files and directories inside --data-dir.
+const (
+	credentialsDir = "credentials"
+	auditFile      = "audit.jsonl"
+)
+
+// envFlags fills every flag of fs not given on the command line from its
+// STARLEASE_* environment variable (--pepper-file ← STARLEASE_PEPPER_FILE).
+func envFlags(fs *flag.FlagSet) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		name := "STARLEASE_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := os.LookupEnv(name); ok && !given[f.Name] && err == nil {
+			if e := fs.Set(f.Name, v); e != nil {
+				err = fmt.Errorf("%s: %v", name, e)
+			}
+		}
+	})
+	return err
+}
+
+type serveFlags struct {
+	dataDir, pepperFile, listen, backend, classes string
+	valkeyAddr, valkeyUser, valkeyPasswordFile    string
+	valkeyPrefix                                  string
+	valkeyUnverified                              bool
+	minTTL, maxTTL, maxLifetime, maxDeadline      time.Duration
+	maxWait                                       time.Duration
+	principalRate, targetRate                     float64
+	maxConcurrent, maxActive                      int
+}
+
+func (f *serveFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.dataDir, "data-dir", "", "data directory: lease store (bolt backend), credentials, audit log (required)")
+	fs.StringVar(&f.pepperFile, "pepper-file", "", "file holding the server pepper for API-key verifiers (required; never stored with the data)")
+	fs.StringVar(&f.listen, "listen", "127.0.0.1:8080", "HOST:PORT to serve HTTP on")
+	fs.StringVar(&f.backend, "backend", "bolt", "lease backend: bolt (embedded, default) or valkey")
+	fs.StringVar(&f.classes, "operation-classes", lease.DefaultComponent, "configured closed set of operation classes, comma-separated")
+	fs.StringVar(&f.valkeyAddr, "valkey-addr", "127.0.0.1:6379", "valkey backend: server address")
+	fs.StringVar(&f.valkeyUser, "valkey-username", "", "valkey backend: ACL user name")
+	fs.StringVar(&f.valkeyPasswordFile, "valkey-password-file", "", "valkey backend: file holding the password")
+	fs.StringVar(&f.valkeyPrefix, "valkey-key-prefix", "starlease", "valkey backend: key namespace")
+	fs.BoolVar(&f.valkeyUnverified, "valkey-allow-unverified-durability", false, "valkey backend: accept a server that hides CONFIG (durability verified out of band)")
+	d := service.DefaultConfig()
+	fs.DurationVar(&f.minTTL, "min-ttl", d.MinTTL, "policy: ttl must be greater than this")
+	fs.DurationVar(&f.maxTTL, "max-ttl", d.MaxTTL, "policy: ttl must be at most this")
+	fs.DurationVar(&f.maxLifetime, "max-lifetime", d.MaxLifetime, "policy: configured maximum lifetime of a lease")
+	fs.DurationVar(&f.maxDeadline, "max-deadline", d.MaxDeadline, "policy: cap on every request deadline")
+	fs.DurationVar(&f.maxWait, "max-wait", d.MaxWait, "policy: cap on an acquire's bounded retry")
+	fs.Float64Var(&f.principalRate, "principal-rate", d.PrincipalRate, "policy: acquire+renew per second per principal")
+	fs.Float64Var(&f.targetRate, "target-rate", d.TargetRate, "policy: acquire+renew per second per target")
+	fs.IntVar(&f.maxConcurrent, "max-concurrent", d.MaxConcurrent, "policy: concurrent backend operations")
+	fs.IntVar(&f.maxActive, "max-active-per-principal", 100, "policy: active lease quota per principal")
+}
+
+func parseClasses(s string) (lease.OperationClasses, error) {
+	var values []string
+	for _, v := range strings.Split(s, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			values = append(values, v)
+		}
+	}
+	return lease.NewOperationClasses(values...)
+}
+
+func runServe(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("starlease serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var f serveFlags
+	f.register(fs)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: starlease serve --data-dir DIR --pepper-file FILE [--listen HOST:PORT] [--backend bolt|valkey ...]\n\n"+
+			"Serves the lease HTTP API. Every flag can also be set as STARLEASE_<FLAG> (e.g. STARLEASE_PEPPER_FILE).\n\nflags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	if err := envFlags(fs); err != nil {
+		fmt.Fprintf(stderr, "starlease serve: %v\n", err)
+		return exitUsage
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := serve(ctx, f, stdout, log); err != nil {
+		fmt.Fprintf(stderr, "starlease serve: %v\n", err)
+		return exitOther
+	}
+	return exitOK
+}
+
+func serve(ctx context.Context, f serveFlags, stdout io.Writer, log *slog.Logger) error {
+	if f.dataDir == "" || f.pepperFile == "" {
+		return errors.New("--data-dir and --pepper-file are required (the server refuses to start without a pepper)")
+	}
+	pepper, err := auth.LoadPepper(f.pepperFile)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(f.dataDir, 0o700); err != nil {
+		return errors.New("cannot create the data directory")
+	}
+	classes, err := parseClasses(f.classes)
+	if err != nil {
+		return err
+	}
+	opts := lease.StoreOptions{OperationClasses: classes, Logger: log}
+	var store lease.Store
+	switch f.backend {
+	case "bolt":
+		store, err = bolt.Open(filepath.Join(f.dataDir, storeFile), bolt.Options{StoreOptions: opts})
+	case "valkey":
+		store, err = valkey.Open(ctx, valkey.Options{Addr: f.valkeyAddr, Username: f.valkeyUser,
+			PasswordFile: f.valkeyPasswordFile, KeyPrefix: f.valkeyPrefix, StoreOptions: opts,
+			AllowUnverifiedDurability: f.valkeyUnverified})
+	default:
+		return fmt.Errorf("--backend must be bolt or valkey")
+	}
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	creds, err := auth.OpenFileStore(filepath.Join(f.dataDir, credentialsDir))
+	if err != nil {
+		return err
+	}
+	defer creds.Close()
+	authn, err := auth.NewAuthenticator(creds, pepper, nil)
+	if err != nil {
+		return err
+	}
+	fileSink, err := audit.OpenFile(filepath.Join(f.dataDir, auditFile))
+	if err != nil {
+		return err
+	}
+	boltSink, err := audit.OpenBolt(filepath.Join(f.dataDir, audit.BoltFileName), audit.BoltOptions{})
+	if err != nil {
+		fileSink.Close()
+		return err
+	}
+	sink := audit.NewLimiter(audit.Multi(fileSink, boltSink), audit.LimiterOptions{})
+	defer sink.Close()
+	svc, err := service.New(store, sink, service.Options{OperationClasses: classes, Logger: log, Config: service.Config{
+		MinTTL: f.minTTL, MaxTTL: f.maxTTL, MaxLifetime: f.maxLifetime, MaxDeadline: f.maxDeadline,
+		MaxWait: f.maxWait, PrincipalRate: f.principalRate, TargetRate: f.targetRate,
+		PrincipalBurst: max(int(2*f.principalRate), 1), TargetBurst: max(int(2*f.targetRate), 1),
+		MaxConcurrent: f.maxConcurrent, MaxActivePerPrincipal: f.maxActive,
+	}})
+	if err != nil {
+		return err
+	}
+	handler := httpapi.New(svc, authn, sink, httpapi.Options{Registry: prometheus.NewRegistry(), Logger: log})
+	ln, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		return fmt.Errorf("cannot listen on %s: %v", f.listen, err)
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 15 * time.Second,
+		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 16 << 10}
+	fmt.Fprintf(stdout, "starlease serving on http://%s (backend %s, data %s)\n", ln.Addr(), f.backend, f.dataDir)
+	if list, err := creds.List(ctx, "", 1); err == nil && len(list) == 0 {
+		fmt.Fprintf(stdout, "no API keys yet; create the first administrator key with:\n"+
+			"  starlease keys create --data-dir %s --pepper-file %s --principal admin --class administrator \\\n"+
+			"    --capabilities targets:lease,targets:read,targets:force-release,audit:read,credentials:manage \\\n"+
+			"    --scope 'tenant:*,program:*,target-namespace:*,target:*,actor:*'\n", f.dataDir, f.pepperFile)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	// Graceful shutdown: stop accepting, let in-flight requests finish.
+	shutdown, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	log.Info("shutting down")
+	return srv.Shutdown(shutdown)
+}

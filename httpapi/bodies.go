@@ -1,0 +1,150 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/starintel/starlease/lease"
+)
+
+// Request bodies, as DESIGN's wire table names them. Owner principal,
+// client and credential ids come from the credential, never from a body.
+
+type acquireBody struct {
+	LockIdentity      *lease.Identity `json:"lock_identity"`
+	TTLMs             int64           `json:"ttl_ms"`
+	MaximumLifetimeMs int64           `json:"maximum_lifetime_ms"`
+	ServiceInstanceID string          `json:"service_instance_id"`
+	ExecutionID       string          `json:"execution_id"`
+	JobID             string          `json:"job_id"`
+	TraceID           string          `json:"trace_id"`
+	Metadata          json.RawMessage `json:"metadata"`
+	RequestID         string          `json:"request_id"`
+	DeadlineAt        string          `json:"deadline_at"`
+	WaitMs            int64           `json:"wait_ms"`
+}
+
+type heldBody struct {
+	LockIdentity      *lease.Identity `json:"lock_identity"`
+	FencingToken      uint64          `json:"fencing_token"`
+	ServiceInstanceID string          `json:"service_instance_id"`
+	TTLMs             int64           `json:"ttl_ms"`
+	RequestID         string          `json:"request_id"`
+	DeadlineAt        string          `json:"deadline_at"`
+}
+
+type releaseBody struct {
+	LockIdentity      *lease.Identity `json:"lock_identity"`
+	FencingToken      uint64          `json:"fencing_token"`
+	ServiceInstanceID string          `json:"service_instance_id"`
+	RequestID         string          `json:"request_id"`
+	DeadlineAt        string          `json:"deadline_at"`
+}
+
+type adminBody struct {
+	LockIdentity *lease.Identity `json:"lock_identity"`
+	FencingToken uint64          `json:"fencing_token"`
+	Reason       string          `json:"reason"`
+	IncidentID   string          `json:"incident_id"`
+	RequestID    string          `json:"request_id"`
+	DeadlineAt   string          `json:"deadline_at"`
+}
+
+type inspectBody struct {
+	LockIdentity *lease.Identity `json:"lock_identity"`
+}
+
+type commitBody struct {
+	LockIdentity      *lease.Identity `json:"lock_identity"`
+	LeaseID           string          `json:"lease_id"`
+	FencingToken      uint64          `json:"fencing_token"`
+	ServiceInstanceID string          `json:"service_instance_id"`
+	Sink              string          `json:"sink"`
+	CommitID          string          `json:"commit_id"`
+	ExecutionID       string          `json:"execution_id"`
+	TraceID           string          `json:"trace_id"`
+}
+
+// Response shapes: only authorized, non-secret fields.
+
+// LeaseView is the contract's success shape of a lease.
+type LeaseView struct {
+	LockIdentity lease.Identity  `json:"lock_identity"`
+	LeaseID      string          `json:"lease_id"`
+	FencingToken uint64          `json:"fencing_token"`
+	AcquiredAt   lease.Timestamp `json:"acquired_at"`
+	RenewedAt    lease.Timestamp `json:"renewed_at"`
+	ExpiresAt    lease.Timestamp `json:"expires_at"`
+	TTLMs        int64           `json:"ttl_ms"`
+	State        lease.State     `json:"state"`
+}
+
+func viewOf(r *lease.Record) *LeaseView {
+	if r == nil {
+		return nil
+	}
+	return &LeaseView{LockIdentity: r.Identity(), LeaseID: r.LeaseID, FencingToken: r.FencingToken,
+		AcquiredAt: r.AcquiredAt, RenewedAt: r.RenewedAt, ExpiresAt: r.ExpiresAt, TTLMs: r.TTLMs, State: r.State}
+}
+
+// Success is the success envelope.
+type Success struct {
+	Status        string `json:"status"`
+	Code          string `json:"code"`
+	CorrelationID string `json:"correlation_id"`
+	// Lease is the lease acted on; Current, on a replay whose lease has
+	// since ended, its state now.
+	Lease    *LeaseView `json:"lease,omitempty"`
+	Current  *LeaseView `json:"current,omitempty"`
+	Replayed bool       `json:"replayed,omitempty"`
+	// Leases and NextPageToken answer a list.
+	Leases        []LeaseView `json:"leases,omitempty"`
+	NextPageToken *string     `json:"next_page_token,omitempty"`
+	// History answers a history read.
+	History []HistoryView `json:"history,omitempty"`
+	// Commit answers a commit authorization.
+	Commit *CommitView `json:"commit,omitempty"`
+}
+
+// HistoryView is one terminal record for audit:read callers.
+type HistoryView struct {
+	LeaseView
+	EndedAt    lease.Timestamp `json:"ended_at"`
+	Reason     string          `json:"reason,omitempty"`
+	IncidentID string          `json:"incident_id,omitempty"`
+}
+
+// CommitView is an accepted commit authorization.
+type CommitView struct {
+	Sink         string          `json:"sink"`
+	CommitID     string          `json:"commit_id"`
+	LeaseID      string          `json:"lease_id"`
+	FencingToken uint64          `json:"fencing_token"`
+	ExecutionID  string          `json:"execution_id"`
+	TraceID      string          `json:"trace_id,omitempty"`
+	AcceptedAt   lease.Timestamp `json:"accepted_at"`
+	BackendTime  lease.Timestamp `json:"backend_time"`
+}
+
+// parseDeadline reads deadline_at (RFC 3339) or X-Request-Timeout-Ms.
+// Neither is the server default; both is ambiguous unless they agree on
+// being given only once.
+func parseDeadline(body, header string, now time.Time) (time.Time, error) {
+	switch {
+	case body != "" && header != "":
+		return time.Time{}, lease.Invalid("deadline_at", "give deadline_at or X-Request-Timeout-Ms, not both")
+	case body != "":
+		t, err := time.Parse(time.RFC3339Nano, body)
+		if err != nil {
+			return time.Time{}, lease.Invalid("deadline_at", "must be an RFC 3339 timestamp")
+		}
+		return t, nil
+	case header != "":
+		var ms int64
+		if err := json.Unmarshal([]byte(header), &ms); err != nil || ms <= 0 || ms > 24*3600*1000 {
+			return time.Time{}, lease.Invalid("X-Request-Timeout-Ms", "must be a positive integer of milliseconds")
+		}
+		return now.Add(time.Duration(ms) * time.Millisecond), nil
+	}
+	return time.Time{}, nil
+}

@@ -1,0 +1,247 @@
+package httpapi
+
+import (
+	"net/http"
+
+	"github.com/starintel/starlease/lease"
+	"github.com/starintel/starlease/service"
+)
+
+func (s *Server) acquire(r *http.Request, c service.Call, ok *Success) error {
+	var b acquireBody
+	if err := decodeBody(r, &b); err != nil {
+		return err
+	}
+	c, err := s.mutationCall(r, c, b.RequestID, b.DeadlineAt)
+	if err != nil {
+		return err
+	}
+	in := service.AcquireInput{ServiceInstanceID: b.ServiceInstanceID, ExecutionID: b.ExecutionID,
+		JobID: b.JobID, TraceID: b.TraceID}
+	if in.Identity, err = identityOf(b.LockIdentity); err != nil {
+		return err
+	}
+	if in.TTL, err = ms(b.TTLMs, "ttl_ms"); err != nil {
+		return err
+	}
+	if in.MaximumLifetime, err = ms(b.MaximumLifetimeMs, "maximum_lifetime_ms"); err != nil {
+		return err
+	}
+	if in.Wait, err = ms(b.WaitMs, "wait_ms"); err != nil {
+		return err
+	}
+	if len(b.Metadata) > 0 && string(b.Metadata) != "null" {
+		if in.Metadata, err = lease.DecodeMetadata(b.Metadata); err != nil {
+			return err
+		}
+	}
+	res, err := s.svc.Acquire(r.Context(), c, in)
+	if err != nil {
+		return err
+	}
+	ok.lease(res)
+	return nil
+}
+
+func (s *Server) renew(r *http.Request, c service.Call, ok *Success) error {
+	var b heldBody
+	if err := decodeBody(r, &b); err != nil {
+		return err
+	}
+	c, err := s.mutationCall(r, c, b.RequestID, b.DeadlineAt)
+	if err != nil {
+		return err
+	}
+	in := service.HeldInput{LeaseID: r.PathValue("lease_id"), FencingToken: b.FencingToken, ServiceInstanceID: b.ServiceInstanceID}
+	if in.Identity, err = identityOf(b.LockIdentity); err != nil {
+		return err
+	}
+	if in.TTL, err = ms(b.TTLMs, "ttl_ms"); err != nil {
+		return err
+	}
+	res, err := s.svc.Renew(r.Context(), c, in)
+	if err != nil {
+		return err
+	}
+	ok.lease(res)
+	return nil
+}
+
+func (s *Server) release(r *http.Request, c service.Call, ok *Success) error {
+	var b releaseBody
+	if err := decodeBody(r, &b); err != nil {
+		return err
+	}
+	c, err := s.mutationCall(r, c, b.RequestID, b.DeadlineAt)
+	if err != nil {
+		return err
+	}
+	in := service.HeldInput{LeaseID: r.PathValue("lease_id"), FencingToken: b.FencingToken, ServiceInstanceID: b.ServiceInstanceID}
+	if in.Identity, err = identityOf(b.LockIdentity); err != nil {
+		return err
+	}
+	res, err := s.svc.Release(r.Context(), c, in)
+	if err != nil {
+		return err
+	}
+	ok.lease(res)
+	return nil
+}
+
+func (s *Server) admin(revoke bool) handlerFunc {
+	return func(r *http.Request, c service.Call, ok *Success) error {
+		var b adminBody
+		if err := decodeBody(r, &b); err != nil {
+			return err
+		}
+		c, err := s.mutationCall(r, c, b.RequestID, b.DeadlineAt)
+		if err != nil {
+			return err
+		}
+		in := service.AdminInput{LeaseID: r.PathValue("lease_id"), FencingToken: b.FencingToken, Reason: b.Reason, IncidentID: b.IncidentID}
+		if in.Identity, err = identityOf(b.LockIdentity); err != nil {
+			return err
+		}
+		op := s.svc.ForceRelease
+		if revoke {
+			op = s.svc.Revoke
+		}
+		res, err := op(r.Context(), c, in)
+		if err != nil {
+			return err
+		}
+		ok.lease(res)
+		return nil
+	}
+}
+
+func (s *Server) inspectByID(r *http.Request, c service.Call, ok *Success) error {
+	if err := noQuery(r); err != nil {
+		return err
+	}
+	res, err := s.svc.Inspect(r.Context(), c, service.InspectInput{LeaseID: r.PathValue("lease_id")})
+	if err != nil {
+		return err
+	}
+	ok.lease(res)
+	return nil
+}
+
+func (s *Server) inspect(r *http.Request, c service.Call, ok *Success) error {
+	var b inspectBody
+	if err := decodeBody(r, &b); err != nil {
+		return err
+	}
+	id, err := identityOf(b.LockIdentity)
+	if err != nil {
+		return err
+	}
+	res, err := s.svc.Inspect(r.Context(), c, service.InspectInput{Identity: id})
+	if err != nil {
+		return err
+	}
+	ok.lease(res)
+	return nil
+}
+
+var listParams = map[string]bool{"owner_principal_id": true, "tenant_id": true, "program_id": true,
+	"target_namespace": true, "target_id": true, "page_size": true, "page_token": true}
+
+func (s *Server) list(r *http.Request, c service.Call, ok *Success) error {
+	q := r.URL.Query()
+	for k, v := range q {
+		if !listParams[k] {
+			return lease.Invalid(k, "is not a known query parameter")
+		}
+		if len(v) != 1 {
+			return lease.Invalid(k, "give it once")
+		}
+	}
+	req := lease.ListRequest{OwnerPrincipalID: q.Get("owner_principal_id"), TenantID: q.Get("tenant_id"),
+		ProgramID: q.Get("program_id"), TargetNamespace: q.Get("target_namespace"), TargetID: q.Get("target_id"),
+		PageToken: q.Get("page_token")}
+	switch {
+	case req.OwnerPrincipalID != "":
+		req.By = lease.ListByOwner
+	case req.TargetNamespace != "" || req.TargetID != "":
+		req.By = lease.ListByTarget
+	case req.TenantID != "" || req.ProgramID != "":
+		req.By = lease.ListByProgram
+	default:
+		return lease.Invalid("owner_principal_id", "give owner_principal_id, or tenant_id and program_id (and target_namespace and target_id)")
+	}
+	var err error
+	if req.PageSize, err = queryInt(r, "page_size"); err != nil {
+		return err
+	}
+	page, err := s.svc.List(r.Context(), c, req)
+	if err != nil {
+		return err
+	}
+	ok.Code = string(lease.CodeListed)
+	ok.Leases = make([]LeaseView, 0, len(page.Leases))
+	for _, rec := range page.Leases {
+		ok.Leases = append(ok.Leases, *viewOf(rec))
+	}
+	ok.NextPageToken = &page.NextPageToken
+	return nil
+}
+
+func (s *Server) history(r *http.Request, c service.Call, ok *Success) error {
+	q := r.URL.Query()
+	for k := range q {
+		if k != "page_size" && k != "page_token" {
+			return lease.Invalid(k, "is not a known query parameter")
+		}
+	}
+	size, err := queryInt(r, "page_size")
+	if err != nil {
+		return err
+	}
+	page, err := s.svc.History(r.Context(), c, r.PathValue("lease_id"), size, q.Get("page_token"))
+	if err != nil {
+		return err
+	}
+	ok.Code = string(lease.CodeHistory)
+	ok.History = make([]HistoryView, 0, len(page.Entries))
+	for _, h := range page.Entries {
+		ok.History = append(ok.History, HistoryView{LeaseView: *viewOf(h.Record), EndedAt: h.EndedAt, Reason: h.Reason, IncidentID: h.IncidentID})
+	}
+	ok.NextPageToken = &page.NextPageToken
+	return nil
+}
+
+func (s *Server) authorizeCommit(r *http.Request, c service.Call, ok *Success) error {
+	var b commitBody
+	if err := decodeBody(r, &b); err != nil {
+		return err
+	}
+	id, err := identityOf(b.LockIdentity)
+	if err != nil {
+		return err
+	}
+	d, err := s.deadline(r, "")
+	if err != nil {
+		return err
+	}
+	c.DeadlineAt = d
+	res, err := s.svc.AuthorizeCommit(r.Context(), c, service.CommitInput{Identity: id, LeaseID: b.LeaseID,
+		FencingToken: b.FencingToken, ServiceInstanceID: b.ServiceInstanceID, Sink: b.Sink, CommitID: b.CommitID,
+		ExecutionID: b.ExecutionID, TraceID: b.TraceID})
+	if err != nil {
+		return err
+	}
+	ok.Code = string(res.Code)
+	ok.Replayed = res.Replayed
+	cm := res.Commit
+	ok.Commit = &CommitView{Sink: cm.Sink, CommitID: cm.CommitID, LeaseID: cm.LeaseID, FencingToken: cm.FencingToken,
+		ExecutionID: cm.ExecutionID, TraceID: cm.TraceID, AcceptedAt: cm.AcceptedAt, BackendTime: res.BackendTime}
+	return nil
+}
+
+func noQuery(r *http.Request) error {
+	for k := range r.URL.Query() {
+		return lease.Invalid(k, "is not a known query parameter")
+	}
+	return nil
+}

@@ -1,0 +1,235 @@
+// Package httpapi is the HTTP adapter over package service: routes under
+// /api/v1/target-leases, strict JSON decoding, the contract's envelopes and
+// status table, correlation ids, health, metrics and the OpenAPI document.
+// Every request is authenticated before its body is read or any backend
+// work is done.
+package httpapi
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/starintel/starlease/audit"
+	"github.com/starintel/starlease/auth"
+	"github.com/starintel/starlease/lease"
+	"github.com/starintel/starlease/service"
+)
+
+// Base is the route prefix of the lease API.
+const Base = "/api/v1/target-leases"
+
+//go:embed openapi.json
+var openAPIDocument []byte
+
+// Server is the HTTP handler.
+type Server struct {
+	svc     *service.Service
+	authn   *auth.Authenticator
+	sink    audit.Sink
+	mux     *http.ServeMux
+	log     *slog.Logger
+	now     func() time.Time
+	metrics *metrics
+}
+
+// Options configure a Server.
+type Options struct {
+	// Registry receives the metrics; nil uses a private registry.
+	Registry *prometheus.Registry
+	Logger   *slog.Logger
+}
+
+// New builds the handler. sink receives authentication-failure events (the
+// service audits everything after authentication).
+func New(svc *service.Service, authn *auth.Authenticator, sink audit.Sink, o Options) *Server {
+	s := &Server{svc: svc, authn: authn, sink: sink, mux: http.NewServeMux(), log: o.Logger, now: time.Now}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	reg := o.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	s.metrics = newMetrics(reg, svc)
+	for _, rt := range s.routes() {
+		s.mux.Handle(rt.pattern, s.wrap(rt.op, rt.handle))
+	}
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	s.mux.HandleFunc("GET /readyz", s.ready)
+	s.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	s.mux.HandleFunc("GET /api/v1/openapi.json", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(openAPIDocument)
+	})
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &lease.Error{Code: lease.CodeNotFound, Reason: "no such route"}, correlationID(r))
+	})
+	return s
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+type route struct {
+	pattern, op string
+	handle      handlerFunc
+}
+
+// handlerFunc serves one authenticated request: it returns the success
+// envelope's content, or a typed error.
+type handlerFunc func(r *http.Request, c service.Call, ok *Success) error
+
+func (s *Server) routes() []route {
+	return []route{
+		{"POST " + Base + "/acquire", "acquire", s.acquire},
+		{"POST " + Base + "/{lease_id}/renew", "renew", s.renew},
+		{"POST " + Base + "/{lease_id}/release", "release", s.release},
+		{"DELETE " + Base + "/{lease_id}", "release", s.release},
+		{"POST " + Base + "/{lease_id}/force-release", "force_release", s.admin(false)},
+		{"POST " + Base + "/{lease_id}/revoke", "revoke", s.admin(true)},
+		{"GET " + Base + "/{lease_id}", "inspect", s.inspectByID},
+		{"POST " + Base + "/inspect", "inspect", s.inspect},
+		{"GET " + Base, "list", s.list},
+		{"GET " + Base + "/{$}", "list", s.list},
+		{"POST " + Base + "/commits/authorize", "authorize_commit", s.authorizeCommit},
+		{"GET " + Base + "/{lease_id}/history", "history", s.history},
+	}
+}
+
+// wrap runs the common request path: correlation id, authentication
+// (uniform 401 before anything else), the handler, the envelope, metrics.
+func (s *Server) wrap(op string, h handlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		corr := correlationID(r)
+		w.Header().Set("X-Correlation-ID", corr)
+		p, failure, err := s.authn.AuthenticateDetail(r.Context(), r.Header.Values("Authorization"))
+		if errors.Is(err, auth.ErrUnavailable) {
+			// The credential store cannot answer: no safe answer, not a 401.
+			writeError(w, &lease.Error{Code: lease.CodeBackendUnavailable, Reason: "credential store unavailable"}, corr)
+			s.metrics.observe(op, lease.CodeBackendUnavailable, start)
+			return
+		}
+		if err != nil {
+			s.auditAuthFailure(r.Context(), corr, failure, start)
+			writeUnauthorized(w, corr)
+			s.metrics.observe(op, lease.CodeInvalidCredential, start)
+			return
+		}
+		ok := &Success{Status: "success", CorrelationID: corr}
+		if err := h(r.WithContext(auth.NewContext(r.Context(), p)), service.Call{Principal: p, CorrelationID: corr}, ok); err != nil {
+			writeError(w, err, corr)
+			s.metrics.observe(op, lease.CodeOf(err), start)
+			return
+		}
+		s.metrics.observe(op, lease.Code(ok.Code), start)
+		ok.Code = string(wireCode(lease.Code(ok.Code)))
+		writeJSON(w, http.StatusOK, ok)
+	})
+}
+
+// writeUnauthorized writes the one 401 body every authentication failure
+// gets; only the correlation id differs.
+func writeUnauthorized(w http.ResponseWriter, corr string) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="starlease"`)
+	writeJSON(w, http.StatusUnauthorized, errorBody{Status: "error", Code: string(lease.CodeInvalidCredential),
+		Msg: lease.CodeInvalidCredential.Message(), CorrelationID: corr})
+}
+
+func (s *Server) auditAuthFailure(ctx context.Context, corr string, f auth.Failure, start time.Time) {
+	ev := audit.NewEvent(audit.EventAuthFailed, s.now())
+	ev.CorrelationID = corr
+	ev.CredentialID = f.CredentialID
+	ev.SetResult(lease.CodeInvalidCredential)
+	ev.LatencyMS = time.Since(start).Milliseconds()
+	ev.DeadlineClass = audit.DeadlineDefault
+	ev.BackendHealth = lease.HealthOK
+	if err := s.sink.Write(context.WithoutCancel(ctx), ev); err != nil {
+		s.log.Error("audit write failed", "event_type", ev.EventType, "correlation_id", corr)
+	}
+}
+
+func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
+	h := s.svc.Health(r.Context())
+	status := http.StatusOK
+	if h.Status != lease.HealthOK {
+		status = http.StatusServiceUnavailable
+	}
+	writeJSON(w, status, map[string]string{"status": string(h.Status), "reason": h.Reason})
+}
+
+// mutationCall completes c with the request id (body or Idempotency-Key,
+// which must agree when both are given) and the deadline (deadline_at or
+// X-Request-Timeout-Ms).
+func (s *Server) mutationCall(r *http.Request, c service.Call, bodyRequestID, bodyDeadline string) (service.Call, error) {
+	keys := r.Header.Values("Idempotency-Key")
+	switch {
+	case len(keys) > 1:
+		return c, lease.Invalid("Idempotency-Key", "give at most one")
+	case len(keys) == 1 && bodyRequestID != "" && keys[0] != bodyRequestID:
+		return c, lease.Invalid("request_id", "differs from the Idempotency-Key header")
+	case len(keys) == 1:
+		c.RequestID = keys[0]
+	default:
+		c.RequestID = bodyRequestID
+	}
+	if c.RequestID == "" {
+		return c, lease.Invalid("request_id", "a request_id or Idempotency-Key is required")
+	}
+	d, err := s.deadline(r, bodyDeadline)
+	c.DeadlineAt = d
+	return c, err
+}
+
+func (s *Server) deadline(r *http.Request, body string) (time.Time, error) {
+	h := r.Header.Values("X-Request-Timeout-Ms")
+	if len(h) > 1 {
+		return time.Time{}, lease.Invalid("X-Request-Timeout-Ms", "give at most one")
+	}
+	return parseDeadline(body, strings.Join(h, ""), s.now())
+}
+
+func identityOf(id *lease.Identity) (lease.Identity, error) {
+	if id == nil {
+		return lease.Identity{}, lease.Invalid("lock_identity", "is required")
+	}
+	return *id, nil
+}
+
+func ms(v int64, field string) (time.Duration, error) {
+	if v < 0 {
+		return 0, lease.Invalid(field, "must not be negative")
+	}
+	if v > int64(lease.MaxLifetime/time.Millisecond) {
+		return 0, lease.Invalid(field, "is too large")
+	}
+	return time.Duration(v) * time.Millisecond, nil
+}
+
+func (ok *Success) lease(res lease.Result) {
+	ok.Code = string(res.Code)
+	ok.Lease, ok.Current, ok.Replayed = viewOf(res.Lease), viewOf(res.Current), res.Replayed
+}
+
+func queryInt(r *http.Request, name string) (int, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return 0, lease.Invalid(name, "must be a non-negative integer")
+	}
+	return n, nil
+}

@@ -1,0 +1,186 @@
+package httpapi
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/starintel/starlease/lease"
+)
+
+// MaxBodyBytes bounds every request body.
+const MaxBodyBytes = 64 << 10
+
+// wireCode maps a typed code to the contract's wire table, which is closed:
+// codes the table does not name travel as the row whose meaning they have.
+func wireCode(c lease.Code) lease.Code {
+	switch c {
+	case lease.CodeForceReleased:
+		return lease.CodeReleased // force-release records the released state
+	case lease.CodeHistory:
+		return lease.CodeListed
+	case lease.CodeCommitRejected:
+		return lease.CodeLost // a token below the high-water mark is a stale holder
+	case lease.CodeCorrupt, lease.CodeCounterExhausted:
+		return lease.CodeBackendUnavailable // no safe answer; not retryable
+	}
+	return c
+}
+
+// statusOf is the HTTP status of a typed code, exactly the wire table.
+func statusOf(c lease.Code) int {
+	switch wireCode(c) {
+	case lease.CodeInvalidRequest:
+		return http.StatusBadRequest
+	case lease.CodeInvalidCredential:
+		return http.StatusUnauthorized
+	case lease.CodeAccessDenied:
+		return http.StatusForbidden
+	case lease.CodeNotFound:
+		return http.StatusNotFound
+	case lease.CodeDeadlineExceeded:
+		return http.StatusRequestTimeout
+	case lease.CodeConflict, lease.CodeLost, lease.CodeIdempotencyConflict:
+		return http.StatusConflict
+	case lease.CodeRateLimited:
+		return http.StatusTooManyRequests
+	case lease.CodeBackendUnavailable, lease.CodeOutcomeUnknown:
+		return http.StatusServiceUnavailable
+	}
+	if c.Success() {
+		return http.StatusOK
+	}
+	return http.StatusServiceUnavailable
+}
+
+// errorBody is the contract's stable error envelope. Field names the
+// offending input of a 400.
+type errorBody struct {
+	Status        string `json:"status"`
+	Code          string `json:"code"`
+	Msg           string `json:"msg"`
+	Field         string `json:"field,omitempty"`
+	CorrelationID string `json:"correlation_id"`
+	Retryable     bool   `json:"retryable"`
+	RetryAfterMs  *int64 `json:"retry_after_ms,omitempty"`
+}
+
+// defaultRetryAfter is the hint for retryable errors without their own.
+const defaultRetryAfter = 250 * time.Millisecond
+
+func newErrorBody(err error, correlationID string) (int, errorBody) {
+	le := lease.AsError(err)
+	wire := wireCode(le.Code)
+	retryable := le.Code.Retryable()
+	body := errorBody{Status: "error", Code: string(wire), Msg: wire.Message(), CorrelationID: correlationID, Retryable: retryable}
+	if le.Code == lease.CodeInvalidRequest {
+		body.Field = le.Field
+		if le.Reason != "" {
+			body.Msg = wire.Message() + ": " + le.Field + " " + le.Reason
+		}
+	}
+	if retryable {
+		d := le.RetryAfter
+		if d <= 0 {
+			d = defaultRetryAfter
+		}
+		ms := max(d.Milliseconds(), 1)
+		body.RetryAfterMs = &ms
+	}
+	return statusOf(le.Code), body
+}
+
+// writeJSON writes v with status; bodies are never cached.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status, b = http.StatusInternalServerError, []byte(`{"status":"error","code":"lease_backend_unavailable"}`)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}
+
+func writeError(w http.ResponseWriter, err error, correlationID string) {
+	status, body := newErrorBody(err, correlationID)
+	if body.RetryAfterMs != nil {
+		w.Header().Set("Retry-After", fmt.Sprint((*body.RetryAfterMs+999)/1000))
+	}
+	writeJSON(w, status, body)
+}
+
+var correlationRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`)
+
+// correlationID honours a well-formed X-Correlation-ID, else mints one.
+func correlationID(r *http.Request) string {
+	if v := r.Header.Values("X-Correlation-ID"); len(v) == 1 && correlationRE.MatchString(v[0]) && !strings.Contains(v[0], "..") {
+		return v[0]
+	}
+	return "corr_" + ulid.MustNew(ulid.Now(), rand.Reader).String()
+}
+
+// decodeBody strictly decodes a JSON body into v: a JSON content type, at
+// most MaxBodyBytes, one object, no unknown fields, no trailing data.
+func decodeBody(r *http.Request, v any) error {
+	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(strings.ToLower(ct), "application/json") {
+		return lease.Invalid("body", "content type must be application/json")
+	}
+	b, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return lease.Invalid("body", fmt.Sprintf("must be at most %d bytes", MaxBodyBytes))
+		}
+		return lease.Invalid("body", "could not be read")
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	dec.UseNumber()
+	if err := dec.Decode(v); err != nil {
+		return decodeError(err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return lease.Invalid("body", "trailing data after the JSON object")
+	}
+	// encoding/json takes the last of duplicate keys and matches names
+	// case-insensitively; an ambiguous body fails closed.
+	if err := lease.DecodeStrict(b, v); err != nil {
+		return lease.Invalid("body", "duplicate or case-variant keys")
+	}
+	return nil
+}
+
+// decodeError names the field a JSON error is about, never echoing input.
+func decodeError(err error) error {
+	var typ *json.UnmarshalTypeError
+	var syn *json.SyntaxError
+	switch {
+	case errors.As(err, &typ) && typ.Field == "":
+		return lease.Invalid("body", "must be a JSON object")
+	case errors.As(err, &typ):
+		return lease.Invalid(typ.Field, "has the wrong type")
+	case errors.As(err, &syn):
+		return lease.Invalid("body", fmt.Sprintf("malformed JSON at offset %d", syn.Offset))
+	case errors.Is(err, io.EOF):
+		return lease.Invalid("body", "a JSON object is required")
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+		if len(name) > 64 || !correlationRE.MatchString(name) {
+			name = "(unknown)"
+		}
+		return lease.Invalid(name, "is not a known field")
+	}
+	return lease.Invalid("body", "malformed JSON")
+}

@@ -1,0 +1,393 @@
+package service
+
+import (
+	"context"
+	"time"
+
+	"github.com/starintel/starlease/audit"
+	"github.com/starintel/starlease/auth"
+	"github.com/starintel/starlease/lease"
+)
+
+// Acquire grants a lease to the caller. It is non-blocking unless in.Wait
+// asks for bounded retry on conflict: then it retries with jittered
+// backoff until the earliest of the wait, the configured maximum wait and
+// the deadline — never an unbounded wait or queue.
+func (s *Service) Acquire(ctx context.Context, c Call, in AcquireInput) (lease.Result, error) {
+	o := s.begin(audit.EventAcquire, c)
+	o.ev.RequestedTTLMS = max(in.TTL.Milliseconds(), 0)
+	o.ev.ServiceInstanceID, o.ev.ExecutionID = safeID(in.ServiceInstanceID), safeID(in.ExecutionID)
+	o.ev.JobID, o.ev.TraceID = safeID(in.JobID), safeID(in.TraceID)
+	res, err := s.acquire(ctx, o, in)
+	o.lease(res.Lease)
+	return res, o.finish(ctx, err)
+}
+
+func (s *Service) acquire(ctx context.Context, o *op, in AcquireInput) (lease.Result, error) {
+	id, err := s.canonical(in.Identity)
+	if err != nil {
+		return lease.Result{}, err
+	}
+	o.identity(id)
+	if err := auth.AuthorizeAcquire(o.call.Principal, id); err != nil {
+		return lease.Result{}, denied(err)
+	}
+	if err := s.cfg.checkTTL("ttl_ms", in.TTL); err != nil {
+		return lease.Result{}, err
+	}
+	lifetime := in.MaximumLifetime
+	switch {
+	case lifetime == 0:
+		lifetime = s.cfg.MaxLifetime
+	case lifetime < 0 || lifetime > s.cfg.MaxLifetime:
+		return lease.Result{}, lease.Invalid("maximum_lifetime_ms", "must be positive and at most the configured maximum lifetime")
+	}
+	if in.Wait < 0 {
+		return lease.Result{}, lease.Invalid("wait_ms", "must not be negative")
+	}
+	if err := s.throttle(o.call.Principal, id); err != nil {
+		return lease.Result{}, err
+	}
+	m, ctx, cancel := o.mutation(ctx)
+	defer cancel()
+	req := lease.AcquireRequest{Identity: id, ServiceInstanceID: in.ServiceInstanceID, TTL: in.TTL,
+		MaximumLifetime: lifetime, ExecutionID: in.ExecutionID, JobID: in.JobID, TraceID: in.TraceID,
+		Metadata: in.Metadata, Mutation: m}
+	if _, _, err := lease.PrepareAcquire(req, lease.StoreOptions{OperationClasses: s.classes}); err != nil {
+		return lease.Result{}, err // bad input changes nothing and spends no quota
+	}
+	if err := s.checkQuota(ctx, o.call.Principal, m.DeadlineAt); err != nil {
+		return lease.Result{}, err
+	}
+	waitUntil := s.now().Add(min(in.Wait, s.cfg.MaxWait))
+	for attempt := 0; ; attempt++ {
+		res, err := s.call(func() (lease.Result, error) { return s.store.Acquire(ctx, req) })
+		if lease.CodeOf(err) != lease.CodeConflict || in.Wait == 0 {
+			return res, err
+		}
+		// The same request id is safe to reuse: a conflict stores nothing.
+		pause := s.cfg.backoff(attempt)
+		if hint := lease.AsError(err).RetryAfter; hint > 0 && hint < pause {
+			pause = hint
+		}
+		if next := s.now().Add(pause); next.After(waitUntil) || !next.Before(m.DeadlineAt) {
+			return res, err
+		}
+		select {
+		case <-ctx.Done():
+			return res, err
+		case <-time.After(pause):
+		}
+	}
+}
+
+// checkQuota refuses an acquisition when the principal already holds its
+// quota of active leases. It reads at most one page per quota page.
+func (s *Service) checkQuota(ctx context.Context, p auth.Principal, deadline time.Time) error {
+	held, token := 0, ""
+	for {
+		page, err := s.store.List(ctx, lease.ListRequest{By: lease.ListByOwner, OwnerPrincipalID: p.ID,
+			PageToken: token, DeadlineAt: deadline})
+		if err != nil {
+			return err
+		}
+		held += len(page.Leases)
+		if held >= s.cfg.MaxActivePerPrincipal {
+			return &lease.Error{Code: lease.CodeRateLimited, Reason: "active lease quota reached", RetryAfter: time.Second}
+		}
+		if token = page.NextPageToken; token == "" {
+			return nil
+		}
+	}
+}
+
+// call runs one store operation under the admission cap.
+func (s *Service) call(fn func() (lease.Result, error)) (lease.Result, error) {
+	done, err := s.admit()
+	if err != nil {
+		return lease.Result{}, err
+	}
+	defer done()
+	return fn()
+}
+
+// Renew extends a lease the caller holds. The store matches identity,
+// lease id, owner (the caller), instance and token atomically, which is
+// authorization against the stored lease; a mismatch is lease_lost, so a
+// caller learns nothing about a lease it does not hold.
+func (s *Service) Renew(ctx context.Context, c Call, in HeldInput) (lease.Result, error) {
+	o := s.begin(audit.EventRenew, c)
+	o.ev.RequestedTTLMS = max(in.TTL.Milliseconds(), 0)
+	o.ev.ServiceInstanceID = safeID(in.ServiceInstanceID)
+	res, err := s.held(ctx, o, in, true)
+	o.lease(res.Lease)
+	return res, o.finish(ctx, err)
+}
+
+// Release ends a lease the caller holds (compare-and-delete).
+func (s *Service) Release(ctx context.Context, c Call, in HeldInput) (lease.Result, error) {
+	o := s.begin(audit.EventRelease, c)
+	o.ev.ServiceInstanceID = safeID(in.ServiceInstanceID)
+	res, err := s.held(ctx, o, in, false)
+	o.lease(res.Lease)
+	return res, o.finish(ctx, err)
+}
+
+func (s *Service) held(ctx context.Context, o *op, in HeldInput, renew bool) (lease.Result, error) {
+	id, err := s.canonical(in.Identity)
+	if err != nil {
+		return lease.Result{}, err
+	}
+	o.identity(id)
+	// Capability and scope of the identity the store will match exactly;
+	// ownership is the store's atomic check.
+	if err := auth.AuthorizeAcquire(o.call.Principal, id); err != nil {
+		return lease.Result{}, denied(err)
+	}
+	o.ev.PreviousState = lease.StateActive
+	if renew {
+		if in.TTL != 0 {
+			if err := s.cfg.checkTTL("ttl_ms", in.TTL); err != nil {
+				return lease.Result{}, err
+			}
+		}
+		if err := s.throttle(o.call.Principal, id); err != nil {
+			return lease.Result{}, err
+		}
+	}
+	m, ctx, cancel := o.mutation(ctx)
+	defer cancel()
+	return s.call(func() (lease.Result, error) {
+		if renew {
+			return s.store.Renew(ctx, lease.RenewRequest{Identity: id, LeaseID: in.LeaseID, FencingToken: in.FencingToken,
+				ServiceInstanceID: in.ServiceInstanceID, TTL: in.TTL, Mutation: m})
+		}
+		return s.store.Release(ctx, lease.ReleaseRequest{Identity: id, LeaseID: in.LeaseID, FencingToken: in.FencingToken,
+			ServiceInstanceID: in.ServiceInstanceID, Mutation: m})
+	})
+}
+
+// ForceRelease ends the observed lease with the operational terminal state.
+func (s *Service) ForceRelease(ctx context.Context, c Call, in AdminInput) (lease.Result, error) {
+	return s.admin(ctx, audit.EventForceRelease, c, in)
+}
+
+// Revoke ends the observed lease with the security terminal state.
+func (s *Service) Revoke(ctx context.Context, c Call, in AdminInput) (lease.Result, error) {
+	return s.admin(ctx, audit.EventRevoke, c, in)
+}
+
+// admin runs force-release or revoke. Order, so that no invalidation is
+// ever reported without durable audit:
+//
+//  1. authorize (targets:force-release and an administrator credential,
+//     identity in scope) and validate (reason or incident id, bounded);
+//  2. write a durable high-priority event with result lease_outcome_unknown
+//     (the attempt): if that fails, nothing is done and the request fails
+//     with lease_backend_unavailable — the lease is untouched;
+//  3. the store operation (the fenced-write boundary rejects the lease from
+//     its commit on, since every commit checks the same active record);
+//  4. the durable result event: if that fails after the store committed,
+//     the request reports lease_outcome_unknown; the lease IS invalidated
+//     (the safe direction) and a retry with the same request id replays the
+//     result and writes its event.
+func (s *Service) admin(ctx context.Context, t audit.EventType, c Call, in AdminInput) (lease.Result, error) {
+	o := s.begin(t, c)
+	o.ev.Reason, o.ev.IncidentID = safeReason(in.Reason), safeID(in.IncidentID)
+	res, err := s.adminOp(ctx, o, t, in)
+	o.lease(res.Lease)
+	o.result(err)
+	if werr := s.sink.Write(context.WithoutCancel(ctx), o.ev); werr != nil {
+		s.log.Error("durable audit of an administrative result failed", "event_type", t, "correlation_id", c.CorrelationID)
+		if err == nil {
+			return lease.Result{}, &lease.Error{Code: lease.CodeOutcomeUnknown,
+				Reason: "the operation committed but its audit event could not be written; retry with the same request id"}
+		}
+	}
+	return res, err
+}
+
+func (s *Service) adminOp(ctx context.Context, o *op, t audit.EventType, in AdminInput) (lease.Result, error) {
+	id, err := s.canonical(in.Identity)
+	if err != nil {
+		return lease.Result{}, err
+	}
+	o.identity(id)
+	if err := auth.AuthorizeAdmin(o.call.Principal, id); err != nil {
+		return lease.Result{}, denied(err)
+	}
+	opKind := lease.OpForceRelease
+	if t == audit.EventRevoke {
+		opKind = lease.OpRevoke
+	}
+	m, ctx, cancel := o.mutation(ctx)
+	defer cancel()
+	req := lease.AdminRequest{Identity: id, LeaseID: in.LeaseID, FencingToken: in.FencingToken,
+		Reason: in.Reason, IncidentID: in.IncidentID, Mutation: m}
+	if _, _, err := lease.PrepareAdmin(opKind, req, lease.StoreOptions{OperationClasses: s.classes}); err != nil {
+		return lease.Result{}, err
+	}
+	o.ev.LeaseID = in.LeaseID
+	o.ev.SetFencingToken(in.FencingToken)
+	o.ev.PreviousState = lease.StateActive
+	attempt := o.ev
+	attempt.EventID = audit.NewEventID(s.now())
+	attempt.SetResult(lease.CodeOutcomeUnknown)
+	attempt.Decision = audit.DecisionAllow
+	if err := s.sink.Write(context.WithoutCancel(ctx), attempt); err != nil {
+		s.log.Error("durable audit of an administrative attempt failed; refusing", "event_type", t, "correlation_id", o.call.CorrelationID)
+		return lease.Result{}, &lease.Error{Code: lease.CodeBackendUnavailable, Reason: "audit is unavailable; administrative operations are refused"}
+	}
+	return s.call(func() (lease.Result, error) {
+		if opKind == lease.OpRevoke {
+			return s.store.Revoke(ctx, req)
+		}
+		return s.store.ForceRelease(ctx, req)
+	})
+}
+
+// Inspect reads the lease of an identity or a lease by id. A lease the
+// caller may not see is lease_not_found: absence discloses nothing the
+// caller's scope does not already reach.
+func (s *Service) Inspect(ctx context.Context, c Call, in InspectInput) (lease.Result, error) {
+	o := s.begin(audit.EventInspect, c)
+	res, err := s.inspect(ctx, o, in)
+	o.lease(res.Lease)
+	return res, o.finish(ctx, err)
+}
+
+func (s *Service) inspect(ctx context.Context, o *op, in InspectInput) (lease.Result, error) {
+	p := o.call.Principal
+	req := lease.InspectRequest{LeaseID: in.LeaseID, Caller: p.Caller(o.call.CorrelationID)}
+	if in.LeaseID == "" {
+		id, err := s.canonical(in.Identity)
+		if err != nil {
+			return lease.Result{}, err
+		}
+		o.identity(id)
+		if err := auth.AuthorizeInspect(p, id); err != nil {
+			return lease.Result{}, denied(err)
+		}
+		req.Identity = id
+	} else if !p.Has(auth.CapRead) && !p.Has(auth.CapLease) {
+		return lease.Result{}, denied(auth.Require(p, auth.CapRead))
+	}
+	deadline, ctx, cancel := o.readDeadline(ctx)
+	defer cancel()
+	req.DeadlineAt = deadline
+	res, err := s.call(func() (lease.Result, error) { return s.store.Inspect(ctx, req) })
+	if err != nil {
+		return res, err
+	}
+	if !auth.CanView(p, res.Lease) {
+		return lease.Result{}, &lease.Error{Code: lease.CodeNotFound, Reason: "no such lease"}
+	}
+	o.identity(res.Lease.Identity())
+	return res, nil
+}
+
+// List pages through the leases a filter selects, keeping only those the
+// caller may see.
+func (s *Service) List(ctx context.Context, c Call, req lease.ListRequest) (lease.ListResult, error) {
+	o := s.begin(audit.EventList, c)
+	res, err := s.list(ctx, o, req)
+	return res, o.finish(ctx, err)
+}
+
+func (s *Service) list(ctx context.Context, o *op, req lease.ListRequest) (lease.ListResult, error) {
+	access, err := auth.AuthorizeList(o.call.Principal, req)
+	if err != nil {
+		return lease.ListResult{}, denied(err)
+	}
+	deadline, ctx, cancel := o.readDeadline(ctx)
+	defer cancel()
+	req.DeadlineAt, req.Caller = deadline, o.call.Principal.Caller(o.call.CorrelationID)
+	done, err := s.admit()
+	if err != nil {
+		return lease.ListResult{}, err
+	}
+	defer done()
+	page, err := s.store.List(ctx, req)
+	if err != nil {
+		return page, err
+	}
+	visible := page.Leases[:0]
+	for _, r := range page.Leases {
+		if access.Visible(r) {
+			visible = append(visible, r)
+		}
+	}
+	page.Leases = visible
+	return page, nil
+}
+
+// History returns the terminal history of the identity of a lease id (a
+// lease the caller may see), for audit:read callers.
+func (s *Service) History(ctx context.Context, c Call, leaseID string, pageSize int, pageToken string) (lease.HistoryResult, error) {
+	o := s.begin(audit.EventHistory, c)
+	res, err := s.history(ctx, o, leaseID, pageSize, pageToken)
+	return res, o.finish(ctx, err)
+}
+
+func (s *Service) history(ctx context.Context, o *op, leaseID string, pageSize int, pageToken string) (lease.HistoryResult, error) {
+	p := o.call.Principal
+	if err := auth.Require(p, auth.CapAuditRead); err != nil {
+		return lease.HistoryResult{}, denied(err)
+	}
+	deadline, ctx, cancel := o.readDeadline(ctx)
+	defer cancel()
+	found, err := s.store.Inspect(ctx, lease.InspectRequest{LeaseID: leaseID, DeadlineAt: deadline})
+	if err != nil {
+		return lease.HistoryResult{}, err
+	}
+	id := found.Lease.Identity()
+	o.identity(id)
+	if err := auth.AuthorizeHistory(p, id); err != nil {
+		return lease.HistoryResult{}, &lease.Error{Code: lease.CodeNotFound, Reason: "no such lease"}
+	}
+	done, err := s.admit()
+	if err != nil {
+		return lease.HistoryResult{}, err
+	}
+	defer done()
+	return s.store.History(ctx, lease.HistoryRequest{Identity: id, PageSize: pageSize, PageToken: pageToken,
+		DeadlineAt: deadline, Caller: p.Caller(o.call.CorrelationID)})
+}
+
+// AuthorizeCommit is the fenced-write validation for remote writers: the
+// caller must hold the exact lease (the store checks owner, lease id,
+// instance, token and expiry atomically, and the sink's high-water mark).
+func (s *Service) AuthorizeCommit(ctx context.Context, c Call, in CommitInput) (lease.CommitResult, error) {
+	o := s.begin(audit.EventCommitAuthorized, c)
+	o.ev.ServiceInstanceID, o.ev.ExecutionID, o.ev.TraceID = safeID(in.ServiceInstanceID), safeID(in.ExecutionID), safeID(in.TraceID)
+	res, err := s.commit(ctx, o, in)
+	if err != nil {
+		o.ev.EventType = audit.EventCommitRejected
+		o.ev.Priority = audit.PriorityOf(audit.EventCommitRejected)
+	} else {
+		o.ev.LeaseID = res.Commit.LeaseID
+		o.ev.SetFencingToken(res.Commit.FencingToken)
+	}
+	return res, o.finish(ctx, err)
+}
+
+func (s *Service) commit(ctx context.Context, o *op, in CommitInput) (lease.CommitResult, error) {
+	id, err := s.canonical(in.Identity)
+	if err != nil {
+		return lease.CommitResult{}, err
+	}
+	o.identity(id)
+	if err := auth.AuthorizeAcquire(o.call.Principal, id); err != nil {
+		return lease.CommitResult{}, denied(err)
+	}
+	deadline, ctx, cancel := o.readDeadline(ctx)
+	defer cancel()
+	done, err := s.admit()
+	if err != nil {
+		return lease.CommitResult{}, err
+	}
+	defer done()
+	return s.store.AuthorizeCommit(ctx, lease.CommitRequest{Identity: id, LeaseID: in.LeaseID, FencingToken: in.FencingToken,
+		ServiceInstanceID: in.ServiceInstanceID, Sink: in.Sink, CommitID: in.CommitID, ExecutionID: in.ExecutionID,
+		TraceID: in.TraceID, DeadlineAt: deadline, Caller: o.call.Principal.Caller(o.call.CorrelationID)})
+}

@@ -1,0 +1,231 @@
+// Package service is the typed lease service over a lease.Store: every
+// request runs authorize (capability and canonical scope) → policy (TTL
+// bounds, maximum lifetime, deadline cap, rate limits, admission, quota) →
+// one store call → audit → typed result. Authentication happens before, in
+// the adapter that reads credentials (httpapi); the service receives the
+// authenticated auth.Principal and never trusts body fields for identity.
+package service
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/starintel/starlease/audit"
+	"github.com/starintel/starlease/auth"
+	"github.com/starintel/starlease/lease"
+)
+
+// Service is safe for concurrent use.
+type Service struct {
+	store     lease.Store
+	sink      audit.Sink
+	cfg       Config
+	classes   lease.OperationClasses
+	principal *limiters
+	target    *limiters
+	admission chan struct{}
+	log       *slog.Logger
+	now       func() time.Time
+}
+
+// Options are the service's dependencies besides the store and audit sink.
+type Options struct {
+	Config           Config
+	OperationClasses lease.OperationClasses
+	Logger           *slog.Logger
+	// Now is the server clock (deadlines, rate limits); nil is time.Now.
+	// Lease time is always the backend's.
+	Now func() time.Time
+}
+
+// New builds a Service. sink receives one event per request; force-release
+// and revoke are not reported successful unless it wrote them durably.
+func New(store lease.Store, sink audit.Sink, o Options) (*Service, error) {
+	cfg, err := o.Config.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{store: store, sink: sink, cfg: cfg, classes: o.OperationClasses, log: o.Logger, now: o.Now,
+		principal: newLimiters(cfg.PrincipalRate, cfg.PrincipalBurst),
+		target:    newLimiters(cfg.TargetRate, cfg.TargetBurst),
+		admission: make(chan struct{}, cfg.MaxConcurrent)}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	return s, nil
+}
+
+// Config returns the effective policy.
+func (s *Service) Config() Config { return s.cfg }
+
+// Health is the backend's health.
+func (s *Service) Health(ctx context.Context) lease.Health { return s.store.Health(ctx) }
+
+// op is one request in flight: its audit event and timing.
+type op struct {
+	s     *Service
+	ev    audit.Event
+	start time.Time
+	call  Call
+}
+
+func (s *Service) begin(t audit.EventType, c Call) *op {
+	now := s.now()
+	o := &op{s: s, ev: audit.NewEvent(t, now), start: now, call: c}
+	o.ev.SetCaller(c.Principal.Caller(c.CorrelationID))
+	o.ev.RequestID = safeID(c.RequestID)
+	o.ev.DeadlineClass = audit.DeadlineDefault
+	return o
+}
+
+// identity sets the event's scope from a canonical identity.
+func (o *op) identity(id lease.Identity) { o.ev.SetScope(id) }
+
+// lease records the disclosed lease fields of a result.
+func (o *op) lease(r *lease.Record) {
+	if r == nil {
+		return
+	}
+	o.ev.LeaseID = r.LeaseID
+	o.ev.SetFencingToken(r.FencingToken)
+	o.ev.EffectiveTTLMS = r.TTLMs
+	o.ev.ResultingState = r.State
+	// Execution, job, trace and instance are the owner's private fields.
+	if r.OwnerPrincipalID != o.call.Principal.ID {
+		return
+	}
+	o.ev.ExecutionID, o.ev.JobID = r.ExecutionID, r.JobID
+	if r.TraceID != "" {
+		o.ev.TraceID = r.TraceID
+	}
+	o.ev.ServiceInstanceID = r.ServiceInstanceID
+}
+
+// finish writes the request's audit event with its result code and returns
+// err unchanged. A normal-priority event that cannot be written is logged
+// (the request's outcome stands); high-priority events go through durable
+// paths of their own (admin).
+func (o *op) finish(ctx context.Context, err error) error {
+	o.result(err)
+	if werr := o.s.sink.Write(context.WithoutCancel(ctx), o.ev); werr != nil {
+		o.s.log.Error("audit write failed", "event_type", o.ev.EventType, "correlation_id", o.ev.CorrelationID)
+	}
+	return err
+}
+
+func (o *op) result(err error) {
+	o.ev.LatencyMS = o.s.now().Sub(o.start).Milliseconds()
+	code := lease.CodeOf(err)
+	if err == nil {
+		code = successCode(o.ev.EventType)
+	}
+	o.ev.SetResult(code)
+	o.ev.BackendHealth = lease.HealthOK
+	if code == lease.CodeBackendUnavailable || code == lease.CodeOutcomeUnknown || code == lease.CodeCorrupt {
+		o.ev.BackendHealth = lease.HealthUnavailable
+	}
+}
+
+func successCode(t audit.EventType) lease.Code {
+	switch t {
+	case audit.EventAcquire:
+		return lease.CodeAcquired
+	case audit.EventRenew:
+		return lease.CodeRenewed
+	case audit.EventRelease:
+		return lease.CodeReleased
+	case audit.EventForceRelease:
+		return lease.CodeForceReleased
+	case audit.EventRevoke:
+		return lease.CodeRevoked
+	case audit.EventInspect, audit.EventLookup:
+		return lease.CodeInspected
+	case audit.EventList:
+		return lease.CodeListed
+	case audit.EventHistory:
+		return lease.CodeHistory
+	case audit.EventCommitAuthorized:
+		return lease.CodeCommitAuthorized
+	}
+	return lease.CodeInspected
+}
+
+// denied maps an auth denial to access_denied (never its internal reason).
+func denied(err error) error {
+	if errors.Is(err, auth.ErrAccessDenied) {
+		return &lease.Error{Code: lease.CodeAccessDenied, Reason: "capability or scope does not allow this request"}
+	}
+	return err // invalid_request from normalization
+}
+
+// canonical normalizes an identity with the configured operation classes.
+func (s *Service) canonical(id lease.Identity) (lease.Identity, error) {
+	n, _, err := lease.CanonicalLockKey(id, s.classes)
+	return n, err
+}
+
+// admit applies the concurrent-operation cap: excess work is refused, not
+// queued. release must be called when admitted.
+func (s *Service) admit() (func(), error) {
+	select {
+	case s.admission <- struct{}{}:
+		return func() { <-s.admission }, nil
+	default:
+		return nil, &lease.Error{Code: lease.CodeRateLimited, Reason: "too many concurrent operations", RetryAfter: 50 * time.Millisecond}
+	}
+}
+
+// throttle applies the per-principal and per-target token buckets.
+func (s *Service) throttle(p auth.Principal, id lease.Identity) error {
+	now := s.now()
+	if ok, wait := s.principal.allow(p.ID, now); !ok {
+		return &lease.Error{Code: lease.CodeRateLimited, Reason: "principal rate limit", RetryAfter: wait}
+	}
+	target := id.TenantID + "\x00" + id.ProgramID + "\x00" + id.TargetNamespace + "\x00" + id.TargetID
+	if ok, wait := s.target.allow(target, now); !ok {
+		return &lease.Error{Code: lease.CodeRateLimited, Reason: "target rate limit", RetryAfter: wait}
+	}
+	return nil
+}
+
+// mutation builds the store's Mutation for c: the effective deadline and
+// the caller as the store sees it.
+func (o *op) mutation(parent context.Context) (lease.Mutation, context.Context, context.CancelFunc) {
+	deadline, class := o.s.cfg.deadline(o.s.now(), o.call.DeadlineAt)
+	o.ev.DeadlineClass = string(class)
+	ctx, cancel := context.WithDeadline(parent, deadline)
+	return lease.Mutation{RequestID: o.call.RequestID, DeadlineAt: deadline,
+		Caller: o.call.Principal.Caller(o.call.CorrelationID)}, ctx, cancel
+}
+
+// readDeadline is the effective deadline of a read.
+func (o *op) readDeadline(parent context.Context) (time.Time, context.Context, context.CancelFunc) {
+	deadline, class := o.s.cfg.deadline(o.s.now(), o.call.DeadlineAt)
+	o.ev.DeadlineClass = string(class)
+	ctx, cancel := context.WithDeadline(parent, deadline)
+	return deadline, ctx, cancel
+}
+
+// safeID is v if it is a well-formed identifier, else empty: an audit
+// event carries only validated values, so a malformed request is still
+// audited (without the malformed value).
+func safeID(v string) string {
+	if lease.CheckOpaqueID("id", v) != nil {
+		return ""
+	}
+	return v
+}
+
+// safeReason is an administrator reason that passes the reason rule and
+// holds no credential material, else empty.
+func safeReason(r string) string {
+	if lease.CheckReason(r) != nil || audit.CheckSecretFree("reason", r) != nil {
+		return ""
+	}
+	return r
+}
