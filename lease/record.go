@@ -253,15 +253,18 @@ func strictUnmarshal(b []byte, v any) error {
 	if _, err := dec.Token(); err != io.EOF {
 		return fmt.Errorf("trailing data")
 	}
-	in, err := parseTree(b)
-	if err != nil {
-		return err
-	}
 	canonical, err := json.Marshal(v)
 	if err != nil {
 		// Only a missing timestamp fails to re-encode, and validation
 		// rejects that with a precise reason.
 		return nil
+	}
+	if bytes.Equal(canonical, b) {
+		return nil // our own encoding: no duplicate or case-variant key
+	}
+	in, err := parseTree(b)
+	if err != nil {
+		return err
 	}
 	out, err := parseTree(canonical)
 	if err != nil {

@@ -178,3 +178,36 @@ func (l *limiters) allow(key string, now time.Time) (bool, time.Duration) {
 	}
 	return true, 0
 }
+
+// activeCounts estimates active leases per principal (see checkQuota),
+// bounded like the rate limiters.
+type activeCounts struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (a *activeCounts) get(id string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.n[id]
+}
+
+func (a *activeCounts) set(id string, v int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.n == nil || len(a.n) >= maxBuckets {
+		a.n = map[string]int{} // forgetting errs low; the store count corrects it
+	}
+	if v <= 0 {
+		delete(a.n, id)
+		return
+	}
+	a.n[id] = v
+}
+
+func (a *activeCounts) add(id string, d int) {
+	a.mu.Lock()
+	v := a.n[id] + d
+	a.mu.Unlock()
+	a.set(id, v)
+}

@@ -26,6 +26,7 @@ type Service struct {
 	principal *limiters
 	target    *limiters
 	admission chan struct{}
+	active    activeCounts
 	log       *slog.Logger
 	now       func() time.Time
 }
@@ -229,3 +230,6 @@ func safeReason(r string) string {
 	}
 	return r
 }
+
+// Store is the lease store under the service (benchmarks compare against it).
+func (s *Service) Store() lease.Store { return s.store }
