@@ -29,7 +29,7 @@ fuzz:
 	done
 
 demo:
-	./scripts/quickstart.sh
+	./scripts/demo-local.sh
 
 ci:
 	./.ci/run

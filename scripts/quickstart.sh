@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# Quick start: build starlease and demonstrate the embedded default backend
-# (bolt, one file) in ./data. Needs Go (see go.mod for the version), which it
-# never downloads. As root on Debian it also installs redis-server with apt if
-# missing, because the test suite needs it.
+# Quick start: build starlease and serve the lease HTTP API on the embedded
+# default backend (bolt) with its data in ./data, on 127.0.0.1:8080 (override
+# with STARLEASE_LISTEN). The server pepper is created once in
+# ./starlease.pepper, outside the data directory, mode 0600. The server
+# prints how to create the first administrator key; stop it with Ctrl-C.
+#
+# Needs Go (see go.mod for the version), which it never downloads. As root
+# on Debian it also installs redis-server with apt if missing, because the
+# test suite (the second quick-start command) needs it.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 
-# --- Go -------------------------------------------------------------------
 if [[ -x /usr/local/go/bin/go ]]; then
 	export PATH=/usr/local/go/bin:$PATH
 fi
 need=$(sed -n 's/^go \([0-9][0-9.]*\)$/\1/p' go.mod)
-if ! command -v go >/dev/null 2>&1; then
-	have=none
-else
+have=none
+if command -v go >/dev/null 2>&1; then
 	have=$(go env GOVERSION | sed 's/^go//')
 fi
 if [[ $have == none ]] || [[ $(printf '%s\n%s\n' "$need" "$have" | sort -V | head -n1) != "$need" ]]; then
@@ -28,86 +31,25 @@ and run this script again (it adds /usr/local/go/bin to PATH itself).
 MSG
 	exit 1
 fi
-# Never fetch another toolchain behind the user's back.
-export GOTOOLCHAIN=local
-echo "# using $(go version)"
+export GOTOOLCHAIN=local # never fetch another toolchain behind the user's back
 
-# --- test prerequisites -----------------------------------------------------
-# The demo needs nothing else; the test suite (go test ./...) also runs the
-# Valkey adapter against a real redis-server, which speaks Valkey's protocol.
-if command -v redis-server >/dev/null 2>&1; then
-	echo "# redis-server for the tests: $(command -v redis-server)"
-elif [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
-	echo "# installing redis-server (needed by the tests) with apt-get"
-	DEBIAN_FRONTEND=noninteractive apt-get update -qq </dev/null
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server </dev/null >/dev/null
-else
-	echo "# note: the tests need redis-server; install it with: sudo apt-get install -y redis-server"
+if ! command -v redis-server >/dev/null 2>&1; then
+	if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+		echo "# installing redis-server (the tests run a real one) with apt-get"
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq </dev/null
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server </dev/null >/dev/null
+	else
+		echo "# note: the tests need redis-server; install it with: sudo apt-get install -y redis-server"
+	fi
 fi
 
-# --- build ----------------------------------------------------------------
 go build -o bin/starlease ./cmd/starlease
-BIN=./bin/starlease
-echo "# built $BIN ($($BIN version))"
+echo "# built bin/starlease ($(bin/starlease version | head -n1))"
 
-# --- demo -----------------------------------------------------------------
-DATA=./data
-ID=(--data-dir "$DATA" --tenant demo --program quickstart --namespace web --target example.com --actor demo-scanner)
-
-# field NAME reads one field of the printed lease (lease fields are indented
-# four spaces in the pretty-printed result).
-field() { sed -n -E "s/^    \"$1\": \"?([^\",]*)\"?,?\$/\1/p" | head -n1; }
-
-step() { printf '\n$ starlease %s\n' "$*"; }
-
-# A lease left active by an earlier run would make the first acquire
-# conflict: release it first (fencing counters are durable, so tokens
-# continue from where that run left them).
-if out=$("$BIN" inspect "${ID[@]}" 2>/dev/null) && [[ $(field state <<<"$out") == active ]]; then
-	echo "# releasing the active lease left by an earlier run"
-	"$BIN" release "${ID[@]}" --lease-id "$(field lease_id <<<"$out")" --token "$(field fencing_token <<<"$out")" >/dev/null
+PEPPER=./starlease.pepper
+if [[ ! -f $PEPPER ]]; then
+	(umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$PEPPER")
+	echo "# created the server pepper $PEPPER (keep it secret; keys are unusable without it)"
 fi
 
-step acquire "${ID[@]}" --ttl 30s
-out=$("$BIN" acquire "${ID[@]}" --ttl 30s)
-echo "$out"
-lease_id=$(field lease_id <<<"$out")
-token=$(field fencing_token <<<"$out")
-
-step inspect "${ID[@]}"
-"$BIN" inspect "${ID[@]}"
-
-step renew "${ID[@]}" --lease-id "$lease_id" --token "$token" --ttl 60s
-"$BIN" renew "${ID[@]}" --lease-id "$lease_id" --token "$token" --ttl 60s
-
-step release "${ID[@]}" --lease-id "$lease_id" --token "$token"
-"$BIN" release "${ID[@]}" --lease-id "$lease_id" --token "$token"
-
-step acquire "${ID[@]}"
-out=$("$BIN" acquire "${ID[@]}")
-echo "$out"
-lease_id2=$(field lease_id <<<"$out")
-token2=$(field fencing_token <<<"$out")
-
-if ((token2 <= token)); then
-	echo "fencing token did not increase: $token then $token2" >&2
-	exit 1
-fi
-echo
-echo "# fencing token went from $token to $token2: every new acquisition gets a strictly greater token."
-
-cat <<NEXT
-
-Next commands to try (the lease above stays active for 30 s):
-  # a second acquire conflicts: exit status 3, JSON error envelope on stderr
-  $BIN acquire ${ID[*]}
-  # list the active leases of the program
-  $BIN list --data-dir $DATA --tenant demo --program quickstart
-  # authorize a fenced write under the lease
-  $BIN authorize-commit ${ID[*]} --lease-id $lease_id2 --token $token2 --sink couchdb --execution exec-demo
-  # release it, then read the identity's terminal history
-  $BIN release ${ID[*]} --lease-id $lease_id2 --token $token2
-  $BIN history ${ID[*]}
-  # every command, the output format and the exit statuses
-  $BIN help
-NEXT
+exec bin/starlease serve --data-dir ./data --pepper-file "$PEPPER" --listen "${STARLEASE_LISTEN:-127.0.0.1:8080}"

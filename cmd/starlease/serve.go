@@ -194,9 +194,9 @@ func serve(ctx context.Context, f serveFlags, stdout io.Writer, log *slog.Logger
 	fmt.Fprintf(stdout, "starlease serving on http://%s (backend %s, data %s)\n", ln.Addr(), f.backend, f.dataDir)
 	if list, err := creds.List(ctx, "", 1); err == nil && len(list) == 0 {
 		fmt.Fprintf(stdout, "no API keys yet; create the first administrator key with:\n"+
-			"  starlease keys create --data-dir %s --pepper-file %s --principal admin --class administrator \\\n"+
+			"  %s keys create --data-dir %s --pepper-file %s --principal admin --class administrator \\\n"+
 			"    --capabilities targets:lease,targets:read,targets:force-release,audit:read,credentials:manage \\\n"+
-			"    --scope 'tenant:*,program:*,target-namespace:*,target:*,actor:*'\n", f.dataDir, f.pepperFile)
+			"    --scope 'tenant:*,program:*'\n", os.Args[0], f.dataDir, f.pepperFile)
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Local demo: build starlease and drive the embedded default backend (bolt,
+# one file) in ./demo-data with the CLI's local mode — no server. Needs Go (see go.mod for the version), which it
+# never downloads. As root on Debian it also installs redis-server with apt if
+# missing, because the test suite needs it.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+
+# --- Go -------------------------------------------------------------------
+if [[ -x /usr/local/go/bin/go ]]; then
+	export PATH=/usr/local/go/bin:$PATH
+fi
+need=$(sed -n 's/^go \([0-9][0-9.]*\)$/\1/p' go.mod)
+if ! command -v go >/dev/null 2>&1; then
+	have=none
+else
+	have=$(go env GOVERSION | sed 's/^go//')
+fi
+if [[ $have == none ]] || [[ $(printf '%s\n%s\n' "$need" "$have" | sort -V | head -n1) != "$need" ]]; then
+	cat >&2 <<MSG
+starlease needs Go $need or later (found: $have).
+
+Install it from the official Go downloads page: download the linux archive
+for this machine (for example go${need}.linux-amd64.tar.gz), then
+    sudo rm -rf /usr/local/go && sudo tar -C /usr/local -xzf go${need}.linux-amd64.tar.gz
+and run this script again (it adds /usr/local/go/bin to PATH itself).
+MSG
+	exit 1
+fi
+# Never fetch another toolchain behind the user's back.
+export GOTOOLCHAIN=local
+echo "# using $(go version)"
+
+# --- test prerequisites -----------------------------------------------------
+# The demo needs nothing else; the test suite (go test ./...) also runs the
+# Valkey adapter against a real redis-server, which speaks Valkey's protocol.
+if command -v redis-server >/dev/null 2>&1; then
+	echo "# redis-server for the tests: $(command -v redis-server)"
+elif [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+	echo "# installing redis-server (needed by the tests) with apt-get"
+	DEBIAN_FRONTEND=noninteractive apt-get update -qq </dev/null
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server </dev/null >/dev/null
+else
+	echo "# note: the tests need redis-server; install it with: sudo apt-get install -y redis-server"
+fi
+
+# --- build ----------------------------------------------------------------
+go build -o bin/starlease ./cmd/starlease
+BIN=./bin/starlease
+echo "# built $BIN ($($BIN version))"
+
+# --- demo -----------------------------------------------------------------
+DATA=./demo-data
+ID=(--data-dir "$DATA" --tenant demo --program quickstart --namespace web --target example.com --actor demo-scanner)
+
+# field NAME reads one field of the printed lease (lease fields are indented
+# four spaces in the pretty-printed result).
+field() { sed -n -E "s/^    \"$1\": \"?([^\",]*)\"?,?\$/\1/p" | head -n1; }
+
+step() { printf '\n$ starlease %s\n' "$*"; }
+
+# A lease left active by an earlier run would make the first acquire
+# conflict: release it first (fencing counters are durable, so tokens
+# continue from where that run left them).
+if out=$("$BIN" inspect "${ID[@]}" 2>/dev/null) && [[ $(field state <<<"$out") == active ]]; then
+	echo "# releasing the active lease left by an earlier run"
+	"$BIN" release "${ID[@]}" --lease-id "$(field lease_id <<<"$out")" --token "$(field fencing_token <<<"$out")" >/dev/null
+fi
+
+step acquire "${ID[@]}" --ttl 30s
+out=$("$BIN" acquire "${ID[@]}" --ttl 30s)
+echo "$out"
+lease_id=$(field lease_id <<<"$out")
+token=$(field fencing_token <<<"$out")
+
+step inspect "${ID[@]}"
+"$BIN" inspect "${ID[@]}"
+
+step renew "${ID[@]}" --lease-id "$lease_id" --token "$token" --ttl 60s
+"$BIN" renew "${ID[@]}" --lease-id "$lease_id" --token "$token" --ttl 60s
+
+step release "${ID[@]}" --lease-id "$lease_id" --token "$token"
+"$BIN" release "${ID[@]}" --lease-id "$lease_id" --token "$token"
+
+step acquire "${ID[@]}"
+out=$("$BIN" acquire "${ID[@]}")
+echo "$out"
+lease_id2=$(field lease_id <<<"$out")
+token2=$(field fencing_token <<<"$out")
+
+if ((token2 <= token)); then
+	echo "fencing token did not increase: $token then $token2" >&2
+	exit 1
+fi
+echo
+echo "# fencing token went from $token to $token2: every new acquisition gets a strictly greater token."
+
+cat <<NEXT
+
+Next commands to try (the lease above stays active for 30 s):
+  # a second acquire conflicts: exit status 3, JSON error envelope on stderr
+  $BIN acquire ${ID[*]}
+  # list the active leases of the program
+  $BIN list --data-dir $DATA --tenant demo --program quickstart
+  # authorize a fenced write under the lease
+  $BIN authorize-commit ${ID[*]} --lease-id $lease_id2 --token $token2 --sink couchdb --execution exec-demo
+  # release it, then read the identity's terminal history
+  $BIN release ${ID[*]} --lease-id $lease_id2 --token $token2
+  $BIN history ${ID[*]}
+  # every command, the output format and the exit statuses
+  $BIN help
+NEXT
