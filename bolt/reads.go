@@ -11,24 +11,23 @@ import (
 	"github.com/starintel/starlease/lease"
 )
 
-// read runs fn in one read transaction at backend time, after the deadline
-// check. fn returns typed errors directly: a read has nothing to roll back.
+// read runs fn in one read transaction at its backend time (readTx), after
+// the deadline check. fn returns typed errors directly: a read has nothing
+// to roll back.
 func read[T any](s *Store, ctx context.Context, due lease.Timestamp, fn func(*bbolt.Tx, lease.Timestamp) (T, error)) (T, error) {
-	var out T
-	err := s.view(ctx, func(tx *bbolt.Tx) error {
-		now := s.clock(tx)
-		if err := pastDeadline(now, due); err != nil {
-			return err
-		}
-		var err error
-		out, err = fn(tx, now)
-		return err
-	})
-	if err != nil {
-		var zero T
+	var zero T
+	if err := s.begin(ctx); err != nil {
 		return zero, err
 	}
-	return out, nil
+	tx, now, err := s.readTx()
+	if err != nil {
+		return zero, s.storageReadError(err)
+	}
+	defer tx.Rollback()
+	if err := pastDeadline(now, due); err != nil {
+		return zero, err
+	}
+	return fn(tx, now)
 }
 
 // Inspect reads the lease of an identity (active, or expired if its time

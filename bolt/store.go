@@ -70,8 +70,17 @@ type Store struct {
 	inflight atomic.Int64
 	// soloCommits disables group commit (benchmarks measure what it buys).
 	soloCommits bool
-	stop        chan struct{}
-	wg          sync.WaitGroup
+
+	// Backend time. tmu orders time readings with transactions: lastMs
+	// keeps the process clock monotone; pendingTx and pendingMs are the id
+	// and first backend time of the write transaction in progress, which
+	// reads that do not see it must not be later than (see readTx).
+	tmu       sync.Mutex
+	lastMs    int64
+	pendingTx int
+	pendingMs int64
+	stop      chan struct{}
+	wg        sync.WaitGroup
 }
 
 var _ lease.Store = (*Store)(nil)
@@ -217,29 +226,66 @@ func (s *Store) view(ctx context.Context, fn func(tx *bbolt.Tx) error) error {
 		if errors.As(err, &le) {
 			return le
 		}
-		if errors.Is(err, bolterr.ErrDatabaseNotOpen) {
-			return lease.Errorf(lease.CodeBackendUnavailable, "store is closed")
-		}
-		s.log.Error("lease store read failed", "error_class", classify(err))
-		return lease.Errorf(lease.CodeBackendUnavailable, "storage read failed")
+		return s.storageReadError(err)
 	}
 	return nil
 }
 
-// clock returns backend time for tx: the process clock, floored at the
-// last time any write transaction used, which a write transaction persists.
+// storageReadError maps a storage failure of a read.
+func (s *Store) storageReadError(err error) error {
+	if errors.Is(err, bolterr.ErrDatabaseNotOpen) {
+		return lease.Errorf(lease.CodeBackendUnavailable, "store is closed")
+	}
+	s.log.Error("lease store read failed", "error_class", classify(err))
+	return lease.Errorf(lease.CodeBackendUnavailable, "storage read failed")
+}
+
+// clock returns backend time for tx: the process clock (kept monotone),
+// floored at the last time any write transaction used, which a write
+// transaction persists. A write transaction also registers its time so
+// reads that cannot see it stay before it (readTx).
 func (s *Store) clock(tx *bbolt.Tx) lease.Timestamp {
-	now := s.now().UnixMilli()
-	meta := tx.Bucket(bucketMeta)
-	if v := meta.Get(keyClock); len(v) == 8 {
-		if last := int64(binary.BigEndian.Uint64(v)); last > now {
-			now = last
+	s.tmu.Lock()
+	defer s.tmu.Unlock()
+	now := s.monotoneMs(tx)
+	if tx.Writable() {
+		_ = tx.Bucket(bucketMeta).Put(keyClock, u64(uint64(now)))
+		if s.pendingTx != tx.ID() {
+			s.pendingTx, s.pendingMs = tx.ID(), now
 		}
 	}
-	if tx.Writable() {
-		_ = meta.Put(keyClock, u64(uint64(now)))
-	}
 	return lease.UnixMilli(now)
+}
+
+// monotoneMs is max(process clock, last reading, time persisted in tx).
+// The caller holds tmu.
+func (s *Store) monotoneMs(tx *bbolt.Tx) int64 {
+	now := max(s.now().UnixMilli(), s.lastMs)
+	if v := tx.Bucket(bucketMeta).Get(keyClock); len(v) == 8 {
+		now = max(now, int64(binary.BigEndian.Uint64(v)))
+	}
+	s.lastMs = now
+	return now
+}
+
+// readTx opens a read transaction and its backend time. A read linearizes
+// at its snapshot: it sees every write committed before it and none after,
+// so its time must not be later than the time of a write in progress that
+// its snapshot does not contain (otherwise it would report the old state at
+// a time when the new state already holds). Opening the snapshot and
+// reading the time under tmu makes the two consistent.
+func (s *Store) readTx() (*bbolt.Tx, lease.Timestamp, error) {
+	s.tmu.Lock()
+	defer s.tmu.Unlock()
+	tx, err := s.db.Begin(false)
+	if err != nil {
+		return nil, lease.Timestamp{}, err
+	}
+	now := s.monotoneMs(tx)
+	if s.pendingTx > tx.ID() && s.pendingMs < now {
+		now = s.pendingMs
+	}
+	return tx, lease.UnixMilli(now), nil
 }
 
 // deadline is the earlier of the request's deadline and the context's.

@@ -36,7 +36,26 @@ func newMetrics(reg *prometheus.Registry, svc *service.Service) *metrics {
 		return 0
 	})
 	reg.MustRegister(m.ops, m.latency, health)
+	if counter, ok := svc.Store().(activeCounter); ok {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "starlease_active_leases",
+			Help: "Active lease records in the backend (expired ones count until reclaimed).",
+		}, func() float64 {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			n, err := counter.ActiveLeases(ctx)
+			if err != nil {
+				return -1
+			}
+			return float64(n)
+		}))
+	}
 	return m
+}
+
+// activeCounter is a backend that can count its active leases cheaply.
+type activeCounter interface {
+	ActiveLeases(ctx context.Context) (int64, error)
 }
 
 func (m *metrics) observe(op string, code lease.Code, start time.Time) {

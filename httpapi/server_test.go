@@ -162,3 +162,23 @@ func TestUnauthorizedIsUniform(t *testing.T) {
 		t.Fatalf("401 bodies differ: %v", bodies)
 	}
 }
+
+func TestMetrics(t *testing.T) {
+	s := newTestServer(t)
+	s.do(t, "POST", Base+"/acquire", acquireBodyFor(httpIdentity, "req-m1"))
+	s.do(t, "POST", Base+"/acquire", acquireBodyFor(httpIdentity, "req-m2")) // conflict
+	rec := httptest.NewRecorder()
+	s.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body := rec.Body.String()
+	for _, want := range []string{
+		`starlease_operations_total{code="lease_acquired",operation="acquire"} 1`,
+		`starlease_operations_total{code="lease_conflict",operation="acquire"} 1`,
+		`starlease_active_leases 1`,
+		`starlease_backend_healthy 1`,
+		`starlease_operation_duration_seconds_count{operation="acquire"} 2`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+}

@@ -1,0 +1,19 @@
+package valkey
+
+import (
+	"testing"
+	"time"
+
+	"github.com/starintel/starlease/lease/leasetest"
+	"github.com/starintel/starlease/lease/leasetest/race"
+)
+
+// TestRace runs the race suite with a linearizability check against a real
+// server (the documented ACL user), with the reaper running as a
+// concurrent actor.
+func TestRace(t *testing.T) {
+	r, pw := aclServer(t)
+	s := open(t, r, Options{Username: "starlease", PasswordFile: pw, KeyPrefix: "starlease:" + randomPrefix(),
+		StoreOptions: leasetest.StoreOptions(), ReapInterval: 50 * time.Millisecond})
+	race.Run(t, s, race.Options{})
+}
