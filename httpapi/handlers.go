@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"net/http"
 
 	"github.com/starintel/starlease/lease"
@@ -35,6 +36,7 @@ func (s *Server) acquire(r *http.Request, c service.Call, ok *Success) error {
 			return err
 		}
 	}
+	ok.reached = true
 	res, err := s.svc.Acquire(r.Context(), c, in)
 	if err != nil {
 		return err
@@ -43,75 +45,77 @@ func (s *Server) acquire(r *http.Request, c service.Call, ok *Success) error {
 	return nil
 }
 
-func (s *Server) renew(r *http.Request, c service.Call, ok *Success) error {
-	var b heldBody
+// mutationBody is a mutation's body: its identity, request id and deadline.
+type mutationBody interface {
+	envelope() (id *lease.Identity, requestID, deadline string)
+}
+
+func (b heldBody) envelope() (*lease.Identity, string, string) {
+	return b.LockIdentity, b.RequestID, b.DeadlineAt
+}
+func (b releaseBody) envelope() (*lease.Identity, string, string) {
+	return b.LockIdentity, b.RequestID, b.DeadlineAt
+}
+func (b adminBody) envelope() (*lease.Identity, string, string) {
+	return b.LockIdentity, b.RequestID, b.DeadlineAt
+}
+
+// mutate is the common path of a mutation on a named lease: decode the body
+// strictly, resolve request id and deadline, then run the service call.
+func mutate[B mutationBody](s *Server, r *http.Request, c service.Call, ok *Success,
+	run func(b B, c service.Call, id lease.Identity) (lease.Result, error)) error {
+	var b B
 	if err := decodeBody(r, &b); err != nil {
 		return err
 	}
-	c, err := s.mutationCall(r, c, b.RequestID, b.DeadlineAt)
+	raw, requestID, deadline := b.envelope()
+	c, err := s.mutationCall(r, c, requestID, deadline)
 	if err != nil {
 		return err
 	}
-	in := service.HeldInput{LeaseID: r.PathValue("lease_id"), FencingToken: b.FencingToken, ServiceInstanceID: b.ServiceInstanceID}
-	if in.Identity, err = identityOf(b.LockIdentity); err != nil {
+	id, err := identityOf(raw)
+	if err != nil {
 		return err
 	}
-	if in.TTL, err = ms(b.TTLMs, "ttl_ms"); err != nil {
-		return err
-	}
-	res, err := s.svc.Renew(r.Context(), c, in)
+	ok.reached = true
+	res, err := run(b, c, id)
 	if err != nil {
 		return err
 	}
 	ok.lease(res)
 	return nil
+}
+
+func (s *Server) renew(r *http.Request, c service.Call, ok *Success) error {
+	return mutate(s, r, c, ok, func(b heldBody, c service.Call, id lease.Identity) (lease.Result, error) {
+		ttl, err := ms(b.TTLMs, "ttl_ms")
+		if err != nil {
+			return lease.Result{}, err
+		}
+		return s.svc.Renew(r.Context(), c, service.HeldInput{Identity: id, LeaseID: r.PathValue("lease_id"),
+			FencingToken: b.FencingToken, ServiceInstanceID: b.ServiceInstanceID, TTL: ttl})
+	})
 }
 
 func (s *Server) release(r *http.Request, c service.Call, ok *Success) error {
-	var b releaseBody
-	if err := decodeBody(r, &b); err != nil {
-		return err
-	}
-	c, err := s.mutationCall(r, c, b.RequestID, b.DeadlineAt)
-	if err != nil {
-		return err
-	}
-	in := service.HeldInput{LeaseID: r.PathValue("lease_id"), FencingToken: b.FencingToken, ServiceInstanceID: b.ServiceInstanceID}
-	if in.Identity, err = identityOf(b.LockIdentity); err != nil {
-		return err
-	}
-	res, err := s.svc.Release(r.Context(), c, in)
-	if err != nil {
-		return err
-	}
-	ok.lease(res)
-	return nil
+	return mutate(s, r, c, ok, func(b releaseBody, c service.Call, id lease.Identity) (lease.Result, error) {
+		return s.svc.Release(r.Context(), c, service.HeldInput{Identity: id, LeaseID: r.PathValue("lease_id"),
+			FencingToken: b.FencingToken, ServiceInstanceID: b.ServiceInstanceID})
+	})
 }
 
 func (s *Server) admin(revoke bool) handlerFunc {
-	return func(r *http.Request, c service.Call, ok *Success) error {
-		var b adminBody
-		if err := decodeBody(r, &b); err != nil {
-			return err
-		}
-		c, err := s.mutationCall(r, c, b.RequestID, b.DeadlineAt)
-		if err != nil {
-			return err
-		}
-		in := service.AdminInput{LeaseID: r.PathValue("lease_id"), FencingToken: b.FencingToken, Reason: b.Reason, IncidentID: b.IncidentID}
-		if in.Identity, err = identityOf(b.LockIdentity); err != nil {
-			return err
-		}
-		op := s.svc.ForceRelease
+	op := func(s *Server) func(context.Context, service.Call, service.AdminInput) (lease.Result, error) {
 		if revoke {
-			op = s.svc.Revoke
+			return s.svc.Revoke
 		}
-		res, err := op(r.Context(), c, in)
-		if err != nil {
-			return err
-		}
-		ok.lease(res)
-		return nil
+		return s.svc.ForceRelease
+	}
+	return func(r *http.Request, c service.Call, ok *Success) error {
+		return mutate(s, r, c, ok, func(b adminBody, c service.Call, id lease.Identity) (lease.Result, error) {
+			return op(s)(r.Context(), c, service.AdminInput{Identity: id, LeaseID: r.PathValue("lease_id"),
+				FencingToken: b.FencingToken, Reason: b.Reason, IncidentID: b.IncidentID})
+		})
 	}
 }
 
@@ -119,6 +123,7 @@ func (s *Server) inspectByID(r *http.Request, c service.Call, ok *Success) error
 	if err := noQuery(r); err != nil {
 		return err
 	}
+	ok.reached = true
 	res, err := s.svc.Inspect(r.Context(), c, service.InspectInput{LeaseID: r.PathValue("lease_id")})
 	if err != nil {
 		return err
@@ -136,6 +141,7 @@ func (s *Server) inspect(r *http.Request, c service.Call, ok *Success) error {
 	if err != nil {
 		return err
 	}
+	ok.reached = true
 	res, err := s.svc.Inspect(r.Context(), c, service.InspectInput{Identity: id})
 	if err != nil {
 		return err
@@ -174,6 +180,7 @@ func (s *Server) list(r *http.Request, c service.Call, ok *Success) error {
 	if req.PageSize, err = queryInt(r, "page_size"); err != nil {
 		return err
 	}
+	ok.reached = true
 	page, err := s.svc.List(r.Context(), c, req)
 	if err != nil {
 		return err
@@ -198,6 +205,7 @@ func (s *Server) history(r *http.Request, c service.Call, ok *Success) error {
 	if err != nil {
 		return err
 	}
+	ok.reached = true
 	page, err := s.svc.History(r.Context(), c, r.PathValue("lease_id"), size, q.Get("page_token"))
 	if err != nil {
 		return err
@@ -225,6 +233,7 @@ func (s *Server) authorizeCommit(r *http.Request, c service.Call, ok *Success) e
 		return err
 	}
 	c.DeadlineAt = d
+	ok.reached = true
 	res, err := s.svc.AuthorizeCommit(r.Context(), c, service.CommitInput{Identity: id, LeaseID: b.LeaseID,
 		FencingToken: b.FencingToken, ServiceInstanceID: b.ServiceInstanceID, Sink: b.Sink, CommitID: b.CommitID,
 		ExecutionID: b.ExecutionID, TraceID: b.TraceID})

@@ -87,8 +87,17 @@ type route struct {
 }
 
 // handlerFunc serves one authenticated request: it returns the success
-// envelope's content, or a typed error.
+// envelope's content, or a typed error. Handlers mark ok.reached before
+// calling the service, which audits from there on.
 type handlerFunc func(r *http.Request, c service.Call, ok *Success) error
+
+// eventTypes is the audit event type of each operation, for requests the
+// adapter refuses before the service audits them.
+var eventTypes = map[string]audit.EventType{
+	"acquire": audit.EventAcquire, "renew": audit.EventRenew, "release": audit.EventRelease,
+	"force_release": audit.EventForceRelease, "revoke": audit.EventRevoke, "inspect": audit.EventInspect,
+	"list": audit.EventList, "history": audit.EventHistory, "authorize_commit": audit.EventCommitAuthorized,
+}
 
 func (s *Server) routes() []route {
 	return []route{
@@ -128,7 +137,11 @@ func (s *Server) wrap(op string, h handlerFunc) http.Handler {
 			return
 		}
 		ok := &Success{Status: "success", CorrelationID: corr}
-		if err := h(r.WithContext(auth.NewContext(r.Context(), p)), service.Call{Principal: p, CorrelationID: corr}, ok); err != nil {
+		c := service.Call{Principal: p, CorrelationID: corr}
+		if err := h(r.WithContext(auth.NewContext(r.Context(), p)), c, ok); err != nil {
+			if !ok.reached {
+				s.svc.AuditRejected(r.Context(), eventTypes[op], c, err)
+			}
 			writeError(w, err, corr)
 			s.metrics.observe(op, lease.CodeOf(err), start)
 			return

@@ -182,3 +182,23 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 }
+
+// A request refused by the adapter (malformed body) is still audited: one
+// event per request, whatever the result.
+func TestRejectedRequestsAreAudited(t *testing.T) {
+	s := newTestServer(t)
+	before := len(s.audit.Events())
+	req := httptest.NewRequest("POST", Base+"/acquire", strings.NewReader(`{"nope":1}`))
+	req.Header.Set("Authorization", "Bearer "+s.key)
+	req.Header.Set("X-Correlation-ID", "corr-rejected")
+	s.ServeHTTP(httptest.NewRecorder(), req)
+	evs := s.audit.Events()
+	if len(evs) != before+1 {
+		t.Fatalf("want one event for the rejected request, got %d", len(evs)-before)
+	}
+	ev := evs[len(evs)-1]
+	if ev.EventType != "target_lease_acquire" || ev.ResultCode != lease.CodeInvalidRequest || ev.Decision != "deny" ||
+		ev.CorrelationID != "corr-rejected" || ev.PrincipalID != "prn-bench" {
+		t.Fatalf("event: %+v", ev)
+	}
+}

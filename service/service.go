@@ -233,3 +233,14 @@ func safeReason(r string) string {
 
 // Store is the lease store under the service (benchmarks compare against it).
 func (s *Service) Store() lease.Store { return s.store }
+
+// AuditRejected audits a request the adapter refused before it reached the
+// service (a malformed body, a bad header): one event per request, whatever
+// the result. t is the operation's event type.
+func (s *Service) AuditRejected(ctx context.Context, t audit.EventType, c Call, err error) {
+	o := s.begin(t, c)
+	if t == audit.EventCommitAuthorized {
+		o.ev.EventType, o.ev.Priority = audit.EventCommitRejected, audit.PriorityOf(audit.EventCommitRejected)
+	}
+	o.finish(ctx, err)
+}
