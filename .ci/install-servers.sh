@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Installs the real servers the tests start (internal/testenv), as root on
+# Debian. Idempotent: a second run installs nothing and takes well under a
+# second.
+#
+#   redis-server     apt, if missing (speaks Valkey's protocol)
+#   rabbitmq-server  apt, if missing; the system service is NOT started or
+#                    left enabled: every test starts its own broker on
+#                    loopback (testenv.StartRabbitMQ)
+#   nodejs, npm      apt, if npm is missing (to install pouchdb-server)
+#   pouchdb-server   npm, version 4.2.0, if missing, into
+#                    $STARLEASE_CACHE_DIR/pouchdb-server-4.2.0 (default
+#                    /var/cache/starlease), outside the repository so reruns
+#                    are fast
+#
+# Status lines go to stderr; stdout is one line, the path of the
+# pouchdb-server executable (testenv finds it at that path by itself, or
+# wherever $STARLEASE_POUCHDB_SERVER points).
+set -euo pipefail
+
+POUCHDB_VERSION=4.2.0
+CACHE_DIR=${STARLEASE_CACHE_DIR:-/var/cache/starlease}
+POUCHDB_DIR=$CACHE_DIR/pouchdb-server-$POUCHDB_VERSION
+POUCHDB_BIN=$POUCHDB_DIR/node_modules/.bin/pouchdb-server
+RABBITMQ_BIN=/usr/lib/rabbitmq/bin/rabbitmq-server
+
+say() { printf 'install-servers: %s\n' "$*" >&2; }
+
+export DEBIAN_FRONTEND=noninteractive
+
+# --- apt packages --------------------------------------------------------
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+[[ -x $RABBITMQ_BIN && -x /usr/bin/epmd ]] || missing+=(rabbitmq-server)
+command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
+
+# Leaves the rabbitmq-server system service stopped and disabled: the
+# package enables it (systemd unit and SysV links) and its postinst starts
+# it unless policy-rc.d forbids that. A system broker would listen on
+# 0.0.0.0:5672 and 25672 with epmd on 0.0.0.0:4369.
+disable_rabbitmq_service() {
+	if command -v systemctl >/dev/null 2>&1; then
+		if [[ -d /run/systemd/system ]]; then
+			systemctl disable --now rabbitmq-server.service >/dev/null 2>&1 || true
+		else
+			# systemd not running (a container): only remove the links.
+			systemctl disable rabbitmq-server.service >/dev/null 2>&1 || true
+		fi
+	fi
+	if command -v update-rc.d >/dev/null 2>&1 && [[ -e /etc/init.d/rabbitmq-server ]]; then
+		update-rc.d rabbitmq-server disable >/dev/null 2>&1 || true
+	fi
+	# A broker the postinst started anyway runs as user rabbitmq; so does
+	# the epmd it spawned. Stop the service, then end those by pid.
+	local pids
+	pids=$(pgrep -u rabbitmq 2>/dev/null || true)
+	if [[ -n $pids ]]; then
+		say "the package started a system rabbitmq-server (pids: $(echo $pids)); stopping it"
+		service rabbitmq-server stop >/dev/null 2>&1 || true
+		pids=$(pgrep -u rabbitmq 2>/dev/null || true)
+		for pid in $pids; do kill -TERM "$pid" 2>/dev/null || true; done
+		sleep 1
+		pids=$(pgrep -u rabbitmq 2>/dev/null || true)
+		for pid in $pids; do kill -KILL "$pid" 2>/dev/null || true; done
+	fi
+}
+
+if ((${#missing[@]} > 0)); then
+	say "installing with apt: ${missing[*]}"
+	# Forbid service starts during the install (the standard Debian hook),
+	# unless the machine already has its own policy.
+	own_policy=
+	if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+		printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+		chmod 755 /usr/sbin/policy-rc.d
+		own_policy=1
+		trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+	fi
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+	if [[ -n $own_policy ]]; then
+		rm -f /usr/sbin/policy-rc.d
+		trap - EXIT
+	fi
+	if [[ " ${missing[*]} " == *" rabbitmq-server "* ]]; then
+		disable_rabbitmq_service
+		say "rabbitmq-server system service disabled (tests start their own brokers)"
+	fi
+fi
+
+# --- pouchdb-server from npm ---------------------------------------------
+installed_version() {
+	local pkg=$POUCHDB_DIR/node_modules/pouchdb-server/package.json
+	[[ -x $POUCHDB_BIN && -f $pkg ]] || return 0
+	node -e 'process.stdout.write(require(process.argv[1]).version)' "$pkg" 2>/dev/null || true
+}
+
+if [[ $(installed_version) != "$POUCHDB_VERSION" ]]; then
+	say "installing pouchdb-server@$POUCHDB_VERSION into $POUCHDB_DIR (npm, about 15-40 s)"
+	mkdir -p "$CACHE_DIR"
+	# Install next to the target and move it into place, so an interrupted
+	# install never looks complete.
+	tmp=$(mktemp -d "$CACHE_DIR/.pouchdb-server-$POUCHDB_VERSION.XXXXXX")
+	trap 'rm -rf "$tmp"' EXIT
+	printf '{"name":"starlease-pouchdb-server","private":true}\n' >"$tmp/package.json"
+	# --ignore-scripts: the install scripts only build sqlite3, which the
+	# in-memory server does not use; leveldown ships its binary.
+	(cd "$tmp" && npm install --ignore-scripts --no-audit --no-fund --loglevel=error \
+		"pouchdb-server@$POUCHDB_VERSION" >/dev/null)
+	rm -rf "$POUCHDB_DIR"
+	chmod 755 "$tmp"
+	mv "$tmp" "$POUCHDB_DIR"
+	trap - EXIT
+	if [[ $(installed_version) != "$POUCHDB_VERSION" ]]; then
+		say "pouchdb-server@$POUCHDB_VERSION did not install into $POUCHDB_DIR"
+		exit 1
+	fi
+fi
+
+# Warn (only) about a system broker that tests could be confused with.
+if pgrep -u rabbitmq >/dev/null 2>&1; then
+	say "warning: a system rabbitmq-server is running (user rabbitmq); tests do not use it"
+fi
+
+say "ok: redis-server $(command -v redis-server), rabbitmq-server $RABBITMQ_BIN, pouchdb-server $POUCHDB_VERSION"
+echo "$POUCHDB_BIN"
