@@ -64,7 +64,9 @@ func New(svc *service.Service, authn *auth.Authenticator, sink audit.Sink, o Opt
 		s.mux.Handle(rt.pattern, s.wrap(rt.op, rt.handle))
 	}
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		corr := correlationID(r)
+		w.Header().Set("X-Correlation-ID", corr)
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "correlation_id": corr})
 	})
 	s.mux.HandleFunc("GET /readyz", s.ready)
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -73,7 +75,9 @@ func New(svc *service.Service, authn *auth.Authenticator, sink audit.Sink, o Opt
 		w.Write(openAPIDocument)
 	})
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, &lease.Error{Code: lease.CodeNotFound, Reason: "no such route"}, correlationID(r))
+		corr := correlationID(r)
+		w.Header().Set("X-Correlation-ID", corr)
+		writeError(w, &lease.Error{Code: lease.CodeNotFound, Reason: "no such route"}, corr)
 	})
 	return s
 }
@@ -126,7 +130,9 @@ func (s *Server) wrap(op string, h handlerFunc) http.Handler {
 		p, failure, err := s.authn.AuthenticateDetail(r.Context(), r.Header.Values("Authorization"))
 		if errors.Is(err, auth.ErrUnavailable) {
 			// The credential store cannot answer: no safe answer, not a 401.
-			writeError(w, &lease.Error{Code: lease.CodeBackendUnavailable, Reason: "credential store unavailable"}, corr)
+			e := &lease.Error{Code: lease.CodeBackendUnavailable, Reason: "credential store unavailable"}
+			s.svc.AuditRejected(r.Context(), eventTypes[op], service.Call{CorrelationID: corr}, e)
+			writeError(w, e, corr)
 			s.metrics.observe(op, lease.CodeBackendUnavailable, start)
 			return
 		}
@@ -174,12 +180,14 @@ func (s *Server) auditAuthFailure(ctx context.Context, corr string, f auth.Failu
 }
 
 func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
+	corr := correlationID(r)
+	w.Header().Set("X-Correlation-ID", corr)
 	h := s.svc.Health(r.Context())
 	status := http.StatusOK
 	if h.Status != lease.HealthOK {
 		status = http.StatusServiceUnavailable
 	}
-	writeJSON(w, status, map[string]string{"status": string(h.Status), "reason": h.Reason})
+	writeJSON(w, status, map[string]string{"status": string(h.Status), "reason": h.Reason, "correlation_id": corr})
 }
 
 // mutationCall completes c with the request id (body or Idempotency-Key,

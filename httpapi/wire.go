@@ -28,6 +28,8 @@ func wireCode(c lease.Code) lease.Code {
 		return lease.CodeReleased // force-release records the released state
 	case lease.CodeHistory:
 		return lease.CodeListed
+	case lease.CodeCommitAuthorized:
+		return lease.CodeInspected // the lease was validated; the body carries the commit
 	case lease.CodeCommitRejected:
 		return lease.CodeLost // a token below the high-water mark is a stale holder
 	case lease.CodeCorrupt, lease.CodeCounterExhausted:
