@@ -90,10 +90,8 @@ func TestRabbitMQ(t *testing.T) {
 			t.Errorf("after Stop, process group %d has live processes %v", pgid, live)
 		}
 	}
-	if c, err := net.DialTimeout("tcp", r.Addr(), time.Second); err == nil {
-		c.Close()
-		t.Errorf("after Stop, %s still accepts connections", r.Addr())
-	}
+	// No port check here: once freed, a random port may at once belong to
+	// another test's server; the process checks above are what matters.
 	r.Stop() // idempotent
 }
 
