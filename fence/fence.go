@@ -1,0 +1,345 @@
+package fence
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/starintel/starlease/lease"
+)
+
+// Envelope is what every authoritative commit carries from the lease holder
+// to the fenced-write boundary: the contract's lock_key, lease_id,
+// fencing_token, expires_at, execution_id and trace_id, plus the identity,
+// service instance and owner the backend matches the lease against.
+//
+// ExpiresAt is the backend's expires_at as of the holder's last successful
+// acquire or renewal. It travels for the record; it never authorizes anything
+// (only AuthorizeCommit at backend time does) and must not be compared with
+// a local clock.
+type Envelope struct {
+	LockKey           string          `json:"lock_key"`
+	Identity          lease.Identity  `json:"lock_identity"`
+	LeaseID           string          `json:"lease_id"`
+	FencingToken      uint64          `json:"fencing_token"`
+	ExpiresAt         lease.Timestamp `json:"expires_at"`
+	ExecutionID       string          `json:"execution_id"`
+	TraceID           string          `json:"trace_id,omitempty"`
+	ServiceInstanceID string          `json:"service_instance_id"`
+	OwnerPrincipalID  string          `json:"owner_principal_id"`
+}
+
+// EnvelopeOf builds the envelope of a lease record.
+func EnvelopeOf(rec *lease.Record) Envelope {
+	return Envelope{
+		LockKey: rec.LockKey, Identity: rec.Identity(), LeaseID: rec.LeaseID,
+		FencingToken: rec.FencingToken, ExpiresAt: rec.ExpiresAt,
+		ExecutionID: rec.ExecutionID, TraceID: rec.TraceID,
+		ServiceInstanceID: rec.ServiceInstanceID, OwnerPrincipalID: rec.OwnerPrincipalID,
+	}
+}
+
+// Validate checks that every field a commit needs is present. It is a
+// shape check only: whether the lease is held is the backend's decision.
+func (e Envelope) Validate() error {
+	if !strings.HasPrefix(e.LockKey, lease.KeyPrefix) {
+		return lease.Invalid("lock_key", "must be a canonical lock key")
+	}
+	if e.FencingToken < 1 || e.FencingToken > lease.MaxFencingToken {
+		return lease.Invalid("fencing_token", "must be between 1 and 2^53-1")
+	}
+	for _, f := range []struct{ name, v string }{
+		{"lease_id", e.LeaseID}, {"execution_id", e.ExecutionID},
+		{"service_instance_id", e.ServiceInstanceID}, {"owner_principal_id", e.OwnerPrincipalID},
+	} {
+		if err := lease.CheckOpaqueID(f.name, f.v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CommitRequest is the AuthorizeCommit request of this envelope for one
+// commit to sink.
+func (e Envelope) CommitRequest(sink, commitID string, deadline time.Time, caller lease.Caller) lease.CommitRequest {
+	return lease.CommitRequest{
+		Identity: e.Identity, LeaseID: e.LeaseID, FencingToken: e.FencingToken,
+		ServiceInstanceID: e.ServiceInstanceID, Sink: sink, CommitID: commitID,
+		ExecutionID: e.ExecutionID, TraceID: e.TraceID, DeadlineAt: deadline, Caller: caller,
+	}
+}
+
+// Authorizer runs the fenced-write validation at the lease backend's
+// linearization point. lease.Store satisfies it; so does an adapter over the
+// HTTP client. Errors are *lease.Error.
+type Authorizer interface {
+	AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (lease.CommitResult, error)
+}
+
+// Guard is the proof of one accepted commit authorization: what a writer
+// stores with the write and conditions the write on. Its JSON form is the
+// "starintel_fence" object of fenced documents.
+type Guard struct {
+	LockKey      string          `json:"lock_key"`
+	LeaseID      string          `json:"lease_id"`
+	FencingToken uint64          `json:"fencing_token"`
+	ExecutionID  string          `json:"execution_id"`
+	TraceID      string          `json:"trace_id,omitempty"`
+	Sink         string          `json:"sink"`
+	CommitID     string          `json:"commit_id"`
+	AcceptedAt   lease.Timestamp `json:"accepted_at"`
+}
+
+// NewGuard builds the guard of an accepted commit under env.
+func NewGuard(env Envelope, c lease.Commit) Guard {
+	return Guard{LockKey: env.LockKey, LeaseID: c.LeaseID, FencingToken: c.FencingToken,
+		ExecutionID: c.ExecutionID, TraceID: c.TraceID, Sink: c.Sink, CommitID: c.CommitID,
+		AcceptedAt: c.AcceptedAt}
+}
+
+// Validate reports a missing or incomplete guard as commit_rejected: a write
+// without a complete fence is never accepted.
+func (g Guard) Validate() error {
+	switch {
+	case !strings.HasPrefix(g.LockKey, lease.KeyPrefix):
+		return rejected("the write carries no fence (lock key missing)")
+	case g.FencingToken < 1 || g.FencingToken > lease.MaxFencingToken:
+		return rejected("the write's fencing token is out of range")
+	case g.LeaseID == "" || g.ExecutionID == "" || g.Sink == "" || g.CommitID == "":
+		return rejected("the write's fence is incomplete")
+	case g.AcceptedAt.IsZero():
+		return rejected("the write's fence has no accepted_at")
+	}
+	return nil
+}
+
+// Admit is the conditional-write rule every fenced store applies atomically
+// with the write, given the guard stored with the current object (nil if
+// none): next must be a complete guard for the same lock key with a token not
+// lower than the stored one. One token belongs to one lease, so an equal
+// token with a different lease id is refused too. The error is a
+// *lease.Error with code commit_rejected. CouchDB's validate_doc_update
+// enforces the same rule.
+func Admit(stored *Guard, next Guard) error {
+	if err := next.Validate(); err != nil {
+		return err
+	}
+	if stored == nil {
+		return nil
+	}
+	switch {
+	case stored.LockKey != next.LockKey:
+		return rejected("the object belongs to a different lock key")
+	case next.FencingToken < stored.FencingToken:
+		return rejected("fencing token is lower than the stored token")
+	case next.FencingToken == stored.FencingToken && next.LeaseID != stored.LeaseID:
+		return rejected("fencing token belongs to another lease")
+	}
+	return nil
+}
+
+func rejected(reason string) *lease.Error {
+	return &lease.Error{Code: lease.CodeCommitRejected, Reason: reason}
+}
+
+// Defaults of a Committer.
+const (
+	DefaultAttempts    = 4
+	DefaultCallTimeout = 5 * time.Second
+	DefaultBackoff     = 20 * time.Millisecond
+)
+
+// Option configures a Committer.
+type Option func(*Committer)
+
+// WithAttempts bounds how many times one authorization is sent (first try
+// included) when the outcome is unknown or the backend cannot answer; every
+// retry uses the same commit id. n < 1 means DefaultAttempts.
+func WithAttempts(n int) Option { return func(c *Committer) { c.attempts = n } }
+
+// WithCallTimeout bounds each AuthorizeCommit call; its deadline_at is the
+// earlier of now+d and the context's deadline.
+func WithCallTimeout(d time.Duration) Option { return func(c *Committer) { c.callTimeout = d } }
+
+// WithBackoff sets the first retry delay (doubled on each retry).
+func WithBackoff(d time.Duration) Option { return func(c *Committer) { c.backoff = d } }
+
+// WithClock sets the clock deadlines are computed from.
+func WithClock(now func() time.Time) Option { return func(c *Committer) { c.now = now } }
+
+// WithLossHandler registers f, called (synchronously, before Authorize or
+// Write returns) when the boundary reports that the lease is gone: lease_lost
+// from authorization, or commit_rejected from authorization or from a sink's
+// conditional write. The executor uses it to cancel the work at once.
+func WithLossHandler(f func(err *lease.Error)) Option { return func(c *Committer) { c.onLoss = f } }
+
+// Committer authorizes the commits of one lease. It is safe for concurrent use.
+type Committer struct {
+	authz       Authorizer
+	caller      lease.Caller
+	attempts    int
+	callTimeout time.Duration
+	backoff     time.Duration
+	now         func() time.Time
+	onLoss      func(*lease.Error)
+
+	mu  sync.Mutex
+	env Envelope
+}
+
+// NewCommitter returns the committer of the lease env describes. caller is
+// the owner's security context; an empty PrincipalID is taken from the
+// envelope.
+func NewCommitter(authz Authorizer, env Envelope, caller lease.Caller, opts ...Option) *Committer {
+	if caller.PrincipalID == "" {
+		caller.PrincipalID = env.OwnerPrincipalID
+	}
+	c := &Committer{authz: authz, env: env, caller: caller}
+	for _, o := range opts {
+		o(c)
+	}
+	if c.attempts < 1 {
+		c.attempts = DefaultAttempts
+	}
+	if c.callTimeout <= 0 {
+		c.callTimeout = DefaultCallTimeout
+	}
+	if c.backoff <= 0 {
+		c.backoff = DefaultBackoff
+	}
+	if c.now == nil {
+		c.now = time.Now
+	}
+	return c
+}
+
+// Envelope returns the current envelope.
+func (c *Committer) Envelope() Envelope {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.env
+}
+
+// SetExpiresAt records the backend expires_at of a renewal in the envelope.
+// The lease holder's renewal loop calls it; it authorizes nothing.
+func (c *Committer) SetExpiresAt(t lease.Timestamp) {
+	c.mu.Lock()
+	c.env.ExpiresAt = t
+	c.mu.Unlock()
+}
+
+// Guard returns the guard of an accepted commit of this lease.
+func (c *Committer) Guard(commit lease.Commit) Guard { return NewGuard(c.Envelope(), commit) }
+
+// Authorize asks the lease backend whether a commit to sink may linearize now
+// under this lease. The commit id names the commit: a retry with the same id
+// returns the original authorization (replayed), so an outcome_unknown,
+// backend_unavailable or deadline_exceeded answer is retried with the same id
+// up to the configured attempts. Errors are *lease.Error and pass through
+// typed: lease_lost (the lease is not held at backend time), commit_rejected
+// (the token is below the sink's high-water mark), outcome_unknown (still
+// unresolved after every attempt: do not write), invalid_lease_request,
+// idempotency_conflict (the id was used for a different commit).
+func (c *Committer) Authorize(ctx context.Context, sink, commitID string) (lease.Commit, error) {
+	env := c.Envelope()
+	var last *lease.Error
+	delay := c.backoff
+	for attempt := 1; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			if last != nil {
+				return lease.Commit{}, last
+			}
+			return lease.Commit{}, &lease.Error{Code: lease.CodeDeadlineExceeded, Reason: "context ended before the commit was authorized"}
+		}
+		deadline := c.now().Add(c.callTimeout)
+		if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+			deadline = d
+		}
+		res, err := c.authz.AuthorizeCommit(ctx, env.CommitRequest(sink, commitID, deadline, c.caller))
+		if err == nil {
+			if err := checkCommit(env, commitID, res); err != nil {
+				return lease.Commit{}, err
+			}
+			return res.Commit, nil
+		}
+		last = lease.AsError(err)
+		switch last.Code {
+		case lease.CodeLost, lease.CodeCommitRejected:
+			c.lost(last)
+			return lease.Commit{}, last
+		case lease.CodeOutcomeUnknown, lease.CodeBackendUnavailable, lease.CodeDeadlineExceeded, lease.CodeRateLimited:
+		default:
+			return lease.Commit{}, last
+		}
+		if attempt >= c.attempts {
+			return lease.Commit{}, last
+		}
+		wait := delay
+		if last.RetryAfter > wait {
+			wait = last.RetryAfter
+		}
+		delay *= 2
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+		case <-t.C:
+		}
+	}
+}
+
+// checkCommit fails closed on an authorization that is not for this lease
+// and commit.
+func checkCommit(env Envelope, commitID string, res lease.CommitResult) error {
+	cm := res.Commit
+	if res.Code != lease.CodeCommitAuthorized || cm.LeaseID != env.LeaseID ||
+		cm.FencingToken != env.FencingToken || cm.CommitID != commitID || cm.AcceptedAt.IsZero() {
+		return &lease.Error{Code: lease.CodeCorrupt, Reason: "commit authorization does not match the lease"}
+	}
+	return nil
+}
+
+func (c *Committer) lost(err *lease.Error) {
+	if c.onLoss != nil {
+		c.onLoss(err)
+	}
+}
+
+// Sink is a fenced writer: one store where commits land (a CouchDB database,
+// a RabbitMQ outbox, an in-memory map in tests).
+//
+// Name is the sink name authorization is scoped by: the lease backend keeps
+// the highest accepted token per lock key and sink. It must be a canonical
+// identifier (lower case, letters, digits, "._:-").
+//
+// Commit MUST make the write conditional on g, atomically, in the store:
+// refuse it unless Admit(stored guard, g) holds for the object written, and
+// record g with it. It returns a *lease.Error with code commit_rejected when
+// the store refuses the guard; other errors are the store's own (a retry of
+// the whole Write with the same commit id is safe: authorization replays).
+type Sink[P any] interface {
+	Name() string
+	Commit(ctx context.Context, g Guard, payload P) error
+}
+
+// Write is one fenced commit: authorize under the lease, then write payload
+// to sink conditioned on the resulting guard. It returns the guard the write
+// carried. A rejection by the sink's guard (commit_rejected) also counts as
+// lease loss and reaches the committer's loss handler.
+func Write[P any](ctx context.Context, c *Committer, sink Sink[P], commitID string, payload P) (Guard, error) {
+	commit, err := c.Authorize(ctx, sink.Name(), commitID)
+	if err != nil {
+		return Guard{}, err
+	}
+	g := c.Guard(commit)
+	if err := sink.Commit(ctx, g, payload); err != nil {
+		var le *lease.Error
+		if errors.As(err, &le) && (le.Code == lease.CodeCommitRejected || le.Code == lease.CodeLost) {
+			c.lost(le)
+		}
+		return g, err
+	}
+	return g, nil
+}
