@@ -213,6 +213,13 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 		if err := tx.Bucket(bucketCommitExp).Put(append(u64(uint64(exp)), p.Scope...), nil); err != nil {
 			return err
 		}
+		if req.Outbox != nil {
+			if err := putOutbox(tx, lease.OutboxEntry{MessageID: lease.OutboxMessageID(p.Scope), Identity: p.Identity,
+				LockKey: p.LockKey, LeaseID: req.LeaseID, FencingToken: req.FencingToken, ExecutionID: req.ExecutionID,
+				TraceID: req.TraceID, Sink: req.Sink, CommitID: req.CommitID, AcceptedAt: now, Message: *req.Outbox}); err != nil {
+				return err
+			}
+		}
 		res = lease.CommitResult{Code: lease.CodeCommitAuthorized, Commit: c, BackendTime: now}
 		return nil
 	})

@@ -40,8 +40,11 @@ var (
 	bucketCommits    = []byte("commits")    // commit scope → accepted commit
 	bucketCommitExp  = []byte("commit_exp") // expiry ms ‖ scope → ∅
 	bucketQuarantine = []byte("quarantine") // lock key → reason
+	bucketOutbox     = []byte("outbox")     // seq → outbox entry, in acceptance order
+	bucketOutboxIDs  = []byte("outbox_ids") // message id → seq
 	allBuckets       = [][]byte{bucketMeta, bucketActive, bucketCounters, bucketIdem, bucketIdemExp, bucketHistory,
-		bucketLeases, bucketIndex, bucketHighWater, bucketCommits, bucketCommitExp, bucketQuarantine}
+		bucketLeases, bucketIndex, bucketHighWater, bucketCommits, bucketCommitExp, bucketQuarantine,
+		bucketOutbox, bucketOutboxIDs}
 
 	keySchema = []byte("schema")
 	keyClock  = []byte("clock_ms")

@@ -442,12 +442,76 @@ func PrepareCommit(req CommitRequest, o StoreOptions) (CommitRequest, PreparedCo
 			return req, PreparedCommit{}, err
 		}
 	}
+	outbox := ""
+	if m := req.Outbox; m != nil {
+		if err := checkOutboxMessage(m); err != nil {
+			return req, PreparedCommit{}, err
+		}
+		sum := sha256.Sum256(m.Body)
+		outbox = string((&fieldHasher{}).add("exchange", m.Exchange).add("routing_key", m.RoutingKey).
+			add("content_type", m.ContentType).add("body_sha256", hex.EncodeToString(sum[:])).buf)
+	}
 	scope := (&fieldHasher{}).add("op", "commit").add("lock_key", key).add("sink", sink).add("commit_id", req.CommitID).b64()
 	h := (&fieldHasher{}).add("op", "commit").add("lock_key", key).add("owner_principal_id", req.Caller.PrincipalID).
 		add("lease_id", req.LeaseID).add("fencing_token", utoa(req.FencingToken)).
 		add("service_instance_id", req.ServiceInstanceID).add("sink", sink).add("commit_id", req.CommitID).
-		add("execution_id", req.ExecutionID).add("trace_id", req.TraceID)
+		add("execution_id", req.ExecutionID).add("trace_id", req.TraceID).add("outbox", outbox)
 	return req, PreparedCommit{Identity: id, LockKey: key, Scope: scope, Digest: h.hex()}, nil
+}
+
+// checkOutboxMessage bounds an outbox message: exchange and routing key
+// follow the identifier rule (exchange may be empty), a content type of at
+// most 128 printable ASCII bytes, a body of at most MaxOutboxBody bytes.
+func checkOutboxMessage(m *OutboxMessage) error {
+	if m.Exchange != "" {
+		if err := CheckOpaqueID("outbox.exchange", m.Exchange); err != nil {
+			return err
+		}
+	}
+	if err := CheckOpaqueID("outbox.routing_key", m.RoutingKey); err != nil {
+		return err
+	}
+	if len(m.ContentType) > 128 || strings.IndexFunc(m.ContentType, func(r rune) bool { return r < 0x20 || r > 0x7e }) >= 0 {
+		return Invalid("outbox.content_type", "must be at most 128 printable ASCII bytes")
+	}
+	if len(m.Body) > MaxOutboxBody {
+		return Invalid("outbox.body", "must be at most 64 KiB")
+	}
+	return nil
+}
+
+// OutboxMessageID is the stable message id of the publication of an
+// accepted commit: the same commit always yields the same id.
+func OutboxMessageID(commitScope string) string { return "msg_" + commitScope }
+
+// EncodeOutboxEntry and DecodeOutboxEntry are the stored form of an outbox
+// entry; decoding is strict.
+func EncodeOutboxEntry(e OutboxEntry) ([]byte, error) {
+	if e.MessageID == "" || e.FencingToken < 1 || e.FencingToken > MaxFencingToken || !e.AcceptedAt.inRange() {
+		return nil, corrupt("outbox: invalid entry")
+	}
+	if err := checkOutboxMessage(&e.Message); err != nil {
+		return nil, corrupt("outbox: " + AsError(err).Reason)
+	}
+	return json.Marshal(e)
+}
+
+// DecodeOutboxEntry strictly decodes a stored outbox entry.
+func DecodeOutboxEntry(b []byte) (OutboxEntry, error) {
+	var e OutboxEntry
+	if err := strictUnmarshal(b, &e); err != nil {
+		return OutboxEntry{}, corrupt("outbox: " + err.Error())
+	}
+	if e.MessageID == "" || e.FencingToken < 1 || e.FencingToken > MaxFencingToken || !e.AcceptedAt.inRange() {
+		return OutboxEntry{}, corrupt("outbox: invalid entry")
+	}
+	if f, ok := e.Identity.isCanonical(); !ok || e.Identity.lockKeyOfCanonical() != e.LockKey {
+		return OutboxEntry{}, corrupt("outbox: identity " + f + " does not match lock_key")
+	}
+	if err := checkOutboxMessage(&e.Message); err != nil {
+		return OutboxEntry{}, corrupt("outbox: " + AsError(err).Reason)
+	}
+	return e, nil
 }
 
 // PrepareLookup validates a request lookup and returns its idempotency scope.

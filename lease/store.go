@@ -173,6 +173,11 @@ type HistoryRequest struct {
 
 // CommitRequest asks whether a commit to Sink may linearize now under the
 // exact lease. The caller is the owner. CommitID makes it idempotent.
+//
+// With Outbox set, an authorized commit also appends the message to the
+// store's fenced outbox in the same atomic operation as the lease check, so
+// a stale holder's publication never enters it; a relay publishes entries
+// and removes them once the broker confirmed (Outbox interface).
 type CommitRequest struct {
 	Identity          Identity
 	LeaseID           string
@@ -182,8 +187,48 @@ type CommitRequest struct {
 	CommitID          string
 	ExecutionID       string
 	TraceID           string
+	Outbox            *OutboxMessage
 	DeadlineAt        time.Time
 	Caller            Caller
+}
+
+// MaxOutboxBody bounds an outbox message body.
+const MaxOutboxBody = 64 << 10
+
+// OutboxMessage is a publication that becomes visible only through the
+// fenced outbox. Exchange may be empty (the default exchange).
+type OutboxMessage struct {
+	Exchange    string `json:"exchange"`
+	RoutingKey  string `json:"routing_key"`
+	ContentType string `json:"content_type"`
+	Body        []byte `json:"body"`
+}
+
+// OutboxEntry is an accepted publication waiting for its relay. MessageID is
+// stable (derived from the commit), so a relay that publishes twice after a
+// crash publishes the same message id and consumers drop the duplicate.
+type OutboxEntry struct {
+	MessageID    string        `json:"message_id"`
+	Identity     Identity      `json:"lock_identity"`
+	LockKey      string        `json:"lock_key"`
+	LeaseID      string        `json:"lease_id"`
+	FencingToken uint64        `json:"fencing_token"`
+	ExecutionID  string        `json:"execution_id"`
+	TraceID      string        `json:"trace_id,omitempty"`
+	Sink         string        `json:"sink"`
+	CommitID     string        `json:"commit_id"`
+	AcceptedAt   Timestamp     `json:"accepted_at"`
+	Message      OutboxMessage `json:"message"`
+}
+
+// Outbox is the relay's side of the fenced outbox. Backends that accept
+// CommitRequest.Outbox implement it.
+type Outbox interface {
+	// OutboxPending returns up to limit entries, oldest accepted first.
+	OutboxPending(ctx context.Context, limit int) ([]OutboxEntry, error)
+	// OutboxDone removes an entry after the broker confirmed it. Removing
+	// an entry that is gone is not an error.
+	OutboxDone(ctx context.Context, messageID string) error
 }
 
 // LookupRequest names a mutation by its idempotency scope.

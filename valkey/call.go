@@ -58,6 +58,8 @@ func (k layout) index() string                     { return k.ns + ":index" }
 func (k layout) expiry() string                    { return k.ns + ":expiry" }
 func (k layout) leaseLookup(leaseID string) string { return k.ns + ":lease:" + leaseID }
 func (k layout) probe() string                     { return k.ns + ":probe" }
+func (k layout) outbox() string                    { return k.ns + ":outbox" }
+func (k layout) outboxMsg(id string) string        { return k.ns + ":outbox:" + id }
 
 // tagOf is the hash tag of a lock key: its opaque digest part.
 func tagOf(lockKey string) string { return strings.TrimPrefix(lockKey, lease.KeyPrefix) }

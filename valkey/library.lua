@@ -456,7 +456,9 @@ end
 
 -- commit authorizes a fenced write. ARGV 15 lease id, 16 token, 17 owner,
 -- 18 instance, 19 sink, 20 accepted-commit JSON before accepted_at,
--- 21 the JSON after it. KEYS 5 accepted-commit record, 7 high-water marks.
+-- 21 the JSON after it; with a publication, 22 and 23 the outbox entry
+-- JSON around its accepted_at, 24 its message id. KEYS 5 accepted-commit
+-- record, 7 high-water marks, 8 the outbox schedule, 9 the entry's key.
 local function commit(keys, args)
   local c = context(keys, args)
   local now = now_ms()
@@ -464,8 +466,8 @@ local function commit(keys, args)
   local prior, why = get(c.k_ev)
   if why then return corrupt(c, now, 'accepted commit ' .. why) end
   if prior then return { 'evidence', int(now), prior } end
-  local k_marks = keys[7]
-  why = layout_types(c) or want_types({ [k_marks] = 'hash' })
+  local k_marks, k_outbox, k_msg = keys[7], keys[8], keys[9]
+  why = layout_types(c) or want_types({ [k_marks] = 'hash', [k_outbox] = 'zset', [k_msg] = 'string' })
   if why then return corrupt(c, now, why) end
   local cur, reply = held(c, now, args[15], args[16], args[17], args[18])
   if not cur then return reply end
@@ -477,7 +479,21 @@ local function commit(keys, args)
   redis.call('HSET', k_marks, args[19], int(cur.fencing_token))
   local raw = args[20] .. ts(now) .. args[21]
   redis.call('SET', c.k_ev, raw, 'PX', int(c.ev_ret))
+  if args[22] ~= '' then
+    -- The publication enters the fenced outbox in the same atomic step as
+    -- the lease check; the relay removes it after the broker's confirm.
+    redis.call('SET', k_msg, args[22] .. ts(now) .. args[23])
+    redis.call('ZADD', k_outbox, int(now), args[24])
+  end
   return { 'ok', int(now), raw }
+end
+
+-- outbox_done removes a relayed publication. KEYS 1 the outbox schedule,
+-- 2 the entry's key; ARGV 1 its message id.
+local function outbox_done(keys, args)
+  redis.call('ZREM', keys[1], args[1])
+  redis.call('DEL', keys[2])
+  return { 'ok', int(now_ms()) }
 end
 
 -- expire is the delayed expiry cleanup of one lease: it archives the
@@ -620,6 +636,7 @@ redis.register_function(FN .. 'finish', finish)
 redis.register_function(FN .. 'commit', commit)
 redis.register_function(FN .. 'expire', expire)
 redis.register_function(FN .. 'probe', probe)
+redis.register_function(FN .. 'outbox_done', outbox_done)
 redis.register_function { function_name = FN .. 'inspect', callback = inspect, flags = RO }
 redis.register_function { function_name = FN .. 'inspect_id', callback = inspect_id, flags = RO }
 redis.register_function { function_name = FN .. 'resolve', callback = resolve, flags = RO }

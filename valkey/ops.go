@@ -314,9 +314,15 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 	if err != nil {
 		return lease.CommitResult{}, err
 	}
-	keys := append(s.commonKeys(tag, s.keys.commit(tag, p.Scope)), s.keys.marks(tag))
+	msgID := lease.OutboxMessageID(p.Scope)
+	obHead, obTail, err := outboxTemplate(req, p, msgID)
+	if err != nil {
+		return lease.CommitResult{}, err
+	}
+	keys := append(s.commonKeys(tag, s.keys.commit(tag, p.Scope)), s.keys.marks(tag), s.keys.outbox(), s.keys.outboxMsg(msgID))
 	args := append(s.commonArgs(d, p.LockKey, tag, p.Identity, s.opts.CommitRetention),
-		req.LeaseID, utoa(req.FencingToken), req.Caller.PrincipalID, req.ServiceInstanceID, req.Sink, head, tail)
+		req.LeaseID, utoa(req.FencingToken), req.Caller.PrincipalID, req.ServiceInstanceID, req.Sink, head, tail,
+		obHead, obTail, msgID)
 	rep, err := s.fcall(ctx, call{fn: "commit", mutation: true, keys: keys, args: args, wait: s.waitFor(d)})
 	if err != nil {
 		return lease.CommitResult{}, err
@@ -357,9 +363,27 @@ func commitTemplate(req lease.CommitRequest, digest string) (string, string, err
 	b, err := lease.EncodeCommit(lease.Commit{Sink: req.Sink, CommitID: req.CommitID, LeaseID: req.LeaseID,
 		FencingToken: req.FencingToken, ExecutionID: req.ExecutionID, TraceID: req.TraceID,
 		AcceptedAt: lease.UnixMilli(0), Digest: digest})
+	return splitAtAccepted(b, err, "commit_id")
+}
+
+// outboxTemplate is the outbox entry of a commit's publication, split
+// around accepted_at like commitTemplate; empty without a publication.
+func outboxTemplate(req lease.CommitRequest, p lease.PreparedCommit, msgID string) (string, string, error) {
+	if req.Outbox == nil {
+		return "", "", nil
+	}
+	b, err := lease.EncodeOutboxEntry(lease.OutboxEntry{MessageID: msgID, Identity: p.Identity, LockKey: p.LockKey,
+		LeaseID: req.LeaseID, FencingToken: req.FencingToken, ExecutionID: req.ExecutionID, TraceID: req.TraceID,
+		Sink: req.Sink, CommitID: req.CommitID, AcceptedAt: lease.UnixMilli(0), Message: *req.Outbox})
+	return splitAtAccepted(b, err, "outbox")
+}
+
+// splitAtAccepted splits encoded evidence around its one accepted_at value,
+// which the function fills with backend time.
+func splitAtAccepted(b []byte, err error, field string) (string, string, error) {
 	i := bytes.Index(b, []byte(epochMarker))
 	if err != nil || i < 0 || bytes.Count(b, []byte(epochMarker)) != 1 {
-		return "", "", lease.Invalid("commit_id", "not encodable")
+		return "", "", lease.Invalid(field, "not encodable")
 	}
 	cut := i + len(`"accepted_at":"`)
 	return string(b[:cut]), string(b[i+len(epochMarker)-1:]), nil

@@ -111,6 +111,7 @@ func Run(t *testing.T, newBackend Factory) {
 		{"former_holder_commits_after_release", s.commitsAfterRelease},
 		{"former_holder_commits_after_new_acquisition", s.commitsAfterNewAcquisition},
 		{"commit_authorization", s.commitAuthorization},
+		{"fenced_outbox", s.fencedOutbox},
 		{"service_crash_after_backend_commit", s.crashAfterCommit},
 		{"service_crash_before_backend_commit", s.crashBeforeCommit},
 		{"backend_unavailable_before_submission", s.backendUnavailable},

@@ -30,6 +30,7 @@ type memStore struct {
 	idem      map[string]*lease.IdempotencyRecord
 	commits   map[string]lease.Commit // commit scope → accepted commit
 	highWater map[string]uint64       // lock key ‖ sink → highest accepted token
+	outbox    []lease.OutboxEntry     // accepted publications, in order
 }
 
 // stored is a raw active record and its decoding (done once, when stored).
@@ -471,7 +472,33 @@ func (m *memStore) AuthorizeCommit(ctx context.Context, req lease.CommitRequest)
 		ExecutionID: req.ExecutionID, TraceID: req.TraceID, AcceptedAt: now, Digest: p.Digest}
 	m.commits[p.Scope] = c
 	m.highWater[hw] = max(m.highWater[hw], req.FencingToken)
+	if req.Outbox != nil {
+		m.outbox = append(m.outbox, lease.OutboxEntry{MessageID: lease.OutboxMessageID(p.Scope), Identity: p.Identity,
+			LockKey: p.LockKey, LeaseID: req.LeaseID, FencingToken: req.FencingToken, ExecutionID: req.ExecutionID,
+			TraceID: req.TraceID, Sink: req.Sink, CommitID: req.CommitID, AcceptedAt: now, Message: *req.Outbox})
+	}
 	return lease.CommitResult{Code: lease.CodeCommitAuthorized, Commit: c, BackendTime: now}, nil
+}
+
+func (m *memStore) OutboxPending(ctx context.Context, limit int) ([]lease.OutboxEntry, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if limit <= 0 || limit > len(m.outbox) {
+		limit = len(m.outbox)
+	}
+	return append([]lease.OutboxEntry(nil), m.outbox[:limit]...), nil
+}
+
+func (m *memStore) OutboxDone(ctx context.Context, id string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i, e := range m.outbox {
+		if e.MessageID == id {
+			m.outbox = append(m.outbox[:i], m.outbox[i+1:]...)
+			break
+		}
+	}
+	return nil
 }
 
 func (m *memStore) LookupRequest(ctx context.Context, req lease.LookupRequest) (lease.Result, error) {

@@ -1,0 +1,122 @@
+package leasetest
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/starintel/starlease/lease"
+)
+
+// outboxOf returns the pending outbox entries of lockKey.
+func (e *env) outboxOf(key string) []lease.OutboxEntry {
+	e.t.Helper()
+	box, ok := e.st.(lease.Outbox)
+	if !ok {
+		e.t.Fatal("the backend has no fenced outbox (lease.Outbox)")
+	}
+	all, err := box.OutboxPending(bg, 0)
+	if err != nil {
+		e.t.Fatalf("outbox pending: %v", err)
+	}
+	var out []lease.OutboxEntry
+	for _, en := range all {
+		if en.LockKey == key {
+			out = append(out, en)
+		}
+	}
+	return out
+}
+
+func (e *env) outboxDone(id string) {
+	e.t.Helper()
+	if err := e.st.(lease.Outbox).OutboxDone(bg, id); err != nil {
+		e.t.Fatalf("outbox done: %v", err)
+	}
+}
+
+func publication(body string) *lease.OutboxMessage {
+	return &lease.OutboxMessage{Exchange: "starintel.results", RoutingKey: "target.result", ContentType: "application/json", Body: []byte(body)}
+}
+
+// fenced_outbox: a publication enters the outbox only in the same atomic
+// operation as an accepted lease check; a stale holder's never does.
+func (s *suite) fencedOutbox(t *testing.T) {
+	s.leaf(t, "accepted_commit_appends_once", func(e *env) {
+		rec := e.grab()
+		r := e.commitReq(rec, "rabbitmq")
+		r.Outbox = publication(`{"open_ports":[22,443]}`)
+		c := e.mustCommit(r)
+		got := e.outboxOf(e.key)
+		if len(got) != 1 {
+			e.t.Fatalf("want one outbox entry, got %d", len(got))
+		}
+		en := got[0]
+		if en.LeaseID != rec.LeaseID || en.FencingToken != rec.FencingToken || en.CommitID != r.CommitID ||
+			en.Sink != "rabbitmq" || en.ExecutionID != rec.ExecutionID || en.AcceptedAt != c.AcceptedAt ||
+			en.Identity != e.id || !bytes.Equal(en.Message.Body, r.Outbox.Body) || en.Message.RoutingKey != "target.result" {
+			e.t.Fatalf("outbox entry %s does not match the commit %+v", js(en), c)
+		}
+		// A retry of the same commit replays it and appends nothing.
+		e.mustReplayCommit(r, c)
+		if again := e.outboxOf(e.key); len(again) != 1 || again[0].MessageID != en.MessageID {
+			e.t.Fatalf("a replayed commit must not append: %s", js(again))
+		}
+		e.outboxDone(en.MessageID)
+		e.outboxDone(en.MessageID) // removing twice is not an error
+		if left := e.outboxOf(e.key); len(left) != 0 {
+			e.t.Fatalf("outbox after done: %s", js(left))
+		}
+	})
+	s.leaf(t, "stale_holder_publication_never_enters", func(e *env) {
+		old := e.grab()
+		e.mustRelease(e.releaseReq(old))
+		succ := e.mustAcquire(e.acquireReqFor(e.id, newCaller("actor")))
+		stale := e.commitReq(old, "rabbitmq")
+		stale.Outbox = publication(`{"from":"stale"}`)
+		e.commitFails(stale, lease.CodeLost)
+		fresh := e.commitReq(succ, "rabbitmq")
+		fresh.Outbox = publication(`{"from":"successor"}`)
+		e.mustCommit(fresh)
+		got := e.outboxOf(e.key)
+		if len(got) != 1 || string(got[0].Message.Body) != `{"from":"successor"}` || got[0].FencingToken != succ.FencingToken {
+			e.t.Fatalf("only the successor's publication may be pending: %s", js(got))
+		}
+		e.outboxDone(got[0].MessageID)
+	})
+	s.leaf(t, "expired_holder_publication_never_enters", func(e *env) {
+		rec := e.grabShort()
+		e.waitExpired(rec)
+		r := e.commitReq(rec, "rabbitmq")
+		r.Outbox = publication(`{}`)
+		e.commitFails(r, lease.CodeLost)
+		if got := e.outboxOf(e.key); len(got) != 0 {
+			e.t.Fatalf("an expired holder's publication entered the outbox: %s", js(got))
+		}
+	})
+	s.leaf(t, "changed_publication_is_idempotency_conflict", func(e *env) {
+		rec := e.grab()
+		r := e.commitReq(rec, "rabbitmq")
+		r.Outbox = publication(`{"v":1}`)
+		e.mustCommit(r)
+		r.Outbox = publication(`{"v":2}`)
+		e.commitFails(r, lease.CodeIdempotencyConflict)
+		got := e.outboxOf(e.key)
+		if len(got) != 1 || string(got[0].Message.Body) != `{"v":1}` {
+			e.t.Fatalf("outbox: %s", js(got))
+		}
+		e.outboxDone(got[0].MessageID)
+	})
+	s.leaf(t, "bad_publication_is_invalid", func(e *env) {
+		rec := e.grab()
+		r := e.commitReq(rec, "rabbitmq")
+		r.Outbox = publication(string(make([]byte, lease.MaxOutboxBody+1)))
+		_, err := e.st.AuthorizeCommit(bg, r)
+		mustInvalid(e.t, err, "outbox.body")
+		r.Outbox = &lease.OutboxMessage{RoutingKey: "a b"}
+		_, err = e.st.AuthorizeCommit(bg, r)
+		mustInvalid(e.t, err, "outbox.routing_key")
+		if got := e.outboxOf(e.key); len(got) != 0 {
+			e.t.Fatalf("invalid publications must change nothing: %s", js(got))
+		}
+	})
+}

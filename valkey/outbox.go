@@ -1,0 +1,58 @@
+package valkey
+
+import (
+	"context"
+
+	vk "github.com/valkey-io/valkey-go"
+
+	"github.com/starintel/starlease/lease"
+)
+
+var _ lease.Outbox = (*Store)(nil)
+
+// OutboxPending returns up to limit publications, oldest accepted first.
+// Entries are written only by the commit function, in the same atomic step
+// as the lease check; this read needs no atomicity (an entry removed in
+// between is simply not returned). A corrupt entry fails the call closed.
+func (s *Store) OutboxPending(ctx context.Context, limit int) ([]lease.OutboxEntry, error) {
+	if limit <= 0 || limit > s.opts.MaxPageSize {
+		limit = s.opts.MaxPageSize
+	}
+	if s.closed.Load() {
+		return nil, lease.Errorf(lease.CodeBackendUnavailable, "store is closed")
+	}
+	ids, err := s.client.Do(ctx, s.client.B().Zrangebyscore().Key(s.keys.outbox()).Min("-inf").Max("+inf").
+		Limit(0, int64(limit)).Build()).AsStrSlice()
+	if err != nil {
+		return nil, s.failure(call{fn: "outbox_pending"}, err)
+	}
+	out := make([]lease.OutboxEntry, 0, len(ids))
+	for _, id := range ids {
+		raw, err := s.client.Do(ctx, s.client.B().Get().Key(s.keys.outboxMsg(id)).Build()).ToString()
+		if vk.IsValkeyNil(err) {
+			continue
+		}
+		if err != nil {
+			return nil, s.failure(call{fn: "outbox_pending"}, err)
+		}
+		e, derr := lease.DecodeOutboxEntry([]byte(raw))
+		if derr != nil || e.MessageID != id {
+			return nil, &lease.Error{Code: lease.CodeCorrupt, Reason: "outbox entry is corrupt; failing closed"}
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// OutboxDone removes a publication after the broker confirmed it.
+func (s *Store) OutboxDone(ctx context.Context, messageID string) error {
+	if err := lease.CheckOpaqueID("message_id", messageID); err != nil {
+		return err
+	}
+	if err := s.writable(ctx); err != nil {
+		return err
+	}
+	_, err := s.fcall(ctx, call{fn: "outbox_done", mutation: true,
+		keys: []string{s.keys.outbox(), s.keys.outboxMsg(messageID)}, args: []string{messageID}})
+	return err
+}
