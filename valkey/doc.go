@@ -42,7 +42,17 @@
 //	ns:index                List index: one sorted set, score 0, members
 //	                        filter ‖ 0 ‖ filter value ‖ lease id ‖ 0 ‖ tag, so
 //	                        ZRANGEBYLEX over a filter's prefix pages in lease-id order
-//	ns:expiry               expiry schedule (score expires_at) for the reaper
+//	ns:expiry               expiry schedule (score expires_at) for the reaper;
+//	                        one entry per active record (ActiveLeases is its ZCARD)
+//	ns:outbox               fenced outbox schedule: score accepted_at, member message id
+//	ns:outbox:<message id>  an accepted publication (lease.EncodeOutboxEntry's bytes),
+//	                        written by the commit function in the lease check's step,
+//	                        removed by the relay after the broker's confirm
+//	ns:cred:<credential id> an API-key credential: exactly auth.EncodeCredential's
+//	                        bytes, no TTL (CredentialStore)
+//	ns:cred:index           credential List index: sorted set, score 0, member the id
+//	ns:audit                audit stream, capped (XADD MAXLEN ~ AuditOptions.MaxLen),
+//	                        one field "e" = audit.Marshal's bytes (AuditSink)
 //
 // Every operation on an identity archives an expired active record it
 // finds; the reaper (Options.ReapInterval) archives the rest from the
@@ -55,6 +65,23 @@
 // keys are shared by all identities and written by the same functions, so
 // the adapter requires a single-node (non-cluster) primary; Open and Health
 // report a cluster or a replica as unsuitable.
+//
+// # Credentials and audit
+//
+// The same server and namespace also hold the API-key credentials
+// (Store.CredentialStore, or OpenCredentialStore for tools: auth.Store, so
+// several servers in front of one Valkey share their keys) and the audit
+// stream (Store.AuditSink: audit.Sink). Their atomic steps are two small
+// function libraries of their own, content-addressed like the lease
+// library and loaded the same way: create (SET NX plus the index entry)
+// and swap (a compare-and-set of a record, optionally creating the
+// rotation's new credential) for credentials; add (XADD, the entry id's
+// time the event's or, to keep the stream ordered, the newest entry's) for
+// audit. Writes to both are refused while durability is not verified: a
+// revocation and an administrator's audit event must survive a crash.
+//
+// Namespaces sharing a server must not nest (e.g. "starlease" and
+// "starlease:cred"): one's keys could be another's.
 //
 // # Durability
 //
@@ -88,10 +115,17 @@
 //	  +fcall +fcall_ro +function|load +config|get +info +ping +hello
 //	  +time +get +set +del +exists +incr +type +pttl +pexpire +lpush +ltrim
 //	  +lrange +zadd +zrem +zrangebylex +zrangebyscore +hget +hset
+//	  +zcard +xadd +xrevrange +xrange
 //
 // The first line's commands are the adapter's own (+function|load may be
-// dropped if an operator preloads the library); the rest are what the
-// functions call, which Valkey checks against the caller's ACL, so the key
-// pattern must cover the whole namespace. The conformance suite runs under
-// exactly this ACL (TestConformance), with the password read from a file.
+// dropped if an operator preloads the three libraries); the rest are what
+// the functions call, which Valkey checks against the caller's ACL, so the
+// key pattern must cover the whole namespace. The last line is for
+// ActiveLeases (ZCARD of the schedule) and the audit sink (XADD and
+// XREVRANGE in its library, XRANGE in AuditSink.Read); the credential store
+// needs nothing beyond the lines before it (GET, ZRANGEBYLEX, and SET,
+// EXISTS, TYPE, ZADD inside its functions). The conformance suites run
+// under exactly this ACL (TestConformance, TestCredentialStoreConformance),
+// with the password read from a file, as do the audit and ActiveLeases
+// tests and the two-server test of the starlease command.
 package valkey

@@ -7,10 +7,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"path/filepath"
 	"time"
 
 	"github.com/starintel/starlease/auth"
+	"github.com/starintel/starlease/lease"
+	"github.com/starintel/starlease/valkey"
 )
 
 const keysUsage = `usage:
@@ -21,10 +24,16 @@ const keysUsage = `usage:
   starlease keys revoke --data-dir DIR --id CREDENTIAL_ID
   starlease keys rotate --data-dir DIR --pepper-file F --id CREDENTIAL_ID
 
+  any of them with --backend valkey [--valkey-addr HOST:PORT --valkey-username U
+  --valkey-password-file F --valkey-key-prefix P] instead of --data-dir
+
 create and rotate print the new API key exactly once on stdout; it is never
-stored and cannot be read back. Keys live in DIR/credentials, shared with a
-running "starlease serve" on the same directory: changes apply to its next
-request. Flags can also be set as STARLEASE_<FLAG>.
+stored and cannot be read back. With the default --backend bolt, keys live
+in DIR/credentials, shared with a running "starlease serve" on the same
+directory. With --backend valkey and the same --valkey-* flags as the
+servers (--data-dir is then not needed), keys live on the Valkey server,
+shared by every server in front of it. Either way changes apply to the
+servers' next request. Flags can also be set as STARLEASE_<FLAG>.
 `
 
 func runKeys(args []string, stdout, stderr io.Writer) int {
@@ -36,7 +45,9 @@ func runKeys(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("starlease keys "+sub, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(fs.Output(), keysUsage) }
-	dataDir := fs.String("data-dir", "", "data directory of the server (required)")
+	dataDir := fs.String("data-dir", "", "data directory of the server (required with --backend bolt)")
+	var bf backendFlags
+	bf.register(fs)
 	pepperFile := fs.String("pepper-file", "", "the server's pepper file (create, rotate)")
 	principal := fs.String("principal", "", "create: principal id the key authenticates")
 	class := fs.String("class", "", "create: api_client, service_instance, actor_component or administrator")
@@ -52,17 +63,17 @@ func runKeys(args []string, stdout, stderr io.Writer) int {
 		}
 		return exitUsage
 	}
-	if err := envFlags(fs); err != nil || fs.NArg() > 0 || *dataDir == "" {
+	if err := envFlags(fs); err != nil || fs.NArg() > 0 || bf.check() != nil || (*dataDir == "" && bf.backend == "bolt") {
 		fmt.Fprint(stderr, keysUsage)
 		return exitUsage
 	}
-	store, err := auth.OpenFileStore(filepath.Join(*dataDir, credentialsDir))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	store, err := openCredentials(ctx, bf, *dataDir, stderr)
 	if err != nil {
 		return keysFail(stderr, err)
 	}
 	defer store.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	loadPepper := func() (auth.Pepper, error) {
 		if *pepperFile == "" {
 			return auth.Pepper{}, errors.New("--pepper-file is required")
@@ -131,6 +142,25 @@ func runKeys(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprint(stderr, keysUsage)
 	return exitUsage
+}
+
+// openCredentials opens the credential store the servers of backend bf
+// use: files in dataDir/credentials for bolt, the Valkey server's for
+// valkey (its connection only: no reaper).
+func openCredentials(ctx context.Context, bf backendFlags, dataDir string, stderr io.Writer) (auth.Store, error) {
+	if bf.backend == "valkey" {
+		log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		s, err := valkey.OpenCredentialStore(ctx, bf.valkeyOptions(lease.StoreOptions{Logger: log}))
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
+	}
+	s, err := auth.OpenFileStore(filepath.Join(dataDir, credentialsDir))
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 func keysPrint(stdout io.Writer, v any) int {

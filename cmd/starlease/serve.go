@@ -50,28 +50,75 @@ func envFlags(fs *flag.FlagSet) error {
 	return err
 }
 
-type serveFlags struct {
-	dataDir, pepperFile, listen, backend, classes string
-	valkeyAddr, valkeyUser, valkeyPasswordFile    string
-	valkeyPrefix                                  string
-	valkeyUnverified                              bool
-	minTTL, maxTTL, maxLifetime, maxDeadline      time.Duration
-	maxWait                                       time.Duration
-	principalRate, targetRate                     float64
-	maxConcurrent, maxActive                      int
+// backendFlags select the backend and how to reach Valkey: shared by serve
+// and keys, so both find the same credentials.
+type backendFlags struct {
+	backend                                    string
+	valkeyAddr, valkeyUser, valkeyPasswordFile string
+	valkeyPrefix                               string
+	valkeyUnverified                           bool
 }
 
-func (f *serveFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.dataDir, "data-dir", "", "data directory: lease store (bolt backend), credentials, audit log (required)")
-	fs.StringVar(&f.pepperFile, "pepper-file", "", "file holding the server pepper for API-key verifiers (required; never stored with the data)")
-	fs.StringVar(&f.listen, "listen", "127.0.0.1:8080", "HOST:PORT to serve HTTP on")
-	fs.StringVar(&f.backend, "backend", "bolt", "lease backend: bolt (embedded, default) or valkey")
-	fs.StringVar(&f.classes, "operation-classes", lease.DefaultComponent, "configured closed set of operation classes, comma-separated")
+func (f *backendFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.backend, "backend", "bolt", "backend: bolt (embedded, default) or valkey (leases, credentials and audit on a shared Valkey)")
 	fs.StringVar(&f.valkeyAddr, "valkey-addr", "127.0.0.1:6379", "valkey backend: server address")
 	fs.StringVar(&f.valkeyUser, "valkey-username", "", "valkey backend: ACL user name")
 	fs.StringVar(&f.valkeyPasswordFile, "valkey-password-file", "", "valkey backend: file holding the password")
-	fs.StringVar(&f.valkeyPrefix, "valkey-key-prefix", "starlease", "valkey backend: key namespace")
+	fs.StringVar(&f.valkeyPrefix, "valkey-key-prefix", valkey.DefaultKeyPrefix, "valkey backend: key namespace")
 	fs.BoolVar(&f.valkeyUnverified, "valkey-allow-unverified-durability", false, "valkey backend: accept a server that hides CONFIG (durability verified out of band)")
+}
+
+// check refuses an unknown backend.
+func (f *backendFlags) check() error {
+	if f.backend != "bolt" && f.backend != "valkey" {
+		return errors.New("--backend must be bolt or valkey")
+	}
+	return nil
+}
+
+// valkeyOptions are the connection options of the valkey backend.
+func (f *backendFlags) valkeyOptions(opts lease.StoreOptions) valkey.Options {
+	return valkey.Options{Addr: f.valkeyAddr, Username: f.valkeyUser, PasswordFile: f.valkeyPasswordFile,
+		KeyPrefix: f.valkeyPrefix, StoreOptions: opts, AllowUnverifiedDurability: f.valkeyUnverified}
+}
+
+// keysFlags are the backend flags to repeat in a keys command line so it
+// reaches the same credentials (empty for bolt).
+func (f *backendFlags) keysFlags() string {
+	if f.backend != "valkey" {
+		return ""
+	}
+	s := " --backend valkey --valkey-addr " + f.valkeyAddr
+	if f.valkeyUser != "" {
+		s += " --valkey-username " + f.valkeyUser
+	}
+	if f.valkeyPasswordFile != "" {
+		s += " --valkey-password-file " + f.valkeyPasswordFile
+	}
+	if f.valkeyPrefix != valkey.DefaultKeyPrefix {
+		s += " --valkey-key-prefix " + f.valkeyPrefix
+	}
+	if f.valkeyUnverified {
+		s += " --valkey-allow-unverified-durability"
+	}
+	return s
+}
+
+type serveFlags struct {
+	backendFlags
+	dataDir, pepperFile, listen, classes     string
+	minTTL, maxTTL, maxLifetime, maxDeadline time.Duration
+	maxWait                                  time.Duration
+	principalRate, targetRate                float64
+	maxConcurrent, maxActive                 int
+}
+
+func (f *serveFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.dataDir, "data-dir", "", "data directory: lease store (bolt backend), credentials (bolt backend), audit log (required)")
+	fs.StringVar(&f.pepperFile, "pepper-file", "", "file holding the server pepper for API-key verifiers (required; never stored with the data)")
+	fs.StringVar(&f.listen, "listen", "127.0.0.1:8080", "HOST:PORT to serve HTTP on")
+	fs.StringVar(&f.classes, "operation-classes", lease.DefaultComponent, "configured closed set of operation classes, comma-separated")
+	f.backendFlags.register(fs)
 	d := service.DefaultConfig()
 	fs.DurationVar(&f.minTTL, "min-ttl", d.MinTTL, "policy: ttl must be greater than this")
 	fs.DurationVar(&f.maxTTL, "max-ttl", d.MaxTTL, "policy: ttl must be at most this")
@@ -124,6 +171,64 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
+// backend is what serve runs on: the lease store, the credential store and
+// the backend's own audit sink.
+type backend struct {
+	store lease.Store
+	creds auth.Store
+	sink  audit.Sink
+}
+
+func (b backend) close() {
+	if b.sink != nil {
+		b.sink.Close()
+	}
+	if b.creds != nil {
+		b.creds.Close()
+	}
+	if b.store != nil {
+		b.store.Close()
+	}
+}
+
+// openBackend opens the backend f names. bolt: leases and audit in bbolt
+// files in dataDir, credentials as files in dataDir/credentials (shared
+// with the keys command). valkey: leases, credentials and audit on one
+// Valkey server, so several servers in front of it share API keys and
+// audit (valkey.Store.CredentialStore and AuditSink, on its connections).
+func openBackend(ctx context.Context, f backendFlags, dataDir string, opts lease.StoreOptions) (backend, error) {
+	var b backend
+	switch f.backend {
+	case "bolt":
+		bs, err := bolt.Open(filepath.Join(dataDir, storeFile), bolt.Options{StoreOptions: opts})
+		if err != nil {
+			return backend{}, err
+		}
+		b.store = bs
+		fs, err := auth.OpenFileStore(filepath.Join(dataDir, credentialsDir))
+		if err != nil {
+			b.close()
+			return backend{}, err
+		}
+		b.creds = fs
+		as, err := audit.OpenBolt(filepath.Join(dataDir, audit.BoltFileName), audit.BoltOptions{})
+		if err != nil {
+			b.close()
+			return backend{}, err
+		}
+		b.sink = as
+	case "valkey":
+		vs, err := valkey.Open(ctx, f.valkeyOptions(opts))
+		if err != nil {
+			return backend{}, err
+		}
+		b.store, b.creds, b.sink = vs, vs.CredentialStore(), vs.AuditSink(valkey.AuditOptions{})
+	default:
+		return backend{}, errors.New("--backend must be bolt or valkey")
+	}
+	return b, nil
+}
+
 func serve(ctx context.Context, f serveFlags, stdout io.Writer, log *slog.Logger) error {
 	if f.dataDir == "" || f.pepperFile == "" {
 		return errors.New("--data-dir and --pepper-file are required (the server refuses to start without a pepper)")
@@ -140,42 +245,27 @@ func serve(ctx context.Context, f serveFlags, stdout io.Writer, log *slog.Logger
 		return err
 	}
 	opts := lease.StoreOptions{OperationClasses: classes, Logger: log}
-	var store lease.Store
-	switch f.backend {
-	case "bolt":
-		store, err = bolt.Open(filepath.Join(f.dataDir, storeFile), bolt.Options{StoreOptions: opts})
-	case "valkey":
-		store, err = valkey.Open(ctx, valkey.Options{Addr: f.valkeyAddr, Username: f.valkeyUser,
-			PasswordFile: f.valkeyPasswordFile, KeyPrefix: f.valkeyPrefix, StoreOptions: opts,
-			AllowUnverifiedDurability: f.valkeyUnverified})
-	default:
-		return fmt.Errorf("--backend must be bolt or valkey")
-	}
+	b, err := openBackend(ctx, f.backendFlags, f.dataDir, opts)
 	if err != nil {
 		return err
 	}
-	defer store.Close()
-	creds, err := auth.OpenFileStore(filepath.Join(f.dataDir, credentialsDir))
+	defer b.store.Close() // deferred first: the sinks and credentials close before it
+	defer b.creds.Close()
+	fileSink, err := audit.OpenFile(filepath.Join(f.dataDir, auditFile))
 	if err != nil {
+		b.sink.Close()
 		return err
 	}
-	defer creds.Close()
+	// Every audit event goes to the local JSON-lines file and to the
+	// backend's own sink, behind one limiter.
+	sink := audit.NewLimiter(audit.Multi(fileSink, b.sink), audit.LimiterOptions{})
+	defer sink.Close()
+	creds := b.creds
 	authn, err := auth.NewAuthenticator(creds, pepper, nil)
 	if err != nil {
 		return err
 	}
-	fileSink, err := audit.OpenFile(filepath.Join(f.dataDir, auditFile))
-	if err != nil {
-		return err
-	}
-	boltSink, err := audit.OpenBolt(filepath.Join(f.dataDir, audit.BoltFileName), audit.BoltOptions{})
-	if err != nil {
-		fileSink.Close()
-		return err
-	}
-	sink := audit.NewLimiter(audit.Multi(fileSink, boltSink), audit.LimiterOptions{})
-	defer sink.Close()
-	svc, err := service.New(store, sink, service.Options{OperationClasses: classes, Logger: log, Config: service.Config{
+	svc, err := service.New(b.store, sink, service.Options{OperationClasses: classes, Logger: log, Config: service.Config{
 		MinTTL: f.minTTL, MaxTTL: f.maxTTL, MaxLifetime: f.maxLifetime, MaxDeadline: f.maxDeadline,
 		MaxWait: f.maxWait, PrincipalRate: f.principalRate, TargetRate: f.targetRate,
 		PrincipalBurst: max(int(2*f.principalRate), 1), TargetBurst: max(int(2*f.targetRate), 1),
@@ -194,9 +284,9 @@ func serve(ctx context.Context, f serveFlags, stdout io.Writer, log *slog.Logger
 	fmt.Fprintf(stdout, "starlease serving on http://%s (backend %s, data %s)\n", ln.Addr(), f.backend, f.dataDir)
 	if list, err := creds.List(ctx, "", 1); err == nil && len(list) == 0 {
 		fmt.Fprintf(stdout, "no API keys yet; create the first administrator key with:\n"+
-			"  %s keys create --data-dir %s --pepper-file %s --principal admin --class administrator \\\n"+
+			"  %s keys create --data-dir %s --pepper-file %s%s --principal admin --class administrator \\\n"+
 			"    --capabilities targets:lease,targets:read,targets:force-release,audit:read,credentials:manage \\\n"+
-			"    --scope 'tenant:*,program:*'\n", os.Args[0], f.dataDir, f.pepperFile)
+			"    --scope 'tenant:*,program:*'\n", os.Args[0], f.dataDir, f.pepperFile, f.keysFlags())
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
