@@ -1,0 +1,312 @@
+package valkey
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"text/tabwriter"
+	"time"
+
+	"github.com/bsm/redislock"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/starintel/starlease/internal/testenv"
+	"github.com/starintel/starlease/lease"
+	"github.com/starintel/starlease/lease/leasetest"
+)
+
+// BenchmarkLease measures, in one run on one harness server (AOF on,
+// appendfsync always), at 1 and 50 concurrent callers:
+//
+//	floor-read        FCALL_RO of a function that only reads TIME (the
+//	                  library's clock), through the store's client
+//	floor-write       FCALL of a function that reads TIME and INCRs one
+//	                  scratch key (the library's probe): only writes pay
+//	                  the AOF fsync, so this is the floor of a mutation
+//	acquire+release   one Acquire then one Release, each goroutine on its
+//	                  own identity (no contention); one op = one pair
+//	renew             Renew of a held lease
+//	authorize-commit  AuthorizeCommit, a new commit id each time
+//	inspect           Inspect by identity of a held lease (a read)
+//	redislock         github.com/bsm/redislock Obtain+Release on the same
+//	                  server (go-redis client; no fencing, no idempotency);
+//	                  one op = one pair
+//
+// Each reports ops/s and x_floor: its cost per op over its floor's, the
+// floor measured in the same run at the same concurrency (floor-write for
+// mutations, floor-read for reads; a pair is two mutations, so its floor
+// is two floor-writes). acquire+release also reports x_redislock, its
+// cost over a redislock pair's. Diagnostics: scripts/op is the server's
+// count of script calls (FCALL, FCALL_RO, EVALSHA, EVAL) per op, so round
+// trips; srv_us/op their server execution time per op (INFO commandstats,
+// without the fsync); aof_B/op the AOF bytes written per op. The table at
+// the end repeats the numbers. The server's automatic AOF rewrite is off
+// for the run (see below); everything else is the harness configuration.
+func BenchmarkLease(b *testing.B) {
+	r := testenv.StartRedis(b)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	o := leasetest.StoreOptions()
+	o.Logger = quiet
+	s := open(b, r, Options{StoreOptions: o})
+	// No automatic AOF rewrite (a fork and a rewrite in the background,
+	// at 64 MB): it would land in whichever benchmark crosses the size and
+	// reset the AOF size aof_B/op is measured from. appendfsync stays
+	// always.
+	if err := s.client.Do(bg, s.client.B().ConfigSet().ParameterValue().ParameterValue("auto-aof-rewrite-percentage", "0").Build()).Error(); err != nil {
+		b.Fatal(err)
+	}
+	rdb := goredis.NewClient(&goredis.Options{Addr: r.Addr(), PoolSize: 64, Protocol: 3})
+	b.Cleanup(func() { rdb.Close() })
+	locks := redislock.New(rdb)
+
+	res := &benchResults{ops: map[string]float64{}}
+	for _, conc := range []int{1, 50} {
+		for _, bm := range leaseBenches(s, locks) {
+			name := fmt.Sprintf("%s/goroutines=%d", bm.name, conc)
+			b.Run(name, func(b *testing.B) {
+				ops := runConcurrent(b, s, conc, bm.worker)
+				res.set(bm.name, conc, ops)
+				b.ReportMetric(ops, "ops/s")
+				if f := res.get(bm.floor, conc); bm.floor != "" && f > 0 {
+					b.ReportMetric(f/(bm.floorOps*ops), "x_floor")
+				}
+				if bm.name == "acquire+release" {
+					if rl := res.get("redislock", conc); rl > 0 {
+						b.ReportMetric(rl/ops, "x_redislock")
+					}
+				}
+			})
+		}
+	}
+	res.print(os.Stdout)
+}
+
+// leaseBench is one measured operation.
+type leaseBench struct {
+	name string
+	// floor names the floor benchmark, floorOps how many floor ops one op
+	// is worth (2 for a pair of mutations).
+	floor    string
+	floorOps float64
+	// worker prepares goroutine g's state (untimed) and returns its op.
+	worker func(b *testing.B, g int) func() error
+}
+
+// benchAcquire is an acquire request without metadata, with the longest
+// lifetime, so renewals never reach it.
+func benchAcquire(id lease.Identity) lease.AcquireRequest {
+	req := acquireReq(id)
+	req.Metadata = nil
+	req.MaximumLifetime = lease.MaxLifetime
+	return req
+}
+
+func leaseBenches(s *Store, locks *redislock.Client) []leaseBench {
+	hold := func(b *testing.B) *lease.Record {
+		a, err := s.Acquire(bg, benchAcquire(newIdentity()))
+		if err != nil {
+			b.Fatal(err)
+		}
+		return a.Lease
+	}
+	// Built per call, as the adapter builds its commands.
+	clock := call{fn: "clock", ro: true}
+	probe := call{fn: "probe", keys: []string{s.keys.probe()}}
+	return []leaseBench{
+		{name: "floor-read", worker: func(*testing.B, int) func() error {
+			return func() error { _, err := s.client.Do(bg, s.build(clock)).ToArray(); return err }
+		}},
+		{name: "floor-write", worker: func(*testing.B, int) func() error {
+			return func() error { _, err := s.client.Do(bg, s.build(probe)).ToArray(); return err }
+		}},
+		{name: "redislock", floor: "floor-write", floorOps: 2, worker: func(_ *testing.B, g int) func() error {
+			key := "bench:redislock:" + randomPrefix() + ":" + strconv.Itoa(g)
+			return func() error {
+				l, err := locks.Obtain(bg, key, 30*time.Second, nil)
+				if err != nil {
+					return err
+				}
+				return l.Release(bg)
+			}
+		}},
+		{name: "acquire+release", floor: "floor-write", floorOps: 2, worker: func(*testing.B, int) func() error {
+			id := newIdentity()
+			return func() error {
+				a, err := s.Acquire(bg, benchAcquire(id))
+				if err != nil {
+					return err
+				}
+				_, err = s.Release(bg, releaseReq(a.Lease))
+				return err
+			}
+		}},
+		{name: "renew", floor: "floor-write", floorOps: 1, worker: func(b *testing.B, _ int) func() error {
+			l := hold(b)
+			return func() error { _, err := s.Renew(bg, renewReq(l)); return err }
+		}},
+		{name: "authorize-commit", floor: "floor-write", floorOps: 1, worker: func(b *testing.B, _ int) func() error {
+			l := hold(b)
+			return func() error { _, err := s.AuthorizeCommit(bg, commitReq(l)); return err }
+		}},
+		{name: "inspect", floor: "floor-read", floorOps: 1, worker: func(b *testing.B, _ int) func() error {
+			id := hold(b).Identity()
+			return func() error {
+				_, err := s.Inspect(bg, lease.InspectRequest{Identity: id, DeadlineAt: far()})
+				return err
+			}
+		}},
+	}
+}
+
+// runConcurrent runs b.N ops on conc goroutines (exactly conc, each with
+// its own state from worker) and returns ops per second. It reports the
+// server-side diagnostics as metrics.
+func runConcurrent(b *testing.B, s *Store, conc int, worker func(*testing.B, int) func() error) float64 {
+	ops := make([]func() error, conc)
+	for g := range ops {
+		ops[g] = worker(b, g)
+	}
+	before := serverStats(b, s, true)
+	var next atomic.Int64
+	var firstErr atomic.Pointer[error]
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	start := time.Now()
+	for g := 0; g < conc; g++ {
+		wg.Add(1)
+		go func(op func() error) {
+			defer wg.Done()
+			for next.Add(1) <= int64(b.N) {
+				if err := op(); err != nil {
+					firstErr.CompareAndSwap(nil, &err)
+					return
+				}
+			}
+		}(ops[g])
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	if p := firstErr.Load(); p != nil {
+		b.Fatalf("op failed: %v", *p)
+	}
+	after := serverStats(b, s, false)
+	n := float64(b.N)
+	b.ReportMetric(float64(after.scripts)/n, "scripts/op")
+	b.ReportMetric(float64(after.usec)/n, "srv_us/op")
+	b.ReportMetric(float64(after.aof-before.aof)/n, "aof_B/op")
+	return n / elapsed.Seconds()
+}
+
+// stats are the server's counters: script calls and their CPU time since
+// the last reset, and the AOF size.
+type stats struct {
+	scripts, usec, aof int64
+}
+
+func serverStats(b *testing.B, s *Store, reset bool) stats {
+	ctx, cancel := context.WithTimeout(bg, 5*time.Second)
+	defer cancel()
+	c := s.client
+	if reset {
+		if err := c.Do(ctx, c.B().ConfigResetstat().Build()).Error(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	info, err := c.Do(ctx, c.B().Info().Section("commandstats").Section("persistence").Build()).ToString()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var st stats
+	for _, line := range strings.Split(info, "\n") {
+		line = strings.TrimSpace(line)
+		if v, ok := strings.CutPrefix(line, "aof_current_size:"); ok {
+			st.aof, _ = strconv.ParseInt(v, 10, 64)
+		}
+		name, fields, ok := strings.Cut(line, ":")
+		switch name {
+		case "cmdstat_fcall", "cmdstat_fcall_ro", "cmdstat_evalsha", "cmdstat_eval", "cmdstat_evalsha_ro", "cmdstat_eval_ro":
+		default:
+			continue
+		}
+		if !ok {
+			continue
+		}
+		for _, kv := range strings.Split(fields, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			n, _ := strconv.ParseInt(v, 10, 64)
+			switch k {
+			case "calls":
+				st.scripts += n
+			case "usec":
+				st.usec += n
+			}
+		}
+	}
+	return st
+}
+
+// benchResults collects ops/s by benchmark and concurrency; the last
+// (longest) run of each sub-benchmark wins.
+type benchResults struct {
+	mu  sync.Mutex
+	ops map[string]float64
+}
+
+func (r *benchResults) key(name string, conc int) string { return name + "\x00" + strconv.Itoa(conc) }
+
+func (r *benchResults) set(name string, conc int, ops float64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ops[r.key(name, conc)] = ops
+}
+
+func (r *benchResults) get(name string, conc int) float64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ops[r.key(name, conc)]
+}
+
+// print writes the summary table: ops/s, the cost ratio to the op's floor
+// and, for acquire+release, to redislock.
+func (r *benchResults) print(out io.Writer) {
+	floors := map[string]struct {
+		name string
+		n    float64
+	}{
+		"redislock": {"floor-write", 2}, "acquire+release": {"floor-write", 2}, "renew": {"floor-write", 1},
+		"authorize-commit": {"floor-write", 1}, "inspect": {"floor-read", 1},
+	}
+	order := []string{"floor-read", "floor-write", "redislock", "acquire+release", "renew", "authorize-commit", "inspect"}
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "operation\tgoroutines\tops/s\tx_floor\tfloor\tx_redislock\t")
+	for _, conc := range []int{1, 50} {
+		for _, name := range order {
+			ops := r.get(name, conc)
+			if ops == 0 {
+				continue
+			}
+			ratio, floor, vsLock := "-", "-", "-"
+			if f, ok := floors[name]; ok {
+				if fo := r.get(f.name, conc); fo > 0 {
+					ratio = fmt.Sprintf("%.2f", fo/(f.n*ops))
+					floor = fmt.Sprintf("%g×%s", f.n, f.name)
+				}
+			}
+			if name == "acquire+release" {
+				if rl := r.get("redislock", conc); rl > 0 {
+					vsLock = fmt.Sprintf("%.2f", rl/ops)
+				}
+			}
+			fmt.Fprintf(w, "%s\t%d\t%.0f\t%s\t%s\t%s\t\n", name, conc, ops, ratio, floor, vsLock)
+		}
+	}
+	w.Flush()
+}
