@@ -304,7 +304,11 @@ func (l *Lease) handleRenewal(rd *round, r renewReply) renewOutcome {
 		}
 	}
 	l.mu.Lock()
-	l.rec = rec.Clone()
+	// A renewal changes only these; the rest stays as acquired, whatever
+	// else a LeaseAPI's renewal result carries.
+	next := l.rec.Clone()
+	next.RenewedAt, next.ExpiresAt, next.TTLMs, next.State = rec.RenewedAt, rec.ExpiresAt, rec.TTLMs, rec.State
+	l.rec = next
 	l.expiry = expiry
 	l.renewals++
 	l.mu.Unlock()
@@ -333,6 +337,11 @@ func (l *Lease) inspect(until time.Time) (lease.Result, time.Time, time.Time, er
 // renewed only if the backend shows it active, unchanged, with an expiry not
 // before the renewed one; the result is then a local expiry estimate from
 // the inspection (its send time plus the backend's remaining time).
+// expiryUnknown is what confirm returns when the inspection proves the
+// lease active but gives no backend time to measure from: later than any
+// estimate, so the renewal's own estimate is kept.
+var expiryUnknown = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
+
 func (l *Lease) confirm(renewed *lease.Record) (time.Time, *CauseError) {
 	res, send, deadline, err := l.inspect(l.LocalExpiry())
 	if err != nil {
@@ -352,6 +361,11 @@ func (l *Lease) confirm(renewed *lease.Record) (time.Time, *CauseError) {
 		c.Detail = "late renewal not confirmed by inspection"
 		l.markGone(c)
 		return time.Time{}, c
+	}
+	if res.BackendTime.IsZero() {
+		// No backend time in the answer (an HTTP view): the renewal's own
+		// estimate stands, the lease being confirmed active.
+		return expiryUnknown, nil
 	}
 	remaining := cur.ExpiresAt.Time().Sub(res.BackendTime.Time())
 	if remaining <= 0 {
