@@ -1,0 +1,8 @@
+package rabbitmq
+
+import "github.com/starintel/starlease/lease"
+
+// SetBeforeDone installs the relay's test hook: f runs after the broker
+// acknowledged an entry and before OutboxDone; an error ends Run with it,
+// as a crash at that point would. Call it before Run.
+func SetBeforeDone(r *Relay, f func(lease.OutboxEntry) error) { r.beforeDone = f }
