@@ -1,0 +1,420 @@
+package couchdb
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/starintel/starlease/fence"
+	"github.com/starintel/starlease/lease"
+)
+
+// The typed helpers below are the StarIntel enforcement points, each a thin
+// fence.Sink over a Writer with its document shape and its document id:
+//
+//	point 1  TargetStates  "target:<identity>"           target acceptance and state
+//	point 2  Results       "result:<identity>~<name>"    results of exclusive execution
+//	point 4  Schedules     "schedule:<identity>"         scheduler completion/reschedule
+//	point 5  Jobs          "job:<job_id>"                job checkpoint and terminal state
+//
+// <identity> is the canonical (normalized) lock identity, its seven
+// components joined by "~", a character no component may contain (":" may
+// appear inside a component, so it cannot separate them). Ids are built
+// only from canonical values, never from raw input.
+//
+// Every helper first checks that the commit's guard belongs to the
+// identity the document is about (the guard's lock key is the canonical
+// lock key of the payload's identity; invalid_lease_request otherwise), so a
+// holder cannot write another identity's document with its own guard; the
+// database's fence then binds each document to the first lock key that
+// wrote it.
+//
+// Call sites:
+//
+//	states := couchdb.NewTargetStates(writer)
+//	_, err := fence.Write(ctx, l.Committer(), states, commitID,
+//		couchdb.TargetState{Identity: spec.Identity, Status: couchdb.TargetAccepted})
+
+// Document types, stored in each document's "type" member.
+const (
+	TypeTargetState = "starintel.target_state"
+	TypeResult      = "starintel.result"
+	TypeSchedule    = "starintel.schedule"
+	TypeJob         = "starintel.job"
+)
+
+// Target statuses (any canonical identifier is accepted).
+const (
+	TargetAccepted  = "accepted"
+	TargetRunning   = "running"
+	TargetCompleted = "completed"
+	TargetFailed    = "failed"
+)
+
+// Schedule statuses.
+const (
+	ScheduleCompleted   = "completed"
+	ScheduleRescheduled = "rescheduled"
+)
+
+// Job statuses: JobRunning is a checkpoint; the others are terminal.
+const (
+	JobRunning   = "running"
+	JobSucceeded = "succeeded"
+	JobFailed    = "failed"
+	JobCancelled = "cancelled"
+)
+
+// MaxReasonBytes bounds the free-text reason of a state document.
+const MaxReasonBytes = 1024
+
+// TargetState is the acceptance and state of a target under one lock
+// identity (enforcement point 1).
+type TargetState struct {
+	Identity lease.Identity `json:"lock_identity"`
+	// Status is a canonical identifier (TargetAccepted, TargetRunning, …).
+	Status string `json:"status"`
+	// Reason is an optional bounded human-readable note.
+	Reason string `json:"reason,omitempty"`
+	// Data is optional JSON describing the state.
+	Data json.RawMessage `json:"data,omitempty"`
+}
+
+// Result is a result document of exclusive target execution (enforcement
+// point 2): one document per identity and result name, so a successor's
+// result supersedes its predecessor's and a stale holder's is refused.
+type Result struct {
+	Identity lease.Identity `json:"lock_identity"`
+	// Name is a canonical identifier naming the result ("ports", "dns").
+	Name        string          `json:"name"`
+	ContentType string          `json:"content_type,omitempty"`
+	Data        json.RawMessage `json:"data"`
+}
+
+// ScheduleState is the scheduler's completion or reschedule state of one
+// lock identity (enforcement point 4).
+type ScheduleState struct {
+	Identity lease.Identity `json:"lock_identity"`
+	// Status is ScheduleCompleted or ScheduleRescheduled.
+	Status      string           `json:"status"`
+	CompletedAt *lease.Timestamp `json:"completed_at,omitempty"`
+	// NextRunAt is required when Status is ScheduleRescheduled.
+	NextRunAt *lease.Timestamp `json:"next_run_at,omitempty"`
+	Attempt   int              `json:"attempt,omitempty"`
+	Reason    string           `json:"reason,omitempty"`
+}
+
+// JobState is a job's checkpoint (Status JobRunning) or terminal state
+// (enforcement point 5).
+type JobState struct {
+	// JobID is the job's opaque id (the lease's job_id).
+	JobID    string         `json:"job_id"`
+	Identity lease.Identity `json:"lock_identity"`
+	Status   string         `json:"status"`
+	// Terminal is set by Jobs.Commit from Status.
+	Terminal   bool            `json:"terminal"`
+	Checkpoint json.RawMessage `json:"checkpoint,omitempty"`
+	Reason     string          `json:"reason,omitempty"`
+}
+
+// identityPart is the id component of a canonical identity.
+func identityPart(id lease.Identity) string {
+	return strings.Join([]string{id.TenantID, id.ProgramID, id.TargetNamespace, id.TargetID,
+		id.ActorName, id.WorkflowName, id.OperationClass}, "~")
+}
+
+// canonical normalizes id and returns it with its lock key.
+func (db *DB) canonical(id lease.Identity) (lease.Identity, string, error) {
+	return lease.CanonicalLockKey(id, db.classes)
+}
+
+// TargetStateID is the document id of a target state.
+func (db *DB) TargetStateID(id lease.Identity) (string, error) {
+	c, _, err := db.canonical(id)
+	if err != nil {
+		return "", err
+	}
+	return "target:" + identityPart(c), nil
+}
+
+// ResultID is the document id of a result.
+func (db *DB) ResultID(id lease.Identity, name string) (string, error) {
+	c, _, err := db.canonical(id)
+	if err != nil {
+		return "", err
+	}
+	n, err := canonicalName("name", name)
+	if err != nil {
+		return "", err
+	}
+	return "result:" + identityPart(c) + "~" + n, nil
+}
+
+// ScheduleID is the document id of a schedule state.
+func (db *DB) ScheduleID(id lease.Identity) (string, error) {
+	c, _, err := db.canonical(id)
+	if err != nil {
+		return "", err
+	}
+	return "schedule:" + identityPart(c), nil
+}
+
+// JobDocID is the document id of a job state.
+func JobDocID(jobID string) (string, error) {
+	if err := lease.CheckOpaqueID("job_id", jobID); err != nil {
+		return "", err
+	}
+	return "job:" + jobID, nil
+}
+
+// canonicalName requires v to be a canonical identifier already.
+func canonicalName(field, v string) (string, error) {
+	n, err := lease.NormalizeIdentifier(field, v)
+	if err != nil {
+		return "", err
+	}
+	if n != v {
+		return "", lease.Invalid(field, "must be canonical (lower case, normalized)")
+	}
+	return n, nil
+}
+
+func checkReason(r string) error {
+	if len(r) > MaxReasonBytes || !utf8.ValidString(r) {
+		return lease.Invalid("reason", "must be valid UTF-8 of at most 1024 bytes")
+	}
+	return nil
+}
+
+// commitTyped is the common path of the helpers: bind the guard to the
+// identity, encode the payload with its type and write it.
+func commitTyped(ctx context.Context, w *Writer, g fence.Guard, id lease.Identity, docID func(lease.Identity) (string, error),
+	typ string, payload func(canonical lease.Identity) (any, error)) error {
+	const op = "commit"
+	c, key, err := w.db.canonical(id)
+	if err != nil {
+		return wrapLease(ErrInvalid, op, "", lease.AsError(err))
+	}
+	if g.LockKey != key {
+		return wrapLease(ErrInvalid, op, "", lease.Invalid("lock_identity", "the guard belongs to another lock identity"))
+	}
+	did, err := docID(c)
+	if err != nil {
+		return wrapLease(ErrInvalid, op, "", lease.AsError(err))
+	}
+	v, err := payload(c)
+	if err != nil {
+		return wrapLease(ErrInvalid, op, did, lease.AsError(err))
+	}
+	body, err := typedBody(typ, v)
+	if err != nil {
+		return wrapLease(ErrInvalid, op, did, lease.AsError(err))
+	}
+	return w.commit(ctx, g, Doc{ID: did, Body: body})
+}
+
+// typedBody encodes v with a "type" member.
+func typedBody(typ string, v any) (json.RawMessage, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, lease.Invalid("body", "cannot be encoded as JSON")
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, lease.Invalid("body", "must encode as a JSON object")
+	}
+	m["type"], _ = json.Marshal(typ)
+	return json.Marshal(m)
+}
+
+// getTyped reads a typed document into v and returns its fence.
+func getTyped(ctx context.Context, db *DB, docID, typ string, v any) (*fence.Guard, error) {
+	s, err := db.Get(ctx, docID)
+	if err != nil {
+		return nil, err
+	}
+	var t struct {
+		Type string `json:"type"`
+	}
+	if json.Unmarshal(s.Body, &t) != nil || t.Type != typ {
+		return nil, newError(ErrCorrupt, "get", docID, "the document is not of type "+typ)
+	}
+	if err := json.Unmarshal(s.Body, v); err != nil {
+		return nil, newError(ErrCorrupt, "get", docID, "the document does not decode as "+typ)
+	}
+	return s.Fence, nil
+}
+
+// checkData requires an optional JSON value to be valid.
+func checkData(field string, d json.RawMessage, required bool) error {
+	if len(d) == 0 {
+		if required {
+			return lease.Invalid(field, "is required")
+		}
+		return nil
+	}
+	if !json.Valid(d) {
+		return lease.Invalid(field, "must be valid JSON")
+	}
+	return nil
+}
+
+// TargetStates writes target acceptance and state documents (point 1).
+type TargetStates struct{ w *Writer }
+
+// NewTargetStates returns the target-state sink over w.
+func NewTargetStates(w *Writer) *TargetStates { return &TargetStates{w: w} }
+
+// Name returns the sink name.
+func (s *TargetStates) Name() string { return s.w.name }
+
+// Commit writes st conditioned on g (see Writer.Commit).
+func (s *TargetStates) Commit(ctx context.Context, g fence.Guard, st TargetState) error {
+	return commitTyped(ctx, s.w, g, st.Identity, func(c lease.Identity) (string, error) {
+		return "target:" + identityPart(c), nil
+	}, TypeTargetState, func(c lease.Identity) (any, error) {
+		st.Identity = c
+		if _, err := canonicalName("status", st.Status); err != nil {
+			return nil, err
+		}
+		if err := checkReason(st.Reason); err != nil {
+			return nil, err
+		}
+		return st, checkData("data", st.Data, false)
+	})
+}
+
+// Get reads the target state of id and the fence of its last write.
+func (s *TargetStates) Get(ctx context.Context, id lease.Identity) (TargetState, *fence.Guard, error) {
+	did, err := s.w.db.TargetStateID(id)
+	if err != nil {
+		return TargetState{}, nil, wrapLease(ErrInvalid, "get", "", lease.AsError(err))
+	}
+	var st TargetState
+	g, err := getTyped(ctx, s.w.db, did, TypeTargetState, &st)
+	return st, g, err
+}
+
+// Results writes result documents of exclusive execution (point 2).
+type Results struct{ w *Writer }
+
+// NewResults returns the result sink over w.
+func NewResults(w *Writer) *Results { return &Results{w: w} }
+
+// Name returns the sink name.
+func (s *Results) Name() string { return s.w.name }
+
+// Commit writes r conditioned on g (see Writer.Commit).
+func (s *Results) Commit(ctx context.Context, g fence.Guard, r Result) error {
+	return commitTyped(ctx, s.w, g, r.Identity, func(c lease.Identity) (string, error) {
+		n, err := canonicalName("name", r.Name)
+		if err != nil {
+			return "", err
+		}
+		return "result:" + identityPart(c) + "~" + n, nil
+	}, TypeResult, func(c lease.Identity) (any, error) {
+		r.Identity = c
+		if len(r.ContentType) > 255 || !utf8.ValidString(r.ContentType) {
+			return nil, lease.Invalid("content_type", "must be at most 255 bytes of UTF-8")
+		}
+		return r, checkData("data", r.Data, true)
+	})
+}
+
+// Get reads the result name of id and the fence of its last write.
+func (s *Results) Get(ctx context.Context, id lease.Identity, name string) (Result, *fence.Guard, error) {
+	did, err := s.w.db.ResultID(id, name)
+	if err != nil {
+		return Result{}, nil, wrapLease(ErrInvalid, "get", "", lease.AsError(err))
+	}
+	var r Result
+	g, err := getTyped(ctx, s.w.db, did, TypeResult, &r)
+	return r, g, err
+}
+
+// Schedules writes scheduler completion/reschedule state (point 4).
+type Schedules struct{ w *Writer }
+
+// NewSchedules returns the schedule sink over w.
+func NewSchedules(w *Writer) *Schedules { return &Schedules{w: w} }
+
+// Name returns the sink name.
+func (s *Schedules) Name() string { return s.w.name }
+
+// Commit writes st conditioned on g (see Writer.Commit).
+func (s *Schedules) Commit(ctx context.Context, g fence.Guard, st ScheduleState) error {
+	return commitTyped(ctx, s.w, g, st.Identity, func(c lease.Identity) (string, error) {
+		return "schedule:" + identityPart(c), nil
+	}, TypeSchedule, func(c lease.Identity) (any, error) {
+		st.Identity = c
+		switch st.Status {
+		case ScheduleCompleted:
+		case ScheduleRescheduled:
+			if st.NextRunAt == nil || st.NextRunAt.IsZero() {
+				return nil, lease.Invalid("next_run_at", "is required to reschedule")
+			}
+		default:
+			return nil, lease.Invalid("status", "must be completed or rescheduled")
+		}
+		if st.Attempt < 0 {
+			return nil, lease.Invalid("attempt", "must not be negative")
+		}
+		if (st.CompletedAt != nil && st.CompletedAt.IsZero()) || (st.NextRunAt != nil && st.NextRunAt.IsZero()) {
+			return nil, lease.Invalid("completed_at", "must not be the zero time")
+		}
+		return st, checkReason(st.Reason)
+	})
+}
+
+// Get reads the schedule state of id and the fence of its last write.
+func (s *Schedules) Get(ctx context.Context, id lease.Identity) (ScheduleState, *fence.Guard, error) {
+	did, err := s.w.db.ScheduleID(id)
+	if err != nil {
+		return ScheduleState{}, nil, wrapLease(ErrInvalid, "get", "", lease.AsError(err))
+	}
+	var st ScheduleState
+	g, err := getTyped(ctx, s.w.db, did, TypeSchedule, &st)
+	return st, g, err
+}
+
+// Jobs writes job checkpoints and terminal states (point 5).
+type Jobs struct{ w *Writer }
+
+// NewJobs returns the job sink over w.
+func NewJobs(w *Writer) *Jobs { return &Jobs{w: w} }
+
+// Name returns the sink name.
+func (s *Jobs) Name() string { return s.w.name }
+
+// Commit writes st conditioned on g (see Writer.Commit).
+func (s *Jobs) Commit(ctx context.Context, g fence.Guard, st JobState) error {
+	return commitTyped(ctx, s.w, g, st.Identity, func(lease.Identity) (string, error) {
+		return JobDocID(st.JobID)
+	}, TypeJob, func(c lease.Identity) (any, error) {
+		st.Identity = c
+		switch st.Status {
+		case JobRunning:
+			st.Terminal = false
+		case JobSucceeded, JobFailed, JobCancelled:
+			st.Terminal = true
+		default:
+			return nil, lease.Invalid("status", "must be running, succeeded, failed or cancelled")
+		}
+		if err := checkReason(st.Reason); err != nil {
+			return nil, err
+		}
+		return st, checkData("checkpoint", st.Checkpoint, false)
+	})
+}
+
+// Get reads the state of job jobID and the fence of its last write.
+func (s *Jobs) Get(ctx context.Context, jobID string) (JobState, *fence.Guard, error) {
+	did, err := JobDocID(jobID)
+	if err != nil {
+		return JobState{}, nil, wrapLease(ErrInvalid, "get", "", lease.AsError(err))
+	}
+	var st JobState
+	g, err := getTyped(ctx, s.w.db, did, TypeJob, &st)
+	return st, g, err
+}
