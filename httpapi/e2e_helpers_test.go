@@ -90,6 +90,9 @@ type e2eServer struct {
 	exited     chan struct{}
 	exitErr    error
 	rows       *rowRecorder
+	// backendArgs are the serve flags that name the backend; the keys
+	// command needs them too, since the credentials live in the backend.
+	backendArgs []string
 
 	mu   sync.Mutex
 	keys []*e2eKey
@@ -102,6 +105,11 @@ func startServer(t *testing.T, bin string, rows *rowRecorder, extra ...string) *
 	t.Helper()
 	dir := t.TempDir()
 	s := &e2eServer{t: t, bin: bin, dataDir: filepath.Join(dir, "data"), pepperFile: filepath.Join(dir, "pepper"), rows: rows}
+	for i := 0; i+1 < len(extra); i += 2 {
+		if extra[i] == "--backend" || strings.HasPrefix(extra[i], "--valkey-") {
+			s.backendArgs = append(s.backendArgs, extra[i], extra[i+1])
+		}
+	}
 	raw := make([]byte, 32)
 	if _, err := rand.Read(raw); err != nil {
 		t.Fatal(err)
@@ -233,7 +241,8 @@ var apiKeyRE = regexp.MustCompile(`^star_sk_v1_([0-9A-HJKMNP-TV-Z]{26})_([0-9a-f
 func (s *e2eServer) createKey(principal, class, caps, scope string, extra ...string) *e2eKey {
 	s.t.Helper()
 	args := append([]string{"keys", "create", "--data-dir", s.dataDir, "--pepper-file", s.pepperFile,
-		"--principal", principal, "--class", class, "--capabilities", caps, "--scope", scope}, extra...)
+		"--principal", principal, "--class", class, "--capabilities", caps, "--scope", scope}, s.backendArgs...)
+	args = append(args, extra...)
 	out := s.runCLI(args...)
 	var got struct {
 		APIKey     string `json:"api_key"`
@@ -261,13 +270,13 @@ func (s *e2eServer) createKey(principal, class, caps, scope string, extra ...str
 // revokeKey runs "starlease keys revoke".
 func (s *e2eServer) revokeKey(k *e2eKey) {
 	s.t.Helper()
-	s.runCLI("keys", "revoke", "--data-dir", s.dataDir, "--id", k.CredentialID)
+	s.runCLI(append([]string{"keys", "revoke", "--data-dir", s.dataDir, "--id", k.CredentialID}, s.backendArgs...)...)
 }
 
 // rotateKey runs "starlease keys rotate" and returns the new key.
 func (s *e2eServer) rotateKey(old *e2eKey) *e2eKey {
 	s.t.Helper()
-	out := s.runCLI("keys", "rotate", "--data-dir", s.dataDir, "--pepper-file", s.pepperFile, "--id", old.CredentialID)
+	out := s.runCLI(append([]string{"keys", "rotate", "--data-dir", s.dataDir, "--pepper-file", s.pepperFile, "--id", old.CredentialID}, s.backendArgs...)...)
 	var got struct {
 		APIKey     string `json:"api_key"`
 		Credential struct {

@@ -1352,13 +1352,14 @@ func testValkeyFaults(t *testing.T, bin string, rows *rowRecorder) {
 	res, err := c.Acquire(ctx, client.AcquireRequest{LockIdentity: id, TTLMs: 30000, ServiceInstanceID: "inst-v", ExecutionID: "e", JobID: "j"})
 	l := okLease(t, s, res, err, lease.CodeAcquired).Lease
 
-	// Replies are held: the renew reaches the backend, its answer does not.
-	proxy.AddToxic("blackhole", "timeout", testenv.Downstream, map[string]any{"timeout": 0})
-	// The server's deadline (deadline_at, 1 s) is well before the
-	// client's (10 s), so the answer is the server's.
+	// Replies are delayed 3 s. The credential read (the credentials live
+	// in Valkey too) waits them out; the renew reaches the backend but its
+	// answer comes after the request's deadline: outcome unknown. The
+	// server's deadline (deadline_at, 5 s) is well before the client's.
+	proxy.AddToxic("blackhole", "latency", testenv.Downstream, map[string]any{"latency": 3000})
 	rr := client.RenewRequest{LeaseID: l.LeaseID, LockIdentity: id, FencingToken: l.FencingToken, ServiceInstanceID: "inst-v",
-		TTLMs: 60000, RequestID: uniqueID("vk-renew"), DeadlineAt: time.Now().Add(time.Second)}
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		TTLMs: 60000, RequestID: uniqueID("vk-renew"), DeadlineAt: time.Now().Add(5 * time.Second)}
+	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	_, err = c.Renew(rctx, rr)
 	cancel()
 	if ce := wantErr(t, s, err, 503, lease.CodeOutcomeUnknown); !ce.Retryable || ce.RequestID != rr.RequestID {

@@ -174,7 +174,9 @@ func (s *Server) auditAuthFailure(ctx context.Context, corr string, f auth.Failu
 	ev.LatencyMS = time.Since(start).Milliseconds()
 	ev.DeadlineClass = audit.DeadlineDefault
 	ev.BackendHealth = lease.HealthOK
-	if err := s.sink.Write(context.WithoutCancel(ctx), ev); err != nil {
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), service.AuditTimeout)
+	defer cancel()
+	if err := s.sink.Write(wctx, ev); err != nil {
 		s.log.Error("audit write failed", "event_type", ev.EventType, "correlation_id", corr)
 	}
 }

@@ -224,7 +224,7 @@ func (s *Service) admin(ctx context.Context, t audit.EventType, c Call, in Admin
 	}
 	o.lease(res.Lease)
 	o.result(err)
-	if werr := s.sink.Write(context.WithoutCancel(ctx), o.ev); werr != nil {
+	if werr := s.writeAudit(ctx, o.ev); werr != nil {
 		s.log.Error("durable audit of an administrative result failed", "event_type", t, "correlation_id", c.CorrelationID)
 		if err == nil {
 			return lease.Result{}, &lease.Error{Code: lease.CodeOutcomeUnknown,
@@ -261,7 +261,7 @@ func (s *Service) adminOp(ctx context.Context, o *op, t audit.EventType, in Admi
 	attempt.EventID = audit.NewEventID(s.now())
 	attempt.SetResult(lease.CodeOutcomeUnknown)
 	attempt.Decision = audit.DecisionAllow
-	if err := s.sink.Write(context.WithoutCancel(ctx), attempt); err != nil {
+	if err := s.writeAudit(ctx, attempt); err != nil {
 		s.log.Error("durable audit of an administrative attempt failed; refusing", "event_type", t, "correlation_id", o.call.CorrelationID)
 		return lease.Result{}, &lease.Error{Code: lease.CodeBackendUnavailable, Reason: "audit is unavailable; administrative operations are refused"}
 	}

@@ -113,7 +113,7 @@ func (o *op) lease(r *lease.Record) {
 // paths of their own (admin).
 func (o *op) finish(ctx context.Context, err error) error {
 	o.result(err)
-	if werr := o.s.sink.Write(context.WithoutCancel(ctx), o.ev); werr != nil {
+	if werr := o.s.writeAudit(ctx, o.ev); werr != nil {
 		o.s.log.Error("audit write failed", "event_type", o.ev.EventType, "correlation_id", o.ev.CorrelationID)
 	}
 	return err
@@ -243,4 +243,15 @@ func (s *Service) AuditRejected(ctx context.Context, t audit.EventType, c Call, 
 		o.ev.EventType, o.ev.Priority = audit.EventCommitRejected, audit.PriorityOf(audit.EventCommitRejected)
 	}
 	o.finish(ctx, err)
+}
+
+// AuditTimeout bounds one audit write: a sink that hangs (a backend behind
+// a partition) must not hold the request past it. The write outlives the
+// request's own cancellation, so a client that gave up is still audited.
+const AuditTimeout = 2 * time.Second
+
+func (s *Service) writeAudit(ctx context.Context, ev audit.Event) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), AuditTimeout)
+	defer cancel()
+	return s.sink.Write(ctx, ev)
 }
