@@ -307,6 +307,17 @@ func (c *Committer) lost(err *lease.Error) {
 	}
 }
 
+// ReportLoss tells the committer's loss handler that a commit made under its
+// envelope by another path (a publication through the fenced outbox) was
+// refused with lease_lost or commit_rejected, so the lease's holder learns
+// of the loss on that commit as on its own. Other codes are ignored.
+func (c *Committer) ReportLoss(err error) {
+	le := lease.AsError(err)
+	if le != nil && (le.Code == lease.CodeLost || le.Code == lease.CodeCommitRejected) {
+		c.lost(le)
+	}
+}
+
 // Sink is a fenced writer: one store where commits land (a CouchDB database,
 // a RabbitMQ outbox, an in-memory map in tests).
 //

@@ -110,10 +110,10 @@ type Publication struct {
 
 // Publish appends msg to the fenced outbox under the lease of c, in the same
 // atomic backend operation as the lease check: AuthorizeCommit with Outbox
-// set, for the commit id commitID on the publisher's sink. Only the
-// envelope of c is used: fence.Committer cannot (yet) add an outbox message
-// to its authorization, so c's own options (loss handler, caller, retries)
-// do not apply here; the publisher's do, with the same retry rule.
+// set, for the commit id commitID on the publisher's sink. The publisher's
+// own options (caller, retries) apply; a lease_lost or commit_rejected
+// answer is also reported to c's loss handler, so an executor's work is
+// cancelled on a refused publication as on a refused commit.
 //
 // The commit id names the publication: a retry with the same id and
 // message returns the original acceptance (Replayed) and appends nothing,
@@ -170,6 +170,7 @@ func (p *Publisher) Publish(ctx context.Context, c *fence.Committer, commitID st
 		last = lease.AsError(err)
 		switch last.Code {
 		case lease.CodeLost, lease.CodeCommitRejected:
+			c.ReportLoss(last) // the lease's holder learns of it (executor: cancels the work)
 			if p.onLoss != nil {
 				p.onLoss(last)
 			}
