@@ -47,6 +47,9 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Re
 			}
 			counter = binary.BigEndian.Uint64(v)
 		}
+		// After a recovery epoch every identity, even one the backup did
+		// not know, continues above the epoch's floor.
+		counter = max(counter, counterFloor(tx))
 		if counter >= lease.MaxFencingToken {
 			s.log.Error("ALERT fencing counter exhausted; acquisition refused", identityAttrs(p.Identity)...)
 			opErr = &lease.Error{Code: lease.CodeCounterExhausted, Reason: "the fencing counter reached 2^53-1", BackendTime: now.Time()}

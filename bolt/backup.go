@@ -1,0 +1,403 @@
+package bolt
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	bbolt "go.etcd.io/bbolt"
+
+	"github.com/starintel/starlease/lease"
+	"github.com/starintel/starlease/recovery/backupfile"
+)
+
+// Manifest describes a backup: the header of the backup file.
+type Manifest = backupfile.Header
+
+// BackendName is the backend recorded in bolt backups.
+const BackendName = "bolt"
+
+var (
+	// keyRestored marks a restored namespace awaiting recovery verification.
+	keyRestored = []byte("restored_unverified")
+	keyEpoch    = []byte("epoch")
+	// keyCounterFloor is the recovery epoch's floor under every counter.
+	keyCounterFloor = []byte("counter_floor")
+	keyRecovery     = []byte("last_recovery")
+	// restoredSchema replaces the schema version of a restored file until
+	// recovery finishes, so even a staging file moved by hand into place
+	// is refused by Open.
+	restoredSchema = []byte("restored_unverified")
+)
+
+// ErrRestoreTarget is returned when the restore target is not empty: a
+// restore never replaces an existing namespace (that could roll its
+// counters back).
+var ErrRestoreTarget = errors.New("restore target already exists; restore only into an empty path")
+
+// restoreSentinel occupies the store path of a restored namespace until
+// recovery finishes. It is not a bbolt file, so Open fails with
+// backend_unavailable and never creates a fresh (zero-counter) store there.
+const restoreSentinel = "starlease: restored namespace awaiting recovery verification; the snapshot is in %s\n"
+
+// StagingPath is where Restore keeps the restored snapshot of the store at
+// path until recovery verification moves it into place.
+func StagingPath(path string) string { return path + ".restored" }
+
+// Backup writes one consistent point-in-time snapshot of the store (one
+// read transaction) as a versioned, checksummed backup file: counters,
+// idempotency evidence, active records, history, lease states, high-water
+// marks, accepted commits, the outbox and the backend clock.
+func (s *Store) Backup(ctx context.Context, w io.Writer) (Manifest, error) {
+	if err := s.begin(ctx); err != nil {
+		return Manifest{}, err
+	}
+	tx, err := s.db.Begin(false)
+	if err != nil {
+		return Manifest{}, s.storageReadError(err)
+	}
+	defer tx.Rollback()
+	counts := map[string]int64{}
+	for _, b := range [][]byte{bucketCounters, bucketIdem, bucketActive, bucketHistory, bucketLeases,
+		bucketHighWater, bucketCommits, bucketOutbox} {
+		counts[string(b)] = int64(tx.Bucket(b).Stats().KeyN)
+	}
+	m, err := backupfile.Write(w, Manifest{Backend: BackendName, CreatedAt: s.now().UTC(), Counts: counts},
+		func(w io.Writer) error { _, err := tx.WriteTo(w); return err })
+	if err != nil {
+		s.log.Error("lease store backup failed", "error", err)
+		return Manifest{}, lease.Errorf(lease.CodeBackendUnavailable, "backup failed")
+	}
+	s.log.Info("AUDIT lease store backup taken", "backend", BackendName, "payload_sha256", m.PayloadSHA256,
+		"payload_bytes", m.PayloadBytes, "counters", counts["counters"], "active", counts["active"])
+	return m, nil
+}
+
+// RestoreMarker is stored in the meta bucket of a restored namespace.
+type RestoreMarker struct {
+	BackupCreatedAt time.Time `json:"backup_created_at"`
+	BackupSHA256    string    `json:"backup_sha256"`
+	RestoredAt      time.Time `json:"restored_at"`
+}
+
+// Restore verifies the backup read from r and restores it for the store at
+// path, which must not exist. The namespace stays closed: path holds a
+// sentinel that Open refuses with backend_unavailable, and the snapshot (at
+// StagingPath, marked restored_unverified) only becomes the store when
+// recovery verification finishes (OpenRestored, Restored.Finish). Any
+// verification failure restores nothing.
+func Restore(r io.Reader, path string) (err error) {
+	staging := StagingPath(path)
+	for _, p := range []string{path, staging, staging + ".tmp"} {
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("%w: %s", ErrRestoreTarget, p)
+		}
+	}
+	sentinel, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrRestoreTarget, err)
+	}
+	_, err = fmt.Fprintf(sentinel, restoreSentinel, filepath.Base(staging))
+	if err == nil {
+		err = sentinel.Sync()
+	}
+	if cerr := sentinel.Close(); err == nil {
+		err = cerr
+	}
+	tmp := staging + ".tmp"
+	defer func() {
+		if err != nil {
+			os.Remove(tmp)
+			os.Remove(path)
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	h, err := backupfile.Read(r, f)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if h.Backend != BackendName {
+		return fmt.Errorf("backup is of backend %q, not %q", h.Backend, BackendName)
+	}
+	db, err := bbolt.Open(tmp, 0o600, &bbolt.Options{Timeout: time.Second})
+	if err != nil {
+		return fmt.Errorf("restored snapshot does not open: %s", classify(err))
+	}
+	marker, _ := json.Marshal(RestoreMarker{BackupCreatedAt: h.CreatedAt, BackupSHA256: h.PayloadSHA256, RestoredAt: time.Now().UTC()})
+	err = db.Update(func(tx *bbolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if meta == nil || string(meta.Get(keySchema)) != schemaVersion {
+			return errSchema
+		}
+		if err := meta.Put(keySchema, restoredSchema); err != nil {
+			return err
+		}
+		return meta.Put(keyRestored, marker)
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("cannot mark the restored snapshot: %w", err)
+	}
+	if err = os.Rename(tmp, staging); err != nil {
+		return err
+	}
+	syncDir(filepath.Dir(path))
+	slog.Default().Info("AUDIT lease store restored; namespace closed until recovery verification",
+		"backup_sha256", h.PayloadSHA256, "backup_created_at", h.CreatedAt, "staging", staging)
+	return nil
+}
+
+func syncDir(dir string) {
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+}
+
+// Restored is a restored namespace awaiting recovery verification. It
+// offers only what recovery needs: the restored state and the one
+// transaction that raises counters, ends restored leases and reopens.
+type Restored struct {
+	s    *Store
+	path string
+}
+
+// OpenRestored opens the staged snapshot of the restored store at path.
+func OpenRestored(path string, o Options) (*Restored, error) {
+	db, err := bbolt.Open(StagingPath(path), 0o600, &bbolt.Options{Timeout: time.Second})
+	if err != nil {
+		return nil, lease.Errorf(lease.CodeBackendUnavailable, "cannot open the restored snapshot: %s", classify(err))
+	}
+	s := &Store{db: db, opts: o.StoreOptions.WithDefaults(), now: o.Now, stop: make(chan struct{})}
+	s.log = s.opts.Logger
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if err := db.View(func(tx *bbolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if meta == nil || string(meta.Get(keySchema)) != string(restoredSchema) || meta.Get(keyRestored) == nil {
+			return errSchema
+		}
+		return nil
+	}); err != nil {
+		db.Close()
+		return nil, lease.Errorf(lease.CodeCorrupt, "file is not a restored namespace awaiting verification")
+	}
+	return &Restored{s: s, path: path}, nil
+}
+
+// Close closes the staged snapshot without reopening the namespace.
+func (r *Restored) Close() error { return r.s.Close() }
+
+// RestoredState is what a restored snapshot holds that recovery decides on.
+type RestoredState struct {
+	Marker    RestoreMarker
+	Epoch     uint64
+	Counters  map[string]uint64 // lock key → counter
+	HighWater map[string]uint64 // lock key → highest mark over its sinks
+	Active    []*lease.Record   // restored active records
+}
+
+// State reads the restored state in one read transaction. Malformed
+// counters, marks or records fail closed.
+func (r *Restored) State(ctx context.Context) (RestoredState, error) {
+	st := RestoredState{Counters: map[string]uint64{}, HighWater: map[string]uint64{}}
+	err := r.s.view(ctx, func(tx *bbolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if err := json.Unmarshal(meta.Get(keyRestored), &st.Marker); err != nil {
+			return lease.Errorf(lease.CodeCorrupt, "restore marker is corrupt")
+		}
+		if v := meta.Get(keyEpoch); len(v) == 8 {
+			st.Epoch = binary.BigEndian.Uint64(v)
+		}
+		if err := tx.Bucket(bucketCounters).ForEach(func(k, v []byte) error {
+			if len(v) != 8 {
+				return lease.Errorf(lease.CodeCorrupt, "a fencing counter is malformed")
+			}
+			st.Counters[string(k)] = binary.BigEndian.Uint64(v)
+			return nil
+		}); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketHighWater).ForEach(func(k, v []byte) error {
+			i := indexOf(k, 0)
+			if len(v) != 8 || i < 0 {
+				return lease.Errorf(lease.CodeCorrupt, "a high-water mark is malformed")
+			}
+			key := string(k[:i])
+			st.HighWater[key] = max(st.HighWater[key], binary.BigEndian.Uint64(v))
+			return nil
+		}); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketActive).ForEach(func(k, v []byte) error {
+			rec, err := lease.DecodeRecord(v)
+			if err != nil || rec.LockKey != string(k) {
+				return lease.Errorf(lease.CodeCorrupt, "a restored active record is corrupt")
+			}
+			st.Active = append(st.Active, rec)
+			return nil
+		})
+	})
+	return st, err
+}
+
+func indexOf(b []byte, c byte) int {
+	for i, x := range b {
+		if x == c {
+			return i
+		}
+	}
+	return -1
+}
+
+// FinishPlan is recovery's decision for a restored namespace.
+type FinishPlan struct {
+	// Counters raises each lock key's counter to at least the value given
+	// (creating it if absent). A counter is never lowered.
+	Counters map[string]uint64
+	// Epoch, if nonzero, is recorded as the namespace's new recovery epoch.
+	Epoch uint64
+	// Floor, if nonzero, becomes the namespace's counter floor: every
+	// acquisition, of any identity, known or not, gets a token above it.
+	Floor uint64
+	// Reason is recorded on every restored lease the recovery ends.
+	Reason string
+}
+
+// FinishResult reports what Finish changed.
+type FinishResult struct {
+	Raised  int      // counters raised or created
+	Revoked []string // lease ids of restored live leases revoked
+	Expired []string // lease ids of restored leases already expired, archived as expired
+	At      lease.Timestamp
+}
+
+// recoveryPrincipal is recorded as the ender of leases recovery revokes.
+const recoveryPrincipal = "starlease-recovery"
+
+// Finish applies plan in one write transaction — raise counters, end every
+// restored active lease through the normal archive path (revoked with
+// plan.Reason if live, expired if already expired: a restored TTL is never
+// resurrected), clear the restored mark — then moves the snapshot into
+// place as the store, reopening the namespace. r is closed afterwards.
+func (r *Restored) Finish(ctx context.Context, plan FinishPlan) (FinishResult, error) {
+	var res FinishResult
+	if err := r.s.begin(ctx); err != nil {
+		return FinishResult{}, err
+	}
+	// Not mutate: a refusal here must roll the whole transaction back.
+	err := r.s.db.Update(func(tx *bbolt.Tx) error {
+		res = FinishResult{}
+		now := r.s.clock(tx)
+		res.At = now
+		counters := tx.Bucket(bucketCounters)
+		for key, want := range plan.Counters {
+			if want > lease.MaxFencingToken {
+				return lease.Errorf(lease.CodeCounterExhausted, "recovery epoch would exceed the fencing token limit")
+			}
+			var cur uint64
+			if v := counters.Get([]byte(key)); v != nil {
+				if len(v) != 8 {
+					return lease.Errorf(lease.CodeCorrupt, "a fencing counter is malformed")
+				}
+				cur = binary.BigEndian.Uint64(v)
+			}
+			if want > cur {
+				if err := counters.Put([]byte(key), u64(want)); err != nil {
+					return err
+				}
+				res.Raised++
+			}
+		}
+		var active []*lease.Record
+		if err := tx.Bucket(bucketActive).ForEach(func(k, v []byte) error {
+			rec, err := lease.DecodeRecord(v)
+			if err != nil || rec.LockKey != string(k) {
+				return lease.Errorf(lease.CodeCorrupt, "a restored active record is corrupt")
+			}
+			active = append(active, rec)
+			return nil
+		}); err != nil {
+			return err
+		}
+		for _, rec := range active {
+			var err error
+			if rec.LiveAt(now) {
+				err = r.s.archive(tx, rec, lease.StateRevoked, now, ended{by: recoveryPrincipal, reason: plan.Reason})
+				res.Revoked = append(res.Revoked, rec.LeaseID)
+			} else {
+				err = r.s.archive(tx, rec, lease.StateExpired, rec.ExpiresAt, ended{})
+				res.Expired = append(res.Expired, rec.LeaseID)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		meta := tx.Bucket(bucketMeta)
+		if plan.Epoch > 0 {
+			if err := meta.Put(keyEpoch, u64(plan.Epoch)); err != nil {
+				return err
+			}
+		}
+		if plan.Floor > counterFloor(tx) {
+			if err := meta.Put(keyCounterFloor, u64(plan.Floor)); err != nil {
+				return err
+			}
+		}
+		rec, _ := json.Marshal(map[string]any{"at": now, "epoch": plan.Epoch, "reason": plan.Reason,
+			"raised": res.Raised, "revoked": len(res.Revoked), "restore": json.RawMessage(meta.Get(keyRestored))})
+		if err := meta.Put(keyRecovery, rec); err != nil {
+			return err
+		}
+		if err := meta.Delete(keyRestored); err != nil {
+			return err
+		}
+		return meta.Put(keySchema, []byte(schemaVersion))
+	})
+	if err != nil {
+		var le *lease.Error
+		if !errors.As(err, &le) {
+			err = lease.Errorf(lease.CodeBackendUnavailable, "recovery transaction failed")
+		}
+		return FinishResult{}, err
+	}
+	if err := r.s.Close(); err != nil {
+		return res, err
+	}
+	if err := os.Rename(StagingPath(r.path), r.path); err != nil {
+		return res, lease.Errorf(lease.CodeBackendUnavailable, "cannot move the recovered store into place")
+	}
+	syncDir(filepath.Dir(r.path))
+	return res, nil
+}
+
+// counterFloor is the namespace's counter floor (0 before any recovery
+// epoch): no acquisition gets a token at or below it.
+func counterFloor(tx *bbolt.Tx) uint64 {
+	if v := tx.Bucket(bucketMeta).Get(keyCounterFloor); len(v) == 8 {
+		return binary.BigEndian.Uint64(v)
+	}
+	return 0
+}

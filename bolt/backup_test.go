@@ -1,0 +1,73 @@
+package bolt
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/starintel/starlease/lease"
+	"github.com/starintel/starlease/recovery/backupfile"
+)
+
+func TestBackupRestoreStaysClosed(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	s, err := Open(filepath.Join(dir, "a.db"), Options{ReapInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Acquire(ctx, acquireReq("req-1", time.Minute, time.Now().Add(time.Minute))); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	m, err := s.Backup(ctx, &buf)
+	if err != nil || m.Counts["counters"] != 1 || m.Backend != "bolt" {
+		t.Fatalf("backup: %v %+v", err, m)
+	}
+
+	// A flipped payload byte is refused and nothing is restored.
+	bad := bytes.Clone(buf.Bytes())
+	bad[len(bad)-100] ^= 1
+	target := filepath.Join(dir, "b.db")
+	if err := Restore(bytes.NewReader(bad), target); !errors.Is(err, backupfile.ErrChecksum) {
+		t.Fatalf("corrupt restore: %v", err)
+	}
+	for _, p := range []string{target, StagingPath(target), StagingPath(target) + ".tmp"} {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s left behind: %v", p, err)
+		}
+	}
+
+	if err := Restore(bytes.NewReader(buf.Bytes()), target); err != nil {
+		t.Fatal(err)
+	}
+	// The namespace is closed: Open refuses it and never creates a fresh store.
+	if _, err := Open(target, Options{ReapInterval: -1}); code(err) != lease.CodeBackendUnavailable {
+		t.Fatalf("open restored: %v", err)
+	}
+	// The staged snapshot moved by hand is refused too.
+	if _, err := Open(StagingPath(target), Options{ReapInterval: -1}); err == nil {
+		t.Fatal("staged snapshot opened as a store")
+	}
+	// Never restore over an existing namespace.
+	if err := Restore(bytes.NewReader(buf.Bytes()), target); !errors.Is(err, ErrRestoreTarget) {
+		t.Fatalf("restore over existing: %v", err)
+	}
+	if err := Restore(bytes.NewReader(buf.Bytes()), filepath.Join(dir, "a.db")); !errors.Is(err, ErrRestoreTarget) {
+		t.Fatalf("restore over live store: %v", err)
+	}
+	r, err := OpenRestored(target, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := r.State(ctx)
+	if err != nil || len(st.Active) != 1 || st.Marker.BackupSHA256 != m.PayloadSHA256 {
+		t.Fatalf("state: %v %+v", err, st)
+	}
+	r.Close()
+}

@@ -1,0 +1,212 @@
+package recovery
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/starintel/starlease/bolt"
+	"github.com/starintel/starlease/lease"
+	"github.com/starintel/starlease/recovery/backupfile"
+)
+
+var ident = lease.Identity{TenantID: "tenant-main", ProgramID: "program-a",
+	TargetNamespace: "starintel-target", TargetID: "target-1", ActorName: "usernamegen"}
+
+var caller = lease.Caller{PrincipalID: "prn-actor", ClientID: "client-1", CredentialID: "key-1"}
+
+func far() time.Time { return time.Now().Add(time.Minute) }
+
+func acquire(id string) lease.AcquireRequest {
+	return lease.AcquireRequest{Identity: ident, ServiceInstanceID: "instance-1", TTL: time.Hour,
+		MaximumLifetime: 2 * time.Hour, ExecutionID: "execution-1", JobID: "job-1",
+		Mutation: lease.Mutation{RequestID: id, DeadlineAt: far(), Caller: caller}}
+}
+
+func commit(l *lease.Record, id string) lease.CommitRequest {
+	return lease.CommitRequest{Identity: ident, LeaseID: l.LeaseID, FencingToken: l.FencingToken,
+		ServiceInstanceID: "instance-1", Sink: "couchdb", CommitID: id, ExecutionID: "execution-1", DeadlineAt: far(), Caller: caller}
+}
+
+func release(l *lease.Record, id string) lease.ReleaseRequest {
+	return lease.ReleaseRequest{Identity: ident, LeaseID: l.LeaseID, FencingToken: l.FencingToken,
+		ServiceInstanceID: "instance-1", Mutation: lease.Mutation{RequestID: id, DeadlineAt: far(), Caller: caller}}
+}
+
+func open(t *testing.T, path string) *bolt.Store {
+	t.Helper()
+	s, err := bolt.Open(path, bolt.Options{ReapInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// scenario: a backup while a lease is held, then more work (higher tokens
+// accepted downstream), then the old backup restored into a new path.
+type scenario struct {
+	path       string
+	stale      *lease.Record // held at backup time
+	downstream Proof         // tokens accepted after the backup
+	maxToken   uint64
+}
+
+func setup(t *testing.T) scenario {
+	ctx := context.Background()
+	dir := t.TempDir()
+	s := open(t, filepath.Join(dir, "live.db"))
+	res, err := s.Acquire(ctx, acquire("req-before"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AuthorizeCommit(ctx, commit(res.Lease, "commit-before")); err != nil {
+		t.Fatal(err)
+	}
+	var backup bytes.Buffer
+	if _, err := s.Backup(ctx, &backup); err != nil {
+		t.Fatal(err)
+	}
+	sc := scenario{path: filepath.Join(dir, "restored.db"), stale: res.Lease}
+	sc.downstream.Observe(res.Lease.LockKey, res.Lease.FencingToken)
+	cur := res.Lease
+	for i := range 5 { // keep working: tokens grow and are accepted downstream
+		if _, err := s.Release(ctx, release(cur, "rel-"+string(rune('a'+i)))); err != nil {
+			t.Fatal(err)
+		}
+		next, err := s.Acquire(ctx, acquire("req-after-"+string(rune('a'+i))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cur = next.Lease
+		if _, err := s.AuthorizeCommit(ctx, commit(cur, "commit-after-"+string(rune('a'+i)))); err != nil {
+			t.Fatal(err)
+		}
+		sc.downstream.Observe(cur.LockKey, cur.FencingToken)
+		sc.maxToken = cur.FencingToken
+	}
+	if _, err := ReadBackup(bytes.NewReader(backup.Bytes())); err != nil {
+		t.Fatal(err)
+	}
+	if err := bolt.Restore(bytes.NewReader(backup.Bytes()), sc.path); err != nil {
+		t.Fatal(err)
+	}
+	return sc
+}
+
+func TestRestoreEpochPath(t *testing.T) {
+	ctx := context.Background()
+	sc := setup(t)
+	// (a) the namespace refuses work until verified.
+	if _, err := bolt.Open(sc.path, bolt.Options{ReapInterval: -1}); lease.CodeOf(err) != lease.CodeBackendUnavailable {
+		t.Fatalf("open before verification: %v", err)
+	}
+	sc.downstream.Complete = false // proof unavailable/incomplete: epoch path
+	rep, err := Verify(ctx, sc.path, sc.downstream, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Epoch || rep.EpochNumber != 1 || rep.Floor != sc.maxToken+DefaultEpochGap || len(rep.Revoked) != 1 || rep.Revoked[0] != sc.stale.LeaseID {
+		t.Fatalf("report %+v", rep)
+	}
+	s := open(t, sc.path)
+	if h := s.Health(ctx); h.Status != lease.HealthOK {
+		t.Fatalf("health after recovery: %+v", h)
+	}
+	// (c) the stale holder from before the restore cannot commit.
+	if _, err := s.AuthorizeCommit(ctx, commit(sc.stale, "commit-stale")); lease.CodeOf(err) != lease.CodeLost {
+		t.Fatalf("stale commit: %v", err)
+	}
+	// (d) a replayed pre-backup acquire returns its original result, and
+	// shows the lease revoked now.
+	replay, err := s.Acquire(ctx, acquire("req-before"))
+	if err != nil || replay.Lease.LeaseID != sc.stale.LeaseID || replay.Lease.FencingToken != sc.stale.FencingToken ||
+		replay.Current == nil || replay.Current.State != lease.StateRevoked {
+		t.Fatalf("replay: %v %+v", err, replay)
+	}
+	// (b) every new token is above every token accepted downstream.
+	fresh, err := s.Acquire(ctx, acquire("req-new"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fresh.Lease.FencingToken <= sc.maxToken || fresh.Lease.FencingToken != rep.Floor+1 || fresh.Lease.LeaseID == sc.stale.LeaseID {
+		t.Fatalf("new token %d, downstream max %d", fresh.Lease.FencingToken, sc.maxToken)
+	}
+	if _, err := s.AuthorizeCommit(ctx, commit(fresh.Lease, "commit-new")); err != nil {
+		t.Fatal(err)
+	}
+	// An identity the backup never knew (it may have been acquired, and
+	// accepted downstream, after the backup) also continues above the floor.
+	unseen := acquire("req-unseen")
+	unseen.Identity.TargetID = "target-created-after-the-backup"
+	other, err := s.Acquire(ctx, unseen)
+	if err != nil || other.Lease.FencingToken != rep.Floor+1 {
+		t.Fatalf("an unseen identity after the epoch: %v token %d, want %d", err, other.Lease.FencingToken, rep.Floor+1)
+	}
+	// Recovery runs once: the reopened store is no longer a restored namespace.
+	if _, err := Verify(ctx, sc.path, sc.downstream, Options{}); err == nil {
+		t.Fatal("verify ran twice")
+	}
+}
+
+func TestCompleteProofShortFallsBackToEpoch(t *testing.T) {
+	sc := setup(t)
+	sc.downstream.Complete = true // complete, but counters are below it
+	rep, err := Verify(context.Background(), sc.path, sc.downstream, Options{EpochGap: 10})
+	if err != nil || !rep.Epoch || len(rep.Shortfalls) != 1 || rep.Floor != sc.maxToken+10 {
+		t.Fatalf("%v %+v", err, rep)
+	}
+}
+
+func TestCompleteProofReopensWithoutEpoch(t *testing.T) {
+	ctx := context.Background()
+	sc := setup(t)
+	proof := Proof{Complete: true, Sources: []string{"test"}}
+	proof.Observe(sc.stale.LockKey, sc.stale.FencingToken) // nothing newer reached downstream
+	rep, err := Verify(ctx, sc.path, proof, Options{})
+	if err != nil || rep.Epoch || rep.Raised != 0 || len(rep.Revoked) != 1 {
+		t.Fatalf("%v %+v", err, rep)
+	}
+	s := open(t, sc.path)
+	// The restored lease is never resurrected; the next token follows the counter.
+	next, err := s.Acquire(ctx, acquire("req-next"))
+	if err != nil || next.Lease.FencingToken != sc.stale.FencingToken+1 {
+		t.Fatalf("%v %+v", err, next.Lease)
+	}
+	if _, err := s.AuthorizeCommit(ctx, commit(sc.stale, "commit-stale")); lease.CodeOf(err) != lease.CodeLost {
+		t.Fatalf("stale commit: %v", err)
+	}
+}
+
+func TestReadBackupRefusesCorruption(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "a.db"))
+	if _, err := s.Acquire(ctx, acquire("req-1")); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if _, err := s.Backup(ctx, &buf); err != nil {
+		t.Fatal(err)
+	}
+	b := buf.Bytes()
+	for name, c := range map[string]struct {
+		edit func([]byte) []byte
+		want error
+	}{
+		"flipped byte": {func(b []byte) []byte { b[len(b)-1] ^= 0x40; return b }, backupfile.ErrChecksum},
+		"bad magic":    {func(b []byte) []byte { b[0] = 'X'; return b }, backupfile.ErrMagic},
+		"truncated":    {func(b []byte) []byte { return b[:len(b)-10] }, backupfile.ErrTruncated},
+		"trailing":     {func(b []byte) []byte { return append(b, 0) }, backupfile.ErrTruncated},
+		"version":      {func(b []byte) []byte { return bytes.Replace(b, []byte(`"version":1`), []byte(`"version":2`), 1) }, backupfile.ErrVersion},
+	} {
+		if _, err := ReadBackup(bytes.NewReader(c.edit(bytes.Clone(b)))); !errors.Is(err, c.want) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	if _, err := ReadBackup(bytes.NewReader(b)); err != nil {
+		t.Fatal(err)
+	}
+}
