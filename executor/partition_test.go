@@ -1,23 +1,10 @@
 package executor_test
 
 import (
-	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
-	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -51,11 +38,16 @@ import (
 //     holder's next commit is lease_lost again, and the fenced store holds
 //     only the successor's write.
 func TestPartitionFailsClosed(t *testing.T) {
-	bin := buildStarlease(t)
-	srv := startStarlease(t, bin)
-	holderKey := srv.createKey("prn-holder")
-	successorKey := srv.createKey("prn-successor")
-	proxy := testenv.StartProxy(t, srv.addr)
+	bin := testenv.BuildStarlease(t)
+	srv := testenv.StartStarlease(t, bin, "--backend", "bolt")
+	// api_client principals with targets:lease in tenant-a/program-a.
+	createKey := func(principal string) string {
+		key, _ := srv.CreateKey(principal, "api_client", "targets:lease", "tenant:tenant-a,program:program-a")
+		return key
+	}
+	holderKey := createKey("prn-holder")
+	successorKey := createKey("prn-successor")
+	proxy := testenv.StartProxy(t, srv.Addr())
 
 	newClient := func(base, key string) *client.Client {
 		c, err := client.New(base, key)
@@ -68,8 +60,8 @@ func TestPartitionFailsClosed(t *testing.T) {
 	// (the holder's principal, so it may read the lease) and the successor
 	// have direct links.
 	holderStore := client.NewLeaseStore(newClient("http://"+proxy.Addr(), holderKey), "prn-holder")
-	observer := newClient(srv.base, holderKey)
-	successorStore := client.NewLeaseStore(newClient(srv.base, successorKey), "prn-successor")
+	observer := newClient(srv.URL(), holderKey)
+	successorStore := client.NewLeaseStore(newClient(srv.URL(), successorKey), "prn-successor")
 
 	sink := fencetest.NewMemorySink("scan-results")
 	id := lease.Identity{TenantID: "tenant-a", ProgramID: "program-a", TargetNamespace: "web",
@@ -298,170 +290,4 @@ func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 	}
-}
-
-// buildStarlease builds cmd/starlease into a temporary directory.
-func buildStarlease(t *testing.T) string {
-	t.Helper()
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		goTool = "/usr/local/go/bin/go"
-	}
-	bin := filepath.Join(t.TempDir(), "starlease")
-	cmd := exec.Command(goTool, "build", "-o", bin, "github.com/starintel/starlease/cmd/starlease")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/starlease: %v\n%s", err, out)
-	}
-	return bin
-}
-
-// syncBuffer collects a process's output.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// starleaseServer is a running "starlease serve" process (bolt backend).
-type starleaseServer struct {
-	t          *testing.T
-	bin        string
-	dataDir    string
-	pepperFile string
-	addr, base string
-	stderr     *syncBuffer
-}
-
-// startStarlease runs "starlease serve" on a free loopback port with a new
-// data directory and pepper file, waits for GET /readyz 200, and stops it
-// with SIGTERM in t.Cleanup.
-func startStarlease(t *testing.T, bin string) *starleaseServer {
-	t.Helper()
-	dir := t.TempDir()
-	s := &starleaseServer{t: t, bin: bin, dataDir: filepath.Join(dir, "data"), pepperFile: filepath.Join(dir, "pepper")}
-	raw := make([]byte, 32)
-	if _, err := rand.Read(raw); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(s.pepperFile, []byte(hex.EncodeToString(raw)+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var lastErr error
-	for attempt := 0; attempt < 3; attempt++ { // a free port can be taken before serve binds it
-		if lastErr = s.start(); lastErr == nil {
-			return s
-		}
-	}
-	t.Fatalf("starlease serve did not start: %v", lastErr)
-	return nil
-}
-
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "STARLEASE_") {
-			env = append(env, kv)
-		}
-	}
-	return env
-}
-
-func (s *starleaseServer) start() error {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	s.addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	s.base = "http://" + s.addr
-	cmd := exec.Command(s.bin, "serve", "--backend", "bolt", "--data-dir", s.dataDir, "--pepper-file", s.pepperFile, "--listen", s.addr)
-	cmd.Env = cleanEnv()
-	s.stderr = &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = &syncBuffer{}, s.stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	exited := make(chan struct{})
-	var exitErr error
-	go func() { exitErr = cmd.Wait(); close(exited) }()
-	stop := func() {
-		select {
-		case <-exited:
-			return
-		default:
-		}
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	}
-	for limit := time.Now().Add(15 * time.Second); ; time.Sleep(25 * time.Millisecond) {
-		select {
-		case <-exited:
-			return fmt.Errorf("exited during start (%v): %s", exitErr, s.stderr.String())
-		default:
-		}
-		if resp, err := http.Get(s.base + "/readyz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		if time.Now().After(limit) {
-			stop()
-			return fmt.Errorf("GET /readyz not 200 within 15 s: %s", s.stderr.String())
-		}
-	}
-	s.t.Cleanup(func() {
-		stop()
-		if s.t.Failed() {
-			tail := s.stderr.String()
-			if len(tail) > 6000 {
-				tail = tail[len(tail)-6000:]
-			}
-			s.t.Logf("starlease serve stderr (tail):\n%s", tail)
-		}
-	})
-	return nil
-}
-
-// createKey runs "starlease keys create" for an api_client principal with
-// targets:lease in tenant-a/program-a and returns the API key.
-func (s *starleaseServer) createKey(principal string) string {
-	s.t.Helper()
-	cmd := exec.Command(s.bin, "keys", "create", "--data-dir", s.dataDir, "--pepper-file", s.pepperFile,
-		"--principal", principal, "--class", "api_client", "--capabilities", "targets:lease",
-		"--scope", "tenant:tenant-a,program:program-a")
-	cmd.Env = cleanEnv()
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		s.t.Fatalf("starlease keys create: %v\n%s", err, stderr.Bytes())
-	}
-	var out struct {
-		APIKey     string `json:"api_key"`
-		Credential struct {
-			PrincipalID string `json:"principal_id"`
-		} `json:"credential"`
-	}
-	if err := json.Unmarshal(stdout.Bytes(), &out); err != nil || out.APIKey == "" || out.Credential.PrincipalID != principal {
-		s.t.Fatalf("keys create printed no usable key (%v)", err)
-	}
-	return out.APIKey
 }

@@ -9,21 +9,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/starintel/starlease/client"
+	"github.com/starintel/starlease/internal/testenv"
 	"github.com/starintel/starlease/lease"
 )
 
@@ -32,39 +28,6 @@ import (
 // processes, raw HTTP requests and bookkeeping of the wire-table rows seen.
 
 const apiBase = "/api/v1/target-leases"
-
-// buildStarlease builds cmd/starlease into a temporary directory of t.
-func buildStarlease(t *testing.T) string {
-	t.Helper()
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		goTool = "/usr/local/go/bin/go"
-	}
-	bin := filepath.Join(t.TempDir(), "starlease")
-	cmd := exec.Command(goTool, "build", "-o", bin, "github.com/starintel/starlease/cmd/starlease")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/starlease: %v\n%s", err, out)
-	}
-	return bin
-}
-
-// lockedBuffer collects a process's output.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) Bytes() []byte {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return bytes.Clone(l.b.Bytes())
-}
 
 // e2eKey is an API key created with "starlease keys create".
 type e2eKey struct {
@@ -75,192 +38,39 @@ type e2eKey struct {
 	Secret       string // the 64 hex characters after the credential id
 }
 
-// e2eServer is a running "starlease serve" process.
+// e2eServer is a running "starlease serve" process, with the keys created
+// for it and the recorder of the wire-table rows it answered.
 type e2eServer struct {
-	t          *testing.T
-	bin        string
-	dataDir    string
-	pepperFile string
-	pepper     string
-	addr       string
-	base       string
-	stdout     *lockedBuffer
-	stderr     *lockedBuffer
-	cmd        *exec.Cmd
-	exited     chan struct{}
-	exitErr    error
-	rows       *rowRecorder
-	// backendArgs are the serve flags that name the backend; the keys
-	// command needs them too, since the credentials live in the backend.
-	backendArgs []string
+	*testenv.Starlease
+	t    *testing.T
+	rows *rowRecorder
 
 	mu   sync.Mutex
 	keys []*e2eKey
 }
 
-// startServer starts "starlease serve" on a free loopback port with a new
-// data directory and pepper file, waits for GET /readyz 200, and stops it
-// with SIGTERM in t.Cleanup (checking that it shuts down cleanly).
+// startServer starts "starlease serve" (testenv.StartStarlease) and, in
+// t.Cleanup, checks that it shuts down cleanly on SIGTERM.
 func startServer(t *testing.T, bin string, rows *rowRecorder, extra ...string) *e2eServer {
 	t.Helper()
-	dir := t.TempDir()
-	s := &e2eServer{t: t, bin: bin, dataDir: filepath.Join(dir, "data"), pepperFile: filepath.Join(dir, "pepper"), rows: rows}
-	for i := 0; i+1 < len(extra); i += 2 {
-		if extra[i] == "--backend" || strings.HasPrefix(extra[i], "--valkey-") {
-			s.backendArgs = append(s.backendArgs, extra[i], extra[i+1])
+	s := &e2eServer{Starlease: testenv.StartStarlease(t, bin, extra...), t: t, rows: rows}
+	t.Cleanup(func() {
+		if err := s.Stop(); err != nil {
+			t.Errorf("starlease serve did not shut down cleanly on SIGTERM: %v\nstderr:\n%s", err, s.Stderr())
 		}
-	}
-	raw := make([]byte, 32)
-	if _, err := rand.Read(raw); err != nil {
-		t.Fatal(err)
-	}
-	s.pepper = hex.EncodeToString(raw)
-	if err := os.WriteFile(s.pepperFile, []byte(s.pepper+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var lastErr error
-	for attempt := 0; attempt < 3; attempt++ {
-		if lastErr = s.start(extra); lastErr == nil {
-			t.Cleanup(s.stop)
-			return s
-		}
-	}
-	t.Fatalf("starlease serve did not start: %v", lastErr)
-	return nil
+	})
+	return s
 }
 
-// freePort picks a port by listening on 127.0.0.1:0 and closing.
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// cleanEnv is the environment without STARLEASE_* variables, so the flags
-// given are the whole configuration.
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "STARLEASE_") {
-			env = append(env, kv)
-		}
-	}
-	return env
-}
-
-func (s *e2eServer) start(extra []string) error {
-	s.addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(s.t)))
-	s.base = "http://" + s.addr
-	args := append([]string{"serve", "--data-dir", s.dataDir, "--pepper-file", s.pepperFile, "--listen", s.addr}, extra...)
-	cmd := exec.Command(s.bin, args...)
-	cmd.Env = cleanEnv()
-	s.stdout, s.stderr = &lockedBuffer{}, &lockedBuffer{}
-	cmd.Stdout, cmd.Stderr = s.stdout, s.stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	s.cmd, s.exited = cmd, make(chan struct{})
-	go func() { s.exitErr = cmd.Wait(); close(s.exited) }()
-	limit := time.Now().Add(15 * time.Second)
-	for {
-		select {
-		case <-s.exited:
-			return fmt.Errorf("exited during start (%v): %s", s.exitErr, s.stderr.Bytes())
-		default:
-		}
-		resp, err := http.Get(s.base + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		if time.Now().After(limit) {
-			s.stopProcess()
-			return fmt.Errorf("GET /readyz not 200 within 15 s: %s", s.stderr.Bytes())
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-}
-
-// stopProcess sends SIGTERM and waits (SIGKILL after 15 s). It reports
-// whether the process exited by itself after SIGTERM with status 0.
-func (s *e2eServer) stopProcess() (clean bool) {
-	select {
-	case <-s.exited:
-		return s.exitErr == nil
-	default:
-	}
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.exited:
-		return s.exitErr == nil
-	case <-time.After(15 * time.Second):
-		_ = s.cmd.Process.Kill()
-		<-s.exited
-		return false
-	}
-}
-
-func (s *e2eServer) stop() {
-	if s.t.Failed() {
-		tail := s.stderr.Bytes()
-		if len(tail) > 6000 {
-			tail = tail[len(tail)-6000:]
-		}
-		s.t.Logf("starlease serve stderr (tail):\n%s", tail)
-	}
-	if !s.stopProcess() {
-		s.t.Errorf("starlease serve did not shut down cleanly on SIGTERM: %v\nstderr:\n%s", s.exitErr, s.stderr.Bytes())
-	}
-}
-
-// runCLI runs the binary with args and returns stdout; a non-zero exit
-// fails the test.
-func (s *e2eServer) runCLI(args ...string) []byte {
-	s.t.Helper()
-	cmd := exec.Command(s.bin, args...)
-	cmd.Env = cleanEnv()
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		s.t.Fatalf("starlease %s: %v\n%s", args[0], err, stderr.Bytes())
-	}
-	return stdout.Bytes()
-}
-
-var apiKeyRE = regexp.MustCompile(`^star_sk_v1_([0-9A-HJKMNP-TV-Z]{26})_([0-9a-f]{64})$`)
+// secretOf is the 64 hex characters after the credential id of an API key.
+func secretOf(apiKey string) string { return apiKey[len(apiKey)-64:] }
 
 // createKey runs "starlease keys create" against the server's data
 // directory while it runs.
 func (s *e2eServer) createKey(principal, class, caps, scope string, extra ...string) *e2eKey {
 	s.t.Helper()
-	args := append([]string{"keys", "create", "--data-dir", s.dataDir, "--pepper-file", s.pepperFile,
-		"--principal", principal, "--class", class, "--capabilities", caps, "--scope", scope}, s.backendArgs...)
-	args = append(args, extra...)
-	out := s.runCLI(args...)
-	var got struct {
-		APIKey     string `json:"api_key"`
-		Credential struct {
-			CredentialID string `json:"credential_id"`
-			PrincipalID  string `json:"principal_id"`
-			Class        string `json:"class"`
-		} `json:"credential"`
-	}
-	if err := json.Unmarshal(out, &got); err != nil {
-		s.t.Fatalf("keys create output does not decode: %v", err)
-	}
-	m := apiKeyRE.FindStringSubmatch(got.APIKey)
-	if m == nil || m[1] != got.Credential.CredentialID || got.Credential.PrincipalID != principal || got.Credential.Class != class {
-		s.t.Fatalf("keys create printed an unexpected key or credential (principal %q class %q id %q)",
-			got.Credential.PrincipalID, got.Credential.Class, got.Credential.CredentialID)
-	}
-	k := &e2eKey{Principal: principal, Class: class, APIKey: got.APIKey, CredentialID: m[1], Secret: m[2]}
+	apiKey, id := s.CreateKey(principal, class, caps, scope, extra...)
+	k := &e2eKey{Principal: principal, Class: class, APIKey: apiKey, CredentialID: id, Secret: secretOf(apiKey)}
 	s.mu.Lock()
 	s.keys = append(s.keys, k)
 	s.mu.Unlock()
@@ -270,29 +80,14 @@ func (s *e2eServer) createKey(principal, class, caps, scope string, extra ...str
 // revokeKey runs "starlease keys revoke".
 func (s *e2eServer) revokeKey(k *e2eKey) {
 	s.t.Helper()
-	s.runCLI(append([]string{"keys", "revoke", "--data-dir", s.dataDir, "--id", k.CredentialID}, s.backendArgs...)...)
+	s.RevokeKey(k.CredentialID)
 }
 
 // rotateKey runs "starlease keys rotate" and returns the new key.
 func (s *e2eServer) rotateKey(old *e2eKey) *e2eKey {
 	s.t.Helper()
-	out := s.runCLI(append([]string{"keys", "rotate", "--data-dir", s.dataDir, "--pepper-file", s.pepperFile, "--id", old.CredentialID}, s.backendArgs...)...)
-	var got struct {
-		APIKey     string `json:"api_key"`
-		Credential struct {
-			CredentialID string `json:"credential_id"`
-			PrincipalID  string `json:"principal_id"`
-		} `json:"credential"`
-		Revoked string `json:"revoked"`
-	}
-	if err := json.Unmarshal(out, &got); err != nil {
-		s.t.Fatalf("keys rotate output does not decode: %v", err)
-	}
-	m := apiKeyRE.FindStringSubmatch(got.APIKey)
-	if m == nil || m[1] != got.Credential.CredentialID || got.Revoked != old.CredentialID || got.Credential.PrincipalID != old.Principal {
-		s.t.Fatalf("keys rotate printed an unexpected key or credential (id %q, revoked %q)", got.Credential.CredentialID, got.Revoked)
-	}
-	k := &e2eKey{Principal: old.Principal, Class: old.Class, APIKey: got.APIKey, CredentialID: m[1], Secret: m[2]}
+	apiKey, id := s.RotateKey(old.CredentialID)
+	k := &e2eKey{Principal: old.Principal, Class: old.Class, APIKey: apiKey, CredentialID: id, Secret: secretOf(apiKey)}
 	s.mu.Lock()
 	s.keys = append(s.keys, k)
 	s.mu.Unlock()
@@ -302,7 +97,7 @@ func (s *e2eServer) rotateKey(old *e2eKey) *e2eKey {
 // client returns a client package client authenticating with k.
 func (s *e2eServer) client(k *e2eKey, opts ...client.Option) *client.Client {
 	s.t.Helper()
-	c, err := client.New(s.base, k.APIKey, opts...)
+	c, err := client.New(s.URL(), k.APIKey, opts...)
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -354,7 +149,7 @@ func (s *e2eServer) do(t *testing.T, r rawReq) rawResp {
 		}
 		body = bytes.NewReader(enc)
 	}
-	req, err := http.NewRequest(r.Method, s.base+r.Path, body)
+	req, err := http.NewRequest(r.Method, s.URL()+r.Path, body)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,7 +29,7 @@ import (
 // (redis-server missing fails it, like every test using internal/testenv):
 // a run that exercises nothing must not pass.
 func TestE2E(t *testing.T) {
-	bin := buildStarlease(t)
+	bin := testenv.BuildStarlease(t)
 	rows := newRowRecorder()
 	var ran atomic.Int32
 	t.Run("servers", func(t *testing.T) {
@@ -87,8 +87,8 @@ func testBoltServer(t *testing.T, bin string, rows *rowRecorder) {
 	// Stop the server first so its output and audit file are complete.
 	t.Run("no_secrets_anywhere", func(t *testing.T) {
 		start := time.Now()
-		if !s.stopProcess() {
-			t.Errorf("server did not stop cleanly: %v", s.exitErr)
+		if err := s.Stop(); err != nil {
+			t.Errorf("server did not stop cleanly: %v", err)
 		}
 		t.Logf("graceful shutdown took %v", time.Since(start))
 		st.noSecrets(t)
@@ -460,7 +460,7 @@ func (st *boltState) unauthorized(t *testing.T) {
 		})
 	}
 	// The client reports the same failure as a typed error.
-	bad, err := client.New(s.base, wrongSecret)
+	bad, err := client.New(s.URL(), wrongSecret)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -933,7 +933,7 @@ func (st *boltState) admin(t *testing.T) {
 // acquire, one denied request, one authentication failure and one revoke
 // field by field.
 func (st *boltState) auditEvents(t *testing.T) {
-	events, err := audit.ReadFile(filepath.Join(st.s.dataDir, "audit.jsonl"))
+	events, err := audit.ReadFile(filepath.Join(st.s.DataDir(), "audit.jsonl"))
 	if err != nil {
 		t.Fatalf("audit.ReadFile: %v", err)
 	}
@@ -1083,7 +1083,7 @@ func (st *boltState) auditEvents(t *testing.T) {
 	t.Run("closed_schema", func(t *testing.T) {
 		// The raw lines hold exactly the documented fields (ReadFile would
 		// have refused anything else) and one line per event.
-		raw := readFileOrEmpty(t, filepath.Join(st.s.dataDir, "audit.jsonl"))
+		raw := readFileOrEmpty(t, filepath.Join(st.s.DataDir(), "audit.jsonl"))
 		if n := bytes.Count(raw, []byte("\n")); n != len(events) {
 			t.Fatalf("%d lines, %d events", n, len(events))
 		}
@@ -1098,7 +1098,7 @@ func (st *boltState) auditEvents(t *testing.T) {
 // everyRequestAudited: "one event per request, whatever the result" — the
 // 400s of invalid_requests included.
 func (st *boltState) everyRequestAudited(t *testing.T) {
-	events, err := audit.ReadFile(filepath.Join(st.s.dataDir, "audit.jsonl"))
+	events, err := audit.ReadFile(filepath.Join(st.s.DataDir(), "audit.jsonl"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1124,7 +1124,7 @@ func (st *boltState) everyRequestAudited(t *testing.T) {
 
 // metrics: GET /metrics counts operations by code.
 func (st *boltState) metrics(t *testing.T) {
-	resp, err := http.Get(st.s.base + "/metrics")
+	resp, err := http.Get(st.s.URL() + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1159,7 +1159,7 @@ func (st *boltState) metrics(t *testing.T) {
 func (st *boltState) credentialStoreUnavailable(t *testing.T) {
 	s := st.s
 	k := s.createKey("prn-unreadable", "api_client", "targets:lease", "tenant:tenant-a,program:program-a,target-namespace:*,target:*,actor:*")
-	path := filepath.Join(s.dataDir, "credentials", k.CredentialID+".json")
+	path := filepath.Join(s.DataDir(), "credentials", k.CredentialID+".json")
 	if err := os.Rename(path, path+".moved"); err != nil {
 		t.Fatal(err)
 	}
@@ -1179,7 +1179,7 @@ func (st *boltState) credentialStoreUnavailable(t *testing.T) {
 		t.Fatalf("credential store unavailable: want 503 lease_backend_unavailable, got %d %s", r.Status, r.Body)
 	}
 	// A backend-failed result is audited like every other request.
-	events, err := audit.ReadFile(filepath.Join(s.dataDir, "audit.jsonl"))
+	events, err := audit.ReadFile(filepath.Join(s.DataDir(), "audit.jsonl"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1209,21 +1209,21 @@ func (st *boltState) noSecrets(t *testing.T) {
 		meta bool // metadata may not appear here either
 	}
 	blobs := []blob{
-		{"audit.jsonl", readFileOrEmpty(t, filepath.Join(s.dataDir, "audit.jsonl")), true},
-		{"audit database", readFileOrEmpty(t, filepath.Join(s.dataDir, audit.BoltFileName)), true},
-		{"server stdout", s.stdout.Bytes(), true},
-		{"server stderr", s.stderr.Bytes(), true},
+		{"audit.jsonl", readFileOrEmpty(t, filepath.Join(s.DataDir(), "audit.jsonl")), true},
+		{"audit database", readFileOrEmpty(t, filepath.Join(s.DataDir(), audit.BoltFileName)), true},
+		{"server stdout", s.Stdout(), true},
+		{"server stderr", s.Stderr(), true},
 		// The lease store holds the metadata by design, but no key material.
-		{"lease store", readFileOrEmpty(t, filepath.Join(s.dataDir, "starlease.db")), false},
+		{"lease store", readFileOrEmpty(t, filepath.Join(s.DataDir(), "starlease.db")), false},
 	}
 	if len(blobs[0].b) == 0 || len(blobs[1].b) == 0 {
 		t.Fatalf("audit sinks are empty")
 	}
-	creds, _ := filepath.Glob(filepath.Join(s.dataDir, "credentials", "*"))
+	creds, _ := filepath.Glob(filepath.Join(s.DataDir(), "credentials", "*"))
 	for _, f := range creds {
 		blobs = append(blobs, blob{"credential " + filepath.Base(f), readFileOrEmpty(t, f), true})
 	}
-	needles := map[string]string{"the key prefix": "star_sk_", "the pepper": s.pepper}
+	needles := map[string]string{"the key prefix": "star_sk_", "the pepper": s.Pepper()}
 	s.mu.Lock()
 	for _, k := range s.keys {
 		needles["api key of "+k.Principal] = k.APIKey
@@ -1245,7 +1245,7 @@ func (st *boltState) noSecrets(t *testing.T) {
 		}
 	}
 	// "keys list" shows credentials, never key material.
-	blobs = append(blobs, blob{"keys list output", s.runCLI("keys", "list", "--data-dir", s.dataDir), true})
+	blobs = append(blobs, blob{"keys list output", s.RunCLI("keys", "list", "--data-dir", s.DataDir()), true})
 	for _, bl := range blobs[len(blobs)-1:] {
 		for what, needle := range needles {
 			if bytes.Contains(bytes.ToLower(bl.b), bytes.ToLower([]byte(needle))) {
@@ -1253,8 +1253,8 @@ func (st *boltState) noSecrets(t *testing.T) {
 			}
 		}
 	}
-	if bytes.Contains(s.stderr.Bytes(), []byte("audit write failed")) {
-		t.Errorf("the server failed to write audit events:\n%s", s.stderr.Bytes())
+	if bytes.Contains(s.Stderr(), []byte("audit write failed")) {
+		t.Errorf("the server failed to write audit events:\n%s", s.Stderr())
 	}
 }
 
@@ -1321,7 +1321,7 @@ func testRateLimits(t *testing.T, bin string, rows *rowRecorder) {
 		ServiceInstanceID: "i", ExecutionID: "e", JobID: "j"})
 	okLease(t, s, res, err, lease.CodeAcquired)
 	// Rate-limited requests are audited.
-	events, err := audit.ReadFile(filepath.Join(s.dataDir, "audit.jsonl"))
+	events, err := audit.ReadFile(filepath.Join(s.DataDir(), "audit.jsonl"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1406,7 +1406,7 @@ func testValkeyFaults(t *testing.T, bin string, rows *rowRecorder) {
 		t.Fatalf("acquire with the backend down: %v", err)
 	}
 	wantErr(t, s, err, 503, lease.CodeOf(err))
-	resp, err := http.Get(s.base + "/readyz")
+	resp, err := http.Get(s.URL() + "/readyz")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1416,7 +1416,7 @@ func testValkeyFaults(t *testing.T, bin string, rows *rowRecorder) {
 	}
 	proxy.Restore()
 	for deadline := time.Now().Add(10 * time.Second); ; {
-		resp, err := http.Get(s.base + "/readyz")
+		resp, err := http.Get(s.URL() + "/readyz")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
@@ -1429,7 +1429,7 @@ func testValkeyFaults(t *testing.T, bin string, rows *rowRecorder) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	// The failures were audited with their backend health.
-	events, err := audit.ReadFile(filepath.Join(s.dataDir, "audit.jsonl"))
+	events, err := audit.ReadFile(filepath.Join(s.DataDir(), "audit.jsonl"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,10 +11,11 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/starintel/starlease/internal/testenv"
 )
 
 // debugEnv, if set, makes the test log every actor's stderr (its executor
@@ -28,7 +29,7 @@ type actorProc struct {
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	events chan event
-	stderr *syncBuffer
+	stderr *testenv.Buffer
 
 	exited  chan struct{} // closed once the process has been waited for
 	exitErr error
@@ -48,9 +49,9 @@ func startActor(t *testing.T, cfg actorConfig) *actorProc {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(exe, "-test.run=^$") // TestMain runs the actor before any flag matters
-	cmd.Env = append(cleanEnv(), actorEnv+"=1", configEnv+"="+string(raw))
+	cmd.Env = append(testenv.CleanEnv(), actorEnv+"=1", configEnv+"="+string(raw))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	p := &actorProc{t: t, name: cfg.Name, cmd: cmd, events: make(chan event, 64), stderr: &syncBuffer{}, exited: make(chan struct{})}
+	p := &actorProc{t: t, name: cfg.Name, cmd: cmd, events: make(chan event, 64), stderr: &testenv.Buffer{}, exited: make(chan struct{})}
 	cmd.Stderr = p.stderr
 	if p.stdin, err = cmd.StdinPipe(); err != nil {
 		t.Fatal(err)
@@ -192,37 +193,9 @@ func (p *actorProc) wait(timeout time.Duration) {
 	}
 }
 
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "STARLEASE_") {
-			env = append(env, kv)
-		}
-	}
-	return env
-}
-
 func tail(s string, n int) string {
 	if len(s) > n {
 		return "…" + s[len(s)-n:]
 	}
 	return s
-}
-
-// syncBuffer collects a process's output.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
