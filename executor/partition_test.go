@@ -66,7 +66,7 @@ func TestPartitionFailsClosed(t *testing.T) {
 	sink := fencetest.NewMemorySink("scan-results")
 	id := lease.Identity{TenantID: "tenant-a", ProgramID: "program-a", TargetNamespace: "web",
 		TargetID: "example.com", ActorName: "portscan"}
-	const ttl = 2 * time.Second
+	const ttl = 4 * time.Second // margin ttl/3: cancellation ~0.7 s before expiry, room for a loaded CI machine
 	specFor := func(instance string) executor.Spec {
 		return executor.Spec{Identity: id, ServiceInstanceID: instance, ExecutionID: "exec-" + instance,
 			JobID: "job-1", TraceID: "trace-" + instance, TTL: ttl,
