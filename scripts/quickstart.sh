@@ -6,8 +6,9 @@
 # prints how to create the first administrator key; stop it with Ctrl-C.
 #
 # Needs Go (see go.mod for the version), which it never downloads. As root
-# on Debian it also installs redis-server with apt if missing, because the
-# test suite (the second quick-start command) needs it.
+# on Debian it also installs what the test suite (the second quick-start
+# command) starts: redis-server and rabbitmq-server with apt, pouchdb-server
+# with npm into a cache outside the repository (.ci/install-servers.sh).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -33,14 +34,12 @@ MSG
 fi
 export GOTOOLCHAIN=local # never fetch another toolchain behind the user's back
 
-if ! command -v redis-server >/dev/null 2>&1; then
-	if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
-		echo "# installing redis-server (the tests run a real one) with apt-get"
-		DEBIAN_FRONTEND=noninteractive apt-get update -qq </dev/null
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server </dev/null >/dev/null
-	else
-		echo "# note: the tests need redis-server; install it with: sudo apt-get install -y redis-server"
-	fi
+# The tests (the second quick-start command) start real redis-server,
+# rabbitmq-server and pouchdb-server processes on 127.0.0.1.
+if [[ $(id -u) == 0 ]]; then
+	bash .ci/install-servers.sh >/dev/null
+else
+	echo "# note: the tests need redis-server, rabbitmq-server and pouchdb-server; install them as root with: sudo bash .ci/install-servers.sh"
 fi
 
 go build -o bin/starlease ./cmd/starlease
