@@ -1,0 +1,117 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/starintel/starlease/bolt"
+	"github.com/starintel/starlease/internal/testenv"
+	"github.com/starintel/starlease/lease"
+	"github.com/starintel/starlease/recovery"
+)
+
+type printedBackup struct {
+	Code     string        `json:"code"`
+	File     string        `json:"file"`
+	Manifest bolt.Manifest `json:"manifest"`
+}
+
+type printedVerify struct {
+	Code          string          `json:"code"`
+	ProofComplete bool            `json:"proof_complete"`
+	Report        recovery.Report `json:"report"`
+}
+
+func TestBackupRestoreVerifyEpochPath(t *testing.T) {
+	f := newFixture(t)
+	stale := f.acquire(t) // held at backup time
+	out := filepath.Join(t.TempDir(), "backup.slb")
+	var b printedBackup
+	runCLI(t, "backup", "--data-dir", f.dir, "--out", out).ok(t, &b)
+	if b.Code != "backed_up" || b.Manifest.Backend != "bolt" || b.Manifest.PayloadSHA256 == "" {
+		t.Fatalf("backup printed %+v", b)
+	}
+	// Never overwritten.
+	runCLI(t, "backup", "--data-dir", f.dir, "--out", out).refused(t, exitUsage, lease.CodeInvalidRequest)
+
+	// Keep working after the backup: tokens grow.
+	var p printedLease
+	f.do(t, "release", held(stale)...).ok(t, &p)
+	var after []uint64
+	for range 3 {
+		rec := f.acquire(t)
+		after = append(after, rec.FencingToken)
+		f.do(t, "release", held(rec)...).ok(t, &p)
+	}
+	maxAfter := slices.Max(after)
+	if maxAfter <= stale.FencingToken {
+		t.Fatalf("tokens after the backup %v", after)
+	}
+
+	// Restore the old backup into a new data dir.
+	g := fixture{filepath.Join(t.TempDir(), "restored")}
+	var r struct {
+		Code     string        `json:"code"`
+		Manifest bolt.Manifest `json:"manifest"`
+	}
+	runCLI(t, "restore", "--in", out, "--data-dir", g.dir).ok(t, &r)
+	if r.Code != "restored_unverified" || r.Manifest.PayloadSHA256 != b.Manifest.PayloadSHA256 {
+		t.Fatalf("restore printed %+v", r)
+	}
+	// Never over an existing store.
+	runCLI(t, "restore", "--in", out, "--data-dir", g.dir).refused(t, exitUsage, lease.CodeInvalidRequest)
+	runCLI(t, "restore", "--in", out, "--data-dir", f.dir).refused(t, exitUsage, lease.CodeInvalidRequest)
+
+	// (a) the namespace refuses work until verified.
+	if s, err := bolt.Open(filepath.Join(g.dir, storeFile), bolt.Options{ReapInterval: -1}); err == nil {
+		s.Close()
+		t.Fatal("bolt.Open opened an unverified restored namespace")
+	} else if lease.CodeOf(err) != lease.CodeBackendUnavailable {
+		t.Fatalf("bolt.Open: %v", err)
+	}
+	g.do(t, "acquire").refused(t, exitBackend, lease.CodeBackendUnavailable)
+
+	// A failing proof source leaves it closed.
+	couch := testenv.StartCouchDB(t)
+	if res := runCLI(t, "verify-restore", "--data-dir", g.dir, "--couchdb-url", couch.URL(), "--couchdb-db", "missing",
+		"--proof-complete"); res.code == exitOK || res.stdout != "" {
+		t.Fatalf("verify-restore with a missing database: %+v", res)
+	}
+	g.do(t, "acquire").refused(t, exitBackend, lease.CodeBackendUnavailable)
+	// Usage errors change nothing either.
+	runCLI(t, "verify-restore", "--data-dir", g.dir, "--proof-complete").refused(t, exitUsage, lease.CodeInvalidRequest)
+	runCLI(t, "verify-restore", "--data-dir", g.dir, "--couchdb-db", "x").refused(t, exitUsage, lease.CodeInvalidRequest)
+	if res := runCLI(t, "verify-restore"); res.code != exitUsage {
+		t.Fatalf("verify-restore without --data-dir: %+v", res)
+	}
+
+	// No downstream proof: the epoch path.
+	var v printedVerify
+	runCLI(t, "verify-restore", "--data-dir", g.dir, "--epoch-gap", "1000").ok(t, &v)
+	if v.Code != "recovered" || !v.Report.Epoch || v.Report.Floor != stale.FencingToken+1000 ||
+		!slices.Equal(v.Report.Revoked, []string{stale.LeaseID}) {
+		t.Fatalf("verify-restore printed %+v", v)
+	}
+	if _, err := os.Stat(bolt.StagingPath(filepath.Join(g.dir, storeFile))); !os.IsNotExist(err) {
+		t.Fatalf("staging file left behind: %v", err)
+	}
+	// Reopened: bolt.Open works, and a new acquire is above every token
+	// issued after the backup.
+	s, err := bolt.Open(filepath.Join(g.dir, storeFile), bolt.Options{ReapInterval: -1})
+	if err != nil {
+		t.Fatalf("bolt.Open after verification: %v", err)
+	}
+	s.Close()
+	next := g.acquire(t)
+	if next.FencingToken <= maxAfter || next.FencingToken <= v.Report.Floor || next.LeaseID == stale.LeaseID {
+		t.Fatalf("new lease token %d (id %s); tokens after the backup %v, floor %d", next.FencingToken, next.LeaseID, after, v.Report.Floor)
+	}
+	// The stale holder from before the restore cannot act.
+	g.do(t, "renew", held(stale)...).refused(t, exitRefused, lease.CodeLost)
+	// Verification runs once.
+	if res := runCLI(t, "verify-restore", "--data-dir", g.dir); res.code == exitOK {
+		t.Fatalf("second verify-restore succeeded: %s", res.stdout)
+	}
+}
