@@ -244,37 +244,63 @@ func (c *Committer) Guard(commit lease.Commit) Guard { return NewGuard(c.Envelop
 // idempotency_conflict (the id was used for a different commit).
 func (c *Committer) Authorize(ctx context.Context, sink, commitID string) (lease.Commit, error) {
 	env := c.Envelope()
+	res, err := Retry{Attempts: c.attempts, CallTimeout: c.callTimeout, Backoff: c.backoff, Now: c.now}.
+		Authorize(ctx, c.authz, func(deadline time.Time) lease.CommitRequest {
+			return env.CommitRequest(sink, commitID, deadline, c.caller)
+		})
+	if err != nil {
+		if isLoss(err) {
+			c.lost(lease.AsError(err))
+		}
+		return lease.Commit{}, err
+	}
+	if err := CheckCommit(env, commitID, res); err != nil {
+		return lease.Commit{}, err
+	}
+	return res.Commit, nil
+}
+
+// Retry is the retry rule of a commit authorization: an answer that says
+// nothing was decided (outcome_unknown, backend_unavailable,
+// deadline_exceeded, rate limited) is retried with the same request — the
+// same commit id, which makes AuthorizeCommit idempotent — up to Attempts
+// times with doubling backoff; every other answer is final.
+type Retry struct {
+	Attempts    int
+	CallTimeout time.Duration
+	Backoff     time.Duration
+	Now         func() time.Time
+}
+
+// Authorize sends build(deadline) until an answer is final. Each attempt's
+// deadline is the earlier of now+CallTimeout and ctx's. Errors are
+// *lease.Error.
+func (r Retry) Authorize(ctx context.Context, authz Authorizer, build func(deadline time.Time) lease.CommitRequest) (lease.CommitResult, error) {
 	var last *lease.Error
-	delay := c.backoff
+	delay := r.Backoff
 	for attempt := 1; ; attempt++ {
 		if err := ctx.Err(); err != nil {
 			if last != nil {
-				return lease.Commit{}, last
+				return lease.CommitResult{}, last
 			}
-			return lease.Commit{}, &lease.Error{Code: lease.CodeDeadlineExceeded, Reason: "context ended before the commit was authorized"}
+			return lease.CommitResult{}, &lease.Error{Code: lease.CodeDeadlineExceeded, Reason: "context ended before the commit was authorized"}
 		}
-		deadline := c.now().Add(c.callTimeout)
+		deadline := r.Now().Add(r.CallTimeout)
 		if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 			deadline = d
 		}
-		res, err := c.authz.AuthorizeCommit(ctx, env.CommitRequest(sink, commitID, deadline, c.caller))
+		res, err := authz.AuthorizeCommit(ctx, build(deadline))
 		if err == nil {
-			if err := checkCommit(env, commitID, res); err != nil {
-				return lease.Commit{}, err
-			}
-			return res.Commit, nil
+			return res, nil
 		}
 		last = lease.AsError(err)
 		switch last.Code {
-		case lease.CodeLost, lease.CodeCommitRejected:
-			c.lost(last)
-			return lease.Commit{}, last
 		case lease.CodeOutcomeUnknown, lease.CodeBackendUnavailable, lease.CodeDeadlineExceeded, lease.CodeRateLimited:
 		default:
-			return lease.Commit{}, last
+			return lease.CommitResult{}, last
 		}
-		if attempt >= c.attempts {
-			return lease.Commit{}, last
+		if attempt >= r.Attempts {
+			return lease.CommitResult{}, last
 		}
 		wait := delay
 		if last.RetryAfter > wait {
@@ -290,9 +316,15 @@ func (c *Committer) Authorize(ctx context.Context, sink, commitID string) (lease
 	}
 }
 
-// checkCommit fails closed on an authorization that is not for this lease
+// isLoss reports whether err says the lease no longer authorizes commits.
+func isLoss(err error) bool {
+	c := lease.CodeOf(err)
+	return c == lease.CodeLost || c == lease.CodeCommitRejected
+}
+
+// CheckCommit fails closed on an authorization that is not for this lease
 // and commit.
-func checkCommit(env Envelope, commitID string, res lease.CommitResult) error {
+func CheckCommit(env Envelope, commitID string, res lease.CommitResult) error {
 	cm := res.Commit
 	if res.Code != lease.CodeCommitAuthorized || cm.LeaseID != env.LeaseID ||
 		cm.FencingToken != env.FencingToken || cm.CommitID != commitID || cm.AcceptedAt.IsZero() {
@@ -312,8 +344,8 @@ func (c *Committer) lost(err *lease.Error) {
 // refused with lease_lost or commit_rejected, so the lease's holder learns
 // of the loss on that commit as on its own. Other codes are ignored.
 func (c *Committer) ReportLoss(err error) {
-	le := lease.AsError(err)
-	if le != nil && (le.Code == lease.CodeLost || le.Code == lease.CodeCommitRejected) {
+	var le *lease.Error
+	if isLoss(err) && errors.As(err, &le) {
 		c.lost(le)
 	}
 }
@@ -346,10 +378,7 @@ func Write[P any](ctx context.Context, c *Committer, sink Sink[P], commitID stri
 	}
 	g := c.Guard(commit)
 	if err := sink.Commit(ctx, g, payload); err != nil {
-		var le *lease.Error
-		if errors.As(err, &le) && (le.Code == lease.CodeCommitRejected || le.Code == lease.CodeLost) {
-			c.lost(le)
-		}
+		c.ReportLoss(err)
 		return g, err
 	}
 	return g, nil

@@ -145,72 +145,38 @@ func (p *Publisher) Publish(ctx context.Context, c *fence.Committer, commitID st
 	if err != nil {
 		return Publication{}, err
 	}
-	var last *lease.Error
-	delay := p.backoff
-	for attempt := 1; ; attempt++ {
-		if err := ctx.Err(); err != nil {
-			if last != nil {
-				return Publication{}, last
-			}
-			return Publication{}, &lease.Error{Code: lease.CodeDeadlineExceeded, Reason: "context ended before the publication was authorized"}
-		}
-		deadline := p.now().Add(p.callTimeout)
-		if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-			deadline = d
-		}
-		req := env.CommitRequest(p.sink, commitID, deadline, caller)
-		req.Outbox = &msg
-		res, err := p.authz.AuthorizeCommit(ctx, req)
-		if err == nil {
-			if err := checkCommit(env, commitID, res); err != nil {
-				return Publication{}, err
-			}
-			return Publication{MessageID: id, Guard: fence.NewGuard(env, res.Commit), Replayed: res.Replayed}, nil
-		}
-		last = lease.AsError(err)
-		switch last.Code {
-		case lease.CodeLost, lease.CodeCommitRejected:
-			c.ReportLoss(last) // the lease's holder learns of it (executor: cancels the work)
-			if p.onLoss != nil {
-				p.onLoss(last)
-			}
-			return Publication{}, last
-		case lease.CodeOutcomeUnknown, lease.CodeBackendUnavailable, lease.CodeDeadlineExceeded, lease.CodeRateLimited:
-		default:
-			return Publication{}, last
-		}
-		if attempt >= p.attempts {
-			return Publication{}, last
-		}
-		wait := delay
-		if last.RetryAfter > wait {
-			wait = last.RetryAfter
-		}
-		delay *= 2
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-		case <-t.C:
+	res, err := fence.Retry{Attempts: p.attempts, CallTimeout: p.callTimeout, Backoff: p.backoff, Now: p.now}.
+		Authorize(ctx, p.authz, func(deadline time.Time) lease.CommitRequest {
+			req := env.CommitRequest(p.sink, commitID, deadline, caller)
+			req.Outbox = &msg
+			return req
+		})
+	if err != nil {
+		return Publication{}, p.refused(c, err)
+	}
+	if err := fence.CheckCommit(env, commitID, res); err != nil {
+		return Publication{}, err
+	}
+	return Publication{MessageID: id, Guard: fence.NewGuard(env, res.Commit), Replayed: res.Replayed}, nil
+}
+
+// refused reports a lease_lost or commit_rejected answer to the
+// committer's loss handler (an executor then cancels the work) and to the
+// publisher's own, and returns err.
+func (p *Publisher) refused(c *fence.Committer, err error) error {
+	if le := lease.AsError(err); le.Code == lease.CodeLost || le.Code == lease.CodeCommitRejected {
+		c.ReportLoss(le)
+		if p.onLoss != nil {
+			p.onLoss(le)
 		}
 	}
+	return err
 }
 
 // Publish is NewPublisher(authz).Publish(ctx, c, commitID, msg): one
 // publication under the lease of c with the default options.
 func Publish(ctx context.Context, authz fence.Authorizer, c *fence.Committer, commitID string, msg lease.OutboxMessage) (Publication, error) {
 	return NewPublisher(authz).Publish(ctx, c, commitID, msg)
-}
-
-// checkCommit fails closed on an authorization that is not for this lease
-// and commit (the rule fence.Committer applies).
-func checkCommit(env fence.Envelope, commitID string, res lease.CommitResult) error {
-	cm := res.Commit
-	if res.Code != lease.CodeCommitAuthorized || cm.LeaseID != env.LeaseID ||
-		cm.FencingToken != env.FencingToken || cm.CommitID != commitID || cm.AcceptedAt.IsZero() {
-		return &lease.Error{Code: lease.CodeCorrupt, Reason: "commit authorization does not match the lease"}
-	}
-	return nil
 }
 
 // MessageID returns the message id the publication of commit commitID on
