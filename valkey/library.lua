@@ -33,7 +33,35 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
-local function int(n) return string.format('%.0f', n) end
+-- Memo of ts and parse_ts (below), shared by the calls of this library
+-- (both are pure functions, so a cached answer is the answer). TS_OF maps ms to its
+-- text; MS_OF maps a text to its ms, or false for a text parse_ts refuses.
+-- An entry enters MS_OF only as parse_ts's own result or, from ts, for an
+-- integral ms in [0, year 10000): there ts's text has a 4-digit year >= 1970
+-- and every field in range, and Hinnant's conversions are exact inverses,
+-- so parse_ts of that text returns exactly ms. The memo is bounded: it is
+-- dropped whole when it grows past MEMO_MAX entries.
+local MEMO_MAX = 4096
+local MS_MAX = 253402300800000 -- 10000-01-01T00:00:00.000Z
+-- ID_OK and PLAIN_OK memoize is_id and plain below the same way, INT_OF
+-- int.
+local TS_OF, MS_OF, ID_OK, PLAIN_OK, INT_OF, memo_n = {}, {}, {}, {}, {}, 0
+
+local function memo_room()
+  memo_n = memo_n + 1
+  if memo_n > MEMO_MAX then TS_OF, MS_OF, ID_OK, PLAIN_OK, INT_OF, memo_n = {}, {}, {}, {}, {}, 1 end
+end
+
+local function int(n)
+  local v = INT_OF[n]
+  if v then return v end
+  v = string.format('%.0f', n)
+  -- NaN cannot be a table key; 0 and -0 are one key but two texts.
+  if n ~= n or n == 0 then return v end
+  memo_room()
+  INT_OF[n] = v
+  return v
+end
 
 -- Civil-date conversions (H. Hinnant's algorithms), exact on doubles for
 -- every millisecond instant a record can hold.
@@ -63,7 +91,7 @@ local function civil_from_days(z)
 end
 
 -- ts formats ms since the epoch as "2006-01-02T15:04:05.000Z".
-local function ts(ms)
+local function ts_slow(ms)
   local days = math.floor(ms / 86400000)
   local rem = ms - days * 86400000
   local y, m, d = civil_from_days(days)
@@ -75,15 +103,35 @@ local function ts(ms)
   return string.format('%04d-%02d-%02dT%02d:%02d:%02d.%03dZ', y, m, d, h, mi, s, rem - s * 1000)
 end
 
+local function ts(ms)
+  local v = TS_OF[ms]
+  if v then return v end
+  v = ts_slow(ms)
+  if ms ~= ms then return v end -- NaN cannot be a table key
+  memo_room()
+  TS_OF[ms] = v
+  if ms >= 0 and ms < MS_MAX and ms == math.floor(ms) then MS_OF[v] = ms end
+  return v
+end
+
 -- parse_ts is ts's inverse; anything that does not round-trip is nil.
-local function parse_ts(v)
-  if type(v) ~= 'string' then return nil end
+local function parse_ts_slow(v)
   local y, mo, d, h, mi, s, ml = string.match(v, '^(%d%d%d%d)%-(%d%d)%-(%d%d)T(%d%d):(%d%d):(%d%d)%.(%d%d%d)Z$')
   if not y then return nil end
   y, mo, d, h, mi, s, ml = tonumber(y), tonumber(mo), tonumber(d), tonumber(h), tonumber(mi), tonumber(s), tonumber(ml)
   if y < 1 or mo < 1 or mo > 12 or d < 1 or d > 31 or h > 23 or mi > 59 or s > 59 then return nil end
   local ms = ((days_from_civil(y, mo, d) * 24 + h) * 60 + mi) * 60000 + s * 1000 + ml
   if ts(ms) ~= v then return nil end
+  return ms
+end
+
+local function parse_ts(v)
+  if type(v) ~= 'string' then return nil end
+  local ms = MS_OF[v]
+  if ms ~= nil then return ms or nil end
+  ms = parse_ts_slow(v)
+  memo_room()
+  MS_OF[v] = ms or false
   return ms
 end
 
@@ -102,30 +150,72 @@ local FIELDS = {
 }
 local IDENTITY = { 'tenant_id', 'program_id', 'target_namespace', 'target_id', 'actor_name', 'workflow_name', 'operation_class' }
 local STATES = { active = true, expired = true, released = true, revoked = true }
-
--- encode builds record JSON from r: strings are already known to need no
--- escaping, timestamps are ms, metadata is raw JSON.
-local function encode(r)
-  local parts = {}
-  for i, f in ipairs(FIELDS) do
-    local name, kind = f[1], f[2]
-    local v = r[name]
-    if kind == INT then
-      v = int(v)
-    elseif kind == TS then
-      v = '"' .. ts(v) .. '"'
-    else
-      v = '"' .. v .. '"'
-    end
-    parts[i] = '"' .. name .. '":' .. v
-  end
-  return '{' .. table.concat(parts, ',') .. ',"metadata":' .. r.metadata .. ',"state":"' .. r.state .. '"}'
+-- STATE_TAIL maps ',"state":"<state>"}' to { state, its length };
+-- TAIL_LENS lists those lengths once each.
+local STATE_TAIL, TAIL_LENS = {}, {}
+local STATE_NAMES = { 'active', 'expired', 'released', 'revoked' }
+for i = 1, #STATE_NAMES do -- (no globals, so no pairs, at load time)
+  local st = STATE_NAMES[i]
+  local sfx = ',"state":"' .. st .. '"}'
+  STATE_TAIL[sfx] = { st, #sfx }
+  TAIL_LENS[#sfx] = true
 end
 
-local function is_id(v) return type(v) == 'string' and #v <= 256 and string.find(v, '^[%w][%w%._:%-]*$') ~= nil end
+-- encode builds record JSON from r: strings are already known to need no
+-- escaping, timestamps are ms, metadata is raw JSON. It writes FIELDS in
+-- order, spelled out as one concatenation (one string build instead of a
+-- part per field).
+local function encode(r)
+  return '{"record_version":' .. int(r.record_version)
+    .. ',"lock_key":"' .. r.lock_key
+    .. '","tenant_id":"' .. r.tenant_id
+    .. '","program_id":"' .. r.program_id
+    .. '","target_namespace":"' .. r.target_namespace
+    .. '","target_id":"' .. r.target_id
+    .. '","actor_name":"' .. r.actor_name
+    .. '","workflow_name":"' .. r.workflow_name
+    .. '","operation_class":"' .. r.operation_class
+    .. '","lease_id":"' .. r.lease_id
+    .. '","owner_principal_id":"' .. r.owner_principal_id
+    .. '","owner_client_id":"' .. r.owner_client_id
+    .. '","owner_credential_id":"' .. r.owner_credential_id
+    .. '","service_instance_id":"' .. r.service_instance_id
+    .. '","fencing_token":' .. int(r.fencing_token)
+    .. ',"acquired_at":"' .. ts(r.acquired_at)
+    .. '","renewed_at":"' .. ts(r.renewed_at)
+    .. '","expires_at":"' .. ts(r.expires_at)
+    .. '","ttl_ms":' .. int(r.ttl_ms)
+    .. ',"maximum_lifetime_ms":' .. int(r.maximum_lifetime_ms)
+    .. ',"execution_id":"' .. r.execution_id
+    .. '","job_id":"' .. r.job_id
+    .. '","trace_id":"' .. r.trace_id
+    .. '","request_id":"' .. r.request_id
+    .. '","metadata":' .. r.metadata
+    .. ',"state":"' .. r.state .. '"}'
+end
+
+local function is_id(v)
+  if type(v) ~= 'string' then return false end
+  local ok = ID_OK[v]
+  if ok == nil then
+    ok = #v <= 256 and string.find(v, '^[%w][%w%._:%-]*$') ~= nil
+    memo_room()
+    ID_OK[v] = ok
+  end
+  return ok
+end
 
 -- plain reports a string JSON writes verbatim between quotes.
-local function plain(v) return type(v) == 'string' and v ~= '' and #v <= 256 and not string.find(v, '["\\%c]') end
+local function plain(v)
+  if type(v) ~= 'string' then return false end
+  local ok = PLAIN_OK[v]
+  if ok == nil then
+    ok = v ~= '' and #v <= 256 and not string.find(v, '["\\%c]')
+    memo_room()
+    PLAIN_OK[v] = ok
+  end
+  return ok
+end
 
 -- decode strictly reads a stored record. lock_key is the requested one;
 -- ident, when given, the requested canonical tuple. Returns the record
@@ -138,7 +228,19 @@ local function decode(raw, lock_key, ident)
   for _ in pairs(t) do n = n + 1 end
   if n ~= #FIELDS + 2 then return nil, 'record has unknown or missing fields' end
   local m_at = string.find(raw, ',"metadata":', 1, true)
-  local s_at, _, state = string.find(raw, ',"state":"(%l+)"}$')
+  -- The state suffix: every record the library writes ends with one of
+  -- STATE_TAIL's suffixes, which is then the pattern's only match (an
+  -- earlier start would have to span non-lowercase bytes with %l+);
+  -- anything else takes the general, unanchored search as before.
+  local s_at, state
+  for len in pairs(TAIL_LENS) do
+    local sfx = STATE_TAIL[string.sub(raw, -len)]
+    if sfx then s_at, state = #raw - len + 1, sfx[1] end
+  end
+  if not s_at then
+    local _
+    s_at, _, state = string.find(raw, ',"state":"(%l+)"}$')
+  end
   if not m_at or not s_at or s_at < m_at then return nil, 'record layout is not canonical' end
   local meta = string.sub(raw, m_at + 12, s_at - 1)
   local okm, m = pcall(cjson.decode, meta)
@@ -146,7 +248,11 @@ local function decode(raw, lock_key, ident)
     return nil, 'record metadata is not an object'
   end
   if not STATES[state] then return nil, 'record state is unknown' end
-  local r = { metadata = meta, state = state }
+  -- The record is built in the decoded table itself (no second table):
+  -- once encode(r) equals raw, raw is in the canonical layout, whose JSON
+  -- has exactly the 24 FIELDS, metadata and state, so r holds nothing else.
+  local r = t
+  r.metadata, r.state = meta, state
   for _, f in ipairs(FIELDS) do
     local name, kind = f[1], f[2]
     local v = t[name]
@@ -189,16 +295,18 @@ end
 
 -- load_active strictly reads the active record: nil if none; nil and a
 -- reason if corrupt. A key without a TTL is corrupt: every writer of the
--- active key attaches one.
+-- active key attaches one. A valid record comes with its stored bytes and
+-- PTTL, so a read need not fetch them again.
 local function load_active(key, lock_key, ident)
   local raw, why = get(key)
   if why then return nil, 'active ' .. why end
   if not raw then return nil end
-  if redis.call('PTTL', key) == -1 then return nil, 'active key has no TTL' end
+  local pttl = redis.call('PTTL', key)
+  if pttl == -1 then return nil, 'active key has no TTL' end
   local r
   r, why = decode(raw, lock_key, ident)
   if not r then return nil, why end
-  return r
+  return r, nil, raw, pttl
 end
 
 local function live(r, now) return r.state == 'active' and now < r.expires_at end
@@ -533,9 +641,10 @@ local function inspect(keys, args)
   local now, done = read_begin(args)
   if done then return done end
   local ident = { args[3], args[4], args[5], args[6], args[7], args[8], args[9] }
-  local _, why = load_active(keys[1], args[2], ident)
+  local cur, why, raw, pttl = load_active(keys[1], args[2], ident)
   if why then return { 'corrupt', int(now), why } end
-  return { 'ok', int(now), get(keys[1]) or '', int(redis.call('PTTL', keys[1])) }
+  if not cur then return { 'ok', int(now), '', int(redis.call('PTTL', keys[1])) } end
+  return { 'ok', int(now), raw, int(pttl) }
 end
 
 -- inspect_id reads a lease by id: its active record if current, else its
@@ -543,10 +652,10 @@ end
 local function inspect_id(keys, args)
   local now, done = read_begin(args)
   if done then return done end
-  local cur, why = load_active(keys[1], args[2], nil)
+  local cur, why, raw, pttl = load_active(keys[1], args[2], nil)
   if why then return { 'corrupt', int(now), why } end
   if cur and cur.lease_id == args[3] then
-    return { 'active', int(now), get(keys[1]), int(redis.call('PTTL', keys[1])) }
+    return { 'active', int(now), raw, int(pttl) }
   end
   local out = { 'history', int(now) }
   for _, e in ipairs(history_of(keys[2], args[3])) do out[#out + 1] = e end
