@@ -27,13 +27,9 @@ func (s *Service) Acquire(ctx context.Context, c Call, in AcquireInput) (lease.R
 }
 
 func (s *Service) acquire(ctx context.Context, o *op, in AcquireInput) (lease.Result, error) {
-	id, err := s.canonical(in.Identity)
+	id, err := s.scoped(o, in.Identity, auth.AuthorizeAcquire)
 	if err != nil {
 		return lease.Result{}, err
-	}
-	o.identity(id)
-	if err := auth.AuthorizeAcquire(o.call.Principal, id); err != nil {
-		return lease.Result{}, denied(err)
 	}
 	if err := s.cfg.checkTTL("ttl_ms", in.TTL); err != nil {
 		return lease.Result{}, err
@@ -158,15 +154,11 @@ func (s *Service) Release(ctx context.Context, c Call, in HeldInput) (lease.Resu
 }
 
 func (s *Service) held(ctx context.Context, o *op, in HeldInput, renew bool) (lease.Result, error) {
-	id, err := s.canonical(in.Identity)
-	if err != nil {
-		return lease.Result{}, err
-	}
-	o.identity(id)
 	// Capability and scope of the identity the store will match exactly;
 	// ownership is the store's atomic check.
-	if err := auth.AuthorizeAcquire(o.call.Principal, id); err != nil {
-		return lease.Result{}, denied(err)
+	id, err := s.scoped(o, in.Identity, auth.AuthorizeAcquire)
+	if err != nil {
+		return lease.Result{}, err
 	}
 	o.ev.PreviousState = lease.StateActive
 	if renew {
@@ -235,13 +227,9 @@ func (s *Service) admin(ctx context.Context, t audit.EventType, c Call, in Admin
 }
 
 func (s *Service) adminOp(ctx context.Context, o *op, t audit.EventType, in AdminInput) (lease.Result, error) {
-	id, err := s.canonical(in.Identity)
+	id, err := s.scoped(o, in.Identity, auth.AuthorizeAdmin)
 	if err != nil {
 		return lease.Result{}, err
-	}
-	o.identity(id)
-	if err := auth.AuthorizeAdmin(o.call.Principal, id); err != nil {
-		return lease.Result{}, denied(err)
 	}
 	opKind := lease.OpForceRelease
 	if t == audit.EventRevoke {
@@ -287,13 +275,9 @@ func (s *Service) inspect(ctx context.Context, o *op, in InspectInput) (lease.Re
 	p := o.call.Principal
 	req := lease.InspectRequest{LeaseID: in.LeaseID, Caller: p.Caller(o.call.CorrelationID)}
 	if in.LeaseID == "" {
-		id, err := s.canonical(in.Identity)
+		id, err := s.scoped(o, in.Identity, auth.AuthorizeInspect)
 		if err != nil {
 			return lease.Result{}, err
-		}
-		o.identity(id)
-		if err := auth.AuthorizeInspect(p, id); err != nil {
-			return lease.Result{}, denied(err)
 		}
 		req.Identity = id
 	} else if !p.Has(auth.CapRead) && !p.Has(auth.CapLease) {
@@ -399,13 +383,9 @@ func (s *Service) AuthorizeCommit(ctx context.Context, c Call, in CommitInput) (
 }
 
 func (s *Service) commit(ctx context.Context, o *op, in CommitInput) (lease.CommitResult, error) {
-	id, err := s.canonical(in.Identity)
+	id, err := s.scoped(o, in.Identity, auth.AuthorizeAcquire)
 	if err != nil {
 		return lease.CommitResult{}, err
-	}
-	o.identity(id)
-	if err := auth.AuthorizeAcquire(o.call.Principal, id); err != nil {
-		return lease.CommitResult{}, denied(err)
 	}
 	deadline, ctx, cancel := o.readDeadline(ctx)
 	defer cancel()

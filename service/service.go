@@ -164,6 +164,21 @@ func denied(err error) error {
 	return err // invalid_request from normalization
 }
 
+// scoped canonicalizes raw, records it on the request's audit event and
+// applies authorize to the canonical identity: the request path's order
+// (normalize, then authorize on trusted values) in one place.
+func (s *Service) scoped(o *op, raw lease.Identity, authorize func(auth.Principal, lease.Identity) error) (lease.Identity, error) {
+	id, err := s.canonical(raw)
+	if err != nil {
+		return lease.Identity{}, err
+	}
+	o.identity(id)
+	if err := authorize(o.call.Principal, id); err != nil {
+		return lease.Identity{}, denied(err)
+	}
+	return id, nil
+}
+
 // canonical normalizes an identity with the configured operation classes.
 func (s *Service) canonical(id lease.Identity) (lease.Identity, error) {
 	n, _, err := lease.CanonicalLockKey(id, s.classes)
