@@ -1,49 +1,14 @@
 #!/usr/bin/env bash
 # Local demo: build starlease and drive the embedded default backend (bolt,
-# one file) in ./demo-data with the CLI's local mode — no server. Needs Go (see go.mod for the version), which it
-# never downloads. As root on Debian it also installs redis-server with apt if
-# missing, because the test suite needs it.
+# one file) in ./demo-data with the CLI's local mode — no server. Needs Go
+# (see go.mod for the version), which it never downloads.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 
-# --- Go -------------------------------------------------------------------
-if [[ -x /usr/local/go/bin/go ]]; then
-	export PATH=/usr/local/go/bin:$PATH
-fi
-need=$(sed -n 's/^go \([0-9][0-9.]*\)$/\1/p' go.mod)
-if ! command -v go >/dev/null 2>&1; then
-	have=none
-else
-	have=$(go env GOVERSION | sed 's/^go//')
-fi
-if [[ $have == none ]] || [[ $(printf '%s\n%s\n' "$need" "$have" | sort -V | head -n1) != "$need" ]]; then
-	cat >&2 <<MSG
-starlease needs Go $need or later (found: $have).
-
-Install it from the official Go downloads page: download the linux archive
-for this machine (for example go${need}.linux-amd64.tar.gz), then
-    sudo rm -rf /usr/local/go && sudo tar -C /usr/local -xzf go${need}.linux-amd64.tar.gz
-and run this script again (it adds /usr/local/go/bin to PATH itself).
-MSG
-	exit 1
-fi
-# Never fetch another toolchain behind the user's back.
-export GOTOOLCHAIN=local
+. scripts/lib.sh
+require_go
 echo "# using $(go version)"
-
-# --- test prerequisites -----------------------------------------------------
-# The demo needs nothing else; the test suite (go test ./...) also runs the
-# Valkey adapter against a real redis-server, which speaks Valkey's protocol.
-if command -v redis-server >/dev/null 2>&1; then
-	echo "# redis-server for the tests: $(command -v redis-server)"
-elif [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
-	echo "# installing redis-server (needed by the tests) with apt-get"
-	DEBIAN_FRONTEND=noninteractive apt-get update -qq </dev/null
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server </dev/null >/dev/null
-else
-	echo "# note: the tests need redis-server; install it with: sudo apt-get install -y redis-server"
-fi
 
 # --- build ----------------------------------------------------------------
 go build -o bin/starlease ./cmd/starlease
