@@ -157,17 +157,17 @@ type Option func(*Committer)
 // WithAttempts bounds how many times one authorization is sent (first try
 // included) when the outcome is unknown or the backend cannot answer; every
 // retry uses the same commit id. n < 1 means DefaultAttempts.
-func WithAttempts(n int) Option { return func(c *Committer) { c.attempts = n } }
+func WithAttempts(n int) Option { return func(c *Committer) { c.retry.Attempts = n } }
 
 // WithCallTimeout bounds each AuthorizeCommit call; its deadline_at is the
 // earlier of now+d and the context's deadline.
-func WithCallTimeout(d time.Duration) Option { return func(c *Committer) { c.callTimeout = d } }
+func WithCallTimeout(d time.Duration) Option { return func(c *Committer) { c.retry.CallTimeout = d } }
 
 // WithBackoff sets the first retry delay (doubled on each retry).
-func WithBackoff(d time.Duration) Option { return func(c *Committer) { c.backoff = d } }
+func WithBackoff(d time.Duration) Option { return func(c *Committer) { c.retry.Backoff = d } }
 
 // WithClock sets the clock deadlines are computed from.
-func WithClock(now func() time.Time) Option { return func(c *Committer) { c.now = now } }
+func WithClock(now func() time.Time) Option { return func(c *Committer) { c.retry.Now = now } }
 
 // WithLossHandler registers f, called (synchronously, before Authorize or
 // Write returns) when the boundary reports that the lease is gone: lease_lost
@@ -177,13 +177,10 @@ func WithLossHandler(f func(err *lease.Error)) Option { return func(c *Committer
 
 // Committer authorizes the commits of one lease. It is safe for concurrent use.
 type Committer struct {
-	authz       Authorizer
-	caller      lease.Caller
-	attempts    int
-	callTimeout time.Duration
-	backoff     time.Duration
-	now         func() time.Time
-	onLoss      func(*lease.Error)
+	authz  Authorizer
+	caller lease.Caller
+	retry  Retry
+	onLoss func(*lease.Error)
 
 	mu  sync.Mutex
 	env Envelope
@@ -200,18 +197,7 @@ func NewCommitter(authz Authorizer, env Envelope, caller lease.Caller, opts ...O
 	for _, o := range opts {
 		o(c)
 	}
-	if c.attempts < 1 {
-		c.attempts = DefaultAttempts
-	}
-	if c.callTimeout <= 0 {
-		c.callTimeout = DefaultCallTimeout
-	}
-	if c.backoff <= 0 {
-		c.backoff = DefaultBackoff
-	}
-	if c.now == nil {
-		c.now = time.Now
-	}
+	c.retry = c.retry.WithDefaults()
 	return c
 }
 
@@ -244,10 +230,9 @@ func (c *Committer) Guard(commit lease.Commit) Guard { return NewGuard(c.Envelop
 // idempotency_conflict (the id was used for a different commit).
 func (c *Committer) Authorize(ctx context.Context, sink, commitID string) (lease.Commit, error) {
 	env := c.Envelope()
-	res, err := Retry{Attempts: c.attempts, CallTimeout: c.callTimeout, Backoff: c.backoff, Now: c.now}.
-		Authorize(ctx, c.authz, func(deadline time.Time) lease.CommitRequest {
-			return env.CommitRequest(sink, commitID, deadline, c.caller)
-		})
+	res, err := c.retry.Authorize(ctx, c.authz, func(deadline time.Time) lease.CommitRequest {
+		return env.CommitRequest(sink, commitID, deadline, c.caller)
+	})
 	if err != nil {
 		if isLoss(err) {
 			c.lost(lease.AsError(err))
@@ -270,6 +255,24 @@ type Retry struct {
 	CallTimeout time.Duration
 	Backoff     time.Duration
 	Now         func() time.Time
+}
+
+// WithDefaults fills unset fields with DefaultAttempts, DefaultCallTimeout,
+// DefaultBackoff and time.Now.
+func (r Retry) WithDefaults() Retry {
+	if r.Attempts < 1 {
+		r.Attempts = DefaultAttempts
+	}
+	if r.CallTimeout <= 0 {
+		r.CallTimeout = DefaultCallTimeout
+	}
+	if r.Backoff <= 0 {
+		r.Backoff = DefaultBackoff
+	}
+	if r.Now == nil {
+		r.Now = time.Now
+	}
+	return r
 }
 
 // Authorize sends build(deadline) until an answer is final. Each attempt's

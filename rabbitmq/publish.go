@@ -33,19 +33,19 @@ func WithCaller(c lease.Caller) PublisherOption { return func(p *Publisher) { p.
 // WithAttempts bounds how many times one authorization is sent (first try
 // included) when the outcome is unknown or the backend cannot answer; every
 // retry uses the same commit id. n < 1 means DefaultAttempts.
-func WithAttempts(n int) PublisherOption { return func(p *Publisher) { p.attempts = n } }
+func WithAttempts(n int) PublisherOption { return func(p *Publisher) { p.retry.Attempts = n } }
 
 // WithCallTimeout bounds each AuthorizeCommit call; its deadline_at is the
 // earlier of now+d and the context's deadline.
 func WithCallTimeout(d time.Duration) PublisherOption {
-	return func(p *Publisher) { p.callTimeout = d }
+	return func(p *Publisher) { p.retry.CallTimeout = d }
 }
 
 // WithBackoff sets the first retry delay (doubled on each retry).
-func WithBackoff(d time.Duration) PublisherOption { return func(p *Publisher) { p.backoff = d } }
+func WithBackoff(d time.Duration) PublisherOption { return func(p *Publisher) { p.retry.Backoff = d } }
 
 // WithClock sets the clock deadlines are computed from.
-func WithClock(now func() time.Time) PublisherOption { return func(p *Publisher) { p.now = now } }
+func WithClock(now func() time.Time) PublisherOption { return func(p *Publisher) { p.retry.Now = now } }
 
 // WithLossHandler registers f, called (synchronously, before Publish
 // returns) when the backend reports the lease gone: lease_lost or
@@ -58,14 +58,11 @@ func WithLossHandler(f func(err *lease.Error)) PublisherOption {
 // Publisher appends publications to the lease backend's fenced outbox under
 // a lease. It is safe for concurrent use.
 type Publisher struct {
-	authz       fence.Authorizer
-	sink        string
-	caller      lease.Caller
-	attempts    int
-	callTimeout time.Duration
-	backoff     time.Duration
-	now         func() time.Time
-	onLoss      func(*lease.Error)
+	authz  fence.Authorizer
+	sink   string
+	caller lease.Caller
+	retry  fence.Retry
+	onLoss func(*lease.Error)
 }
 
 // NewPublisher returns a publisher that authorizes through authz: the same
@@ -79,18 +76,7 @@ func NewPublisher(authz fence.Authorizer, opts ...PublisherOption) *Publisher {
 	if p.sink == "" {
 		p.sink = DefaultSink
 	}
-	if p.attempts < 1 {
-		p.attempts = DefaultAttempts
-	}
-	if p.callTimeout <= 0 {
-		p.callTimeout = DefaultCallTimeout
-	}
-	if p.backoff <= 0 {
-		p.backoff = DefaultBackoff
-	}
-	if p.now == nil {
-		p.now = time.Now
-	}
+	p.retry = p.retry.WithDefaults()
 	return p
 }
 
@@ -139,18 +125,17 @@ func (p *Publisher) Publish(ctx context.Context, c *fence.Committer, commitID st
 	msg.Body = append([]byte(nil), msg.Body...)
 	// The message id is a function of the commit; deriving it validates
 	// the request locally before anything is sent.
-	probe := env.CommitRequest(p.sink, commitID, p.now().Add(p.callTimeout), caller)
+	probe := env.CommitRequest(p.sink, commitID, p.retry.Now().Add(p.retry.CallTimeout), caller)
 	probe.Outbox = &msg
 	id, err := messageID(probe)
 	if err != nil {
 		return Publication{}, err
 	}
-	res, err := fence.Retry{Attempts: p.attempts, CallTimeout: p.callTimeout, Backoff: p.backoff, Now: p.now}.
-		Authorize(ctx, p.authz, func(deadline time.Time) lease.CommitRequest {
-			req := env.CommitRequest(p.sink, commitID, deadline, caller)
-			req.Outbox = &msg
-			return req
-		})
+	res, err := p.retry.Authorize(ctx, p.authz, func(deadline time.Time) lease.CommitRequest {
+		req := env.CommitRequest(p.sink, commitID, deadline, caller)
+		req.Outbox = &msg
+		return req
+	})
 	if err != nil {
 		return Publication{}, p.refused(c, err)
 	}
