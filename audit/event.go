@@ -36,6 +36,18 @@ const (
 	EventCredentialIssue  EventType = "credential_issue"
 	EventCredentialRevoke EventType = "credential_revoke"
 	EventCredentialRotate EventType = "credential_rotate"
+
+	// The recovery event types, written by the backup, restore and
+	// verify-restore tools: each step that can change what tokens the
+	// namespace will issue, with its details in reason.
+	EventRecoveryBackup  EventType = "recovery_backup"
+	EventRecoveryRestore EventType = "recovery_restore"
+	// EventRecoveryVerify records recovery's decision (complete proof or
+	// epoch path); EventRecoveryRevoke each restored lease it ended;
+	// EventRecoveryReopen the namespace reopening, or (deny) staying closed.
+	EventRecoveryVerify EventType = "recovery_verify"
+	EventRecoveryRevoke EventType = "recovery_lease_revoked"
+	EventRecoveryReopen EventType = "recovery_reopened"
 )
 
 // EventDropped is the one event type the audit package writes itself: the
@@ -50,6 +62,8 @@ var eventTypes = map[EventType]bool{
 	EventCommitAuthorized: true, EventCommitRejected: true, EventLookup: true,
 	EventAuthFailed: true, EventCredentialIssue: true, EventCredentialRevoke: true,
 	EventCredentialRotate: true, EventDropped: true,
+	EventRecoveryBackup: true, EventRecoveryRestore: true, EventRecoveryVerify: true,
+	EventRecoveryRevoke: true, EventRecoveryReopen: true,
 }
 
 // EventTypes returns every member of the closed set, EventDropped included.
@@ -74,6 +88,10 @@ func (t EventType) leaseOp() bool { return strings.HasPrefix(string(t), "target_
 // credential reports whether t is a credential_* management event.
 func (t EventType) credential() bool { return strings.HasPrefix(string(t), "credential_") }
 
+// Recovery reports a recovery step's event type: high priority, with its
+// details in reason and no lease result code of its own.
+func (t EventType) Recovery() bool { return strings.HasPrefix(string(t), "recovery_") }
+
 // Decision is the authorization outcome of a request.
 type Decision string
 
@@ -95,10 +113,10 @@ const (
 )
 
 // PriorityOf is the priority an event type requires: high for
-// force-release and revoke, normal otherwise. A caller may raise any event
+// force-release, revoke and recovery steps, normal otherwise. A caller may raise any event
 // to high; Validate refuses force-release or revoke at normal.
 func PriorityOf(t EventType) Priority {
-	if t.Admin() {
+	if t.Admin() || t.Recovery() {
 		return PriorityHigh
 	}
 	return PriorityNormal
@@ -404,7 +422,7 @@ func (e *Event) validateDecision() error {
 		return invalid("decision", "must be allow or deny")
 	}
 	switch {
-	case e.ResultCode == "" && e.EventType.credential():
+	case e.ResultCode == "" && (e.EventType.credential() || e.EventType.Recovery()):
 		// Credential management has no lease result code of its own;
 		// decision alone records the outcome.
 	case !e.ResultCode.Known():
@@ -429,6 +447,15 @@ func (e *Event) validateDecision() error {
 }
 
 func (e *Event) validateAdmin() error {
+	if e.EventType.Recovery() {
+		if e.Priority != PriorityHigh {
+			return invalid("priority", "recovery events are high priority")
+		}
+		if e.Reason == "" || lease.CheckReason(e.Reason) != nil {
+			return invalid("reason", "a recovery event needs a printable reason of at most 512 bytes")
+		}
+		return nil
+	}
 	if !e.EventType.Admin() {
 		if e.Reason != "" || e.IncidentID != "" {
 			return invalid("reason", "reason and incident_id only on force-release and revoke")

@@ -166,8 +166,8 @@ func TestValidate(t *testing.T) {
 }
 
 func TestEveryTypeValidates(t *testing.T) {
-	if got := len(EventTypes()); got != 16 {
-		t.Fatalf("%d event types, want 15 request/credential types plus audit_dropped", got)
+	if got := len(EventTypes()); got != 21 {
+		t.Fatalf("%d event types, want 15 request/credential types, 5 recovery types and audit_dropped", got)
 	}
 	for _, typ := range EventTypes() {
 		var e Event
@@ -177,6 +177,9 @@ func TestEveryTypeValidates(t *testing.T) {
 		case typ.Admin():
 			e = revokeEvent(t0)
 			e.EventType = typ
+		case typ.Recovery():
+			e = NewEvent(typ, t0)
+			e.Decision, e.Reason = DecisionAllow, "epoch path: counters raised to 1000042"
 		case typ == EventAuthFailed:
 			e = NewEvent(typ, t0)
 			e.CorrelationID = "corr_1"
@@ -193,8 +196,18 @@ func TestEveryTypeValidates(t *testing.T) {
 		}
 	}
 	if PriorityOf(EventForceRelease) != PriorityHigh || PriorityOf(EventRevoke) != PriorityHigh ||
-		PriorityOf(EventAcquire) != PriorityNormal {
+		PriorityOf(EventAcquire) != PriorityNormal || PriorityOf(EventRecoveryVerify) != PriorityHigh {
 		t.Fatal("PriorityOf")
+	}
+	// A recovery event without its reason, or at normal priority, is refused.
+	e := NewEvent(EventRecoveryReopen, t0)
+	e.Decision = DecisionAllow
+	if err := e.Validate(); err == nil {
+		t.Fatal("a recovery event without a reason validated")
+	}
+	e.Reason, e.Priority = "reopened", PriorityNormal
+	if err := e.Validate(); err == nil {
+		t.Fatal("a normal-priority recovery event validated")
 	}
 }
 
