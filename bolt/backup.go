@@ -81,11 +81,7 @@ func (s *Store) Backup(ctx context.Context, w io.Writer) (Manifest, error) {
 }
 
 // RestoreMarker is stored in the meta bucket of a restored namespace.
-type RestoreMarker struct {
-	BackupCreatedAt time.Time `json:"backup_created_at"`
-	BackupSHA256    string    `json:"backup_sha256"`
-	RestoredAt      time.Time `json:"restored_at"`
-}
+type RestoreMarker = lease.RestoreMarker
 
 // Restore verifies the backup read from r and restores it for the store at
 // path, which must not exist. The namespace stays closed: path holds a
@@ -211,13 +207,9 @@ func OpenRestored(path string, o Options) (*Restored, error) {
 func (r *Restored) Close() error { return r.s.Close() }
 
 // RestoredState is what a restored snapshot holds that recovery decides on.
-type RestoredState struct {
-	Marker    RestoreMarker
-	Epoch     uint64
-	Counters  map[string]uint64 // lock key → counter
-	HighWater map[string]uint64 // lock key → highest mark over its sinks
-	Active    []*lease.Record   // restored active records
-}
+type RestoredState = lease.RestoredState
+
+var _ lease.ClosedNamespace = (*Restored)(nil)
 
 // State reads the restored state in one read transaction. Malformed
 // counters, marks or records fail closed.
@@ -273,29 +265,10 @@ func indexOf(b []byte, c byte) int {
 }
 
 // FinishPlan is recovery's decision for a restored namespace.
-type FinishPlan struct {
-	// Counters raises each lock key's counter to at least the value given
-	// (creating it if absent). A counter is never lowered.
-	Counters map[string]uint64
-	// Epoch, if nonzero, is recorded as the namespace's new recovery epoch.
-	Epoch uint64
-	// Floor, if nonzero, becomes the namespace's counter floor: every
-	// acquisition, of any identity, known or not, gets a token above it.
-	Floor uint64
-	// Reason is recorded on every restored lease the recovery ends.
-	Reason string
-}
+type FinishPlan = lease.RecoveryPlan
 
 // FinishResult reports what Finish changed.
-type FinishResult struct {
-	Raised  int      // counters raised or created
-	Revoked []string // lease ids of restored live leases revoked
-	Expired []string // lease ids of restored leases already expired, archived as expired
-	At      lease.Timestamp
-}
-
-// recoveryPrincipal is recorded as the ender of leases recovery revokes.
-const recoveryPrincipal = "starlease-recovery"
+type FinishResult = lease.RecoveryResult
 
 // Finish applies plan in one write transaction — raise counters, end every
 // restored active lease through the normal archive path (revoked with
@@ -345,7 +318,7 @@ func (r *Restored) Finish(ctx context.Context, plan FinishPlan) (FinishResult, e
 		for _, rec := range active {
 			var err error
 			if rec.LiveAt(now) {
-				err = r.s.archive(tx, rec, lease.StateRevoked, now, ended{by: recoveryPrincipal, reason: plan.Reason})
+				err = r.s.archive(tx, rec, lease.StateRevoked, now, ended{by: lease.RecoveryPrincipal, reason: plan.Reason})
 				res.Revoked = append(res.Revoked, rec.LeaseID)
 			} else {
 				err = r.s.archive(tx, rec, lease.StateExpired, rec.ExpiresAt, ended{})
