@@ -190,3 +190,16 @@ func (id Identity) isCanonical() (string, bool) {
 	}
 	return "", true
 }
+
+// CheckLockKey checks that k has the form every lock key has: KeyPrefix
+// and the unpadded base64url of a SHA-256 (43 characters). It cannot tell
+// which tuple k belongs to; it keeps foreign strings out of key names.
+func CheckLockKey(k string) error {
+	d, ok := strings.CutPrefix(k, KeyPrefix)
+	if ok && len(d) == base64.RawURLEncoding.EncodedLen(sha256.Size) {
+		if b, err := base64.RawURLEncoding.Strict().DecodeString(d); err == nil && len(b) == sha256.Size {
+			return nil
+		}
+	}
+	return Invalid("lock_key", "not a lock key")
+}

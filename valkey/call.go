@@ -60,6 +60,10 @@ func (k layout) leaseLookup(leaseID string) string { return k.ns + ":lease:" + l
 func (k layout) probe() string                     { return k.ns + ":probe" }
 func (k layout) outbox() string                    { return k.ns + ":outbox" }
 func (k layout) outboxMsg(id string) string        { return k.ns + ":outbox:" + id }
+func (k layout) gate() string                      { return k.ns + ":gate" }
+func (k layout) counterFloor() string              { return k.ns + ":counter_floor" }
+func (k layout) epoch() string                     { return k.ns + ":epoch" }
+func (k layout) lastRecovery() string              { return k.ns + ":last_recovery" }
 
 // tagOf is the hash tag of a lock key: its opaque digest part.
 func tagOf(lockKey string) string { return strings.TrimPrefix(lockKey, lease.KeyPrefix) }

@@ -53,6 +53,13 @@
 //	ns:cred:index           credential List index: sorted set, score 0, member the id
 //	ns:audit                audit stream, capped (XADD MAXLEN ~ AuditOptions.MaxLen),
 //	                        one field "e" = audit.Marshal's bytes (AuditSink)
+//	ns:gate                 the namespace gate: while it exists every lease mutation
+//	                        is refused (lease_backend_unavailable) before any other
+//	                        read; it holds why (a backup's pause, with a TTL; a restore
+//	                        or failover awaiting recovery verification)
+//	ns:counter_floor        the recovery epoch's floor: every new token is above it;
+//	                        no TTL, never lowered
+//	ns:epoch, ns:last_recovery  the recovery epoch and the last recovery's record
 //
 // Every operation on an identity archives an expired active record it
 // finds; the reaper (Options.ReapInterval) archives the rest from the
@@ -82,6 +89,20 @@
 //
 // Namespaces sharing a server must not nest (e.g. "starlease" and
 // "starlease:cred"): one's keys could be another's.
+//
+// # Backup, restore and recovery
+//
+// Store.Backup closes the gate for at most its pause, reads every key of
+// the namespace (SCAN, then each key's type, absolute expiry and value),
+// and reopens the gate only if it still holds its own closing: the backup
+// is a point-in-time snapshot of the whole namespace, and mutations are
+// refused (retryably) while it reads. The audit stream is not carried.
+// Store.Restore writes a backup into an empty namespace behind a closed
+// gate; Store.Seal closes a promoted replica's namespace. OpenClosed then
+// gives package recovery the closed namespace (lease.ClosedNamespace):
+// its state, and Finish, whose steps (recover_raise, recover_end, reopen)
+// run only while the gate is closed. These tools need, beyond the ACL
+// below, +scan +pexpiretime +hgetall +zrange +rpush +hset +pexpireat.
 //
 // # Durability
 //

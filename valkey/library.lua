@@ -351,7 +351,8 @@ local function expiry_member(r, tag) return tag .. '\0' .. r.lease_id .. '\0' ..
 --   11 physical grace ms, 12 history cap, 13 history retention ms,
 --   14 evidence retention ms; operation-specific arguments follow.
 -- Common KEYS: 1 active, 2 history, 3 index, 4 expiry schedule,
---   5 evidence (idempotency or accepted commit), 6 quarantine.
+--   5 evidence (idempotency or accepted commit), 6 quarantine, 7 the
+--   namespace gate; operation-specific keys follow.
 local function context(keys, args)
   return {
     deadline = tonumber(args[1]), lock_key = args[2], tag = args[3],
@@ -359,6 +360,7 @@ local function context(keys, args)
     grace = tonumber(args[11]), hist_cap = tonumber(args[12]), hist_ret = tonumber(args[13]),
     ev_ret = tonumber(args[14]),
     k_active = keys[1], k_hist = keys[2], k_index = keys[3], k_expiry = keys[4], k_ev = keys[5], k_quar = keys[6],
+    k_gate = keys[7],
   }
 end
 
@@ -445,12 +447,25 @@ local function evidence_reply(now, ev, k_active, k_hist)
   return out
 end
 
+-- closed answers a mutation of a closed namespace: the gate key, while it
+-- exists, holds why (a restore or failover awaiting recovery verification,
+-- or a backup's pause of mutations), and nothing may change. A gate of the
+-- wrong type keeps the namespace closed too.
+local function closed(k_gate, now)
+  local g, why = get(k_gate)
+  if why then return { 'closed', int(now), 'gate ' .. why } end
+  if g then return { 'closed', int(now), g } end
+  return nil
+end
+
 -- begin runs the common start of a mutation: backend time, the deadline
--- check, then the idempotency lookup before any other read. It returns
--- now and, if the operation is already answered, the reply.
+-- check, the gate, then the idempotency lookup before any other read. It
+-- returns now and, if the operation is already answered, the reply.
 local function begin(c)
   local now = now_ms()
   if now >= c.deadline then return now, { 'deadline', int(now) } end
+  local shut = closed(c.k_gate, now)
+  if shut then return now, shut end
   local ev, why = get(c.k_ev)
   if why then return now, corrupt(c, now, 'evidence ' .. why) end
   if ev then return now, evidence_reply(now, ev, c.k_active, c.k_hist) end
@@ -463,12 +478,13 @@ end
 -- 18 owner credential, 19 service instance, 20 ttl ms, 21 maximum
 -- lifetime ms, 22 execution id, 23 job id, 24 trace id, 25 request id,
 -- 26 metadata JSON, 27 digest, 28 lease-id lookup TTL ms.
--- KEYS 7 counter, 8 lease-id lookup.
+-- KEYS 8 counter, 9 lease-id lookup, 10 the namespace's counter floor
+-- (set by a recovery epoch: every new token is above it).
 local function acquire(keys, args)
   local c = context(keys, args)
   local now, done = begin(c)
   if done then return done end
-  local k_counter, k_lookup = keys[7], keys[8]
+  local k_counter, k_lookup, k_floor = keys[8], keys[9], keys[10]
   local cur, why = load_active(c.k_active, c.lock_key, c.ident)
   if why then return corrupt(c, now, why) end
   if cur and live(cur, now) then return { 'conflict', int(now), int(cur.expires_at) } end
@@ -477,11 +493,16 @@ local function acquire(keys, args)
   if why or (counter and (not string.find(counter, '^%d+$') or #counter > 16)) then
     return corrupt(c, now, 'fencing counter is malformed')
   end
+  local floor
+  floor, why = get(k_floor)
+  if why or (floor and (not string.find(floor, '^%d+$') or #floor > 16)) then
+    return corrupt(c, now, 'counter floor is malformed')
+  end
   if redis.call('EXISTS', k_lookup) == 1 then return { 'collision', int(now) } end
   -- As in the reference backend, an expired predecessor is archived
   -- before the counter is consulted.
   if cur then archive(c, cur, 'expired', cur.expires_at) end
-  counter = tonumber(counter or '0')
+  counter = math.max(tonumber(counter or '0'), tonumber(floor or '0'))
   if counter >= MAX_TOKEN then return { 'exhausted', int(now) } end
   local ttl, life = tonumber(args[20]), tonumber(args[21])
   local r = {
@@ -566,15 +587,17 @@ end
 -- 18 instance, 19 sink, 20 accepted-commit JSON before accepted_at,
 -- 21 the JSON after it; with a publication, 22 and 23 the outbox entry
 -- JSON around its accepted_at, 24 its message id. KEYS 5 accepted-commit
--- record, 7 high-water marks, 8 the outbox schedule, 9 the entry's key.
+-- record, 8 high-water marks, 9 the outbox schedule, 10 the entry's key.
 local function commit(keys, args)
   local c = context(keys, args)
   local now = now_ms()
   if now >= c.deadline then return { 'deadline', int(now) } end
+  local shut = closed(c.k_gate, now)
+  if shut then return shut end
   local prior, why = get(c.k_ev)
   if why then return corrupt(c, now, 'accepted commit ' .. why) end
   if prior then return { 'evidence', int(now), prior } end
-  local k_marks, k_outbox, k_msg = keys[7], keys[8], keys[9]
+  local k_marks, k_outbox, k_msg = keys[8], keys[9], keys[10]
   why = layout_types(c) or want_types({ [k_marks] = 'hash', [k_outbox] = 'zset', [k_msg] = 'string' })
   if why then return corrupt(c, now, why) end
   local cur, reply = held(c, now, args[15], args[16], args[17], args[18])
@@ -597,8 +620,10 @@ local function commit(keys, args)
 end
 
 -- outbox_done removes a relayed publication. KEYS 1 the outbox schedule,
--- 2 the entry's key; ARGV 1 its message id.
+-- 2 the entry's key, 3 the gate; ARGV 1 its message id.
 local function outbox_done(keys, args)
+  local shut = closed(keys[3], now_ms())
+  if shut then return shut end
   redis.call('ZREM', keys[1], args[1])
   redis.call('DEL', keys[2])
   return { 'ok', int(now_ms()) }
@@ -613,6 +638,8 @@ local function expire(keys, args)
   local c = context(keys, args)
   local now = now_ms()
   local member = c.tag .. '\0' .. args[15] .. '\0' .. args[16]
+  local shut = closed(c.k_gate, now)
+  if shut then return shut end
   local cur, why = load_active(c.k_active, c.lock_key, nil)
   if why then return corrupt(c, now, why) end
   why = layout_types(c)
@@ -623,6 +650,72 @@ local function expire(keys, args)
   end
   if live(cur, now) then return { 'live', int(now) } end
   archive(c, cur, 'expired', cur.expires_at)
+  return { 'ok', int(now) }
+end
+
+-- Recovery functions, for the recovery tool only: each runs only while
+-- the namespace is closed (the gate exists), so no lease operation runs
+-- between recovery's reading of the namespace and its decision's writes.
+
+local function counter_value(v)
+  if v and (not string.find(v, '^%d+$') or #v > 16) then return nil, 'is malformed' end
+  return tonumber(v or '0')
+end
+
+-- recover_raise raises a counter to at least ARGV 1; a counter is never
+-- lowered. KEYS 1 counter, 2 gate. Replies ok and '1' if it was raised.
+local function recover_raise(keys, args)
+  local now = now_ms()
+  if not closed(keys[2], now) then return { 'open', int(now) } end
+  local raw, why = get(keys[1])
+  local cur = not why and counter_value(raw)
+  if not cur then return { 'corrupt', int(now), 'fencing counter is malformed' } end
+  local want = tonumber(args[1])
+  if not want or want ~= math.floor(want) or want > MAX_TOKEN then return { 'exhausted', int(now) } end
+  if cur >= want then return { 'ok', int(now), '0' } end
+  redis.call('SET', keys[1], int(want))
+  return { 'ok', int(now), '1' }
+end
+
+-- recover_end ends the identity's active record if it is still lease ARGV
+-- 15, through the normal archive path: revoked by ARGV 17 with reason ARGV
+-- 16 (JSON) if live at backend time, else expired at its expires_at (a TTL
+-- is never resurrected). ARGV 1..14 and KEYS as context.
+local function recover_end(keys, args)
+  local c = context(keys, args)
+  local now = now_ms()
+  if not closed(c.k_gate, now) then return { 'open', int(now) } end
+  local cur, why = load_active(c.k_active, c.lock_key, nil)
+  if why then return corrupt(c, now, why) end
+  why = layout_types(c)
+  if why then return corrupt(c, now, why) end
+  if not cur or cur.lease_id ~= args[15] then return { 'noop', int(now) } end
+  if live(cur, now) then
+    archive(c, cur, 'revoked', now, { by = args[17], request_id = '', reason = args[16], incident = '' })
+    return { 'revoked', int(now) }
+  end
+  archive(c, cur, 'expired', cur.expires_at)
+  return { 'expired', int(now) }
+end
+
+-- reopen deletes the gate if it still holds ARGV 1 (the closing its
+-- caller verified), raising the counter floor to ARGV 2 and setting the
+-- recovery epoch to ARGV 3 (0: unchanged) and the last recovery's record
+-- to ARGV 4 ('': unchanged) in the same step. KEYS 1 gate, 2 counter
+-- floor, 3 epoch, 4 last recovery.
+local function reopen(keys, args)
+  local now = now_ms()
+  local g, why = get(keys[1])
+  if why or g ~= args[1] then return { 'gate', int(now) } end
+  local raw
+  raw, why = get(keys[2])
+  local floor = not why and counter_value(raw)
+  if not floor then return { 'corrupt', int(now), 'counter floor is malformed' } end
+  local want, epoch = tonumber(args[2]), tonumber(args[3])
+  if want > floor then redis.call('SET', keys[2], int(want)) end
+  if epoch > 0 then redis.call('SET', keys[3], int(epoch)) end
+  if args[4] ~= '' then redis.call('SET', keys[4], args[4]) end
+  redis.call('DEL', keys[1])
   return { 'ok', int(now) }
 end
 
@@ -746,6 +839,9 @@ redis.register_function(FN .. 'commit', commit)
 redis.register_function(FN .. 'expire', expire)
 redis.register_function(FN .. 'probe', probe)
 redis.register_function(FN .. 'outbox_done', outbox_done)
+redis.register_function(FN .. 'recover_raise', recover_raise)
+redis.register_function(FN .. 'recover_end', recover_end)
+redis.register_function(FN .. 'reopen', reopen)
 redis.register_function { function_name = FN .. 'inspect', callback = inspect, flags = RO }
 redis.register_function { function_name = FN .. 'inspect_id', callback = inspect_id, flags = RO }
 redis.register_function { function_name = FN .. 'resolve', callback = resolve, flags = RO }

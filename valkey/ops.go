@@ -22,9 +22,10 @@ func (s *Store) prepare(ctx context.Context, p lease.Prepared, at time.Time) mut
 }
 
 // keys are the common KEYS: active, history, index, expiry schedule,
-// evidence, quarantine.
+// evidence, quarantine, the namespace gate.
 func (s *Store) commonKeys(tag, evidence string) []string {
-	return []string{s.keys.active(tag), s.keys.history(tag), s.keys.index(), s.keys.expiry(), evidence, s.keys.quarantine(tag)}
+	return []string{s.keys.active(tag), s.keys.history(tag), s.keys.index(), s.keys.expiry(), evidence, s.keys.quarantine(tag),
+		s.keys.gate()}
 }
 
 // commonArgs are the common ARGV (see library.lua's context).
@@ -54,7 +55,8 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Re
 			return lease.Result{}, lease.Invalid("metadata", "not encodable")
 		}
 	}
-	keys := append(s.commonKeys(m.tag, s.keys.idem(m.tag, p.Scope)), s.keys.counter(m.tag), s.keys.leaseLookup(leaseID))
+	keys := append(s.commonKeys(m.tag, s.keys.idem(m.tag, p.Scope)), s.keys.counter(m.tag), s.keys.leaseLookup(leaseID),
+		s.keys.counterFloor())
 	args := append(s.commonArgs(m.due, p.LockKey, m.tag, p.Identity, s.opts.IdempotencyRetention),
 		leaseID, req.Caller.PrincipalID, req.Caller.ClientID, req.Caller.CredentialID, req.ServiceInstanceID,
 		ms(req.TTL), ms(req.MaximumLifetime), req.ExecutionID, req.JobID, req.TraceID, req.RequestID,
@@ -183,6 +185,8 @@ func (s *Store) common(m mutation, rep reply, fn string) (lease.Result, error) {
 	switch rep.status {
 	case "deadline":
 		return lease.Result{}, &lease.Error{Code: lease.CodeDeadlineExceeded, Reason: "deadline elapsed before the operation started", BackendTime: rep.now.Time()}
+	case "closed":
+		return lease.Result{}, s.closedNamespace(rep)
 	case "lost":
 		return lease.Result{}, lost(rep.now)
 	case "corrupt":
@@ -191,6 +195,14 @@ func (s *Store) common(m mutation, rep reply, fn string) (lease.Result, error) {
 		return s.replay(m.p, rep)
 	}
 	return lease.Result{}, s.malformed(call{fn: fn, mutation: true})
+}
+
+// closedNamespace is the refusal of a mutation while the namespace's gate
+// is closed: nothing changed, and it is retryable once recovery (or a
+// backup's pause) has reopened the namespace.
+func (s *Store) closedNamespace(rep reply) *lease.Error {
+	return &lease.Error{Code: lease.CodeBackendUnavailable, Reason: "namespace is closed: " + gateReason(rep.at(0)),
+		BackendTime: rep.now.Time()}
 }
 
 func lost(now lease.Timestamp) *lease.Error {
@@ -345,6 +357,8 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 		return lease.CommitResult{}, &lease.Error{Code: lease.CodeCommitRejected, Reason: "fencing token is below the sink's high-water mark", BackendTime: rep.now.Time()}
 	case "deadline":
 		return lease.CommitResult{}, &lease.Error{Code: lease.CodeDeadlineExceeded, Reason: "deadline elapsed before the operation started", BackendTime: rep.now.Time()}
+	case "closed":
+		return lease.CommitResult{}, s.closedNamespace(rep)
 	case "lost":
 		return lease.CommitResult{}, lost(rep.now)
 	case "corrupt":

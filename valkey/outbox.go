@@ -52,7 +52,10 @@ func (s *Store) OutboxDone(ctx context.Context, messageID string) error {
 	if err := s.writable(ctx); err != nil {
 		return err
 	}
-	_, err := s.fcall(ctx, call{fn: "outbox_done", mutation: true,
-		keys: []string{s.keys.outbox(), s.keys.outboxMsg(messageID)}, args: []string{messageID}})
+	rep, err := s.fcall(ctx, call{fn: "outbox_done", mutation: true,
+		keys: []string{s.keys.outbox(), s.keys.outboxMsg(messageID), s.keys.gate()}, args: []string{messageID}})
+	if err == nil && rep.status == "closed" {
+		return s.closedNamespace(rep)
+	}
 	return err
 }

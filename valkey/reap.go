@@ -78,8 +78,11 @@ func (s *Store) expireIfCurrent(ctx context.Context, lockKey, leaseID string, to
 	if err != nil {
 		return err
 	}
-	if rep.status == "corrupt" {
+	switch rep.status {
+	case "corrupt":
 		s.corrupt(none, rep.at(0))
+	case "closed":
+		return s.closedNamespace(rep)
 	}
 	return nil
 }

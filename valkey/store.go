@@ -233,7 +233,12 @@ func (s *Store) Health(ctx context.Context) lease.Health {
 	if _, err := s.fcall(ctx, call{fn: "clock", ro: true}); err != nil {
 		return lease.Health{Status: lease.HealthUnavailable, Reason: "backend unreachable: " + lease.AsError(err).Reason}
 	}
-	return s.checkDurability(ctx)
+	h := s.checkDurability(ctx)
+	if g := s.gateValue(ctx); g != "" && h.Status == lease.HealthOK {
+		// Reads are answered; every mutation is refused until it reopens.
+		return lease.Health{Status: lease.HealthDegraded, Reason: "namespace is closed: " + gateReason(g)}
+	}
+	return h
 }
 
 // checkDurability reads the server's persistence and topology settings

@@ -1,0 +1,274 @@
+package valkey
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/starintel/starlease/lease"
+	"github.com/starintel/starlease/recovery/backupfile"
+)
+
+// Every mutation of a closed namespace is refused with
+// backend_unavailable and changes nothing; reads go on; Health says why.
+func TestClosedNamespaceRefusesMutations(t *testing.T) {
+	r := sharedServer(t)
+	s := open(t, r, Options{})
+	id, other := newIdentity(), newIdentity()
+	held, err := s.Acquire(bg, acquireReq(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, _ := get(t, s, s.keys.active(tagOf(held.Lease.LockKey)))
+	if err := s.Seal(bg); err != nil {
+		t.Fatal(err)
+	}
+	if h := s.Health(bg); h.Status != lease.HealthDegraded || !strings.Contains(h.Reason, "failed over") {
+		t.Fatalf("health of a sealed namespace: %+v", h)
+	}
+	_, err = s.Acquire(bg, acquireReq(other))
+	mustCode(t, err, lease.CodeBackendUnavailable)
+	_, err = s.Renew(bg, renewReq(held.Lease))
+	mustCode(t, err, lease.CodeBackendUnavailable)
+	_, err = s.Release(bg, releaseReq(held.Lease))
+	mustCode(t, err, lease.CodeBackendUnavailable)
+	_, err = s.Revoke(bg, adminReq(held.Lease))
+	mustCode(t, err, lease.CodeBackendUnavailable)
+	_, err = s.AuthorizeCommit(bg, commitReq(held.Lease))
+	mustCode(t, err, lease.CodeBackendUnavailable)
+	err = s.OutboxDone(bg, "msg_1")
+	mustCode(t, err, lease.CodeBackendUnavailable)
+	if !strings.Contains(err.Error(), "failed over") {
+		t.Fatalf("refusal does not say why: %v", err)
+	}
+	// A replay is a mutation too: refused, not answered.
+	_, err = s.Acquire(bg, acquireReq(id))
+	mustCode(t, err, lease.CodeBackendUnavailable)
+	if err := s.expireIfCurrent(bg, held.Lease.LockKey, held.Lease.LeaseID, held.Lease.FencingToken); lease.CodeOf(err) != lease.CodeBackendUnavailable {
+		t.Fatalf("the reaper ran in a closed namespace: %v", err)
+	}
+	after, _ := get(t, s, s.keys.active(tagOf(held.Lease.LockKey)))
+	if after != before {
+		t.Fatal("a refused mutation changed the active record")
+	}
+	if _, ok := get(t, s, s.keys.counter(tagOf(lockKey(t, other)))); ok {
+		t.Fatal("a refused acquire created a counter")
+	}
+	ins, err := s.Inspect(bg, lease.InspectRequest{Identity: id, Caller: owner, DeadlineAt: far()})
+	if err != nil || ins.Lease == nil || ins.Lease.LeaseID != held.Lease.LeaseID {
+		t.Fatalf("read of a closed namespace: %+v %v", ins, err)
+	}
+	// A backup does not run over a closed namespace.
+	if _, err := s.Backup(bg, &bytes.Buffer{}, 0); lease.CodeOf(err) != lease.CodeBackendUnavailable {
+		t.Fatalf("backup of a closed namespace: %v", err)
+	}
+}
+
+// The epoch path on a sealed namespace (failover): counters raised, the
+// floor above every counter, live leases revoked through the archive path,
+// the namespace reopened, and a stale holder cannot commit.
+func TestSealAndRecover(t *testing.T) {
+	r := sharedServer(t)
+	o := Options{KeyPrefix: randomPrefix()}
+	s := open(t, r, o)
+	id := newIdentity()
+	held, err := s.Acquire(bg, acquireReq(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Seal(bg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := OpenClosed(bg, Options{Addr: r.Addr(), KeyPrefix: randomPrefix(), ReapInterval: -1}); !errors.Is(err, ErrNamespaceOpen) {
+		t.Fatalf("OpenClosed on an open namespace: %v", err)
+	}
+	o.Addr, o.ReapInterval = r.Addr(), -1
+	c, err := OpenClosed(bg, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	st, err := c.State(bg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Counters[held.Lease.LockKey] != held.Lease.FencingToken || len(st.Active) != 1 || st.Active[0].LeaseID != held.Lease.LeaseID {
+		t.Fatalf("state: %+v", st)
+	}
+	const floor = 1000 + 1_000_000
+	res, err := c.Finish(bg, lease.RecoveryPlan{Counters: map[string]uint64{held.Lease.LockKey: floor}, Epoch: 1, Floor: floor,
+		Reason: "failover epoch"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Raised != 1 || len(res.Revoked) != 1 || res.Revoked[0] != held.Lease.LeaseID {
+		t.Fatalf("finish: %+v", res)
+	}
+	if h := s.Health(bg); h.Status != lease.HealthOK {
+		t.Fatalf("health after recovery: %+v", h)
+	}
+	_, err = s.AuthorizeCommit(bg, commitReq(held.Lease))
+	mustCode(t, err, lease.CodeLost)
+	hist, err := s.History(bg, lease.HistoryRequest{Identity: id, Caller: owner, DeadlineAt: far()})
+	if err != nil || len(hist.Entries) != 1 || hist.Entries[0].Record.State != lease.StateRevoked ||
+		hist.Entries[0].EndedBy != lease.RecoveryPrincipal || hist.Entries[0].Reason != "failover epoch" {
+		t.Fatalf("history after recovery: %+v %v", hist, err)
+	}
+	again, err := s.Acquire(bg, acquireReq(id))
+	if err != nil || again.Lease.FencingToken != floor+1 {
+		t.Fatalf("acquire after recovery: %+v %v", again, err)
+	}
+	// The floor holds for identities recovery never saw.
+	fresh, err := s.Acquire(bg, acquireReq(newIdentity()))
+	if err != nil || fresh.Lease.FencingToken != floor+1 {
+		t.Fatalf("acquire of a new identity after recovery: %+v %v", fresh, err)
+	}
+	if v, _ := get(t, s, s.keys.epoch()); v != "1" {
+		t.Fatalf("epoch %q", v)
+	}
+	// Recovery steps refuse to run on an open namespace.
+	if _, err := c.Finish(bg, lease.RecoveryPlan{Counters: map[string]uint64{held.Lease.LockKey: floor + 5}}); err == nil {
+		t.Fatal("Finish ran on a reopened namespace")
+	}
+}
+
+// A backup restored into an empty namespace keeps everything recovery
+// needs (counters, evidence, history, marks, active records), refuses
+// work until recovery reopens it, and then replays pre-backup requests
+// with their original results.
+func TestBackupRestore(t *testing.T) {
+	r := sharedServer(t)
+	src := open(t, r, Options{})
+	id, id2 := newIdentity(), newIdentity()
+	req := acquireReq(id)
+	first, err := src.Acquire(bg, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cr := commitReq(first.Lease)
+	if _, err := src.AuthorizeCommit(bg, cr); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Release(bg, releaseReq(first.Lease)); err != nil {
+		t.Fatal(err)
+	}
+	second, err := src.Acquire(bg, acquireReq(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	live, err := src.Acquire(bg, acquireReq(id2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var backup bytes.Buffer
+	h, err := src.Backup(bg, &backup, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Backend != BackendName || h.Counts["counter"] != 2 || h.Counts["active"] != 2 {
+		t.Fatalf("manifest: %+v", h)
+	}
+	if v, _ := get(t, src, src.keys.gate()); v != "" {
+		t.Fatal("the backup left the namespace closed")
+	}
+	// Work continues on the source after the backup.
+	if _, err := src.Release(bg, releaseReq(second.Lease)); err != nil {
+		t.Fatal(err)
+	}
+
+	o := Options{Addr: r.Addr(), KeyPrefix: randomPrefix(), ReapInterval: -1, StoreOptions: src.opts}
+	dst := open(t, r, o)
+	if _, err := dst.Restore(bg, bytes.NewReader(backup.Bytes())); err != nil {
+		t.Fatal(err)
+	}
+	// Restored, closed: a replay is refused until recovery has run.
+	_, err = dst.Acquire(bg, req)
+	mustCode(t, err, lease.CodeBackendUnavailable)
+	if _, err := dst.Restore(bg, bytes.NewReader(backup.Bytes())); !errors.Is(err, ErrRestoreTarget) {
+		t.Fatalf("second restore into the same namespace: %v", err)
+	}
+	c, err := OpenClosed(bg, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	st, err := c.State(bg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Marker.BackupSHA256 != h.PayloadSHA256 || st.Counters[first.Lease.LockKey] != second.Lease.FencingToken ||
+		st.HighWater[first.Lease.LockKey] != first.Lease.FencingToken || len(st.Active) != 2 {
+		t.Fatalf("restored state: %+v", st)
+	}
+	res, err := c.Finish(bg, lease.RecoveryPlan{Reason: "restored"})
+	if err != nil || len(res.Revoked) != 2 {
+		t.Fatalf("finish: %+v %v", res, err)
+	}
+	// The replay returns the original result, with the lease's state now.
+	rep, err := dst.Acquire(bg, req)
+	if err != nil || rep.Lease.LeaseID != first.Lease.LeaseID || rep.Lease.FencingToken != first.Lease.FencingToken ||
+		rep.Current == nil || rep.Current.State != lease.StateReleased {
+		t.Fatalf("replay after restore: %+v %v", rep, err)
+	}
+	// The commit evidence and the sink's mark came along.
+	rc, err := dst.AuthorizeCommit(bg, cr)
+	if err != nil || !rc.Replayed {
+		t.Fatalf("commit replay after restore: %+v %v", rc, err)
+	}
+	// The restored live lease was revoked, never resurrected.
+	_, err = dst.Renew(bg, renewReq(live.Lease))
+	mustCode(t, err, lease.CodeLost)
+	next, err := dst.Acquire(bg, acquireReq(id))
+	if err != nil || next.Lease.FencingToken != second.Lease.FencingToken+1 {
+		t.Fatalf("acquire after restore: %+v %v", next, err)
+	}
+}
+
+// A restore refuses a namespace that holds anything, and a backup whose
+// payload breaks the layout, and restores nothing then.
+func TestRestoreRefusals(t *testing.T) {
+	r := sharedServer(t)
+	src := open(t, r, Options{})
+	if _, err := src.Acquire(bg, acquireReq(newIdentity())); err != nil {
+		t.Fatal(err)
+	}
+	var backup bytes.Buffer
+	if _, err := src.Backup(bg, &backup, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Restore(bg, bytes.NewReader(backup.Bytes())); !errors.Is(err, ErrRestoreTarget) {
+		t.Fatalf("restore over a live namespace: %v", err)
+	}
+	if v, _ := get(t, src, src.keys.gate()); v != "" {
+		t.Fatal("a refused restore left the namespace closed")
+	}
+	tampered := bytes.Replace(backup.Bytes(), []byte(`"counter"`), []byte(`"counter"`), 1)
+	tampered[len(tampered)-3] ^= 1
+	dst := open(t, r, Options{})
+	if _, err := dst.Restore(bg, bytes.NewReader(tampered)); !errors.Is(err, backupfile.ErrChecksum) {
+		t.Fatalf("tampered backup: %v", err)
+	}
+	for name, line := range map[string]string{
+		"unknown key":       `{"key":"elsewhere","type":"string","string":"eA=="}`,
+		"counter not text":  `{"key":"{` + strings.Repeat("a", 43) + `}:counter","type":"string","string":"LTE="}`,
+		"counter as a list": `{"key":"{` + strings.Repeat("a", 43) + `}:counter","type":"list","list":["MQ=="]}`,
+		"unknown field":     `{"key":"epoch","type":"string","string":"MQ==","extra":1}`,
+	} {
+		var b bytes.Buffer
+		if _, err := backupfile.Write(&b, backupfile.Header{Backend: BackendName, CreatedAt: time.Now()},
+			func(w io.Writer) error { _, err := w.Write([]byte(line + "\n")); return err }); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := dst.Restore(bg, &b); err == nil {
+			t.Fatalf("%s: restored", name)
+		}
+	}
+	keys, err := dst.scanKeys(context.Background(), "*")
+	if err != nil || len(keys) != 0 {
+		t.Fatalf("a refused restore wrote %v (%v)", keys, err)
+	}
+}
