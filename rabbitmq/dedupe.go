@@ -1,11 +1,23 @@
 package rabbitmq
 
 import (
+	"bytes"
 	"container/list"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/starintel/starlease/lease"
 )
 
 // Defaults of DeduperOptions.
@@ -206,6 +218,30 @@ func (d *Deduper) Highest(lockKey string) uint64 {
 	return 0
 }
 
+// Marks returns the highest token of every tracked lock key: the
+// consumer's downstream high-water marks, which it persists
+// (WriteMarksFile) as its consumer record for recovery
+// (recovery.MarksFileProof).
+//
+// Only tracked lock keys are included: a key the Deduper forgot
+// (MaxLockKeys) is missing, so a consumer that persists marks writes, per
+// key, the maximum of Marks and what it persisted before (ReadMarksFile).
+// Keys that are not canonical lock keys (CheckLockKey) are left out: Check
+// admits any key with the lock key prefix, but no lease can hold such a
+// key, so it is no evidence, and one forged delivery must not keep the
+// consumer from persisting its marks.
+func (d *Deduper) Marks() map[string]uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make(map[string]uint64, len(d.keys))
+	for k, el := range d.keys {
+		if h := el.Value.(*keyState).high; h > 0 && CheckLockKey(k) == nil {
+			out[k] = h
+		}
+	}
+	return out
+}
+
 // Len returns how many lock keys are tracked.
 func (d *Deduper) Len() int {
 	d.mu.Lock()
@@ -242,4 +278,164 @@ func (ks *keyState) remember(id string) {
 	}
 	ks.ring[ks.next] = id
 	ks.next = (ks.next + 1) % ks.size
+}
+
+// lockKeyDigestLen is the length of the unpadded base64url SHA-256 digest
+// that follows lease.KeyPrefix in a canonical lock key.
+var lockKeyDigestLen = base64.RawURLEncoding.EncodedLen(sha256.Size)
+
+// CheckLockKey reports whether key has the shape of a canonical lock key
+// (lease.CanonicalLockKey derives every one): lease.KeyPrefix followed by
+// the unpadded base64url form of a SHA-256 digest. The lease package has
+// no exported check of its own, and the fence headers' check (FenceOf) only
+// looks at the prefix.
+func CheckLockKey(key string) error {
+	digest, ok := strings.CutPrefix(key, lease.KeyPrefix)
+	if !ok || len(digest) != lockKeyDigestLen {
+		return errors.New("not a canonical lock key")
+	}
+	// Strict: the padding bits must be zero, so each digest has one key.
+	if b, err := base64.RawURLEncoding.Strict().DecodeString(digest); err != nil || len(b) != sha256.Size {
+		return errors.New("not a canonical lock key")
+	}
+	return nil
+}
+
+// ErrMalformedMarks is wrapped by every *MarksError.
+var ErrMalformedMarks = errors.New("rabbitmq: malformed consumer marks")
+
+// MarksError reports consumer marks that break the marks file format,
+// read from a file or about to be written to one.
+type MarksError struct {
+	Path    string // the marks file
+	LockKey string // the entry at fault, if one is
+	Reason  string
+}
+
+func (e *MarksError) Error() string {
+	if e.LockKey != "" {
+		k := e.LockKey
+		if len(k) > 100 {
+			k = k[:100] + "..."
+		}
+		return fmt.Sprintf("rabbitmq: consumer marks %s: lock key %q: %s", e.Path, k, e.Reason)
+	}
+	return fmt.Sprintf("rabbitmq: consumer marks %s: %s", e.Path, e.Reason)
+}
+
+// Unwrap makes errors.Is(err, ErrMalformedMarks) hold.
+func (e *MarksError) Unwrap() error { return ErrMalformedMarks }
+
+// checkMark checks one entry of a marks file.
+func checkMark(path, key string, token uint64) error {
+	if err := CheckLockKey(key); err != nil {
+		return &MarksError{Path: path, LockKey: key, Reason: err.Error()}
+	}
+	if token < 1 || token > lease.MaxFencingToken {
+		return &MarksError{Path: path, LockKey: key, Reason: "fencing token out of range 1..2^53-1"}
+	}
+	return nil
+}
+
+// WriteMarksFile replaces the marks file at path with marks: one JSON
+// object, canonical lock key → highest fencing token (1..2^53-1), keys
+// sorted. It writes a temporary file in the same directory (mode 0600),
+// fsyncs it, renames it over path and fsyncs the directory, so a crash
+// leaves either the old file or the new one, never a torn one. Marks that
+// ReadMarksFile would refuse are not written (*MarksError).
+func WriteMarksFile(path string, marks map[string]uint64) error {
+	for k, t := range marks {
+		if err := checkMark(path, k, t); err != nil {
+			return err
+		}
+	}
+	if marks == nil {
+		marks = map[string]uint64{} // "{}", not "null"
+	}
+	b, err := json.Marshal(marks)
+	if err != nil {
+		return fmt.Errorf("rabbitmq: consumer marks %s: %w", path, err)
+	}
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("rabbitmq: consumer marks %s: %w", path, err)
+	}
+	_, werr := f.Write(append(b, '\n'))
+	serr := f.Sync()
+	cerr := f.Close()
+	if err := errors.Join(werr, serr, cerr); err != nil {
+		os.Remove(f.Name())
+		return fmt.Errorf("rabbitmq: consumer marks %s: %w", path, err)
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		os.Remove(f.Name())
+		return fmt.Errorf("rabbitmq: consumer marks %s: %w", path, err)
+	}
+	// The rename is durable only once the directory is.
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("rabbitmq: consumer marks %s: %w", path, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("rabbitmq: consumer marks %s: %w", path, err)
+	}
+	return nil
+}
+
+// ReadMarksFile reads a marks file (WriteMarksFile) strictly: it must hold
+// exactly one JSON object whose keys are distinct canonical lock keys
+// (CheckLockKey) and whose values are integer literals in 1..2^53-1.
+// Anything else — another JSON shape, a string, fraction, exponent or
+// negative token, a duplicate key, trailing data, an empty file — is a
+// *MarksError: a consumer record that cannot be read exactly proves
+// nothing. An empty object is valid (the consumer has seen nothing). I/O
+// errors are returned as they are (errors.Is(err, fs.ErrNotExist) holds
+// for a missing file).
+func ReadMarksFile(path string) (map[string]uint64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq: consumer marks %s: %w", path, err)
+	}
+	bad := func(reason string) error { return &MarksError{Path: path, Reason: reason} }
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, bad("not a JSON object")
+	}
+	marks := map[string]uint64{}
+	for dec.More() {
+		tok, err := dec.Token()
+		key, ok := tok.(string)
+		if err != nil || !ok {
+			return nil, bad("not valid JSON")
+		}
+		if _, dup := marks[key]; dup {
+			return nil, &MarksError{Path: path, LockKey: key, Reason: "duplicate key"}
+		}
+		tok, err = dec.Token()
+		if err != nil {
+			return nil, bad("not valid JSON")
+		}
+		num, ok := tok.(json.Number)
+		if !ok || strings.ContainsAny(string(num), ".eE") {
+			return nil, &MarksError{Path: path, LockKey: key, Reason: "fencing token is not an integer"}
+		}
+		t, err := strconv.ParseUint(string(num), 10, 64)
+		if err != nil {
+			t = 0 // negative or beyond uint64: out of range below
+		}
+		if err := checkMark(path, key, t); err != nil {
+			return nil, err
+		}
+		marks[key] = t
+	}
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
+		return nil, bad("not valid JSON")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, bad("trailing data after the object")
+	}
+	return marks, nil
 }
