@@ -3,8 +3,6 @@ package rabbitmq
 import (
 	"bytes"
 	"container/list"
-	"crypto/sha256"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -280,26 +278,10 @@ func (ks *keyState) remember(id string) {
 	ks.next = (ks.next + 1) % ks.size
 }
 
-// lockKeyDigestLen is the length of the unpadded base64url SHA-256 digest
-// that follows lease.KeyPrefix in a canonical lock key.
-var lockKeyDigestLen = base64.RawURLEncoding.EncodedLen(sha256.Size)
-
-// CheckLockKey reports whether key has the shape of a canonical lock key
-// (lease.CanonicalLockKey derives every one): lease.KeyPrefix followed by
-// the unpadded base64url form of a SHA-256 digest. The lease package has
-// no exported check of its own, and the fence headers' check (FenceOf) only
-// looks at the prefix.
-func CheckLockKey(key string) error {
-	digest, ok := strings.CutPrefix(key, lease.KeyPrefix)
-	if !ok || len(digest) != lockKeyDigestLen {
-		return errors.New("not a canonical lock key")
-	}
-	// Strict: the padding bits must be zero, so each digest has one key.
-	if b, err := base64.RawURLEncoding.Strict().DecodeString(digest); err != nil || len(b) != sha256.Size {
-		return errors.New("not a canonical lock key")
-	}
-	return nil
-}
+// CheckLockKey reports whether key has the shape of a canonical lock key:
+// lease.CheckLockKey, which the fence headers' own check (FenceOf, the
+// prefix only) does not apply.
+func CheckLockKey(key string) error { return lease.CheckLockKey(key) }
 
 // ErrMalformedMarks is wrapped by every *MarksError.
 var ErrMalformedMarks = errors.New("rabbitmq: malformed consumer marks")

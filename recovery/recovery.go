@@ -23,17 +23,25 @@
 // never lowered, lease ids are never reused (new ids are fresh ULIDs), and
 // idempotency evidence survives, so a replayed pre-backup request returns
 // its original result (with the lease's current, ended state). Every step
-// is logged as an AUDIT record.
+// is a durable, high-priority audit event (Options.Audit) and a log record.
+//
+// Verify works on any backend's closed namespace (lease.ClosedNamespace):
+// a restored bolt store (bolt.OpenRestored) or a restored or sealed Valkey
+// namespace (valkey.OpenClosed).
 package recovery
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sort"
+	"time"
+	"unicode/utf8"
 
-	"github.com/starintel/starlease/bolt"
+	"github.com/starintel/starlease/audit"
 	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/recovery/backupfile"
 )
@@ -69,14 +77,23 @@ func (p *Proof) Observe(lockKey string, token uint64) {
 	p.Marks[lockKey] = max(p.Marks[lockKey], token)
 }
 
+// ErrReopenedAuditIncomplete is returned, with the report, when the
+// namespace was recovered and reopened but an audit event written after
+// the reopening failed (the decision's event was written before).
+var ErrReopenedAuditIncomplete = errors.New("recovery: namespace reopened, but an audit event after the reopening was not written")
+
 // Options configures Verify.
 type Options struct {
 	// EpochGap is the epoch path's gap above the maximum known token; zero
 	// means DefaultEpochGap.
 	EpochGap uint64
-	// Bolt configures the opened store (clock, retention, logger).
-	Bolt bolt.Options
-	// Logger receives the audit records; nil means slog.Default().
+	// Audit receives one durable event per recovery step: the decision
+	// (written before anything changes: if it cannot be written, nothing
+	// is), each restored lease ended, and the reopening. Nil means the
+	// logger alone.
+	Audit audit.Sink
+	// Logger receives the same steps as log records; nil means
+	// slog.Default().
 	Logger *slog.Logger
 }
 
@@ -92,9 +109,48 @@ type Report struct {
 	Expired       []string // lease ids of restored leases archived as expired
 }
 
-// Verify runs recovery for the bolt store restored at path (bolt.Restore)
-// and reopens it; see the package comment.
-func Verify(ctx context.Context, path string, proof Proof, o Options) (Report, error) {
+// Step writes one recovery audit event (and its log record): typ, allowed
+// or denied, with its details in reason. Without a sink it only logs.
+func Step(ctx context.Context, sink audit.Sink, log *slog.Logger, typ audit.EventType, allowed bool, reason string) error {
+	if log == nil {
+		log = slog.Default()
+	}
+	level := slog.LevelInfo
+	e := audit.NewEvent(typ, time.Now())
+	e.Decision, e.Reason, e.PrincipalID = audit.DecisionAllow, truncateReason(reason), lease.RecoveryPrincipal
+	if !allowed {
+		e.Decision, level = audit.DecisionDeny, slog.LevelError
+	}
+	log.Log(ctx, level, "AUDIT "+string(typ), "decision", e.Decision, "reason", e.Reason, "event_id", e.EventID)
+	if sink == nil {
+		return nil
+	}
+	if err := sink.Write(ctx, e); err != nil {
+		log.Error("recovery audit event not written", "event_type", typ, "error", err.Error())
+		return lease.Errorf(lease.CodeBackendUnavailable, "recovery audit event not written: %v", err)
+	}
+	return nil
+}
+
+// truncateReason keeps a reason within the audit schema's bound (512
+// bytes), cutting at a rune boundary.
+func truncateReason(r string) string {
+	const maxReason = 512
+	if len(r) <= maxReason {
+		return r
+	}
+	r = r[:maxReason-3]
+	for len(r) > 0 && !utf8.ValidString(r) {
+		r = r[:len(r)-1]
+	}
+	return r + "..."
+}
+
+// Verify runs recovery for a closed namespace (a restored bolt store, a
+// restored or sealed Valkey namespace) and reopens it; see the package
+// comment. ns is closed afterwards.
+func Verify(ctx context.Context, ns lease.ClosedNamespace, proof Proof, o Options) (Report, error) {
+	defer ns.Close()
 	log := o.Logger
 	if log == nil {
 		log = slog.Default()
@@ -103,19 +159,14 @@ func Verify(ctx context.Context, path string, proof Proof, o Options) (Report, e
 	if gap == 0 {
 		gap = DefaultEpochGap
 	}
-	r, err := bolt.OpenRestored(path, o.Bolt)
-	if err != nil {
+	deny := func(err error, why string) (Report, error) {
+		Step(ctx, o.Audit, log, audit.EventRecoveryReopen, false, why+"; namespace stays closed ("+string(lease.CodeOf(err))+")")
 		return Report{}, err
 	}
-	defer r.Close() // idempotent; Finish closes it on success
-	st, err := r.State(ctx)
+	st, err := ns.State(ctx)
 	if err != nil {
-		log.Error("AUDIT recovery aborted: restored state unreadable", "code", lease.CodeOf(err))
-		return Report{}, err
+		return deny(err, "restored state unreadable")
 	}
-	log.Info("AUDIT recovery started", "backup_sha256", st.Marker.BackupSHA256, "backup_created_at", st.Marker.BackupCreatedAt,
-		"counters", len(st.Counters), "active", len(st.Active), "proof_marks", len(proof.Marks),
-		"proof_complete", proof.Complete, "proof_sources", proof.Sources)
 
 	var rep Report
 	keys := map[string]bool{}
@@ -131,6 +182,9 @@ func Verify(ctx context.Context, path string, proof Proof, o Options) (Report, e
 		}
 	}
 	for k, m := range proof.Marks {
+		if err := lease.CheckLockKey(k); err != nil {
+			return deny(err, "downstream proof names a malformed lock key")
+		}
 		keys[k] = true
 		rep.MaxKnownToken = max(rep.MaxKnownToken, m)
 		if m > st.Counters[k] {
@@ -138,13 +192,15 @@ func Verify(ctx context.Context, path string, proof Proof, o Options) (Report, e
 		}
 	}
 	sort.Strings(rep.Shortfalls)
-	plan := bolt.FinishPlan{Reason: RevokeReason}
+	rep.Shortfalls = slices.Compact(rep.Shortfalls)
+	plan := lease.RecoveryPlan{Reason: RevokeReason}
 	rep.EpochNumber = st.Epoch
+	var decision string
 	if !proof.Complete || len(rep.Shortfalls) > 0 {
 		rep.Epoch = true
 		if rep.MaxKnownToken > lease.MaxFencingToken-gap {
-			log.Error("AUDIT recovery aborted: epoch would exceed the fencing token limit", "max_known_token", rep.MaxKnownToken, "gap", gap)
-			return Report{}, lease.Errorf(lease.CodeCounterExhausted, "recovery epoch would exceed the fencing token limit")
+			return deny(lease.Errorf(lease.CodeCounterExhausted, "recovery epoch would exceed the fencing token limit"),
+				fmt.Sprintf("epoch would exceed the fencing token limit (max known token %d, gap %d)", rep.MaxKnownToken, gap))
 		}
 		rep.Floor = rep.MaxKnownToken + gap
 		rep.EpochNumber = st.Epoch + 1
@@ -153,22 +209,43 @@ func Verify(ctx context.Context, path string, proof Proof, o Options) (Report, e
 		for k := range keys {
 			plan.Counters[k] = rep.Floor
 		}
-		log.Warn("AUDIT recovery proof incomplete or short; allocating a new epoch",
-			"proof_complete", proof.Complete, "shortfalls", len(rep.Shortfalls), "max_known_token", rep.MaxKnownToken,
-			"gap", gap, "floor", rep.Floor, "epoch", rep.EpochNumber, "identities", len(keys))
+		decision = fmt.Sprintf("epoch path (proof complete: %t, shortfalls: %d): epoch %d, every counter and the floor raised to %d = max known token %d + gap %d over %d identities",
+			proof.Complete, len(rep.Shortfalls), rep.EpochNumber, rep.Floor, rep.MaxKnownToken, gap, len(keys))
 	} else {
-		log.Info("AUDIT recovery proof complete: every counter covers every downstream token", "max_known_token", rep.MaxKnownToken)
+		decision = fmt.Sprintf("proof complete: every restored counter covers every downstream token (max known token %d); counters kept", rep.MaxKnownToken)
 	}
-	res, err := r.Finish(ctx, plan)
+	decision += fmt.Sprintf("; backup %s; proof sources %v with %d marks; %d active leases to end",
+		backupName(st.Marker.BackupSHA256), proof.Sources, len(proof.Marks), len(st.Active))
+	// The decision is durable before anything changes.
+	if err := Step(ctx, o.Audit, log, audit.EventRecoveryVerify, true, decision); err != nil {
+		return Report{}, err
+	}
+	res, err := ns.Finish(ctx, plan)
 	if err != nil {
-		log.Error("AUDIT recovery failed; namespace stays closed", "code", lease.CodeOf(err))
-		return Report{}, fmt.Errorf("recovery: %w", err)
+		return deny(fmt.Errorf("recovery: %w", err), "recovery step failed")
 	}
 	rep.Raised, rep.Revoked, rep.Expired = res.Raised, res.Revoked, res.Expired
+	var errs []error
 	for _, id := range res.Revoked {
-		log.Info("AUDIT recovery revoked a restored lease", "lease_id", id, "reason", RevokeReason)
+		errs = append(errs, Step(ctx, o.Audit, log, audit.EventRecoveryRevoke, true, "restored lease "+id+" revoked: "+RevokeReason))
 	}
-	log.Info("AUDIT recovery finished; namespace reopened", "epoch_path", rep.Epoch, "epoch", rep.EpochNumber,
-		"raised", rep.Raised, "revoked", len(rep.Revoked), "expired", len(rep.Expired))
+	errs = append(errs, Step(ctx, o.Audit, log, audit.EventRecoveryReopen, true,
+		fmt.Sprintf("namespace reopened: epoch path %t, epoch %d, floor %d, %d counters raised, %d leases revoked, %d archived as expired",
+			rep.Epoch, rep.EpochNumber, rep.Floor, rep.Raised, len(rep.Revoked), len(rep.Expired))))
+	// The namespace is open and correct; an audit write that failed now is
+	// reported, not undone.
+	if err := errors.Join(errs...); err != nil {
+		return rep, fmt.Errorf("%w: %w", ErrReopenedAuditIncomplete, err)
+	}
 	return rep, nil
+}
+
+// backupName names a backup in an audit reason by its checksum's first 16
+// hex digits: the whole 64 would trip the audit's guard against key
+// material.
+func backupName(sha string) string {
+	if sha == "" {
+		return "none (failover)"
+	}
+	return "sha256:" + sha[:min(16, len(sha))]
 }

@@ -5,9 +5,12 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/starintel/starlease/audit"
+	"github.com/starintel/starlease/audit/audittest"
 	"github.com/starintel/starlease/bolt"
 	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/recovery/backupfile"
@@ -97,6 +100,16 @@ func setup(t *testing.T) scenario {
 	return sc
 }
 
+// verifyBolt runs Verify on the restored bolt store at path.
+func verifyBolt(t *testing.T, path string, proof Proof, o Options) (Report, error) {
+	t.Helper()
+	ns, err := bolt.OpenRestored(path, bolt.Options{ReapInterval: -1})
+	if err != nil {
+		return Report{}, err
+	}
+	return Verify(context.Background(), ns, proof, o)
+}
+
 func TestRestoreEpochPath(t *testing.T) {
 	ctx := context.Background()
 	sc := setup(t)
@@ -105,9 +118,22 @@ func TestRestoreEpochPath(t *testing.T) {
 		t.Fatalf("open before verification: %v", err)
 	}
 	sc.downstream.Complete = false // proof unavailable/incomplete: epoch path
-	rep, err := Verify(ctx, sc.path, sc.downstream, Options{})
+	rec := &audittest.Recorder{}
+	rep, err := verifyBolt(t, sc.path, sc.downstream, Options{Audit: rec})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Every step is audited, the decision first.
+	ev := rec.Events()
+	if len(ev) != 3 || ev[0].EventType != audit.EventRecoveryVerify || ev[1].EventType != audit.EventRecoveryRevoke ||
+		ev[2].EventType != audit.EventRecoveryReopen || !strings.Contains(ev[0].Reason, "epoch path") ||
+		!strings.Contains(ev[1].Reason, sc.stale.LeaseID) {
+		t.Fatalf("audit events: %+v", ev)
+	}
+	for _, e := range ev {
+		if err := e.Validate(); err != nil || e.Priority != audit.PriorityHigh || e.Decision != audit.DecisionAllow {
+			t.Fatalf("audit event %+v: %v", e, err)
+		}
 	}
 	if !rep.Epoch || rep.EpochNumber != 1 || rep.Floor != sc.maxToken+DefaultEpochGap || len(rep.Revoked) != 1 || rep.Revoked[0] != sc.stale.LeaseID {
 		t.Fatalf("report %+v", rep)
@@ -147,15 +173,30 @@ func TestRestoreEpochPath(t *testing.T) {
 		t.Fatalf("an unseen identity after the epoch: %v token %d, want %d", err, other.Lease.FencingToken, rep.Floor+1)
 	}
 	// Recovery runs once: the reopened store is no longer a restored namespace.
-	if _, err := Verify(ctx, sc.path, sc.downstream, Options{}); err == nil {
+	if _, err := verifyBolt(t, sc.path, sc.downstream, Options{}); err == nil {
 		t.Fatal("verify ran twice")
+	}
+}
+
+// The decision is durable before anything changes: without its audit
+// event nothing is, and the namespace stays closed.
+func TestVerifyRefusedWithoutAudit(t *testing.T) {
+	sc := setup(t)
+	if _, err := verifyBolt(t, sc.path, sc.downstream, Options{Audit: &audittest.FailingSink{}}); err == nil {
+		t.Fatal("recovery ran without its audit event")
+	}
+	if _, err := bolt.Open(sc.path, bolt.Options{ReapInterval: -1}); lease.CodeOf(err) != lease.CodeBackendUnavailable {
+		t.Fatalf("namespace opened after a refused recovery: %v", err)
+	}
+	if rep, err := verifyBolt(t, sc.path, sc.downstream, Options{}); err != nil || !rep.Epoch {
+		t.Fatalf("recovery after the refusal: %+v %v", rep, err)
 	}
 }
 
 func TestCompleteProofShortFallsBackToEpoch(t *testing.T) {
 	sc := setup(t)
 	sc.downstream.Complete = true // complete, but counters are below it
-	rep, err := Verify(context.Background(), sc.path, sc.downstream, Options{EpochGap: 10})
+	rep, err := verifyBolt(t, sc.path, sc.downstream, Options{EpochGap: 10})
 	if err != nil || !rep.Epoch || len(rep.Shortfalls) != 1 || rep.Floor != sc.maxToken+10 {
 		t.Fatalf("%v %+v", err, rep)
 	}
@@ -166,7 +207,7 @@ func TestCompleteProofReopensWithoutEpoch(t *testing.T) {
 	sc := setup(t)
 	proof := Proof{Complete: true, Sources: []string{"test"}}
 	proof.Observe(sc.stale.LockKey, sc.stale.FencingToken) // nothing newer reached downstream
-	rep, err := Verify(ctx, sc.path, proof, Options{})
+	rep, err := verifyBolt(t, sc.path, proof, Options{})
 	if err != nil || rep.Epoch || rep.Raised != 0 || len(rep.Revoked) != 1 {
 		t.Fatalf("%v %+v", err, rep)
 	}

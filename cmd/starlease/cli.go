@@ -55,8 +55,9 @@ func usage(w io.Writer) {
 	fmt.Fprintf(&b, "  %-17s %s\n", "version", "print the module version and the Go version")
 	fmt.Fprintf(&b, "  %-17s %s\n", "serve", "serve the lease HTTP API (see starlease serve -h)")
 	fmt.Fprintf(&b, "  %-17s %s\n", "keys", "create, list, revoke and rotate API keys (see starlease keys)")
-	fmt.Fprintf(&b, "  %-17s %s\n", "backup", "write a checksummed snapshot of the bolt store (server stopped)")
-	fmt.Fprintf(&b, "  %-17s %s\n", "restore", "restore a backup into a new data dir; it stays closed until verify-restore")
+	fmt.Fprintf(&b, "  %-17s %s\n", "backup", "write a checksummed snapshot of the store (bolt: server stopped; valkey: mutations paused)")
+	fmt.Fprintf(&b, "  %-17s %s\n", "restore", "restore a backup into an empty target; it stays closed until verify-restore")
+	fmt.Fprintf(&b, "  %-17s %s\n", "seal", "close a promoted Valkey namespace after a failover until verify-restore")
 	fmt.Fprintf(&b, "  %-17s %s\n", "verify-restore", "prove the downstream high-water marks and reopen a restored namespace")
 	for _, c := range commands {
 		fmt.Fprintf(&b, "  %-17s %s\n", c.name, c.summary)
@@ -86,6 +87,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runBackup(rest, stdout, stderr)
 	case "restore":
 		return runRestore(rest, stdout, stderr)
+	case "seal":
+		return runSeal(rest, stdout, stderr)
 	case "verify-restore":
 		return runVerifyRestore(rest, stdout, stderr)
 	}
