@@ -35,16 +35,6 @@ func amqpChannel(t *testing.T, url string) *amqp.Channel {
 	return ch
 }
 
-func declareQueues(t *testing.T, url string, queues ...string) {
-	t.Helper()
-	ch := amqpChannel(t, url)
-	defer ch.Close()
-	for _, q := range queues {
-		if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
-			t.Fatalf("declare %s: %v", q, err)
-		}
-	}
-}
 
 // waitReady waits until queue holds n ready messages: a channel close
 // returns its unacknowledged messages asynchronously.
@@ -106,7 +96,7 @@ func TestRabbitMQProofCollectsPublishedTokens(t *testing.T) {
 	ctx := context.Background()
 	broker := testenv.StartRabbitMQ(t)
 	q1, q2 := "results.one", "results.two"
-	declareQueues(t, broker.URL(), q1, q2)
+	broker.DeclareQueues(t, q1, q2)
 	s := open(t, filepath.Join(t.TempDir(), "live.db"))
 	pub := rabbitmq.NewPublisher(s, rabbitmq.WithCaller(caller))
 
@@ -295,7 +285,7 @@ func TestRabbitMQProofFailsClosed(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			i++
 			q := fmt.Sprintf("bad-%d", i)
-			declareQueues(t, broker.URL(), q)
+			broker.DeclareQueues(t, q)
 			inject(t, broker.URL(), q, good, bad)
 			var proof Proof
 			err := RabbitMQProof(ctx, broker.URL(), []string{q}, &proof)
@@ -315,7 +305,7 @@ func TestRabbitMQProofFailsClosed(t *testing.T) {
 
 	// The good message alone is accepted (control), and an empty queue
 	// proves nothing but is no error.
-	declareQueues(t, broker.URL(), "control", "empty")
+	broker.DeclareQueues(t, "control", "empty")
 	inject(t, broker.URL(), "control", good)
 	var proof Proof
 	if err := RabbitMQProof(ctx, broker.URL(), []string{"control", "empty"}, &proof); err != nil ||
@@ -357,7 +347,7 @@ func TestRabbitMQProofFailsClosed(t *testing.T) {
 func TestMarksFileProof(t *testing.T) {
 	broker := testenv.StartRabbitMQ(t)
 	a, b := lockKeyOf(t, "target-a"), lockKeyOf(t, "target-b")
-	declareQueues(t, broker.URL(), "consumer")
+	broker.DeclareQueues(t, "consumer")
 	inject(t, broker.URL(), "consumer", fenced("m1", a, int64(3)), fenced("m2", a, int64(5)),
 		fenced("m3", b, int64(2)), fenced("m2", a, int64(5)), fenced("m4", a, int64(4)))
 

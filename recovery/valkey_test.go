@@ -51,7 +51,7 @@ func newValkeyWorld(t *testing.T) *valkeyWorld {
 	if w.writer, err = w.db.Writer("couchdb"); err != nil {
 		t.Fatal(err)
 	}
-	declareQueues(t, w.broker.URL(), w.queue)
+	w.broker.DeclareQueues(t, w.queue)
 	return w
 }
 

@@ -420,3 +420,24 @@ func liveGroupMembers(pgid int) []int {
 // Stop kills the broker and its epmd and waits until they are gone.
 // t.Cleanup calls it; calling it again is a no-op.
 func (r *RabbitMQ) Stop() { r.kill() }
+
+// DeclareQueues declares durable queues on the broker's default exchange
+// (each bound by its own name).
+func (r *RabbitMQ) DeclareQueues(t testing.TB, queues ...string) {
+	t.Helper()
+	conn, err := amqp.Dial(r.URL())
+	if err != nil {
+		t.Fatalf("testenv: rabbitmq: dial: %v", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatalf("testenv: rabbitmq: channel: %v", err)
+	}
+	defer ch.Close()
+	for _, q := range queues {
+		if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+			t.Fatalf("testenv: rabbitmq: declare %s: %v", q, err)
+		}
+	}
+}
