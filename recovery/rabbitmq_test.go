@@ -35,7 +35,6 @@ func amqpChannel(t *testing.T, url string) *amqp.Channel {
 	return ch
 }
 
-
 // waitReady waits until queue holds n ready messages: a channel close
 // returns its unacknowledged messages asynchronously.
 func waitReady(t *testing.T, url, queue string, n int) {

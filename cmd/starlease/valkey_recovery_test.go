@@ -152,7 +152,7 @@ func TestValkeyRecoveryCommands(t *testing.T) {
 	dir := t.TempDir()
 	out := filepath.Join(dir, "valkey.slb")
 	var b struct {
-		Code     string        `json:"code"`
+		Code     string            `json:"code"`
 		Manifest backupfile.Header `json:"manifest"`
 	}
 	runCLI(t, "backup", "--backend", "valkey", "--valkey-addr", live.Addr(), "--out", out).ok(t, &b)
