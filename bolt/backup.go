@@ -55,7 +55,10 @@ func StagingPath(path string) string { return path + ".restored" }
 // read transaction) as a versioned, checksummed backup file: counters,
 // idempotency evidence, active records, history, lease states, high-water
 // marks, accepted commits, the outbox and the backend clock.
-func (s *Store) Backup(ctx context.Context, w io.Writer) (Manifest, error) {
+//
+// sections are carried after the snapshot (e.g. the credentials, which
+// live outside the store), each verified like it on restore.
+func (s *Store) Backup(ctx context.Context, w io.Writer, sections ...backupfile.SectionData) (Manifest, error) {
 	if err := s.begin(ctx); err != nil {
 		return Manifest{}, err
 	}
@@ -70,7 +73,7 @@ func (s *Store) Backup(ctx context.Context, w io.Writer) (Manifest, error) {
 		counts[string(b)] = int64(tx.Bucket(b).Stats().KeyN)
 	}
 	m, err := backupfile.Write(w, Manifest{Backend: BackendName, CreatedAt: s.now().UTC(), Counts: counts},
-		func(w io.Writer) error { _, err := tx.WriteTo(w); return err })
+		func(w io.Writer) error { _, err := tx.WriteTo(w); return err }, sections...)
 	if err != nil {
 		s.log.Error("lease store backup failed", "error", err)
 		return Manifest{}, lease.Errorf(lease.CodeBackendUnavailable, "backup failed")

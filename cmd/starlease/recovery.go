@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/starintel/starlease/audit"
+	"github.com/starintel/starlease/auth"
 	"github.com/starintel/starlease/bolt"
 	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/recovery"
@@ -175,7 +176,21 @@ func runBackup(args []string, stdout, stderr io.Writer) int {
 			return fail(stderr, err, "")
 		}
 		defer s.Close()
-		take = func(w io.Writer) (backupfile.Header, error) { return s.Backup(ctx, w) }
+		// The credentials live beside the store: they travel as a section
+		// (verifiers only; the pepper never enters a backup).
+		creds, err := auth.OpenFileStore(filepath.Join(rb.dataDir, credentialsDir))
+		if err != nil {
+			return fail(stderr, lease.Errorf(lease.CodeBackendUnavailable, "cannot open the credentials"), "")
+		}
+		defer creds.Close()
+		data, n, err := recovery.BackupCredentials(ctx, creds)
+		if err != nil {
+			return fail(stderr, lease.Errorf(lease.CodeBackendUnavailable, "cannot read the credentials: %v", err), "")
+		}
+		log.Info("credentials carried by the backup", "credentials", n)
+		take = func(w io.Writer) (backupfile.Header, error) {
+			return s.Backup(ctx, w, backupfile.SectionData{Name: recovery.CredentialsSection, Data: data})
+		}
 	case "valkey":
 		s, err := rb.openValkey(ctx, log)
 		if err != nil {
@@ -235,7 +250,7 @@ func runRestore(args []string, stdout, stderr io.Writer) int {
 		return fail(stderr, lease.Invalid("in", "cannot open the backup file"), "")
 	}
 	defer f.Close()
-	m, err := recovery.ReadBackup(f)
+	m, sections, err := backupfile.ReadAll(f, io.Discard)
 	if err != nil {
 		return fail(stderr, lease.Errorf(lease.CodeCorrupt, "backup file rejected: %v", err), "")
 	}
@@ -262,6 +277,18 @@ func runRestore(args []string, stdout, stderr io.Writer) int {
 			return fail(stderr, lease.Errorf(lease.CodeCorrupt, "restore failed: %v", err), "")
 		}
 		next += " --data-dir " + rb.dataDir + " ..."
+		if data, ok := sections[recovery.CredentialsSection]; ok {
+			creds, err := auth.OpenFileStore(filepath.Join(rb.dataDir, credentialsDir))
+			if err != nil {
+				return fail(stderr, lease.Errorf(lease.CodeBackendUnavailable, "cannot create the credentials directory"), "")
+			}
+			n, err := recovery.RestoreCredentials(ctx, creds, data)
+			creds.Close()
+			if err != nil {
+				return fail(stderr, lease.Errorf(lease.CodeCorrupt, "credentials not restored: %v", err), "")
+			}
+			log.Info("credentials restored", "credentials", n)
+		}
 		if sink, err = rb.auditSink(nil); err != nil {
 			return fail(stderr, err, "")
 		}

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/starintel/starlease/bolt"
@@ -27,9 +29,26 @@ type printedVerify struct {
 func TestBackupRestoreVerifyEpochPath(t *testing.T) {
 	f := newFixture(t)
 	stale := f.acquire(t) // held at backup time
+	// A key issued before the backup travels with it (its verifier only).
+	pepper := filepath.Join(t.TempDir(), "pepper")
+	if err := os.WriteFile(pepper, []byte("0123456789abcdef0123456789abcdef-recovery-test\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var created struct {
+		APIKey     string `json:"api_key"`
+		Credential struct {
+			CredentialID string `json:"credential_id"`
+		} `json:"credential"`
+	}
+	runCLI(t, "keys", "create", "--data-dir", f.dir, "--pepper-file", pepper, "--principal", "prn-worker",
+		"--class", "api_client", "--capabilities", "targets:lease", "--scope", "tenant:*,program:*").ok(t, &created)
 	out := filepath.Join(t.TempDir(), "backup.slb")
 	var b printedBackup
 	runCLI(t, "backup", "--data-dir", f.dir, "--out", out).ok(t, &b)
+	if raw, err := os.ReadFile(out); err != nil || bytes.Contains(raw, []byte(created.APIKey)) ||
+		bytes.Contains(raw, []byte(created.APIKey[strings.LastIndex(created.APIKey, "_")+1:])) {
+		t.Fatalf("the backup holds the API key or its secret (%v)", err)
+	}
 	if b.Code != "backed_up" || b.Manifest.Backend != "bolt" || b.Manifest.PayloadSHA256 == "" {
 		t.Fatalf("backup printed %+v", b)
 	}
@@ -59,6 +78,15 @@ func TestBackupRestoreVerifyEpochPath(t *testing.T) {
 	runCLI(t, "restore", "--in", out, "--data-dir", g.dir).ok(t, &r)
 	if r.Code != "restored_unverified" || r.Manifest.PayloadSHA256 != b.Manifest.PayloadSHA256 {
 		t.Fatalf("restore printed %+v", r)
+	}
+	var listed struct {
+		Credentials []struct {
+			CredentialID string `json:"credential_id"`
+		} `json:"credentials"`
+	}
+	runCLI(t, "keys", "list", "--data-dir", g.dir).ok(t, &listed)
+	if len(listed.Credentials) != 1 || listed.Credentials[0].CredentialID != created.Credential.CredentialID {
+		t.Fatalf("credentials after restore: %+v", listed)
 	}
 	// Never over an existing store.
 	runCLI(t, "restore", "--in", out, "--data-dir", g.dir).refused(t, exitUsage, lease.CodeInvalidRequest)
