@@ -25,31 +25,25 @@ type Manifest = backupfile.Header
 const BackendName = "bolt"
 
 var (
-	// keyRestored marks a restored namespace awaiting recovery verification.
+	// keyRestored holds the restore marker of a restored namespace.
 	keyRestored = []byte("restored_unverified")
-	keyEpoch    = []byte("epoch")
+	// keyGate closes the namespace while it exists: every mutation is
+	// refused (lease_backend_unavailable), reads answer. Restore sets it;
+	// only recovery's Finish clears it.
+	keyGate  = []byte("gate")
+	keyEpoch = []byte("epoch")
 	// keyCounterFloor is the recovery epoch's floor under every counter.
 	keyCounterFloor = []byte("counter_floor")
 	keyRecovery     = []byte("last_recovery")
-	// restoredSchema replaces the schema version of a restored file until
-	// recovery finishes, so even a staging file moved by hand into place
-	// is refused by Open.
-	restoredSchema = []byte("restored_unverified")
 )
+
+// gateRestored is the gate of a restored namespace.
+const gateRestored = "restored from a backup, awaiting recovery verification"
 
 // ErrRestoreTarget is returned when the restore target is not empty: a
 // restore never replaces an existing namespace (that could roll its
 // counters back).
 var ErrRestoreTarget = errors.New("restore target already exists; restore only into an empty path")
-
-// restoreSentinel occupies the store path of a restored namespace until
-// recovery finishes. It is not a bbolt file, so Open fails with
-// backend_unavailable and never creates a fresh (zero-counter) store there.
-const restoreSentinel = "starlease: restored namespace awaiting recovery verification; the snapshot is in %s\n"
-
-// StagingPath is where Restore keeps the restored snapshot of the store at
-// path until recovery verification moves it into place.
-func StagingPath(path string) string { return path + ".restored" }
 
 // Backup writes one consistent point-in-time snapshot of the store (one
 // read transaction) as a versioned, checksummed backup file: counters,
@@ -86,44 +80,27 @@ func (s *Store) Backup(ctx context.Context, w io.Writer, sections ...backupfile.
 // RestoreMarker is stored in the meta bucket of a restored namespace.
 type RestoreMarker = lease.RestoreMarker
 
-// Restore verifies the backup read from r and restores it for the store at
-// path, which must not exist. The namespace stays closed: path holds a
-// sentinel that Open refuses with backend_unavailable, and the snapshot (at
-// StagingPath, marked restored_unverified) only becomes the store when
-// recovery verification finishes (OpenRestored, Restored.Finish). Any
-// verification failure restores nothing.
+// Restore verifies the backup read from r and restores it as the store at
+// path, which must not exist. The namespace is closed: the restored file's
+// gate makes every mutation fail with lease_backend_unavailable (reads
+// answer) until recovery verification (OpenRestored, Restored.Finish)
+// clears it. Any verification failure restores nothing.
 func Restore(r io.Reader, path string) (err error) {
-	staging := StagingPath(path)
-	for _, p := range []string{path, staging, staging + ".tmp"} {
+	tmp := path + ".restoring"
+	for _, p := range []string{path, tmp} {
 		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("%w: %s", ErrRestoreTarget, p)
 		}
 	}
-	sentinel, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrRestoreTarget, err)
 	}
-	_, err = fmt.Fprintf(sentinel, restoreSentinel, filepath.Base(staging))
-	if err == nil {
-		err = sentinel.Sync()
-	}
-	if cerr := sentinel.Close(); err == nil {
-		err = cerr
-	}
-	tmp := staging + ".tmp"
 	defer func() {
 		if err != nil {
 			os.Remove(tmp)
-			os.Remove(path)
 		}
 	}()
-	if err != nil {
-		return err
-	}
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
 	h, err := backupfile.Read(r, f)
 	if err == nil {
 		err = f.Sync()
@@ -147,7 +124,7 @@ func Restore(r io.Reader, path string) (err error) {
 		if meta == nil || string(meta.Get(keySchema)) != schemaVersion {
 			return errSchema
 		}
-		if err := meta.Put(keySchema, restoredSchema); err != nil {
+		if err := meta.Put(keyGate, []byte(gateRestored)); err != nil {
 			return err
 		}
 		return meta.Put(keyRestored, marker)
@@ -156,14 +133,16 @@ func Restore(r io.Reader, path string) (err error) {
 		err = cerr
 	}
 	if err != nil {
-		return fmt.Errorf("cannot mark the restored snapshot: %w", err)
+		return fmt.Errorf("cannot close the restored snapshot: %w", err)
 	}
-	if err = os.Rename(tmp, staging); err != nil {
+	// The file takes the store's place only once closed: a crash before
+	// leaves no store at path, never an open one.
+	if err = os.Rename(tmp, path); err != nil {
 		return err
 	}
 	syncDir(filepath.Dir(path))
-	slog.Default().Info("AUDIT lease store restored; namespace closed until recovery verification",
-		"backup_sha256", h.PayloadSHA256, "backup_created_at", h.CreatedAt, "staging", staging)
+	slog.Default().Info("lease store restored; namespace closed until recovery verification",
+		"backup_sha256", h.PayloadSHA256, "backup_created_at", h.CreatedAt)
 	return nil
 }
 
@@ -182,31 +161,25 @@ type Restored struct {
 	path string
 }
 
-// OpenRestored opens the staged snapshot of the restored store at path.
+// OpenRestored opens the restored store at path for recovery. Its gate
+// must still be closed by the restore.
 func OpenRestored(path string, o Options) (*Restored, error) {
-	db, err := bbolt.Open(StagingPath(path), 0o600, &bbolt.Options{Timeout: time.Second})
+	if _, err := os.Stat(path); err != nil {
+		return nil, lease.Errorf(lease.CodeBackendUnavailable, "no store at the restore path")
+	}
+	o.ReapInterval = -1
+	s, err := Open(path, o)
 	if err != nil {
-		return nil, lease.Errorf(lease.CodeBackendUnavailable, "cannot open the restored snapshot: %s", classify(err))
+		return nil, err
 	}
-	s := &Store{db: db, opts: o.StoreOptions.WithDefaults(), now: o.Now, stop: make(chan struct{})}
-	s.log = s.opts.Logger
-	if s.now == nil {
-		s.now = time.Now
-	}
-	if err := db.View(func(tx *bbolt.Tx) error {
-		meta := tx.Bucket(bucketMeta)
-		if meta == nil || string(meta.Get(keySchema)) != string(restoredSchema) || meta.Get(keyRestored) == nil {
-			return errSchema
-		}
-		return nil
-	}); err != nil {
-		db.Close()
+	if s.gate != gateRestored {
+		s.Close()
 		return nil, lease.Errorf(lease.CodeCorrupt, "file is not a restored namespace awaiting verification")
 	}
 	return &Restored{s: s, path: path}, nil
 }
 
-// Close closes the staged snapshot without reopening the namespace.
+// Close closes the store without reopening the namespace.
 func (r *Restored) Close() error { return r.s.Close() }
 
 // RestoredState is what a restored snapshot holds that recovery decides on.
@@ -276,8 +249,8 @@ type FinishResult = lease.RecoveryResult
 // Finish applies plan in one write transaction — raise counters, end every
 // restored active lease through the normal archive path (revoked with
 // plan.Reason if live, expired if already expired: a restored TTL is never
-// resurrected), clear the restored mark — then moves the snapshot into
-// place as the store, reopening the namespace. r is closed afterwards.
+// resurrected), clear the restored mark and the gate — reopening the
+// namespace. r is closed afterwards.
 func (r *Restored) Finish(ctx context.Context, plan FinishPlan) (FinishResult, error) {
 	var res FinishResult
 	if err := r.s.begin(ctx); err != nil {
@@ -350,7 +323,7 @@ func (r *Restored) Finish(ctx context.Context, plan FinishPlan) (FinishResult, e
 		if err := meta.Delete(keyRestored); err != nil {
 			return err
 		}
-		return meta.Put(keySchema, []byte(schemaVersion))
+		return meta.Delete(keyGate)
 	})
 	if err != nil {
 		var le *lease.Error
@@ -359,14 +332,7 @@ func (r *Restored) Finish(ctx context.Context, plan FinishPlan) (FinishResult, e
 		}
 		return FinishResult{}, err
 	}
-	if err := r.s.Close(); err != nil {
-		return res, err
-	}
-	if err := os.Rename(StagingPath(r.path), r.path); err != nil {
-		return res, lease.Errorf(lease.CodeBackendUnavailable, "cannot move the recovered store into place")
-	}
-	syncDir(filepath.Dir(r.path))
-	return res, nil
+	return res, r.s.Close()
 }
 
 // counterFloor is the namespace's counter floor (0 before any recovery

@@ -37,7 +37,7 @@ func TestBackupRestoreStaysClosed(t *testing.T) {
 	if err := Restore(bytes.NewReader(bad), target); !errors.Is(err, backupfile.ErrChecksum) {
 		t.Fatalf("corrupt restore: %v", err)
 	}
-	for _, p := range []string{target, StagingPath(target), StagingPath(target) + ".tmp"} {
+	for _, p := range []string{target, target + ".restoring"} {
 		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
 			t.Fatalf("%s left behind: %v", p, err)
 		}
@@ -46,14 +46,26 @@ func TestBackupRestoreStaysClosed(t *testing.T) {
 	if err := Restore(bytes.NewReader(buf.Bytes()), target); err != nil {
 		t.Fatal(err)
 	}
-	// The namespace is closed: Open refuses it and never creates a fresh store.
-	if _, err := Open(target, Options{ReapInterval: -1}); code(err) != lease.CodeBackendUnavailable {
+	// The namespace is closed: every mutation is refused and changes
+	// nothing; reads answer; Health says why.
+	closed, err := Open(target, Options{ReapInterval: -1})
+	if err != nil {
 		t.Fatalf("open restored: %v", err)
 	}
-	// The staged snapshot moved by hand is refused too.
-	if _, err := Open(StagingPath(target), Options{ReapInterval: -1}); err == nil {
-		t.Fatal("staged snapshot opened as a store")
+	if _, err := closed.Acquire(ctx, acquireReq("req-2", time.Minute, time.Now().Add(time.Minute))); code(err) != lease.CodeBackendUnavailable {
+		t.Fatalf("acquire in a restored namespace: %v", err)
 	}
+	if _, err := closed.Acquire(ctx, acquireReq("req-1", time.Minute, time.Now().Add(time.Minute))); code(err) != lease.CodeBackendUnavailable {
+		t.Fatalf("replay in a restored namespace: %v", err)
+	}
+	if h := closed.Health(ctx); h.Status != lease.HealthDegraded {
+		t.Fatalf("health of a restored namespace: %+v", h)
+	}
+	ins, err := closed.Inspect(ctx, lease.InspectRequest{Identity: testIdentity, DeadlineAt: time.Now().Add(time.Minute)})
+	if err != nil || ins.Lease == nil {
+		t.Fatalf("inspect in a restored namespace: %+v %v", ins, err)
+	}
+	closed.Close()
 	// Never restore over an existing namespace.
 	if err := Restore(bytes.NewReader(buf.Bytes()), target); !errors.Is(err, ErrRestoreTarget) {
 		t.Fatalf("restore over existing: %v", err)

@@ -78,6 +78,12 @@ type Store struct {
 	// keeps the process clock monotone; pendingTx and pendingMs are the id
 	// and first backend time of the write transaction in progress, which
 	// reads that do not see it must not be later than (see readTx).
+	// gate, when not empty, closes the namespace (a restore awaiting
+	// recovery verification): every mutation is refused, reads answer.
+	// Read at Open: only recovery clears it, and bbolt admits one process
+	// per file, so it cannot change under an open store.
+	gate string
+
 	tmu       sync.Mutex
 	lastMs    int64
 	pendingTx int
@@ -111,6 +117,7 @@ func Open(path string, o Options) (*Store, error) {
 			}
 		}
 		meta := tx.Bucket(bucketMeta)
+		s.gate = string(meta.Get(keyGate))
 		switch v := meta.Get(keySchema); {
 		case v == nil:
 			return meta.Put(keySchema, []byte(schemaVersion))
@@ -124,6 +131,9 @@ func Open(path string, o Options) (*Store, error) {
 			return nil, lease.Errorf(lease.CodeCorrupt, "store file has an unsupported schema version")
 		}
 		return nil, lease.Errorf(lease.CodeBackendUnavailable, "cannot initialize the store file: %s", classify(err))
+	}
+	if s.gate != "" {
+		s.log.Warn("lease namespace is closed; mutations are refused", "reason", s.gate)
 	}
 	interval := o.ReapInterval
 	if interval == 0 {
@@ -159,6 +169,9 @@ func (s *Store) Health(ctx context.Context) lease.Health {
 	}
 	if err := s.db.View(func(tx *bbolt.Tx) error { return nil }); err != nil {
 		return lease.Health{Status: lease.HealthUnavailable, Reason: "store file unavailable: " + classify(err)}
+	}
+	if s.gate != "" {
+		return lease.Health{Status: lease.HealthDegraded, Reason: "namespace is closed: " + s.gate}
 	}
 	return lease.Health{Status: lease.HealthOK}
 }
@@ -200,6 +213,9 @@ func (s *Store) begin(ctx context.Context) error {
 func (s *Store) mutate(ctx context.Context, fn func(tx *bbolt.Tx) error) error {
 	if err := s.begin(ctx); err != nil {
 		return err
+	}
+	if s.gate != "" {
+		return lease.Errorf(lease.CodeBackendUnavailable, "namespace is closed: %s", s.gate)
 	}
 	var err error
 	if s.inflight.Add(1) == 1 || s.soloCommits {

