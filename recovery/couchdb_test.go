@@ -67,28 +67,16 @@ func TestCouchDBProofCollectsWrittenTokens(t *testing.T) {
 	// write acquires a lease on target, writes docs under it and releases.
 	write := func(target string, docs ...string) {
 		t.Helper()
-		id := ident
-		id.TargetID = target
 		n++
-		req := acquire(fmt.Sprintf("req-%d", n))
-		req.Identity = id
-		res, err := s.Acquire(ctx, req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := fence.NewCommitter(s, fence.EnvelopeOf(res.Lease), caller)
-		for i, doc := range docs {
-			body, _ := json.Marshal(map[string]any{"target": target, "n": n})
-			if _, err := fence.Write(ctx, c, w, fmt.Sprintf("commit-%d-%d", n, i), couchdb.Doc{ID: doc, Body: body}); err != nil {
-				t.Fatalf("write %s: %v", doc, err)
+		l := underLease(t, s, target, fmt.Sprintf("req-%d", n), false, func(_ *lease.Record, c *fence.Committer) {
+			for i, doc := range docs {
+				body, _ := json.Marshal(map[string]any{"target": target, "n": n})
+				if _, err := fence.Write(ctx, c, w, fmt.Sprintf("commit-%d-%d", n, i), couchdb.Doc{ID: doc, Body: body}); err != nil {
+					t.Fatalf("write %s: %v", doc, err)
+				}
 			}
-		}
-		want[res.Lease.LockKey] = res.Lease.FencingToken
-		rel := release(res.Lease, fmt.Sprintf("rel-%d", n))
-		rel.Identity = id
-		if _, err := s.Release(ctx, rel); err != nil {
-			t.Fatal(err)
-		}
+		})
+		want[l.LockKey] = l.FencingToken
 	}
 	write("target-a", "a-1")
 	write("target-a", "a-1", "a-2") // token 2 overwrites a-1's fence

@@ -107,33 +107,21 @@ func TestRabbitMQProofCollectsPublishedTokens(t *testing.T) {
 	// named under it and releases.
 	publish := func(target string, queues ...string) {
 		t.Helper()
-		id := ident
-		id.TargetID = target
 		n++
-		req := acquire(fmt.Sprintf("req-%d", n))
-		req.Identity = id
-		res, err := s.Acquire(ctx, req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := fence.NewCommitter(s, fence.EnvelopeOf(res.Lease), caller)
-		for i, q := range queues {
-			p, err := pub.Publish(ctx, c, fmt.Sprintf("commit-%d-%d", n, i), lease.OutboxMessage{RoutingKey: q,
-				ContentType: "application/json", Body: []byte(fmt.Sprintf(`{"target":%q,"n":%d}`, target, n))})
-			if err != nil {
-				t.Fatalf("publish to %s: %v", q, err)
+		l := underLease(t, s, target, fmt.Sprintf("req-%d", n), false, func(l *lease.Record, c *fence.Committer) {
+			for i, q := range queues {
+				p, err := pub.Publish(ctx, c, fmt.Sprintf("commit-%d-%d", n, i), lease.OutboxMessage{RoutingKey: q,
+					ContentType: "application/json", Body: []byte(fmt.Sprintf(`{"target":%q,"n":%d}`, target, n))})
+				if err != nil {
+					t.Fatalf("publish to %s: %v", q, err)
+				}
+				order[q] = append(order[q], p.MessageID)
+				if q == q1 {
+					wantQ1[l.LockKey] = l.FencingToken
+				}
 			}
-			order[q] = append(order[q], p.MessageID)
-			if q == q1 {
-				wantQ1[res.Lease.LockKey] = res.Lease.FencingToken
-			}
-		}
-		want[res.Lease.LockKey] = res.Lease.FencingToken
-		rel := release(res.Lease, fmt.Sprintf("rel-%d", n))
-		rel.Identity = id
-		if _, err := s.Release(ctx, rel); err != nil {
-			t.Fatal(err)
-		}
+		})
+		want[l.LockKey] = l.FencingToken
 	}
 	publish("target-a", q1)         // token 1
 	publish("target-b", q1, q2)     // token 1

@@ -12,6 +12,7 @@ import (
 	"github.com/starintel/starlease/audit"
 	"github.com/starintel/starlease/audit/audittest"
 	"github.com/starintel/starlease/bolt"
+	"github.com/starintel/starlease/fence"
 	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/recovery/backupfile"
 )
@@ -37,6 +38,30 @@ func commit(l *lease.Record, id string) lease.CommitRequest {
 func release(l *lease.Record, id string) lease.ReleaseRequest {
 	return lease.ReleaseRequest{Identity: ident, LeaseID: l.LeaseID, FencingToken: l.FencingToken,
 		ServiceInstanceID: "instance-1", Mutation: lease.Mutation{RequestID: id, DeadlineAt: far(), Caller: caller}}
+}
+
+// underLease acquires target's lease on s with request id requestID, runs
+// work with the lease and its committer, and releases the lease unless
+// keep. It returns the lease.
+func underLease(t *testing.T, s lease.Store, target, requestID string, keep bool,
+	work func(l *lease.Record, c *fence.Committer)) *lease.Record {
+	t.Helper()
+	ctx := context.Background()
+	req := acquire(requestID)
+	req.Identity.TargetID = target
+	res, err := s.Acquire(ctx, req)
+	if err != nil {
+		t.Fatalf("acquire %s: %v", target, err)
+	}
+	work(res.Lease, fence.NewCommitter(s, fence.EnvelopeOf(res.Lease), caller))
+	if !keep {
+		rel := release(res.Lease, "rel-"+requestID)
+		rel.Identity = req.Identity
+		if _, err := s.Release(ctx, rel); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return res.Lease
 }
 
 func open(t *testing.T, path string) *bolt.Store {

@@ -66,32 +66,20 @@ func (w *valkeyWorld) work(t *testing.T, s *valkey.Store, target, requestID stri
 // workWith is work that also returns the lease's committer.
 func (w *valkeyWorld) workWith(t *testing.T, s *valkey.Store, target, requestID string, keep bool) (*lease.Record, *fence.Committer) {
 	t.Helper()
-	ctx := context.Background()
-	id := ident
-	id.TargetID = target
-	req := acquire(requestID)
-	req.Identity = id
-	res, err := s.Acquire(ctx, req)
-	if err != nil {
-		t.Fatalf("acquire %s: %v", target, err)
-	}
-	c := fence.NewCommitter(s, fence.EnvelopeOf(res.Lease), caller)
-	body, _ := json.Marshal(map[string]any{"target": target, "token": res.Lease.FencingToken})
-	if _, err := fence.Write(ctx, c, w.writer, "doc-"+requestID, couchdb.Doc{ID: "doc-" + target, Body: body}); err != nil {
-		t.Fatalf("fenced write for %s: %v", target, err)
-	}
-	pub := rabbitmq.NewPublisher(s, rabbitmq.WithCaller(caller))
-	if _, err := pub.Publish(ctx, c, "pub-"+requestID, lease.OutboxMessage{RoutingKey: w.queue, ContentType: "application/json", Body: body}); err != nil {
-		t.Fatalf("fenced publication for %s: %v", target, err)
-	}
-	if !keep {
-		rel := release(res.Lease, "rel-"+requestID)
-		rel.Identity = id
-		if _, err := s.Release(ctx, rel); err != nil {
-			t.Fatal(err)
+	var committer *fence.Committer
+	l := underLease(t, s, target, requestID, keep, func(l *lease.Record, c *fence.Committer) {
+		ctx := context.Background()
+		committer = c
+		body, _ := json.Marshal(map[string]any{"target": target, "token": l.FencingToken})
+		if _, err := fence.Write(ctx, c, w.writer, "doc-"+requestID, couchdb.Doc{ID: "doc-" + target, Body: body}); err != nil {
+			t.Fatalf("fenced write for %s: %v", target, err)
 		}
-	}
-	return res.Lease, c
+		pub := rabbitmq.NewPublisher(s, rabbitmq.WithCaller(caller))
+		if _, err := pub.Publish(ctx, c, "pub-"+requestID, lease.OutboxMessage{RoutingKey: w.queue, ContentType: "application/json", Body: body}); err != nil {
+			t.Fatalf("fenced publication for %s: %v", target, err)
+		}
+	})
+	return l, committer
 }
 
 // relay moves s's outbox to the broker and waits until it is empty.
