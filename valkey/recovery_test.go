@@ -5,6 +5,9 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -270,5 +273,66 @@ func TestRestoreRefusals(t *testing.T) {
 	keys, err := dst.scanKeys(context.Background(), "*")
 	if err != nil || len(keys) != 0 {
 		t.Fatalf("a refused restore wrote %v (%v)", keys, err)
+	}
+}
+
+// recoveryCommands are the commands the recovery tools need beyond the
+// service's ACL, as valkey/doc.go lists them.
+const recoveryCommands = "+scan +pexpiretime +hgetall +zrange +rpush +hset +pexpireat"
+
+// Backup, restore and recovery work under the documented ACL plus the
+// documented recovery commands, and the service's own ACL cannot back up.
+func TestRecoveryUnderACL(t *testing.T) {
+	src, err := os.ReadFile("doc.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(strings.Join(strings.Fields(strings.ReplaceAll(string(src), "//", "")), " "), recoveryCommands) {
+		t.Fatalf("doc.go does not list the recovery commands %q", recoveryCommands)
+	}
+	operator := strings.Replace(documentedACL(t, "operator-secret"), "user starlease", "user operator", 1) + " " + recoveryCommands
+	r, pw := aclServer(t, operator)
+	opw := filepath.Join(t.TempDir(), "operator")
+	if err := os.WriteFile(opw, []byte("operator-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	svc := open(t, r, Options{Username: "starlease", PasswordFile: pw, KeyPrefix: "starlease"})
+	held, err := svc.Acquire(bg, acquireReq(newIdentity()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Backup(bg, &bytes.Buffer{}, 0); lease.CodeOf(err) != lease.CodeBackendUnavailable {
+		t.Fatalf("backup with the service's ACL: %v", err)
+	}
+	if _, err := svc.Acquire(bg, acquireReq(newIdentity())); err != nil {
+		t.Fatalf("a refused backup left the namespace closed: %v", err)
+	}
+	op := open(t, r, Options{Username: "operator", PasswordFile: opw, KeyPrefix: "starlease"})
+	var backup bytes.Buffer
+	if _, err := op.Backup(bg, &backup, 0); err != nil {
+		t.Fatal(err)
+	}
+	// The new server: its operator shares the service's password file.
+	fresh, _ := aclServer(t, strings.Replace(operator, "operator-secret", "lease-secret", 1))
+	dst := open(t, fresh, Options{Username: "operator", PasswordFile: pw, KeyPrefix: "starlease"})
+	if _, err := dst.Restore(bg, bytes.NewReader(backup.Bytes())); err != nil {
+		t.Fatal(err)
+	}
+	c, err := OpenClosed(bg, Options{Addr: fresh.Addr(), Username: "operator", PasswordFile: pw, KeyPrefix: "starlease", ReapInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.State(bg); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.Finish(bg, lease.RecoveryPlan{Counters: map[string]uint64{held.Lease.LockKey: 100}, Floor: 100, Epoch: 1, Reason: "acl"})
+	if err != nil || len(res.Revoked) != 2 || !slices.Contains(res.Revoked, held.Lease.LeaseID) {
+		t.Fatalf("finish under ACL: %+v %v", res, err)
+	}
+	svc2 := open(t, fresh, Options{Username: "starlease", PasswordFile: pw, KeyPrefix: "starlease"})
+	next, err := svc2.Acquire(bg, acquireReq(held.Lease.Identity()))
+	if err != nil || next.Lease.FencingToken != 101 {
+		t.Fatalf("acquire after recovery under ACL: %+v %v", next, err)
 	}
 }
