@@ -316,82 +316,114 @@ func (s *Store) dump(ctx context.Context) ([]dumpEntry, lease.Timestamp, error) 
 		return nil, lease.Timestamp{}, err
 	}
 	out := make([]dumpEntry, 0, len(keys))
-	for _, k := range keys {
-		if skippedKeys[k] {
-			continue
-		}
-		e, found, err := s.dumpKey(ctx, k)
+	for len(keys) > 0 {
+		n := min(len(keys), dumpBatch)
+		batch, err := s.dumpBatch(ctx, keys[:n])
 		if err != nil {
 			return nil, lease.Timestamp{}, err
 		}
-		if !found {
-			continue // expired since the scan
-		}
-		if err := e.check(); err != nil {
-			return nil, lease.Timestamp{}, lease.Errorf(lease.CodeCorrupt, "%v", err)
-		}
-		out = append(out, e)
+		out = append(out, batch...)
+		keys = keys[n:]
 	}
 	return out, now, nil
 }
 
-func (s *Store) dumpKey(ctx context.Context, k string) (dumpEntry, bool, error) {
-	full := s.keys.ns + ":" + k
+// dumpBatch is how many keys one pipeline reads: the pause of mutations
+// lasts about two round trips per batch, not per key.
+const dumpBatch = 512
+
+// dumpBatch reads keys (but skippedKeys) with two pipelines: their types
+// and absolute expiries, then their values. A key gone in between (an
+// expiry) is left out.
+func (s *Store) dumpBatch(ctx context.Context, keys []string) ([]dumpEntry, error) {
 	c := s.client
-	res := c.DoMulti(ctx, c.B().Type().Key(full).Build(), c.B().Pexpiretime().Key(full).Build())
-	typ, err := res[0].ToString()
-	if err != nil {
-		return dumpEntry{}, false, s.failure(call{fn: "backup"}, err)
+	var meta vk.Commands
+	var names []string
+	for _, k := range keys {
+		if skippedKeys[k] {
+			continue
+		}
+		full := s.keys.ns + ":" + k
+		names = append(names, k)
+		meta = append(meta, c.B().Type().Key(full).Build(), c.B().Pexpiretime().Key(full).Build())
 	}
-	exp, err := res[1].AsInt64()
-	if err != nil {
-		return dumpEntry{}, false, s.failure(call{fn: "backup"}, err)
+	if len(meta) == 0 {
+		return nil, nil
 	}
-	e := dumpEntry{Key: k, Type: typ}
-	if exp > 0 {
-		e.ExpireAt = exp
+	res := c.DoMulti(ctx, meta...)
+	entries := make([]dumpEntry, 0, len(names))
+	var reads vk.Commands
+	for i, k := range names {
+		typ, err := res[2*i].ToString()
+		if err != nil {
+			return nil, s.failure(call{fn: "backup"}, err)
+		}
+		exp, err := res[2*i+1].AsInt64()
+		if err != nil {
+			return nil, s.failure(call{fn: "backup"}, err)
+		}
+		full := s.keys.ns + ":" + k
+		e := dumpEntry{Key: k, Type: typ, ExpireAt: max(exp, 0)}
+		switch typ {
+		case "none":
+			continue
+		case "string":
+			reads = append(reads, c.B().Get().Key(full).Build())
+		case "list":
+			reads = append(reads, c.B().Lrange().Key(full).Start(0).Stop(-1).Build())
+		case "hash":
+			reads = append(reads, c.B().Hgetall().Key(full).Build())
+		case "zset":
+			reads = append(reads, c.B().Zrange().Key(full).Min("0").Max("-1").Withscores().Build())
+		default:
+			return nil, lease.Errorf(lease.CodeCorrupt, "namespace key %q has unsupported type %q", k, typ)
+		}
+		entries = append(entries, e)
 	}
-	switch typ {
-	case "none":
-		return e, false, nil
-	case "string":
-		v, err := c.Do(ctx, c.B().Get().Key(full).Build()).AsBytes()
-		if vk.IsValkeyNil(err) {
-			return e, false, nil
-		}
-		e.String, _ = v, err
-		if err != nil {
-			return e, false, s.failure(call{fn: "backup"}, err)
-		}
-	case "list":
-		vs, err := c.Do(ctx, c.B().Lrange().Key(full).Start(0).Stop(-1).Build()).AsStrSlice()
-		if err != nil {
-			return e, false, s.failure(call{fn: "backup"}, err)
-		}
-		for _, v := range vs {
-			e.List = append(e.List, []byte(v))
-		}
-	case "hash":
-		m, err := c.Do(ctx, c.B().Hgetall().Key(full).Build()).AsStrMap()
-		if err != nil {
-			return e, false, s.failure(call{fn: "backup"}, err)
-		}
-		e.Hash = map[string][]byte{}
-		for f, v := range m {
-			e.Hash[f] = []byte(v)
-		}
-	case "zset":
-		zs, err := c.Do(ctx, c.B().Zrange().Key(full).Min("0").Max("-1").Withscores().Build()).AsZScores()
-		if err != nil {
-			return e, false, s.failure(call{fn: "backup"}, err)
-		}
-		for _, z := range zs {
-			e.Zset = append(e.Zset, zmember{Member: []byte(z.Member), Score: z.Score})
-		}
-	default:
-		return e, false, lease.Errorf(lease.CodeCorrupt, "namespace key %q has unsupported type %q", k, typ)
+	if len(reads) == 0 {
+		return nil, nil
 	}
-	return e, true, nil
+	out := entries[:0]
+	for i, r := range c.DoMulti(ctx, reads...) {
+		e := entries[i]
+		var err error
+		switch e.Type {
+		case "string":
+			if e.String, err = r.AsBytes(); vk.IsValkeyNil(err) {
+				continue
+			}
+		case "list":
+			var vs []string
+			vs, err = r.AsStrSlice()
+			for _, v := range vs {
+				e.List = append(e.List, []byte(v))
+			}
+		case "hash":
+			var m map[string]string
+			m, err = r.AsStrMap()
+			e.Hash = make(map[string][]byte, len(m))
+			for f, v := range m {
+				e.Hash[f] = []byte(v)
+			}
+		case "zset":
+			var zs []vk.ZScore
+			zs, err = r.AsZScores()
+			for _, z := range zs {
+				e.Zset = append(e.Zset, zmember{Member: []byte(z.Member), Score: z.Score})
+			}
+		}
+		if err != nil {
+			return nil, s.failure(call{fn: "backup"}, err)
+		}
+		if (e.Type == "list" && len(e.List) == 0) || (e.Type == "hash" && len(e.Hash) == 0) || (e.Type == "zset" && len(e.Zset) == 0) {
+			continue // expired between the two pipelines
+		}
+		if err := e.check(); err != nil {
+			return nil, lease.Errorf(lease.CodeCorrupt, "%v", err)
+		}
+		out = append(out, e)
+	}
+	return out, nil
 }
 
 // backendTime reads the server's clock.
