@@ -157,8 +157,7 @@ func syncDir(dir string) {
 // offers only what recovery needs: the restored state and the one
 // transaction that raises counters, ends restored leases and reopens.
 type Restored struct {
-	s    *Store
-	path string
+	s *Store
 }
 
 // OpenRestored opens the restored store at path for recovery. Its gate
@@ -176,7 +175,7 @@ func OpenRestored(path string, o Options) (*Restored, error) {
 		s.Close()
 		return nil, lease.Errorf(lease.CodeCorrupt, "file is not a restored namespace awaiting verification")
 	}
-	return &Restored{s: s, path: path}, nil
+	return &Restored{s: s}, nil
 }
 
 // Close closes the store without reopening the namespace.

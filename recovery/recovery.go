@@ -132,14 +132,13 @@ func Step(ctx context.Context, sink audit.Sink, log *slog.Logger, typ audit.Even
 	return nil
 }
 
-// truncateReason keeps a reason within the audit schema's bound (512
-// bytes), cutting at a rune boundary.
+// truncateReason keeps a reason within the audit schema's bound
+// (lease.MaxReasonBytes), cutting at a rune boundary.
 func truncateReason(r string) string {
-	const maxReason = 512
-	if len(r) <= maxReason {
+	if len(r) <= lease.MaxReasonBytes {
 		return r
 	}
-	r = r[:maxReason-3]
+	r = r[:lease.MaxReasonBytes-3]
 	for len(r) > 0 && !utf8.ValidString(r) {
 		r = r[:len(r)-1]
 	}
@@ -240,12 +239,15 @@ func Verify(ctx context.Context, ns lease.ClosedNamespace, proof Proof, o Option
 	return rep, nil
 }
 
-// backupName names a backup in an audit reason by its checksum's first 16
-// hex digits: the whole 64 would trip the audit's guard against key
-// material.
+// backupName names a backup in an audit reason.
 func backupName(sha string) string {
 	if sha == "" {
 		return "none (failover)"
 	}
-	return "sha256:" + sha[:min(16, len(sha))]
+	return ShortSHA(sha)
 }
+
+// ShortSHA names a backup in an audit reason by its checksum's first 16
+// hex digits: the whole 64 would trip the audit's guard against key
+// material.
+func ShortSHA(sha string) string { return "sha256:" + sha[:min(16, len(sha))] }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -290,18 +291,9 @@ func (s *Store) scanKeys(ctx context.Context, pattern string) ([]string, error) 
 			break
 		}
 	}
-	sort.Strings(out)
-	return slicesCompact(out), nil
-}
-
-func slicesCompact(s []string) []string {
-	out := s[:0]
-	for i, v := range s {
-		if i == 0 || v != s[i-1] {
-			out = append(out, v)
-		}
-	}
-	return out
+	// SCAN may return a key more than once.
+	slices.Sort(out)
+	return slices.Compact(out), nil
 }
 
 // dump reads every key of the namespace (but skippedKeys) with its type,

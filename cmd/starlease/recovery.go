@@ -143,10 +143,6 @@ func (b *recoveryBackend) openValkey(ctx context.Context, log *slog.Logger) (*va
 	return valkey.Open(ctx, o)
 }
 
-// shortSHA names a backup in an audit reason (a whole SHA-256 would trip
-// the audit's guard against key material).
-func shortSHA(sha string) string { return "sha256:" + sha[:min(16, len(sha))] }
-
 func runBackup(args []string, stdout, stderr io.Writer) int {
 	fs := recoveryFlagSet("backup", stderr)
 	var rb recoveryBackend
@@ -226,7 +222,7 @@ func runBackup(args []string, stdout, stderr io.Writer) int {
 		return fail(stderr, err, "")
 	}
 	if err := recovery.Step(ctx, sink, log, audit.EventRecoveryBackup, true, fmt.Sprintf("%s backup %s taken: %d payload bytes, counts %v",
-		m.Backend, shortSHA(m.PayloadSHA256), m.PayloadBytes, m.Counts)); err != nil {
+		m.Backend, recovery.ShortSHA(m.PayloadSHA256), m.PayloadBytes, m.Counts)); err != nil {
 		os.Remove(*out)
 		return fail(stderr, err, "")
 	}
@@ -313,7 +309,7 @@ func runRestore(args []string, stdout, stderr io.Writer) int {
 	}
 	defer sink.Close()
 	if err := recovery.Step(ctx, sink, log, audit.EventRecoveryRestore, true, fmt.Sprintf(
-		"%s backup %s of %s restored; namespace closed until verify-restore", m.Backend, shortSHA(m.PayloadSHA256),
+		"%s backup %s of %s restored; namespace closed until verify-restore", m.Backend, recovery.ShortSHA(m.PayloadSHA256),
 		m.CreatedAt.Format(time.RFC3339))); err != nil {
 		return fail(stderr, err, "")
 	}
