@@ -43,13 +43,13 @@ end
 -- dropped whole when it grows past MEMO_MAX entries.
 local MEMO_MAX = 4096
 local MS_MAX = 253402300800000 -- 10000-01-01T00:00:00.000Z
--- ID_OK and PLAIN_OK memoize is_id and plain below the same way, INT_OF
--- int.
-local TS_OF, MS_OF, ID_OK, PLAIN_OK, INT_OF, memo_n = {}, {}, {}, {}, {}, 0
+-- ID_OK, PLAIN_OK and META_OK memoize is_id, plain and meta_ok below the
+-- same way, INT_OF int.
+local TS_OF, MS_OF, ID_OK, PLAIN_OK, META_OK, INT_OF, memo_n = {}, {}, {}, {}, {}, {}, 0
 
 local function memo_room()
   memo_n = memo_n + 1
-  if memo_n > MEMO_MAX then TS_OF, MS_OF, ID_OK, PLAIN_OK, INT_OF, memo_n = {}, {}, {}, {}, {}, 1 end
+  if memo_n > MEMO_MAX then TS_OF, MS_OF, ID_OK, PLAIN_OK, META_OK, INT_OF, memo_n = {}, {}, {}, {}, {}, {}, 1 end
 end
 
 local function int(n)
@@ -90,17 +90,23 @@ local function civil_from_days(z)
   return y, m, d
 end
 
--- ts formats ms since the epoch as "2006-01-02T15:04:05.000Z".
+-- ts formats ms since the epoch as "2006-01-02T15:04:05.000Z". The date
+-- part of the last day formatted is kept (new times are nearly always on
+-- the current day), so a new ms costs one short format.
+local DAY, DAY_TEXT = nil, nil
 local function ts_slow(ms)
   local days = math.floor(ms / 86400000)
   local rem = ms - days * 86400000
-  local y, m, d = civil_from_days(days)
+  if days ~= DAY then
+    local y, m, d = civil_from_days(days)
+    DAY, DAY_TEXT = days, string.format('%04d-%02d-%02dT', y, m, d)
+  end
   local h = math.floor(rem / 3600000)
   rem = rem - h * 3600000
   local mi = math.floor(rem / 60000)
   rem = rem - mi * 60000
   local s = math.floor(rem / 1000)
-  return string.format('%04d-%02d-%02dT%02d:%02d:%02d.%03dZ', y, m, d, h, mi, s, rem - s * 1000)
+  return DAY_TEXT .. string.format('%02d:%02d:%02d.%03dZ', h, mi, s, rem - s * 1000)
 end
 
 local function ts(ms)
@@ -217,10 +223,122 @@ local function plain(v)
   return ok
 end
 
+-- meta_ok reports a metadata text decode accepts inside a record: one JSON
+-- object, at most 4096 bytes, that also decodes one level deeper (as in a
+-- record; cjson bounds nesting depth).
+local function meta_ok(m)
+  if type(m) ~= 'string' then return false end
+  local ok = META_OK[m]
+  if ok == nil then
+    local ok1, t1 = pcall(cjson.decode, m)
+    local ok2 = pcall(cjson.decode, '{"m":' .. m .. '}')
+    ok = ok1 and ok2 and type(t1) == 'table' and string.sub(m, 1, 1) == '{' and #m <= 4096
+    memo_room()
+    META_OK[m] = ok
+  end
+  return ok
+end
+
+-- consistent is decode's last check, of a record's values against each
+-- other: durations in range, timestamps ordered. Returns why not, or nil.
+local function consistent(r)
+  if r.ttl_ms > MAX_TTL_MS or r.maximum_lifetime_ms > MAX_LIFETIME_MS then return 'record durations are out of range' end
+  if r.renewed_at < r.acquired_at or r.renewed_at >= r.expires_at
+      or r.expires_at > r.acquired_at + r.maximum_lifetime_ms or r.expires_at - r.renewed_at > r.ttl_ms then
+    return 'record timestamps are inconsistent'
+  end
+  return nil
+end
+
+-- matches checks a valid record against the request: its lock key, and
+-- its tuple if ident is given. Returns r, or nil and a reason.
+local function matches(r, lock_key, ident)
+  if r.lock_key ~= lock_key then return nil, 'record is stored under a foreign lock key' end
+  if ident then
+    for i, name in ipairs(IDENTITY) do
+      if r[name] ~= ident[i] then return nil, 'stored tuple does not match the requested identity' end
+    end
+  end
+  return r
+end
+
+-- REC_OF maps the exact bytes of a stored record to the record decode
+-- makes of them, valid in itself (every check but the request's lock key
+-- and tuple, which matches runs on every hit). decode is a pure function
+-- of its arguments, so a hit is exactly its answer for those bytes; any
+-- other bytes, however close, take the full strict path. Entries come
+-- from decode and from the writers (rec_put_written): a mutation's record
+-- is then read by the next operation on the lease without decoding it
+-- again. Entries are shared: never modify a record decode returns. Bounded
+-- at REC_MAX entries (dropped whole past it); an entry goes when its
+-- active record is replaced or deleted.
+local REC_MAX = 2048
+local REC_OF, rec_n = {}, 0
+
+local function rec_put(raw, r)
+  if REC_OF[raw] == nil then
+    rec_n = rec_n + 1
+    if rec_n > REC_MAX then REC_OF, rec_n = {}, 1 end
+  end
+  REC_OF[raw] = r
+end
+
+local function rec_drop(raw)
+  if raw and REC_OF[raw] ~= nil then
+    REC_OF[raw] = nil
+    rec_n = rec_n - 1
+  end
+end
+
+local function ms_ok(v) return type(v) == 'number' and v == math.floor(v) and v >= 0 and v < MS_MAX end
+
+-- written reports whether decode would accept raw = encode(r) and return
+-- a record equal to r: version 1, every field of its kind (strings plain,
+-- so they need no escape and decode to themselves; numbers integral and in
+-- range; timestamps integral ms in [0, year 10000), whose text parse_ts
+-- inverts exactly, see MS_OF), metadata decode accepts (then the whole
+-- text is JSON with exactly these fields), a known state and consistent
+-- values. Anything else is simply not memoized.
+local function written(r)
+  if r.record_version ~= 1 or not STATES[r.state] or not meta_ok(r.metadata) then return false end
+  for _, f in ipairs(FIELDS) do
+    local v, kind = r[f[1]], f[2]
+    if kind == INT then
+      if type(v) ~= 'number' or v ~= math.floor(v) or v < 1 or v > MAX_TOKEN then return false end
+    elseif kind == TS then
+      if not ms_ok(v) then return false end
+    elseif kind == ID then
+      if not is_id(v) then return false end
+    elseif kind == OPT then
+      if v ~= '' and not is_id(v) then return false end
+    elseif not plain(v) then
+      return false
+    end
+  end
+  return consistent(r) == nil
+end
+
+-- rec_put_written memoizes the record a writer just encoded to raw. A
+-- renewal (renewed) is a valid record with only renewed_at, expires_at and
+-- ttl_ms changed, so only those need written's checks.
+local function rec_put_written(raw, r, renewed)
+  if renewed then
+    local ttl = r.ttl_ms
+    if ms_ok(r.renewed_at) and ms_ok(r.expires_at) and type(ttl) == 'number' and ttl == math.floor(ttl)
+        and ttl >= 1 and ttl <= MAX_TOKEN and consistent(r) == nil then
+      rec_put(raw, r)
+    end
+  elseif written(r) then
+    rec_put(raw, r)
+  end
+end
+
 -- decode strictly reads a stored record. lock_key is the requested one;
 -- ident, when given, the requested canonical tuple. Returns the record
 -- (timestamps in ms) or nil and a reason.
 local function decode(raw, lock_key, ident)
+  local known = REC_OF[raw]
+  if known then return matches(known, lock_key, ident) end
   local ok, t = pcall(cjson.decode, raw)
   if not ok or type(t) ~= 'table' then return nil, 'record is not JSON' end
   if t.record_version ~= 1 then return nil, 'record version is not 1' end
@@ -271,17 +389,12 @@ local function decode(raw, lock_key, ident)
     r[name] = v
   end
   if encode(r) ~= raw then return nil, 'record is not in canonical form' end
-  if r.lock_key ~= lock_key then return nil, 'record is stored under a foreign lock key' end
-  if ident then
-    for i, name in ipairs(IDENTITY) do
-      if r[name] ~= ident[i] then return nil, 'stored tuple does not match the requested identity' end
-    end
-  end
-  if r.ttl_ms > MAX_TTL_MS or r.maximum_lifetime_ms > MAX_LIFETIME_MS then return nil, 'record durations are out of range' end
-  if r.renewed_at < r.acquired_at or r.renewed_at >= r.expires_at
-      or r.expires_at > r.acquired_at + r.maximum_lifetime_ms or r.expires_at - r.renewed_at > r.ttl_ms then
-    return nil, 'record timestamps are inconsistent'
-  end
+  local why
+  r, why = matches(r, lock_key, ident)
+  if not r then return nil, why end
+  why = consistent(r)
+  if why then return nil, why end
+  rec_put(raw, r)
   return r
 end
 
@@ -307,6 +420,15 @@ local function load_active(key, lock_key, ident)
   r, why = decode(raw, lock_key, ident)
   if not r then return nil, why end
   return r, nil, raw, pttl
+end
+
+-- active_of is load_active of c's active record, keeping its stored bytes
+-- in c.raw so the write that replaces or deletes them drops their memo
+-- entry.
+local function active_of(c, ident)
+  local cur, why, raw = load_active(c.k_active, c.lock_key, ident)
+  c.raw = raw
+  return cur, why
 end
 
 local function live(r, now) return r.state == 'active' and now < r.expires_at end
@@ -378,10 +500,13 @@ end
 -- store_active writes r as the active record, with a physical TTL past
 -- expires_at: storage reclamation only, the decision is always made from
 -- the stored expires_at.
-local function store_active(c, r)
+local function store_active(c, r, renewed)
   local raw = encode(r)
   redis.call('SET', c.k_active, raw, 'PXAT', int(r.expires_at + c.grace))
   redis.call('ZADD', c.k_expiry, int(r.expires_at), expiry_member(r, c.tag))
+  rec_drop(c.raw)
+  rec_put_written(raw, r, renewed)
+  c.raw = raw
   return raw
 end
 
@@ -405,6 +530,8 @@ local function archive(c, r, state, ended, why)
   redis.call('DEL', c.k_active)
   redis.call('ZREM', c.k_index, unpack(index_members(r, c.tag)))
   redis.call('ZREM', c.k_expiry, expiry_member(r, c.tag))
+  rec_drop(c.raw)
+  c.raw = nil
   return raw
 end
 
@@ -485,7 +612,7 @@ local function acquire(keys, args)
   local now, done = begin(c)
   if done then return done end
   local k_counter, k_lookup, k_floor = keys[8], keys[9], keys[10]
-  local cur, why = load_active(c.k_active, c.lock_key, c.ident)
+  local cur, why = active_of(c, c.ident)
   if why then return corrupt(c, now, why) end
   if cur and live(cur, now) then return { 'conflict', int(now), int(cur.expires_at) } end
   local counter
@@ -527,7 +654,7 @@ end
 -- unexpired at now, or a reply: lost (archiving an expired match so it is
 -- never seen as active again) or corrupt.
 local function held(c, now, lease_id, token, owner, instance)
-  local cur, why = load_active(c.k_active, c.lock_key, c.ident)
+  local cur, why = active_of(c, c.ident)
   if why then return nil, corrupt(c, now, why) end
   if not cur or cur.lease_id ~= lease_id or int(cur.fencing_token) ~= token
       or (owner and cur.owner_principal_id ~= owner) or (instance and cur.service_instance_id ~= instance) then
@@ -550,10 +677,12 @@ local function renew(keys, args)
   if not cur then return reply end
   local ttl = tonumber(args[19])
   if ttl == 0 then ttl = cur.ttl_ms end
-  cur.renewed_at = now
-  cur.expires_at = math.min(now + ttl, cur.acquired_at + cur.maximum_lifetime_ms)
-  cur.ttl_ms = ttl
-  local raw = store_active(c, cur)
+  local r = {} -- a copy: cur may be shared (REC_OF)
+  for k, v in pairs(cur) do r[k] = v end
+  r.renewed_at = now
+  r.expires_at = math.min(now + ttl, r.acquired_at + r.maximum_lifetime_ms)
+  r.ttl_ms = ttl
+  local raw = store_active(c, r, true)
   remember(c, now, 'renew', args[20], 'lease_renewed', raw)
   return { 'ok', int(now), raw }
 end
@@ -640,7 +769,7 @@ local function expire(keys, args)
   local member = c.tag .. '\0' .. args[15] .. '\0' .. args[16]
   local shut = closed(c.k_gate, now)
   if shut then return shut end
-  local cur, why = load_active(c.k_active, c.lock_key, nil)
+  local cur, why = active_of(c, nil)
   if why then return corrupt(c, now, why) end
   why = layout_types(c)
   if why then return corrupt(c, now, why) end
@@ -685,7 +814,7 @@ local function recover_end(keys, args)
   local c = context(keys, args)
   local now = now_ms()
   if not closed(c.k_gate, now) then return { 'open', int(now) } end
-  local cur, why = load_active(c.k_active, c.lock_key, nil)
+  local cur, why = active_of(c, nil)
   if why then return corrupt(c, now, why) end
   why = layout_types(c)
   if why then return corrupt(c, now, why) end

@@ -376,6 +376,47 @@ func TestWrongTypeKeysFailClosed(t *testing.T) {
 	}
 }
 
+// The function library remembers records it wrote or decoded by their
+// exact bytes; those bytes stored under another identity still fail closed
+// (the lock key and tuple are checked on every read), and a lease whose
+// bytes were copied elsewhere keeps working.
+func TestRememberedBytesUnderAnotherIdentity(t *testing.T) {
+	s := open(t, sharedServer(t), Options{StoreOptions: leasetest.StoreOptions()})
+	f := faults{s}
+	a1, err := s.Acquire(bg, acquireReq(newIdentity()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id2 := newIdentity()
+	a2, err := s.Acquire(bg, acquireReq(id2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw1, ok := get(t, s, s.keys.active(tagOf(a1.Lease.LockKey)))
+	if !ok {
+		t.Fatal("no active record")
+	}
+	if err := f.PutRawActive(bg, a2.Lease.LockKey, []byte(raw1)); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Renew(bg, renewReq(a2.Lease))
+	mustCode(t, err, lease.CodeCorrupt)
+	_, err = s.Inspect(bg, lease.InspectRequest{Identity: id2, DeadlineAt: far()})
+	mustCode(t, err, lease.CodeCorrupt)
+	_, err = s.Release(bg, releaseReq(a2.Lease))
+	mustCode(t, err, lease.CodeCorrupt)
+	if now, _ := get(t, s, s.keys.active(tagOf(a2.Lease.LockKey))); now != raw1 {
+		t.Fatal("corrupt value was overwritten")
+	}
+	r1, err := s.Renew(bg, renewReq(a1.Lease))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Release(bg, releaseReq(r1.Lease)); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A server that may lose acknowledged writes is unsuitable: Health says so
 // and every mutation is refused, reads still work.
 func TestDurabilityCheck(t *testing.T) {
