@@ -444,26 +444,20 @@ local function want_types(spec)
   return nil
 end
 
--- lp is lease.lengthPrefixed: each part as a 2-byte big-endian length and
--- its bytes.
-local function lp(...)
-  local out = {}
-  for i, s in ipairs({ ... }) do
-    out[i] = string.char(math.floor(#s / 256), #s % 256) .. s
-  end
-  return table.concat(out)
-end
+-- lp is one part of lease.lengthPrefixed: a 2-byte big-endian length and
+-- the bytes.
+local function lp(s) return string.char(math.floor(#s / 256), #s % 256) .. s end
 
--- index_members are r's List index entries: filter ‖ 0 ‖ filter value ‖
--- lease id ‖ 0 ‖ hash tag, all with score 0, so ZRANGEBYLEX over a
--- filter's prefix walks its leases in lease-id order.
+-- index_members are r's three List index entries (owner, target,
+-- program): filter ‖ 0 ‖ filter value ‖ lease id ‖ 0 ‖ hash tag, all with
+-- score 0, so ZRANGEBYLEX over a filter's prefix walks its leases in
+-- lease-id order.
 local function index_members(r, tag)
   local tail = r.lease_id .. '\0' .. tag
-  return {
-    'owner\0' .. lp(r.owner_principal_id) .. tail,
-    'target\0' .. lp(r.tenant_id, r.program_id, r.target_namespace, r.target_id) .. tail,
-    'program\0' .. lp(r.tenant_id, r.program_id) .. tail,
-  }
+  local tp = lp(r.tenant_id) .. lp(r.program_id)
+  return 'owner\0' .. lp(r.owner_principal_id) .. tail,
+    'target\0' .. tp .. lp(r.target_namespace) .. lp(r.target_id) .. tail,
+    'program\0' .. tp .. tail
 end
 
 local function expiry_member(r, tag) return tag .. '\0' .. r.lease_id .. '\0' .. int(r.fencing_token) end
@@ -524,11 +518,11 @@ local function archive(c, r, state, ended, why)
   if why and why.reason ~= '' then entry = entry .. ',"reason":' .. why.reason end
   if why and why.incident ~= '' then entry = entry .. ',"incident_id":"' .. why.incident .. '"' end
   entry = entry .. '}'
-  redis.call('LPUSH', c.k_hist, entry)
-  redis.call('LTRIM', c.k_hist, 0, c.hist_cap - 1)
+  -- LTRIM only when the push went past the cap: below it, it is a no-op.
+  if redis.call('LPUSH', c.k_hist, entry) > c.hist_cap then redis.call('LTRIM', c.k_hist, 0, c.hist_cap - 1) end
   redis.call('PEXPIRE', c.k_hist, c.hist_ret)
   redis.call('DEL', c.k_active)
-  redis.call('ZREM', c.k_index, unpack(index_members(r, c.tag)))
+  redis.call('ZREM', c.k_index, index_members(r, c.tag))
   redis.call('ZREM', c.k_expiry, expiry_member(r, c.tag))
   rec_drop(c.raw)
   c.raw = nil
@@ -625,12 +619,19 @@ local function acquire(keys, args)
   if why or (floor and (not string.find(floor, '^%d+$') or #floor > 16)) then
     return corrupt(c, now, 'counter floor is malformed')
   end
-  if redis.call('EXISTS', k_lookup) == 1 then return { 'collision', int(now) } end
-  -- As in the reference backend, an expired predecessor is archived
-  -- before the counter is consulted.
-  if cur then archive(c, cur, 'expired', cur.expires_at) end
   counter = math.max(tonumber(counter or '0'), tonumber(floor or '0'))
-  if counter >= MAX_TOKEN then return { 'exhausted', int(now) } end
+  -- As in the reference backend, a lease-id collision is refused before
+  -- anything changes, and an expired predecessor is archived before the
+  -- counter's exhaustion refuses the acquisition.
+  if counter >= MAX_TOKEN then
+    if redis.call('EXISTS', k_lookup) == 1 then return { 'collision', int(now) } end
+    if cur then archive(c, cur, 'expired', cur.expires_at) end
+    return { 'exhausted', int(now) }
+  end
+  -- The lease-id lookup is the first write: SET NX both claims the id and
+  -- finds a collision, which then has changed nothing.
+  if not redis.call('SET', k_lookup, c.tag, 'NX', 'PX', args[28]) then return { 'collision', int(now) } end
+  if cur then archive(c, cur, 'expired', cur.expires_at) end
   local ttl, life = tonumber(args[20]), tonumber(args[21])
   local r = {
     record_version = 1, lock_key = c.lock_key, lease_id = args[15],
@@ -644,8 +645,8 @@ local function acquire(keys, args)
   for i, name in ipairs(IDENTITY) do r[name] = c.ident[i] end
   redis.call('SET', k_counter, int(r.fencing_token))
   local raw = store_active(c, r)
-  for _, m in ipairs(index_members(r, c.tag)) do redis.call('ZADD', c.k_index, 0, m) end
-  redis.call('SET', k_lookup, c.tag, 'PX', args[28])
+  local m1, m2, m3 = index_members(r, c.tag)
+  redis.call('ZADD', c.k_index, 0, m1, 0, m2, 0, m3)
   remember(c, now, 'acquire', args[27], 'lease_acquired', raw)
   return { 'ok', int(now), raw }
 end

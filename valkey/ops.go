@@ -48,7 +48,11 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Re
 	// The lease id is made here so its lookup key can be declared in KEYS;
 	// its time part is the adapter's clock at submission, an ordering hint
 	// only (the id is opaque and the record's times are backend time).
-	leaseID := lease.NewLeaseID(lease.At(time.Now()))
+	newID := lease.NewLeaseID
+	if s.leaseIDs != nil {
+		newID = s.leaseIDs
+	}
+	leaseID := newID(lease.At(time.Now()))
 	meta := []byte("{}")
 	if len(req.Metadata) > 0 {
 		if meta, err = json.Marshal(req.Metadata); err != nil {

@@ -79,6 +79,9 @@ type Store struct {
 	closed    atomic.Bool
 	stop      chan struct{}
 	wg        sync.WaitGroup
+
+	// leaseIDs, if set (tests only), replaces lease.NewLeaseID.
+	leaseIDs func(lease.Timestamp) string
 }
 
 var _ lease.Store = (*Store)(nil)

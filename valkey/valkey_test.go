@@ -7,8 +7,10 @@ import (
 	"crypto/tls"
 	"encoding/hex"
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -415,6 +417,74 @@ func TestRememberedBytesUnderAnotherIdentity(t *testing.T) {
 	if _, err := s.Release(bg, releaseReq(r1.Lease)); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A new lease id already in use (an 80-bit random collision) refuses the
+// acquisition before anything changes, also over an expired predecessor.
+func TestLeaseIDCollisionChangesNothing(t *testing.T) {
+	s := open(t, sharedServer(t), Options{StoreOptions: leasetest.StoreOptions()})
+	f := faults{s}
+	taken := lease.NewLeaseID(lease.At(time.Now()))
+	if err := s.client.Do(bg, s.client.B().Set().Key(s.keys.leaseLookup(taken)).Value("x").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	for _, expired := range []bool{false, true} {
+		id := newIdentity()
+		key := lockKey(t, id)
+		if expired {
+			a, err := s.Acquire(bg, acquireReq(id))
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec := a.Lease.Clone()
+			now := time.Now()
+			rec.AcquiredAt, rec.RenewedAt, rec.ExpiresAt = lease.At(now.Add(-10*time.Second)), lease.At(now.Add(-10*time.Second)), lease.At(now.Add(-5*time.Second))
+			raw, err := rec.Encode()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := f.PutRawActive(bg, key, raw); err != nil {
+				t.Fatal(err)
+			}
+		}
+		before := snapshot(t, s, "")
+		s.leaseIDs = func(lease.Timestamp) string { return taken }
+		_, err := s.Acquire(bg, acquireReq(id))
+		s.leaseIDs = nil
+		mustCode(t, err, lease.CodeBackendUnavailable)
+		if after := snapshot(t, s, ""); !maps.Equal(before, after) {
+			t.Fatalf("expired=%v: a refused acquisition changed the namespace:\n before %q\n after  %q", expired, before, after)
+		}
+		if _, err := s.Acquire(bg, acquireReq(id)); err != nil {
+			t.Fatalf("expired=%v: acquire with a fresh id: %v", expired, err)
+		}
+	}
+}
+
+// snapshot is every key of the server but skip, with its serialized value
+// and expiry.
+func snapshot(t *testing.T, s *Store, skip string) map[string]string {
+	t.Helper()
+	keys, err := s.client.Do(bg, s.client.B().Keys().Pattern("*").Build()).AsStrSlice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, k := range keys {
+		if k == skip {
+			continue
+		}
+		v, err := s.client.Do(bg, s.client.B().Dump().Key(k).Build()).ToString()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ttl, err := s.client.Do(bg, s.client.B().Pexpiretime().Key(k).Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[k] = v + "|" + strconv.FormatInt(ttl, 10)
+	}
+	return out
 }
 
 // A server that may lose acknowledged writes is unsuitable: Health says so
