@@ -461,6 +461,70 @@ func TestLeaseIDCollisionChangesNothing(t *testing.T) {
 	}
 }
 
+// Renew and commit check the types of only the keys they may write, but
+// still before the first write: a wrong type fails closed as corrupt and
+// changes nothing (a quarantine marker aside), on the live path and on the
+// path that archives an expired lease.
+func TestWrongTypeKeysFailClosedOnHeldLease(t *testing.T) {
+	s := open(t, sharedServer(t), Options{StoreOptions: leasetest.StoreOptions()})
+	f := faults{s}
+	renew := func(rec *lease.Record) error { _, err := s.Renew(bg, renewReq(rec)); return err }
+	commit := func(rec *lease.Record) error { _, err := s.AuthorizeCommit(bg, commitReq(rec)); return err }
+	for _, c := range []struct {
+		name    string
+		key     func(tag string) string
+		expired bool
+		op      func(rec *lease.Record) error
+	}{
+		{"renew_schedule_is_a_string", func(string) string { return s.keys.expiry() }, false, renew},
+		{"commit_marks_is_a_string", func(tag string) string { return s.keys.marks(tag) }, false, commit},
+		{"renew_expired_history_is_a_string", func(tag string) string { return s.keys.history(tag) }, true, renew},
+		{"renew_expired_index_is_a_string", func(string) string { return s.keys.index() }, true, renew},
+		{"commit_expired_history_is_a_string", func(tag string) string { return s.keys.history(tag) }, true, commit},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			id := newIdentity()
+			key := lockKey(t, id)
+			a, err := s.Acquire(bg, acquireReq(id))
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec := a.Lease
+			if c.expired {
+				rec = rec.Clone()
+				now := time.Now()
+				rec.AcquiredAt, rec.RenewedAt, rec.ExpiresAt = lease.At(now.Add(-10*time.Second)), lease.At(now.Add(-10*time.Second)), lease.At(now.Add(-5*time.Second))
+				raw, err := rec.Encode()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := f.PutRawActive(bg, key, raw); err != nil {
+					t.Fatal(err)
+				}
+			}
+			wrong := c.key(tagOf(key))
+			if err := s.client.Do(bg, s.client.B().Del().Key(wrong).Build()).Error(); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.client.Do(bg, s.client.B().Set().Key(wrong).Value("x").Build()).Error(); err != nil {
+				t.Fatal(err)
+			}
+			before := snapshot(t, s, s.keys.quarantine(tagOf(key)))
+			mustCode(t, c.op(rec), lease.CodeCorrupt)
+			after := snapshot(t, s, s.keys.quarantine(tagOf(key)))
+			if !maps.Equal(before, after) {
+				t.Fatalf("a refused operation changed the namespace:\n before %q\n after  %q", before, after)
+			}
+			if q, ok := get(t, s, s.keys.quarantine(tagOf(key))); !ok || q == "" {
+				t.Fatal("no quarantine marker")
+			}
+			if err := s.client.Do(bg, s.client.B().Del().Key(wrong).Build()).Error(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
 // snapshot is every key of the server but skip, with its serialized value
 // and expiry.
 func snapshot(t *testing.T, s *Store, skip string) map[string]string {
