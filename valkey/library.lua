@@ -167,11 +167,11 @@ for i = 1, #STATE_NAMES do -- (no globals, so no pairs, at load time)
   TAIL_LENS[#sfx] = true
 end
 
--- encode builds record JSON from r: strings are already known to need no
--- escaping, timestamps are ms, metadata is raw JSON. It writes FIELDS in
--- order, spelled out as one concatenation (one string build instead of a
--- part per field).
-local function encode(r)
+-- encode builds record JSON from r (with state instead of r's if given):
+-- strings are already known to need no escaping, timestamps are ms,
+-- metadata is raw JSON. It writes FIELDS in order, spelled out as one
+-- concatenation (one string build instead of a part per field).
+local function encode(r, state)
   return '{"record_version":' .. int(r.record_version)
     .. ',"lock_key":"' .. r.lock_key
     .. '","tenant_id":"' .. r.tenant_id
@@ -197,7 +197,7 @@ local function encode(r)
     .. '","trace_id":"' .. r.trace_id
     .. '","request_id":"' .. r.request_id
     .. '","metadata":' .. r.metadata
-    .. ',"state":"' .. r.state .. '"}'
+    .. ',"state":"' .. (state or r.state) .. '"}'
 end
 
 local function is_id(v)
@@ -508,16 +508,16 @@ end
 -- active record and its index and schedule entries go. why holds the
 -- optional ended_by, request_id, reason (JSON-encoded) and incident_id.
 local function archive(c, r, state, ended, why)
-  local final = {}
-  for k, v in pairs(r) do final[k] = v end
-  final.state = state
-  local raw = encode(final)
-  local entry = '{"history_version":1,"record":' .. raw .. ',"ended_at":"' .. ts(ended) .. '"'
-  if why and why.by ~= '' then entry = entry .. ',"ended_by":"' .. why.by .. '"' end
-  if why and why.request_id ~= '' then entry = entry .. ',"request_id":"' .. why.request_id .. '"' end
-  if why and why.reason ~= '' then entry = entry .. ',"reason":' .. why.reason end
-  if why and why.incident ~= '' then entry = entry .. ',"incident_id":"' .. why.incident .. '"' end
-  entry = entry .. '}'
+  local raw = encode(r, state)
+  local parts = { '{"history_version":1,"record":', raw, ',"ended_at":"', ts(ended), '"' }
+  if why then
+    if why.by ~= '' then parts[#parts + 1] = ',"ended_by":"' .. why.by .. '"' end
+    if why.request_id ~= '' then parts[#parts + 1] = ',"request_id":"' .. why.request_id .. '"' end
+    if why.reason ~= '' then parts[#parts + 1] = ',"reason":' .. why.reason end
+    if why.incident ~= '' then parts[#parts + 1] = ',"incident_id":"' .. why.incident .. '"' end
+  end
+  parts[#parts + 1] = '}'
+  local entry = table.concat(parts)
   -- LTRIM only when the push went past the cap: below it, it is a no-op.
   if redis.call('LPUSH', c.k_hist, entry) > c.hist_cap then redis.call('LTRIM', c.k_hist, 0, c.hist_cap - 1) end
   redis.call('PEXPIRE', c.k_hist, c.hist_ret)
