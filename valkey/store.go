@@ -82,6 +82,7 @@ type Store struct {
 
 	// leaseIDs, if set (tests only), replaces lease.NewLeaseID.
 	leaseIDs func(lease.Timestamp) string
+	records  recordMemo
 }
 
 var _ lease.Store = (*Store)(nil)
