@@ -14,8 +14,19 @@
 // not a canonical v1 record, or a tuple that does not match the requested
 // identity fails closed as corrupt and nothing is written), the decision,
 // then every write of the transition including its idempotency evidence.
+// A key of the identity's layout (or one the transition writes) that holds
+// another type fails closed the same way, checked before the first write.
 // The Go side validates all input with lease.Prepare* before, and strictly
 // decodes every record it receives with lease.DecodeRecord after.
+//
+// Strict decoding is a pure function of a record's bytes, so both sides
+// remember its results by the exact bytes, bounded: the library (up to
+// 2048 records, a few MB of the server's Lua memory, lost on restart) for
+// records it decoded or wrote (a writer first checks that decoding its
+// bytes would give back the same record), and the adapter (2048 records)
+// for what DecodeRecord returned. A hit is the decoder's own answer for
+// those bytes, and the lock key and tuple are still compared on every
+// read; any other bytes are decoded in full.
 //
 // The library's name and its function names carry a hash of its code, so
 // service instances of different builds never call each other's functions
