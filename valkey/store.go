@@ -3,6 +3,7 @@ package valkey
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"log/slog"
 	"net"
@@ -30,6 +31,11 @@ type Options struct {
 	// TLS, if set, enables TLS. Certificate verification is mandatory:
 	// InsecureSkipVerify is refused.
 	TLS *tls.Config
+	// TLSCAFile, if set (and TLS is not), enables TLS with the server's
+	// certificate verified against the CA certificates of this PEM file
+	// only; TLSServerName overrides the name checked (default: Addr's host).
+	TLSCAFile     string
+	TLSServerName string
 	// KeyPrefix is the key namespace; empty means "starlease". Letters,
 	// digits and "_:.-", at most 64 bytes.
 	KeyPrefix string
@@ -114,6 +120,13 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	if o.TLS != nil && o.TLS.InsecureSkipVerify {
 		return nil, lease.Invalid("tls", "certificate verification cannot be disabled")
 	}
+	if o.TLS == nil && o.TLSCAFile != "" {
+		cfg, err := tlsFromCAFile(o.TLSCAFile, o.TLSServerName)
+		if err != nil {
+			return nil, err
+		}
+		o.TLS = cfg
+	}
 	if o.PasswordFile != "" {
 		if _, err := readPassword(o.PasswordFile); err != nil {
 			return nil, lease.Errorf(lease.CodeBackendUnavailable, "cannot read the password file")
@@ -196,6 +209,20 @@ func (s *Store) ensureLibrary(ctx context.Context) error {
 		return s.lib.load(ctx, s.client)
 	}
 	return err
+}
+
+// tlsFromCAFile is a client configuration trusting only the CA
+// certificates of a PEM file.
+func tlsFromCAFile(file, serverName string) (*tls.Config, error) {
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, lease.Invalid("tls_ca_file", "cannot read the file")
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, lease.Invalid("tls_ca_file", "holds no PEM certificate")
+	}
+	return &tls.Config{RootCAs: pool, ServerName: serverName, MinVersion: tls.VersionTLS12}, nil
 }
 
 func orDefault(d, def time.Duration) time.Duration {

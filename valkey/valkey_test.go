@@ -889,6 +889,17 @@ func TestTLS(t *testing.T) {
 	if !strings.Contains(err.Error(), "tls certificate not verified") {
 		t.Fatalf("untrusted certificate: %v", err)
 	}
+	// The CA as a file: what the command line passes.
+	f := open(t, r, Options{TLSCAFile: r.CAFile(), StoreOptions: leasetest.StoreOptions()})
+	if h := f.Health(bg); h.Status != lease.HealthOK {
+		t.Fatalf("health over TLS with a CA file: %+v", h)
+	}
+	_, err = Open(ctx, Options{Addr: r.Addr(), TLSCAFile: r.CAFile(), TLSServerName: "elsewhere.invalid"})
+	mustCode(t, err, lease.CodeBackendUnavailable)
+	notPEM := filepath.Join(t.TempDir(), "ca.pem")
+	os.WriteFile(notPEM, []byte("not a certificate"), 0o600)
+	_, err = Open(ctx, Options{Addr: r.Addr(), TLSCAFile: notPEM})
+	mustCode(t, err, lease.CodeInvalidRequest)
 	insecure := r.ClientTLS()
 	insecure.InsecureSkipVerify = true
 	_, err = Open(ctx, Options{Addr: r.Addr(), TLS: insecure})

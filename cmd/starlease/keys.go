@@ -25,7 +25,7 @@ const keysUsage = `usage:
   starlease keys rotate --data-dir DIR --pepper-file F --id CREDENTIAL_ID
 
   any of them with --backend valkey [--valkey-addr HOST:PORT --valkey-username U
-  --valkey-password-file F --valkey-key-prefix P] instead of --data-dir
+  --valkey-password-file F --valkey-key-prefix P --valkey-tls-ca-file F] instead of --data-dir
 
 create and rotate print the new API key exactly once on stdout; it is never
 stored and cannot be read back. With the default --backend bolt, keys live

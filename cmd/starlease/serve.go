@@ -56,6 +56,7 @@ type backendFlags struct {
 	backend                                    string
 	valkeyAddr, valkeyUser, valkeyPasswordFile string
 	valkeyPrefix                               string
+	valkeyTLSCAFile, valkeyTLSServerName       string
 	valkeyUnverified                           bool
 }
 
@@ -65,6 +66,8 @@ func (f *backendFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.valkeyUser, "valkey-username", "", "valkey backend: ACL user name")
 	fs.StringVar(&f.valkeyPasswordFile, "valkey-password-file", "", "valkey backend: file holding the password")
 	fs.StringVar(&f.valkeyPrefix, "valkey-key-prefix", valkey.DefaultKeyPrefix, "valkey backend: key namespace")
+	fs.StringVar(&f.valkeyTLSCAFile, "valkey-tls-ca-file", "", "valkey backend: TLS, verifying the server against the CA certificates of this PEM file")
+	fs.StringVar(&f.valkeyTLSServerName, "valkey-tls-server-name", "", "valkey backend: the name the server's certificate must hold (default: the address's host)")
 	fs.BoolVar(&f.valkeyUnverified, "valkey-allow-unverified-durability", false, "valkey backend: accept a server that hides CONFIG (durability verified out of band)")
 }
 
@@ -79,7 +82,8 @@ func (f *backendFlags) check() error {
 // valkeyOptions are the connection options of the valkey backend.
 func (f *backendFlags) valkeyOptions(opts lease.StoreOptions) valkey.Options {
 	return valkey.Options{Addr: f.valkeyAddr, Username: f.valkeyUser, PasswordFile: f.valkeyPasswordFile,
-		KeyPrefix: f.valkeyPrefix, StoreOptions: opts, AllowUnverifiedDurability: f.valkeyUnverified}
+		KeyPrefix: f.valkeyPrefix, StoreOptions: opts, AllowUnverifiedDurability: f.valkeyUnverified,
+		TLSCAFile: f.valkeyTLSCAFile, TLSServerName: f.valkeyTLSServerName}
 }
 
 // keysFlags are the backend flags to repeat in a keys command line so it
@@ -97,6 +101,12 @@ func (f *backendFlags) keysFlags() string {
 	}
 	if f.valkeyPrefix != valkey.DefaultKeyPrefix {
 		s += " --valkey-key-prefix " + f.valkeyPrefix
+	}
+	if f.valkeyTLSCAFile != "" {
+		s += " --valkey-tls-ca-file " + f.valkeyTLSCAFile
+	}
+	if f.valkeyTLSServerName != "" {
+		s += " --valkey-tls-server-name " + f.valkeyTLSServerName
 	}
 	if f.valkeyUnverified {
 		s += " --valkey-allow-unverified-durability"

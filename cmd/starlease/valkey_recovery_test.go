@@ -257,3 +257,20 @@ func TestValkeyRecoveryCommands(t *testing.T) {
 	// Verification of an open namespace is refused.
 	runCLI(t, "verify-restore", "--backend", "valkey", "--valkey-addr", live.Addr()).refused(t, exitUsage, lease.CodeInvalidRequest)
 }
+
+// The command line reaches a TLS server with --valkey-tls-ca-file, and
+// not without it.
+func TestValkeyTLSFlags(t *testing.T) {
+	r := testenv.StartRedisWith(t, testenv.RedisConfig{TLS: true})
+	var listed struct {
+		Credentials []any `json:"credentials"`
+	}
+	runCLI(t, "keys", "list", "--backend", "valkey", "--valkey-addr", r.Addr(), "--valkey-tls-ca-file", r.CAFile()).ok(t, &listed)
+	if res := runCLI(t, "keys", "list", "--backend", "valkey", "--valkey-addr", r.Addr()); res.code == exitOK {
+		t.Fatalf("keys list over TLS without the CA: %+v", res)
+	}
+	if res := runCLI(t, "keys", "list", "--backend", "valkey", "--valkey-addr", r.Addr(), "--valkey-tls-ca-file", r.CAFile(),
+		"--valkey-tls-server-name", "elsewhere.invalid"); res.code == exitOK {
+		t.Fatalf("keys list with a server name the certificate does not hold: %+v", res)
+	}
+}

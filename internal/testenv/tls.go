@@ -73,6 +73,14 @@ func newTestCA(dir string) (*testCA, error) {
 	return ca, nil
 }
 
+// CAFile is the PEM file of the server's test CA ("" without TLS).
+func (r *Redis) CAFile() string {
+	if r.ca == nil {
+		return ""
+	}
+	return r.ca.caFile
+}
+
 // ClientTLS is a client configuration that trusts only the server's test
 // CA (nil for a server without TLS).
 func (r *Redis) ClientTLS() *tls.Config {
