@@ -99,14 +99,14 @@ type Options struct {
 
 // Report is the outcome of Verify.
 type Report struct {
-	Epoch         bool     // the epoch path was taken
-	EpochNumber   uint64   // the namespace's recovery epoch after Verify
-	MaxKnownToken uint64   // the maximum of counters, marks and proof tokens
-	Floor         uint64   // the counter floor set by the epoch path
-	Shortfalls    []string // lock keys whose restored counter was below a known token
-	Raised        int
-	Revoked       []string // lease ids of restored live leases revoked
-	Expired       []string // lease ids of restored leases archived as expired
+	Epoch         bool     `json:"epoch"`           // the epoch path was taken
+	EpochNumber   uint64   `json:"epoch_number"`    // the namespace's recovery epoch after Verify
+	MaxKnownToken uint64   `json:"max_known_token"` // the maximum of counters, marks and proof tokens
+	Floor         uint64   `json:"floor"`           // the counter floor set by the epoch path
+	Shortfalls    []string `json:"shortfalls"`      // lock keys whose restored counter was below a known token
+	Raised        int      `json:"raised"`          // counters raised or created
+	Revoked       []string `json:"revoked"`         // lease ids of restored live leases revoked
+	Expired       []string `json:"expired"`         // lease ids of restored leases archived as expired
 }
 
 // Step writes one recovery audit event (and its log record): typ, allowed

@@ -111,7 +111,13 @@ func TestBackupRestoreVerifyEpochPath(t *testing.T) {
 
 	// No downstream proof: the epoch path.
 	var v printedVerify
-	runCLI(t, "verify-restore", "--data-dir", g.dir, "--epoch-gap", "1000").ok(t, &v)
+	res := runCLI(t, "verify-restore", "--data-dir", g.dir, "--epoch-gap", "1000")
+	res.ok(t, &v)
+	for _, field := range []string{`"epoch": true`, `"epoch_number": 1`, `"floor": `, `"revoked": [`} {
+		if !strings.Contains(res.stdout, field) {
+			t.Fatalf("verify-restore report lacks %s:\n%s", field, res.stdout)
+		}
+	}
 	if v.Code != "recovered" || !v.Report.Epoch || v.Report.Floor != stale.FencingToken+1000 ||
 		!slices.Equal(v.Report.Revoked, []string{stale.LeaseID}) {
 		t.Fatalf("verify-restore printed %+v", v)
