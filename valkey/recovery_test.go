@@ -72,6 +72,21 @@ func TestClosedNamespaceRefusesMutations(t *testing.T) {
 	}
 }
 
+// closedState opens the closed namespace of o for recovery and reads it.
+func closedState(t *testing.T, o Options) (*Closed, lease.RestoredState) {
+	t.Helper()
+	c, err := OpenClosed(bg, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	st, err := c.State(bg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, st
+}
+
 // The epoch path on a sealed namespace (failover): counters raised, the
 // floor above every counter, live leases revoked through the archive path,
 // the namespace reopened, and a stale holder cannot commit.
@@ -91,15 +106,7 @@ func TestSealAndRecover(t *testing.T) {
 		t.Fatalf("OpenClosed on an open namespace: %v", err)
 	}
 	o.Addr, o.ReapInterval = r.Addr(), -1
-	c, err := OpenClosed(bg, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	st, err := c.State(bg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, st := closedState(t, o)
 	if st.Counters[held.Lease.LockKey] != held.Lease.FencingToken || len(st.Active) != 1 || st.Active[0].LeaseID != held.Lease.LeaseID {
 		t.Fatalf("state: %+v", st)
 	}
@@ -195,15 +202,7 @@ func TestBackupRestore(t *testing.T) {
 	if _, err := dst.Restore(bg, bytes.NewReader(backup.Bytes())); !errors.Is(err, ErrRestoreTarget) {
 		t.Fatalf("second restore into the same namespace: %v", err)
 	}
-	c, err := OpenClosed(bg, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	st, err := c.State(bg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, st := closedState(t, o)
 	if st.Marker.BackupSHA256 != h.PayloadSHA256 || st.Counters[first.Lease.LockKey] != second.Lease.FencingToken ||
 		st.HighWater[first.Lease.LockKey] != first.Lease.FencingToken || len(st.Active) != 2 {
 		t.Fatalf("restored state: %+v", st)

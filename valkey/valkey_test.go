@@ -430,22 +430,12 @@ func TestLeaseIDCollisionChangesNothing(t *testing.T) {
 	}
 	for _, expired := range []bool{false, true} {
 		id := newIdentity()
-		key := lockKey(t, id)
 		if expired {
 			a, err := s.Acquire(bg, acquireReq(id))
 			if err != nil {
 				t.Fatal(err)
 			}
-			rec := a.Lease.Clone()
-			now := time.Now()
-			rec.AcquiredAt, rec.RenewedAt, rec.ExpiresAt = lease.At(now.Add(-10*time.Second)), lease.At(now.Add(-10*time.Second)), lease.At(now.Add(-5*time.Second))
-			raw, err := rec.Encode()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := f.PutRawActive(bg, key, raw); err != nil {
-				t.Fatal(err)
-			}
+			putExpired(t, f, a.Lease)
 		}
 		before := snapshot(t, s, "")
 		s.leaseIDs = func(lease.Timestamp) string { return taken }
@@ -491,16 +481,7 @@ func TestWrongTypeKeysFailClosedOnHeldLease(t *testing.T) {
 			}
 			rec := a.Lease
 			if c.expired {
-				rec = rec.Clone()
-				now := time.Now()
-				rec.AcquiredAt, rec.RenewedAt, rec.ExpiresAt = lease.At(now.Add(-10*time.Second)), lease.At(now.Add(-10*time.Second)), lease.At(now.Add(-5*time.Second))
-				raw, err := rec.Encode()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := f.PutRawActive(bg, key, raw); err != nil {
-					t.Fatal(err)
-				}
+				rec = putExpired(t, f, rec)
 			}
 			wrong := c.key(tagOf(key))
 			if err := s.client.Do(bg, s.client.B().Del().Key(wrong).Build()).Error(); err != nil {
@@ -690,6 +671,23 @@ func TestACL(t *testing.T) {
 	}
 	_, err = Open(bg, Options{Addr: r.Addr(), Username: "starlease", PasswordFile: filepath.Join(t.TempDir(), "missing")})
 	mustCode(t, err, lease.CodeBackendUnavailable)
+}
+
+// putExpired stores a copy of rec, expired 5 s ago, as its identity's
+// active record, and returns the copy.
+func putExpired(t *testing.T, f faults, rec *lease.Record) *lease.Record {
+	t.Helper()
+	rec = rec.Clone()
+	now := time.Now()
+	rec.AcquiredAt, rec.RenewedAt, rec.ExpiresAt = lease.At(now.Add(-10*time.Second)), lease.At(now.Add(-10*time.Second)), lease.At(now.Add(-5*time.Second))
+	raw, err := rec.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.PutRawActive(bg, rec.LockKey, raw); err != nil {
+		t.Fatal(err)
+	}
+	return rec
 }
 
 // lifecycle runs every operation once and checks their results.
