@@ -107,7 +107,9 @@
 // the namespace (SCAN, then each key's type, absolute expiry and value),
 // and reopens the gate only if it still holds its own closing: the backup
 // is a point-in-time snapshot of the whole namespace, and mutations are
-// refused (retryably) while it reads. The audit stream is not carried.
+// refused (retryably) while it reads. The gate closes lease mutations
+// only: a credential issued or revoked during a backup may or may not be
+// in it. The audit stream is not carried.
 // Store.Restore writes a backup into an empty namespace behind a closed
 // gate; Store.Seal closes a promoted replica's namespace. OpenClosed then
 // gives package recovery the closed namespace (lease.ClosedNamespace):
