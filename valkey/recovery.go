@@ -190,11 +190,17 @@ func (s *Store) Backup(ctx context.Context, w io.Writer, pause time.Duration) (b
 	if !ok {
 		return backupfile.Header{}, lease.Errorf(lease.CodeBackendUnavailable, "namespace is closed (%s); cannot back it up", gateReason(s.gateValue(ctx)))
 	}
+	if s.backupHook != nil {
+		s.backupHook()
+	}
 	entries, now, rerr := s.dump(ctx)
 	// Reopen first, whatever happened: the pause must end as soon as
 	// possible. Only a gate still holding this backup's closing proves
 	// that nothing changed while the keys were read.
-	oerr := s.reopen(ctx, gate, 0, 0, "")
+	// (Not on ctx: a backup cancelled mid-read must still reopen.)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	oerr := s.reopen(rctx, gate, 0, 0, "")
+	cancel()
 	if rerr != nil {
 		return backupfile.Header{}, rerr
 	}

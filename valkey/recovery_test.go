@@ -363,3 +363,26 @@ func BenchmarkBackup(b *testing.B) {
 	b.ReportMetric(float64(keys), "keys")
 	b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "pause_ms")
 }
+
+// A backup whose context ends while it reads still reopens the namespace.
+func TestCancelledBackupReopens(t *testing.T) {
+	s := open(t, sharedServer(t), Options{})
+	for i := 0; i < 200; i++ {
+		if _, err := s.Acquire(bg, acquireReq(newIdentity())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(bg)
+	// Cancelled by the first key type read: after the gate closed.
+	s.backupHook = cancel
+	if _, err := s.Backup(ctx, io.Discard, 0); err == nil {
+		t.Fatal("a cancelled backup succeeded")
+	}
+	s.backupHook = nil
+	if v, ok := get(t, s, s.keys.gate()); ok {
+		t.Fatalf("a cancelled backup left the namespace closed: %q", v)
+	}
+	if _, err := s.Acquire(bg, acquireReq(newIdentity())); err != nil {
+		t.Fatalf("acquire after a cancelled backup: %v", err)
+	}
+}

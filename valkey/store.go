@@ -88,6 +88,9 @@ type Store struct {
 
 	// leaseIDs, if set (tests only), replaces lease.NewLeaseID.
 	leaseIDs func(lease.Timestamp) string
+	// backupHook, if set (tests only), runs once a backup has closed the
+	// gate, before it reads.
+	backupHook func()
 	records  recordMemo
 }
 
