@@ -91,7 +91,7 @@ type Store struct {
 	// backupHook, if set (tests only), runs once a backup has closed the
 	// gate, before it reads.
 	backupHook func()
-	records  recordMemo
+	records    recordMemo
 }
 
 var _ lease.Store = (*Store)(nil)
