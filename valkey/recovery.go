@@ -468,7 +468,9 @@ func readPayload(b []byte) ([]dumpEntry, error) {
 // refused with lease_backend_unavailable — until recovery verification
 // (OpenClosed, then recovery.Verify) reopens it. Keys whose expiry has
 // passed at backend time are not restored. A backup that fails
-// verification restores nothing.
+// verification restores nothing; a restore that fails after its first
+// write leaves the namespace closed with part of the backup (empty it and
+// restore again).
 func (s *Store) Restore(ctx context.Context, r io.Reader) (backupfile.Header, error) {
 	var payload bytes.Buffer
 	h, err := backupfile.Read(r, &payload)
@@ -494,21 +496,31 @@ func (s *Store) Restore(ctx context.Context, r io.Reader) (backupfile.Header, er
 	if !ok {
 		return backupfile.Header{}, fmt.Errorf("%w: it is closed (%s)", ErrRestoreTarget, gateReason(s.gateValue(ctx)))
 	}
+	// Until the target is known empty, a failure opens the namespace again
+	// as it was (not on ctx, which may be what failed).
+	undo := func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		s.reopen(rctx, gate, 0, 0, "")
+	}
 	keys, err := s.scanKeys(ctx, "*")
 	if err != nil {
+		undo()
 		return backupfile.Header{}, err
 	}
 	for _, k := range keys {
 		if k != "gate" {
-			// Not ours to restore into: open the namespace again as it was.
-			s.reopen(ctx, gate, 0, 0, "")
+			undo()
 			return backupfile.Header{}, fmt.Errorf("%w: it holds %s:%s", ErrRestoreTarget, s.keys.ns, k)
 		}
 	}
 	now, err := s.backendTime(ctx)
 	if err != nil {
+		undo()
 		return backupfile.Header{}, err
 	}
+	// From the first write on, a failure leaves the namespace closed with
+	// part of the backup: empty it and restore again.
 	for _, e := range entries {
 		if e.ExpireAt != 0 && e.ExpireAt <= now.UnixMilli() {
 			continue
