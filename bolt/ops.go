@@ -166,10 +166,7 @@ func (s *Store) admin(ctx context.Context, op lease.Op, req lease.AdminRequest) 
 	if err != nil {
 		return lease.Result{}, err
 	}
-	code, state := lease.CodeForceReleased, lease.StateReleased
-	if op == lease.OpRevoke {
-		code, state = lease.CodeRevoked, lease.StateRevoked
-	}
+	code, state := lease.AdminOutcome(op)
 	return s.end(ctx, p, req.DeadlineAt, code, state, func(tx *bbolt.Tx, now lease.Timestamp, opErr *error) (*lease.Record, error) {
 		cur, err := s.loadActive(tx, p.LockKey)
 		if err != nil {

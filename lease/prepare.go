@@ -192,6 +192,16 @@ func PrepareRelease(req ReleaseRequest, o StoreOptions) (ReleaseRequest, Prepare
 	return req, prepared(OpRelease, id, key, req.Mutation, h), nil
 }
 
+// AdminOutcome is the success code and terminal state of an administrative
+// operation: force-release ends a lease released (operational), revoke
+// revoked (security).
+func AdminOutcome(op Op) (Code, State) {
+	if op == OpRevoke {
+		return CodeRevoked, StateRevoked
+	}
+	return CodeForceReleased, StateReleased
+}
+
 // PrepareAdmin validates a force-release (OpForceRelease) or revoke (OpRevoke).
 func PrepareAdmin(op Op, req AdminRequest, o StoreOptions) (AdminRequest, Prepared, error) {
 	if op != OpForceRelease && op != OpRevoke {

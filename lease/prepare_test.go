@@ -363,6 +363,15 @@ func TestIdempotencyScope(t *testing.T) {
 	}
 }
 
+func TestAdminOutcome(t *testing.T) {
+	if c, st := AdminOutcome(OpForceRelease); c != CodeForceReleased || st != StateReleased {
+		t.Fatalf("force_release: %s %s", c, st)
+	}
+	if c, st := AdminOutcome(OpRevoke); c != CodeRevoked || st != StateRevoked {
+		t.Fatalf("revoke: %s %s", c, st)
+	}
+}
+
 func TestPrepareAdmin(t *testing.T) {
 	for _, op := range []Op{OpForceRelease, OpRevoke} {
 		req, p, err := PrepareAdmin(op, validAdmin(), StoreOptions{})

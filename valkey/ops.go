@@ -138,10 +138,7 @@ func (s *Store) admin(ctx context.Context, op lease.Op, req lease.AdminRequest) 
 	if err != nil {
 		return lease.Result{}, err
 	}
-	code := lease.CodeForceReleased
-	if op == lease.OpRevoke {
-		code = lease.CodeRevoked
-	}
+	code, _ := lease.AdminOutcome(op) // the function library sets the state
 	reason := ""
 	if req.Reason != "" {
 		b, err := json.Marshal(req.Reason)
