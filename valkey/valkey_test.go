@@ -563,25 +563,7 @@ func TestDurabilityCheck(t *testing.T) {
 // documentedACL is the ACL rule of the package documentation (doc.go),
 // read from the source so the documentation and the tests cannot drift.
 func documentedACL(t testing.TB, password string) string {
-	t.Helper()
-	src, err := os.ReadFile("doc.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rule []string
-	for _, line := range strings.Split(string(src), "\n") {
-		line = strings.TrimSpace(strings.TrimPrefix(line, "//"))
-		switch {
-		case strings.HasPrefix(line, "user starlease on >PASSWORD"):
-			rule = append(rule, line)
-		case len(rule) > 0 && strings.HasPrefix(line, "+"):
-			rule = append(rule, line)
-		case len(rule) > 0:
-			return strings.Replace(strings.Join(rule, " "), "PASSWORD", password, 1)
-		}
-	}
-	t.Fatal("doc.go has no ACL rule")
-	return ""
+	return testenv.DocumentedACL(t, "doc.go", password)
 }
 
 // aclServer starts a server whose only non-default user is the documented

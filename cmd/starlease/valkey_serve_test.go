@@ -22,30 +22,6 @@ import (
 	"github.com/starintel/starlease/valkey"
 )
 
-// valkeyACL is the least-privilege ACL rule documented in valkey/doc.go,
-// read from there so this test runs the servers exactly as documented.
-func valkeyACL(t *testing.T, password string) string {
-	t.Helper()
-	src, err := os.ReadFile(filepath.Join("..", "..", "valkey", "doc.go"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rule []string
-	for _, line := range strings.Split(string(src), "\n") {
-		line = strings.TrimSpace(strings.TrimPrefix(line, "//"))
-		switch {
-		case strings.HasPrefix(line, "user starlease on >PASSWORD"):
-			rule = append(rule, line)
-		case len(rule) > 0 && strings.HasPrefix(line, "+"):
-			rule = append(rule, line)
-		case len(rule) > 0:
-			return strings.Replace(strings.Join(rule, " "), "PASSWORD", password, 1)
-		}
-	}
-	t.Fatal("valkey/doc.go has no ACL rule")
-	return ""
-}
-
 // buildBinary builds the command once for a test.
 func buildBinary(t *testing.T) string {
 	t.Helper()
@@ -181,7 +157,7 @@ func TestValkeyServersShareOneBackend(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := testenv.StartRedisWith(t, testenv.RedisConfig{ACL: []string{
-		"user default on nopass ~* &* +@all", valkeyACL(t, "valkey-secret")}})
+		"user default on nopass ~* &* +@all", testenv.DocumentedACL(t, filepath.Join("..", "..", "valkey", "doc.go"), "valkey-secret")}})
 	pepper := filepath.Join(tmp, "pepper")
 	if err := os.WriteFile(pepper, []byte("0123456789abcdef0123456789abcdef-valkey-serve-test\n"), 0o600); err != nil {
 		t.Fatal(err)

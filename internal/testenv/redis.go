@@ -272,3 +272,30 @@ func (r *Redis) Restart() {
 
 // Stop kills the server and waits for it. t.Cleanup calls it.
 func (r *Redis) Stop() { r.kill() }
+
+// DocumentedACL reads the least-privilege ACL rule documented in the Go
+// file docFile (the valkey package's doc.go): the comment line starting
+// "user starlease on >PASSWORD" and the "+command" lines after it, joined,
+// with PASSWORD replaced. Tests run servers with exactly what the
+// documentation tells operators.
+func DocumentedACL(t testing.TB, docFile, password string) string {
+	t.Helper()
+	src, err := os.ReadFile(docFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rule []string
+	for _, line := range strings.Split(string(src), "\n") {
+		line = strings.TrimSpace(strings.TrimPrefix(line, "//"))
+		switch {
+		case strings.HasPrefix(line, "user starlease on >PASSWORD"):
+			rule = append(rule, line)
+		case len(rule) > 0 && strings.HasPrefix(line, "+"):
+			rule = append(rule, line)
+		case len(rule) > 0:
+			return strings.Replace(strings.Join(rule, " "), "PASSWORD", password, 1)
+		}
+	}
+	t.Fatalf("testenv: %s documents no ACL rule", docFile)
+	return ""
+}
