@@ -127,24 +127,6 @@ func (e *env) adminEnd(op lease.Op, id lease.Identity, rec *lease.Record) {
 
 func code(err error) lease.Code { return lease.CodeOf(err) }
 
-// lossRecorder records what a committer's loss handler saw.
-type lossRecorder struct {
-	mu    sync.Mutex
-	codes []lease.Code
-}
-
-func (r *lossRecorder) handler(err *lease.Error) {
-	r.mu.Lock()
-	r.codes = append(r.codes, err.Code)
-	r.mu.Unlock()
-}
-
-func (r *lossRecorder) seen() []lease.Code {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]lease.Code(nil), r.codes...)
-}
-
 // raw sends one JSON request to the server, bypassing the package.
 func raw(t *testing.T, method, url string, body any) (int, map[string]any) {
 	t.Helper()

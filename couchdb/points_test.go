@@ -12,6 +12,7 @@ import (
 
 	"github.com/starintel/starlease/couchdb"
 	"github.com/starintel/starlease/fence"
+	"github.com/starintel/starlease/fence/fencetest"
 	"github.com/starintel/starlease/internal/testenv"
 	"github.com/starintel/starlease/lease"
 )
@@ -187,8 +188,8 @@ func testFencedOut(t *testing.T, couch *testenv.CouchDB, p point) {
 	id := identity("target-" + strings.ReplaceAll(p.name, "_", "-"))
 
 	recA := e.acquire(id, "instance-a")
-	var lossA lossRecorder
-	a := e.committer(recA, fence.WithLossHandler(lossA.handler))
+	var lossA fencetest.LossRecorder
+	a := e.committer(recA, fence.WithLossHandler(lossA.Handler))
 	gA, err := p.write(ctx, e, a, id, "a-1", "from-a")
 	if err != nil {
 		t.Fatalf("holder's first commit: %v", err)
@@ -206,7 +207,7 @@ func testFencedOut(t *testing.T, couch *testenv.CouchDB, p point) {
 	if _, err := p.write(ctx, e, a, id, "a-2", "expired-a"); code(err) != lease.CodeLost {
 		t.Fatalf("expired holder's commit: %v, want lease_lost", err)
 	}
-	if got := lossA.seen(); !reflect.DeepEqual(got, []lease.Code{lease.CodeLost}) {
+	if got := lossA.Seen(); !reflect.DeepEqual(got, []lease.Code{lease.CodeLost}) {
 		t.Fatalf("loss handler saw %v", got)
 	}
 	expectDoc(t, ctx, e, p, id, "from-a", gA, "1")
@@ -254,8 +255,8 @@ func testAdminEnd(t *testing.T, couch *testenv.CouchDB, p point, op lease.Op) {
 	id := identity("target-admin-" + strings.ReplaceAll(p.name, "_", "-"))
 
 	recA := e.acquire(id, "instance-a")
-	var lossA lossRecorder
-	a := e.committer(recA, fence.WithLossHandler(lossA.handler))
+	var lossA fencetest.LossRecorder
+	a := e.committer(recA, fence.WithLossHandler(lossA.Handler))
 	gA, err := p.write(ctx, e, a, id, "a-1", "from-a")
 	if err != nil {
 		t.Fatal(err)
@@ -265,7 +266,7 @@ func testAdminEnd(t *testing.T, couch *testenv.CouchDB, p point, op lease.Op) {
 	if _, err := p.write(ctx, e, a, id, "a-2", "after-"+string(op)); code(err) != lease.CodeLost {
 		t.Fatalf("commit after %s: %v, want lease_lost", op, err)
 	}
-	if got := lossA.seen(); !reflect.DeepEqual(got, []lease.Code{lease.CodeLost}) {
+	if got := lossA.Seen(); !reflect.DeepEqual(got, []lease.Code{lease.CodeLost}) {
 		t.Fatalf("loss handler saw %v", got)
 	}
 	expectDoc(t, ctx, e, p, id, "from-a", gA, "1")

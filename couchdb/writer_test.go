@@ -13,6 +13,7 @@ import (
 
 	"github.com/starintel/starlease/couchdb"
 	"github.com/starintel/starlease/fence"
+	"github.com/starintel/starlease/fence/fencetest"
 	"github.com/starintel/starlease/internal/testenv"
 	"github.com/starintel/starlease/lease"
 )
@@ -38,8 +39,8 @@ func TestConflictIsTypedAndNotRetried(t *testing.T) {
 	ctx := context.Background()
 	id := identity("target-conflict")
 	rec := e.acquire(id, "instance-a")
-	var loss lossRecorder
-	c := e.committer(rec, fence.WithLossHandler(loss.handler))
+	var loss fencetest.LossRecorder
+	c := e.committer(rec, fence.WithLossHandler(loss.Handler))
 	states := couchdb.NewTargetStates(e.w)
 	if _, err := fence.Write(ctx, c, states, "c-1", couchdb.TargetState{Identity: id, Status: couchdb.TargetAccepted}); err != nil {
 		t.Fatal(err)
@@ -70,7 +71,7 @@ func TestConflictIsTypedAndNotRetried(t *testing.T) {
 	if n := ct.count(http.MethodPut); n != 1 {
 		t.Fatalf("the writer sent %d PUTs, want 1 (no retry)", n)
 	}
-	if got := loss.seen(); len(got) != 0 {
+	if got := loss.Seen(); len(got) != 0 {
 		t.Fatalf("a 409 reached the loss handler: %v", got)
 	}
 	got, g, err := states.Get(ctx, id)

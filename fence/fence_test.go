@@ -76,24 +76,6 @@ func (e *env) committer(rec *lease.Record, opts ...fence.Option) *fence.Committe
 
 func code(err error) lease.Code { return lease.CodeOf(err) }
 
-// lossRecorder records what the committer's loss handler saw.
-type lossRecorder struct {
-	mu    sync.Mutex
-	codes []lease.Code
-}
-
-func (r *lossRecorder) handler(err *lease.Error) {
-	r.mu.Lock()
-	r.codes = append(r.codes, err.Code)
-	r.mu.Unlock()
-}
-
-func (r *lossRecorder) seen() []lease.Code {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]lease.Code(nil), r.codes...)
-}
-
 func TestWriteCarriesTheGuard(t *testing.T) {
 	e := newEnv(t)
 	rec := e.acquire("instance-a", "req-a")
@@ -125,8 +107,8 @@ func TestExpiredHolderIsFencedOut(t *testing.T) {
 	ctx := context.Background()
 	sink := fencetest.NewMemorySink("target-state")
 	first := e.acquire("instance-a", "req-a")
-	var lossA lossRecorder
-	a := e.committer(first, fence.WithLossHandler(lossA.handler))
+	var lossA fencetest.LossRecorder
+	a := e.committer(first, fence.WithLossHandler(lossA.Handler))
 	gA, err := fence.Write(ctx, a, sink, "a-1", fencetest.Doc{ID: "target", Body: "state from a"})
 	if err != nil {
 		t.Fatal(err)
@@ -136,7 +118,7 @@ func TestExpiredHolderIsFencedOut(t *testing.T) {
 	if _, err := fence.Write(ctx, a, sink, "a-2", fencetest.Doc{ID: "target", Body: "late state from a"}); code(err) != lease.CodeLost {
 		t.Fatalf("expired holder's write: %v, want lease_lost", err)
 	}
-	if got := lossA.seen(); !reflect.DeepEqual(got, []lease.Code{lease.CodeLost}) {
+	if got := lossA.Seen(); !reflect.DeepEqual(got, []lease.Code{lease.CodeLost}) {
 		t.Fatalf("loss handler saw %v", got)
 	}
 
@@ -179,8 +161,8 @@ func TestAuthorizedThenPausedHolderIsStoppedByTheSink(t *testing.T) {
 	ctx := context.Background()
 	sink := fencetest.NewMemorySink("target-state")
 	first := e.acquire("instance-a", "req-a")
-	var lossA lossRecorder
-	a := e.committer(first, fence.WithLossHandler(lossA.handler))
+	var lossA fencetest.LossRecorder
+	a := e.committer(first, fence.WithLossHandler(lossA.Handler))
 	commit, err := a.Authorize(ctx, sink.Name(), "a-1")
 	if err != nil {
 		t.Fatal(err)
@@ -315,12 +297,12 @@ func TestTypedErrorsPassThrough(t *testing.T) {
 		{errors.New("raw transport error"), 2, false}, // foreign errors are backend_unavailable
 	} {
 		f := &fixed{err: tc.err}
-		var loss lossRecorder
+		var loss fencetest.LossRecorder
 		c := fence.NewCommitter(f, env, lease.Caller{}, fence.WithAttempts(2), fence.WithBackoff(time.Millisecond),
-			fence.WithLossHandler(loss.handler))
+			fence.WithLossHandler(loss.Handler))
 		_, err := c.Authorize(context.Background(), "results", "c-1")
-		if code(err) != lease.CodeOf(tc.err) || f.calls != tc.calls || (len(loss.seen()) == 1) != tc.loss {
-			t.Errorf("%v: got %v after %d calls, loss %v", tc.err, err, f.calls, loss.seen())
+		if code(err) != lease.CodeOf(tc.err) || f.calls != tc.calls || (len(loss.Seen()) == 1) != tc.loss {
+			t.Errorf("%v: got %v after %d calls, loss %v", tc.err, err, f.calls, loss.Seen())
 		}
 	}
 	// An authorization for another lease fails closed.

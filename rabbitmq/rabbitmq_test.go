@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/starintel/starlease/fence"
+	"github.com/starintel/starlease/fence/fencetest"
 	"github.com/starintel/starlease/internal/testenv"
 	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/rabbitmq"
@@ -160,24 +161,6 @@ func holderPublicationFlows(t *testing.T, e *env, queue string) {
 	}
 }
 
-// lossRecorder records what a loss handler saw.
-type lossRecorder struct {
-	mu    sync.Mutex
-	codes []lease.Code
-}
-
-func (r *lossRecorder) handler(err *lease.Error) {
-	r.mu.Lock()
-	r.codes = append(r.codes, err.Code)
-	r.mu.Unlock()
-}
-
-func (r *lossRecorder) seen() []lease.Code {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]lease.Code(nil), r.codes...)
-}
-
 // (b) An expired holder's Publish is lease_lost and nothing of it reaches
 // the queue, while the successor's message arrives.
 func expiredHolderPublishesNothing(t *testing.T, e *env, queue string) {
@@ -188,14 +171,14 @@ func expiredHolderPublishesNothing(t *testing.T, e *env, queue string) {
 
 	first := e.acquire("instance-a")
 	a := e.committer(first)
-	var loss lossRecorder
-	pubA := e.publisher(rabbitmq.WithLossHandler(loss.handler))
+	var loss fencetest.LossRecorder
+	pubA := e.publisher(rabbitmq.WithLossHandler(loss.Handler))
 	e.expire(first)
 	msgA := lease.OutboxMessage{RoutingKey: queue, ContentType: "text/plain", Body: []byte("late result from a")}
 	if _, err := pubA.Publish(ctx, a, "a-result", msgA); lease.CodeOf(err) != lease.CodeLost {
 		t.Fatalf("expired holder's publish: %v, want lease_lost", err)
 	}
-	if got := loss.seen(); len(got) != 1 || got[0] != lease.CodeLost {
+	if got := loss.Seen(); len(got) != 1 || got[0] != lease.CodeLost {
 		t.Fatalf("loss handler saw %v", got)
 	}
 	if n := len(e.pending()); n != 0 {
@@ -401,11 +384,11 @@ func adminInvalidationRejects(t *testing.T, e *env, queue string) {
 		if err != nil {
 			t.Fatalf("%s: %v", op, err)
 		}
-		var loss lossRecorder
-		if _, err := e.publisher(rabbitmq.WithLossHandler(loss.handler)).Publish(ctx, c, string(op)+"-after", msg(string(op)+": after")); lease.CodeOf(err) != lease.CodeLost {
+		var loss fencetest.LossRecorder
+		if _, err := e.publisher(rabbitmq.WithLossHandler(loss.Handler)).Publish(ctx, c, string(op)+"-after", msg(string(op)+": after")); lease.CodeOf(err) != lease.CodeLost {
 			t.Fatalf("publish after %s: %v, want lease_lost", op, err)
 		}
-		if got := loss.seen(); len(got) != 1 || got[0] != lease.CodeLost {
+		if got := loss.Seen(); len(got) != 1 || got[0] != lease.CodeLost {
 			t.Fatalf("loss handler after %s saw %v", op, got)
 		}
 		if got := e.pendingOf(rec.LeaseID); len(got) > 1 || (len(got) == 1 && got[0].MessageID != before.MessageID) {
