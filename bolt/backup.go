@@ -309,7 +309,11 @@ func (r *Restored) Finish(ctx context.Context, plan FinishPlan) (FinishResult, e
 				return err
 			}
 		}
-		if plan.Floor > counterFloor(tx) {
+		floor, ok := counterFloor(tx)
+		if !ok {
+			return lease.Errorf(lease.CodeCorrupt, "the counter floor is malformed")
+		}
+		if plan.Floor > floor {
 			if err := meta.Put(keyCounterFloor, u64(plan.Floor)); err != nil {
 				return err
 			}
@@ -331,14 +335,25 @@ func (r *Restored) Finish(ctx context.Context, plan FinishPlan) (FinishResult, e
 		}
 		return FinishResult{}, err
 	}
-	return res, r.s.Close()
+	// Committed: the namespace is open whatever closing the file says.
+	if err := r.s.Close(); err != nil {
+		r.s.log.Error("closing the recovered store failed", "code", lease.CodeOf(err))
+	}
+	return res, nil
 }
 
 // counterFloor is the namespace's counter floor (0 before any recovery
 // epoch): no acquisition gets a token at or below it.
-func counterFloor(tx *bbolt.Tx) uint64 {
-	if v := tx.Bucket(bucketMeta).Get(keyCounterFloor); len(v) == 8 {
-		return binary.BigEndian.Uint64(v)
+//
+// A floor of the wrong length is corrupt (ok false): reading it as 0 would
+// drop a recovery epoch's guarantee silently.
+func counterFloor(tx *bbolt.Tx) (floor uint64, ok bool) {
+	v := tx.Bucket(bucketMeta).Get(keyCounterFloor)
+	switch len(v) {
+	case 0:
+		return 0, true
+	case 8:
+		return binary.BigEndian.Uint64(v), true
 	}
-	return 0
+	return 0, false
 }

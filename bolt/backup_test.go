@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	bbolt "go.etcd.io/bbolt"
+
 	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/recovery/backupfile"
 )
@@ -82,4 +84,21 @@ func TestBackupRestoreStaysClosed(t *testing.T) {
 		t.Fatalf("state: %v %+v", err, st)
 	}
 	r.Close()
+}
+
+// A malformed counter floor fails acquisitions closed instead of reading
+// as no floor.
+func TestMalformedCounterFloorFailsClosed(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "a.db")
+	s, err := Open(path, Options{ReapInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.db.Update(func(tx *bbolt.Tx) error { return tx.Bucket(bucketMeta).Put(keyCounterFloor, []byte{1, 2, 3}) }); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Acquire(context.Background(), acquireReq("req-1", time.Minute, time.Now().Add(time.Minute))); code(err) != lease.CodeCorrupt {
+		t.Fatalf("acquire with a malformed floor: %v", err)
+	}
 }

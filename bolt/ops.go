@@ -49,7 +49,12 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Re
 		}
 		// After a recovery epoch every identity, even one the backup did
 		// not know, continues above the epoch's floor.
-		counter = max(counter, counterFloor(tx))
+		floor, ok := counterFloor(tx)
+		if !ok {
+			opErr = s.quarantine(tx, p.LockKey, p.Identity, "counter floor is malformed")
+			return nil
+		}
+		counter = max(counter, floor)
 		if counter >= lease.MaxFencingToken {
 			s.log.Error("ALERT fencing counter exhausted; acquisition refused", identityAttrs(p.Identity)...)
 			opErr = &lease.Error{Code: lease.CodeCounterExhausted, Reason: "the fencing counter reached 2^53-1", BackendTime: now.Time()}

@@ -59,7 +59,9 @@ const RecoveryPrincipal = "starlease-recovery"
 // the backend's normal archive path (revoked with the plan's reason if
 // live, expired if already expired: a TTL is never resurrected), record
 // the epoch and floor — and only then reopens the namespace. A Finish that
-// fails leaves the namespace closed, and running it again is safe.
+// fails leaves the namespace closed, and running it again is safe; it
+// still returns what it did change (the leases it ended), so they are
+// audited.
 type ClosedNamespace interface {
 	State(ctx context.Context) (RestoredState, error)
 	Finish(ctx context.Context, plan RecoveryPlan) (RecoveryResult, error)

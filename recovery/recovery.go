@@ -158,6 +158,9 @@ func Verify(ctx context.Context, ns lease.ClosedNamespace, proof Proof, o Option
 	if gap == 0 {
 		gap = DefaultEpochGap
 	}
+	if gap > lease.MaxFencingToken {
+		return Report{}, lease.Invalid("epoch_gap", "must be at most 2^53-1")
+	}
 	deny := func(err error, why string) (Report, error) {
 		Step(ctx, o.Audit, log, audit.EventRecoveryReopen, false, why+"; namespace stays closed ("+string(lease.CodeOf(err))+")")
 		return Report{}, err
@@ -178,6 +181,15 @@ func Verify(ctx context.Context, ns lease.ClosedNamespace, proof Proof, o Option
 		rep.MaxKnownToken = max(rep.MaxKnownToken, m)
 		if m > st.Counters[k] {
 			rep.Shortfalls = append(rep.Shortfalls, k)
+		}
+	}
+	// A restored active record's token counts too: a backup whose record
+	// is ahead of its counter must not have that token issued again.
+	for _, a := range st.Active {
+		keys[a.LockKey] = true
+		rep.MaxKnownToken = max(rep.MaxKnownToken, a.FencingToken)
+		if a.FencingToken > st.Counters[a.LockKey] {
+			rep.Shortfalls = append(rep.Shortfalls, a.LockKey)
 		}
 	}
 	for k, m := range proof.Marks {
@@ -220,14 +232,16 @@ func Verify(ctx context.Context, ns lease.ClosedNamespace, proof Proof, o Option
 		return Report{}, err
 	}
 	res, err := ns.Finish(ctx, plan)
-	if err != nil {
-		return deny(fmt.Errorf("recovery: %w", err), "recovery step failed")
-	}
-	rep.Raised, rep.Revoked, rep.Expired = res.Raised, res.Revoked, res.Expired
+	// A Finish that failed part-way (a backend without one transaction for
+	// it) may still have ended leases: each is audited either way.
 	var errs []error
 	for _, id := range res.Revoked {
 		errs = append(errs, Step(ctx, o.Audit, log, audit.EventRecoveryRevoke, true, "restored lease "+id+" revoked: "+RevokeReason))
 	}
+	if err != nil {
+		return deny(errors.Join(fmt.Errorf("recovery: %w", err), errors.Join(errs...)), "recovery step failed")
+	}
+	rep.Raised, rep.Revoked, rep.Expired = res.Raised, res.Revoked, res.Expired
 	errs = append(errs, Step(ctx, o.Audit, log, audit.EventRecoveryReopen, true,
 		fmt.Sprintf("namespace reopened: epoch path %t, epoch %d, floor %d, %d counters raised, %d leases revoked, %d archived as expired",
 			rep.Epoch, rep.EpochNumber, rep.Floor, rep.Raised, len(rep.Revoked), len(rep.Expired))))

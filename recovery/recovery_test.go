@@ -225,6 +225,22 @@ func TestVerifyRefusedWithoutAudit(t *testing.T) {
 	}
 }
 
+// A gap past the token range is refused before anything changes, never
+// wrapped around into a floor below the known tokens.
+func TestEpochGapBounded(t *testing.T) {
+	sc := setup(t)
+	for _, gap := range []uint64{lease.MaxFencingToken + 1, 1<<64 - 1} {
+		if _, err := verifyBolt(t, sc.path, sc.downstream, Options{EpochGap: gap}); lease.CodeOf(err) != lease.CodeInvalidRequest {
+			t.Fatalf("gap %d: %v", gap, err)
+		}
+	}
+	// Within the range but too far above the known tokens: exhausted.
+	if _, err := verifyBolt(t, sc.path, sc.downstream, Options{EpochGap: lease.MaxFencingToken}); lease.CodeOf(err) != lease.CodeCounterExhausted {
+		t.Fatalf("gap 2^53-1: %v", err)
+	}
+	mustBeClosed(t, sc.path)
+}
+
 func TestCompleteProofShortFallsBackToEpoch(t *testing.T) {
 	sc := setup(t)
 	sc.downstream.Complete = true // complete, but counters are below it

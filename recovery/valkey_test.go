@@ -311,7 +311,7 @@ func TestValkeyFailoverEpoch(t *testing.T) {
 	if v, _ := rc.Do(ctx, rc.B().Get().Key(counter).Build()).ToString(); v != "1" {
 		t.Fatalf("promoted counter %q, want the replicated 1", v)
 	}
-	if err := promoted.Seal(ctx); err != nil {
+	if _, err := promoted.Seal(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := promoted.Acquire(ctx, withTarget(acquire("too-early"), "target-b")); lease.CodeOf(err) != lease.CodeBackendUnavailable {
@@ -330,5 +330,39 @@ func TestValkeyFailoverEpoch(t *testing.T) {
 		if err != nil || res.Lease.FencingToken <= slices.Max(lostTokens) {
 			t.Fatalf("%s after failover: %+v %v; tokens issued before %v", target, res.Lease, err, lostTokens)
 		}
+	}
+}
+
+// An active record ahead of its counter (a crafted or damaged namespace)
+// counts as a known token: even a complete proof below it takes the epoch
+// path, and the record's token is never issued again.
+func TestActiveTokenCountsAsKnown(t *testing.T) {
+	ctx := context.Background()
+	r := testenv.StartRedis(t)
+	s := openValkey(t, r, "starlease")
+	held := underLease(t, s, "target-a", "a-1", true, func(*lease.Record, *fence.Committer) {})
+	rc, err := vk.NewClient(vk.ClientOption{InitAddress: []string{r.Addr()}, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	if _, err := s.Seal(ctx); err != nil {
+		t.Fatal(err)
+	}
+	counter := "starlease:{" + held.LockKey[len(lease.KeyPrefix):] + "}:counter"
+	if err := rc.Do(ctx, rc.B().Del().Key(counter).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	ns, err := valkey.OpenClosed(ctx, valkey.Options{Addr: r.Addr(), KeyPrefix: "starlease", ReapInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Verify(ctx, ns, Proof{Complete: true, Sources: []string{"test"}}, Options{EpochGap: 10})
+	if err != nil || !rep.Epoch || !slices.Equal(rep.Shortfalls, []string{held.LockKey}) || rep.Floor != held.FencingToken+10 {
+		t.Fatalf("verify: %+v %v", rep, err)
+	}
+	next := underLease(t, s, "target-a", "a-2", false, func(*lease.Record, *fence.Committer) {})
+	if next.FencingToken <= held.FencingToken {
+		t.Fatalf("token %d issued again after recovery (held %d)", next.FencingToken, held.FencingToken)
 	}
 }

@@ -784,8 +784,15 @@ local function expire(keys, args)
 end
 
 -- Recovery functions, for the recovery tool only: each runs only while
--- the namespace is closed (the gate exists), so no lease operation runs
--- between recovery's reading of the namespace and its decision's writes.
+-- the gate holds exactly the closing its caller verified, so no lease
+-- operation runs between recovery's reading of the namespace and its
+-- decision's writes, and a stale recovery cannot act under another
+-- closing (a later backup's pause, another recovery).
+
+local function holds(k_gate, want)
+  local g, why = get(k_gate)
+  return not why and g ~= nil and g == want
+end
 
 local function counter_value(v)
   if v and (not string.find(v, '^%d+$') or #v > 16) then return nil, 'is malformed' end
@@ -793,10 +800,11 @@ local function counter_value(v)
 end
 
 -- recover_raise raises a counter to at least ARGV 1; a counter is never
--- lowered. KEYS 1 counter, 2 gate. Replies ok and '1' if it was raised.
+-- lowered. KEYS 1 counter, 2 gate; ARGV 2 the gate's expected value.
+-- Replies ok and '1' if it was raised.
 local function recover_raise(keys, args)
   local now = now_ms()
-  if not closed(keys[2], now) then return { 'open', int(now) } end
+  if not holds(keys[2], args[2]) then return { 'gate', int(now) } end
   local raw, why = get(keys[1])
   local cur = not why and counter_value(raw)
   if not cur then return { 'corrupt', int(now), 'fencing counter is malformed' } end
@@ -810,11 +818,12 @@ end
 -- recover_end ends the identity's active record if it is still lease ARGV
 -- 15, through the normal archive path: revoked by ARGV 17 with reason ARGV
 -- 16 (JSON) if live at backend time, else expired at its expires_at (a TTL
--- is never resurrected). ARGV 1..14 and KEYS as context.
+-- is never resurrected). ARGV 1..14 and KEYS as context, ARGV 18 the
+-- gate's expected value.
 local function recover_end(keys, args)
   local c = context(keys, args)
   local now = now_ms()
-  if not closed(c.k_gate, now) then return { 'open', int(now) } end
+  if not holds(c.k_gate, args[18]) then return { 'gate', int(now) } end
   local cur, why = active_of(c, nil)
   if why then return corrupt(c, now, why) end
   why = layout_types(c)
@@ -826,6 +835,16 @@ local function recover_end(keys, args)
   end
   archive(c, cur, 'expired', cur.expires_at)
   return { 'expired', int(now) }
+end
+
+-- regate replaces the gate's value ARGV 1 by ARGV 2 (a restore's
+-- "restoring" closing by "restored" once every key is written). KEYS 1
+-- gate.
+local function regate(keys, args)
+  local now = now_ms()
+  if not holds(keys[1], args[1]) then return { 'gate', int(now) } end
+  redis.call('SET', keys[1], args[2])
+  return { 'ok', int(now) }
 end
 
 -- reopen deletes the gate if it still holds ARGV 1 (the closing its
@@ -972,6 +991,7 @@ redis.register_function(FN .. 'outbox_done', outbox_done)
 redis.register_function(FN .. 'recover_raise', recover_raise)
 redis.register_function(FN .. 'recover_end', recover_end)
 redis.register_function(FN .. 'reopen', reopen)
+redis.register_function(FN .. 'regate', regate)
 redis.register_function { function_name = FN .. 'inspect', callback = inspect, flags = RO }
 redis.register_function { function_name = FN .. 'inspect_id', callback = inspect_id, flags = RO }
 redis.register_function { function_name = FN .. 'resolve', callback = resolve, flags = RO }

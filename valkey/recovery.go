@@ -29,6 +29,8 @@ import (
 //
 //	backup:<id>      a backup's pause of mutations (with a TTL, so a backup
 //	                 that dies cannot keep the namespace closed)
+//	restoring:<json> a restore is writing (or stopped part-way: recovery
+//	                 refuses it; empty the namespace and restore again)
 //	restored:<json>  restored from a backup, awaiting recovery verification
 //	failover:<time>  closed by an operator after a replica's promotion,
 //	                 awaiting recovery verification
@@ -56,9 +58,10 @@ var ErrRestoreTarget = errors.New("restore target namespace is not empty; restor
 var ErrNamespaceOpen = errors.New("namespace is open; restore into it or Seal it before recovery")
 
 const (
-	gateBackup   = "backup"
-	gateRestored = "restored"
-	gateFailover = "failover"
+	gateBackup    = "backup"
+	gateRestoring = "restoring"
+	gateRestored  = "restored"
+	gateFailover  = "failover"
 )
 
 // gateReason is the public reason of a gate value: its kind only.
@@ -66,6 +69,8 @@ func gateReason(v string) string {
 	switch kind, _, _ := strings.Cut(v, ":"); kind {
 	case gateBackup:
 		return "a backup has paused mutations"
+	case gateRestoring:
+		return "a restore is writing, or stopped part-way (empty the namespace and restore again)"
 	case gateRestored:
 		return "restored from a backup, awaiting recovery verification"
 	case gateFailover:
@@ -470,7 +475,7 @@ func readPayload(b []byte) ([]dumpEntry, error) {
 // passed at backend time are not restored. A backup that fails
 // verification restores nothing; a restore that fails after its first
 // write leaves the namespace closed with part of the backup (empty it and
-// restore again).
+// restore again); recovery (OpenClosed) refuses it.
 func (s *Store) Restore(ctx context.Context, r io.Reader) (backupfile.Header, error) {
 	var payload bytes.Buffer
 	h, err := backupfile.Read(r, &payload)
@@ -488,8 +493,13 @@ func (s *Store) Restore(ctx context.Context, r io.Reader) (backupfile.Header, er
 		return backupfile.Header{}, err
 	}
 	marker, _ := json.Marshal(lease.RestoreMarker{BackupCreatedAt: h.CreatedAt, BackupSHA256: h.PayloadSHA256, RestoredAt: time.Now().UTC()})
-	gate := gateRestored + ":" + string(marker)
-	ok, err := s.setNX(ctx, gate, 0)
+	// Checked before closing too, so a restore aimed at a live namespace
+	// does not pause it at all.
+	if err := s.mustBeEmpty(ctx, ""); err != nil {
+		return backupfile.Header{}, err
+	}
+	restoring := gateRestoring + ":" + string(marker)
+	ok, err := s.setNX(ctx, restoring, 0)
 	if err != nil {
 		return backupfile.Header{}, err
 	}
@@ -498,29 +508,24 @@ func (s *Store) Restore(ctx context.Context, r io.Reader) (backupfile.Header, er
 	}
 	// Until the target is known empty, a failure opens the namespace again
 	// as it was (not on ctx, which may be what failed).
-	undo := func() {
+	undo := func(cause error) error {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		s.reopen(rctx, gate, 0, 0, "")
-	}
-	keys, err := s.scanKeys(ctx, "*")
-	if err != nil {
-		undo()
-		return backupfile.Header{}, err
-	}
-	for _, k := range keys {
-		if k != "gate" {
-			undo()
-			return backupfile.Header{}, fmt.Errorf("%w: it holds %s:%s", ErrRestoreTarget, s.keys.ns, k)
+		if err := s.reopen(rctx, restoring, 0, 0, ""); err != nil {
+			return fmt.Errorf("%w; and the namespace could not be reopened (its gate holds a restoring marker; delete %s once it is known empty): %v",
+				cause, s.keys.gate(), lease.AsError(err).Reason)
 		}
+		return cause
+	}
+	if err := s.mustBeEmpty(ctx, "gate"); err != nil {
+		return backupfile.Header{}, undo(err)
 	}
 	now, err := s.backendTime(ctx)
 	if err != nil {
-		undo()
-		return backupfile.Header{}, err
+		return backupfile.Header{}, undo(err)
 	}
-	// From the first write on, a failure leaves the namespace closed with
-	// part of the backup: empty it and restore again.
+	// From the first write on, a failure leaves the namespace closed as
+	// "restoring", which recovery refuses: empty it and restore again.
 	for _, e := range entries {
 		if e.ExpireAt != 0 && e.ExpireAt <= now.UnixMilli() {
 			continue
@@ -529,8 +534,31 @@ func (s *Store) Restore(ctx context.Context, r io.Reader) (backupfile.Header, er
 			return backupfile.Header{}, err
 		}
 	}
+	// Complete: only now may recovery take the namespace.
+	rep, err := s.fcall(ctx, call{fn: "regate", mutation: true, keys: []string{s.keys.gate()},
+		args: []string{restoring, gateRestored + ":" + string(marker)}})
+	if err != nil {
+		return backupfile.Header{}, err
+	}
+	if rep.status != "ok" {
+		return backupfile.Header{}, lease.Errorf(lease.CodeBackendUnavailable, "the namespace gate changed during the restore")
+	}
 	s.log.Info("lease namespace restored; closed until recovery verification", "backup_sha256", h.PayloadSHA256, "keys", len(entries))
 	return h, nil
+}
+
+// mustBeEmpty refuses a namespace holding any key but except.
+func (s *Store) mustBeEmpty(ctx context.Context, except string) error {
+	keys, err := s.scanKeys(ctx, "*")
+	if err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if k != except {
+			return fmt.Errorf("%w: it holds %s:%s", ErrRestoreTarget, s.keys.ns, k)
+		}
+	}
+	return nil
 }
 
 func (s *Store) restoreKey(ctx context.Context, e dumpEntry) error {
@@ -565,20 +593,21 @@ func (s *Store) restoreKey(ctx context.Context, e dumpEntry) error {
 }
 
 // Seal closes an open namespace after a replica's promotion, so recovery
-// can raise its counters before any lease operation runs on it; a
-// namespace already closed for recovery stays as it is.
-func (s *Store) Seal(ctx context.Context) error {
+// can raise its counters before any lease operation runs on it, and
+// reports whether it closed it: a namespace already closed for recovery
+// stays as it is (false); one paused by a backup is refused.
+func (s *Store) Seal(ctx context.Context) (bool, error) {
 	if err := s.writable(ctx); err != nil {
-		return err
+		return false, err
 	}
 	ok, err := s.setNX(ctx, gateFailover+":"+time.Now().UTC().Format(time.RFC3339Nano), 0)
 	if err != nil || ok {
-		return err
+		return ok, err
 	}
 	if g := s.gateValue(ctx); strings.HasPrefix(g, gateBackup+":") {
-		return lease.Errorf(lease.CodeBackendUnavailable, "a backup has paused mutations; seal again when it has finished")
+		return false, lease.Errorf(lease.CodeBackendUnavailable, "a backup has paused mutations; seal again when it has finished")
 	}
-	return nil
+	return false, nil
 }
 
 // Closed is a closed namespace awaiting recovery verification
@@ -724,7 +753,7 @@ func (c *Closed) Finish(ctx context.Context, plan lease.RecoveryPlan) (lease.Rec
 			return res, err
 		}
 		rep, err := s.fcall(ctx, call{fn: "recover_raise", mutation: true,
-			keys: []string{s.keys.counter(tagOf(k)), s.keys.gate()}, args: []string{utoa(plan.Counters[k])}})
+			keys: []string{s.keys.counter(tagOf(k)), s.keys.gate()}, args: []string{utoa(plan.Counters[k]), c.gate}})
 		if err != nil {
 			return res, err
 		}
@@ -749,7 +778,7 @@ func (c *Closed) Finish(ctx context.Context, plan lease.RecoveryPlan) (lease.Rec
 	var none lease.Identity
 	for _, rec := range actives {
 		tag := tagOf(rec.LockKey)
-		args := append(s.commonArgs(lease.UnixMilli(0), rec.LockKey, tag, none, 0), rec.LeaseID, string(reason), lease.RecoveryPrincipal)
+		args := append(s.commonArgs(lease.UnixMilli(0), rec.LockKey, tag, none, 0), rec.LeaseID, string(reason), lease.RecoveryPrincipal, c.gate)
 		rep, err := s.fcall(ctx, call{fn: "recover_end", mutation: true, keys: s.commonKeys(tag, s.keys.quarantine(tag)), args: args})
 		if err != nil {
 			return res, err
@@ -776,8 +805,8 @@ func (c *Closed) Finish(ctx context.Context, plan lease.RecoveryPlan) (lease.Rec
 }
 
 func recoveryRefused(rep reply) error {
-	if rep.status == "open" {
-		return lease.Errorf(lease.CodeBackendUnavailable, "the namespace was reopened during recovery")
+	if rep.status == "gate" {
+		return lease.Errorf(lease.CodeBackendUnavailable, "the namespace gate changed during recovery (reopened, or closed by someone else)")
 	}
 	return lease.Errorf(lease.CodeBackendUnavailable, "recovery step refused (%s)", rep.status)
 }

@@ -28,7 +28,7 @@ func TestClosedNamespaceRefusesMutations(t *testing.T) {
 		t.Fatal(err)
 	}
 	before, _ := get(t, s, s.keys.active(tagOf(held.Lease.LockKey)))
-	if err := s.Seal(bg); err != nil {
+	if _, err := s.Seal(bg); err != nil {
 		t.Fatal(err)
 	}
 	if h := s.Health(bg); h.Status != lease.HealthDegraded || !strings.Contains(h.Reason, "failed over") {
@@ -99,7 +99,7 @@ func TestSealAndRecover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Seal(bg); err != nil {
+	if _, err := s.Seal(bg); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := OpenClosed(bg, Options{Addr: r.Addr(), KeyPrefix: randomPrefix(), ReapInterval: -1}); !errors.Is(err, ErrNamespaceOpen) {
@@ -384,5 +384,60 @@ func TestCancelledBackupReopens(t *testing.T) {
 	}
 	if _, err := s.Acquire(bg, acquireReq(newIdentity())); err != nil {
 		t.Fatalf("acquire after a cancelled backup: %v", err)
+	}
+}
+
+// A restore that stopped part-way stays closed as "restoring", which
+// recovery refuses: its counters could be missing, and recovery would keep
+// them as they are.
+func TestPartialRestoreIsNotRecoverable(t *testing.T) {
+	r := sharedServer(t)
+	o := Options{Addr: r.Addr(), KeyPrefix: randomPrefix(), ReapInterval: -1}
+	s := open(t, r, o)
+	if err := s.client.Do(bg, s.client.B().Set().Key(s.keys.gate()).Value(gateRestoring+":{}").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Acquire(bg, acquireReq(newIdentity())); lease.CodeOf(err) != lease.CodeBackendUnavailable ||
+		!strings.Contains(err.Error(), "part-way") {
+		t.Fatalf("acquire in a part-way restore: %v", err)
+	}
+	if _, err := OpenClosed(bg, o); lease.CodeOf(err) != lease.CodeBackendUnavailable {
+		t.Fatalf("recovery of a part-way restore: %v", err)
+	}
+}
+
+// A recovery whose namespace was reopened and closed again by someone else
+// (here a failover seal) cannot act under that other closing: it raises no
+// counter and ends no lease acquired after the reopening.
+func TestStaleRecoveryCannotAct(t *testing.T) {
+	r := sharedServer(t)
+	o := Options{Addr: r.Addr(), KeyPrefix: randomPrefix(), ReapInterval: -1}
+	s := open(t, r, o)
+	id := newIdentity()
+	if _, err := s.Seal(bg); err != nil {
+		t.Fatal(err)
+	}
+	first, _ := closedState(t, o)
+	stale, _ := closedState(t, o)
+	if _, err := first.Finish(bg, lease.RecoveryPlan{Reason: "first"}); err != nil {
+		t.Fatal(err)
+	}
+	held, err := s.Acquire(bg, acquireReq(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Seal(bg); err != nil {
+		t.Fatal(err)
+	}
+	res, err := stale.Finish(bg, lease.RecoveryPlan{Counters: map[string]uint64{held.Lease.LockKey: 1000}, Reason: "stale"})
+	if err == nil || res.Raised != 0 || len(res.Revoked) != 0 {
+		t.Fatalf("stale recovery: %+v %v", res, err)
+	}
+	if v, _ := get(t, s, s.keys.counter(tagOf(held.Lease.LockKey))); v != "1" {
+		t.Fatalf("a stale recovery raised the counter to %q", v)
+	}
+	ins, err := s.Inspect(bg, lease.InspectRequest{Identity: id, DeadlineAt: far()})
+	if err != nil || ins.Lease == nil || ins.Lease.LeaseID != held.Lease.LeaseID {
+		t.Fatalf("a stale recovery ended a lease acquired after the reopening: %+v %v", ins, err)
 	}
 }

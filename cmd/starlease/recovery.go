@@ -266,6 +266,10 @@ func runRestore(args []string, stdout, stderr io.Writer) int {
 		if err := os.MkdirAll(rb.dataDir, 0o700); err != nil {
 			return fail(stderr, lease.Errorf(lease.CodeBackendUnavailable, "cannot create the data directory"), "")
 		}
+		// Checked before the store is written, so a refusal leaves nothing.
+		if held, err := os.ReadDir(filepath.Join(rb.dataDir, credentialsDir)); err == nil && len(held) > 0 {
+			return fail(stderr, lease.Invalid("data_dir", "its credentials directory is not empty"), "")
+		}
 		if err := bolt.Restore(f, filepath.Join(rb.dataDir, storeFile)); err != nil {
 			if errors.Is(err, bolt.ErrRestoreTarget) {
 				return fail(stderr, lease.Invalid("data_dir", err.Error()), "")
@@ -336,15 +340,19 @@ func runSeal(args []string, stdout, stderr io.Writer) int {
 		return fail(stderr, err, "")
 	}
 	defer s.Close()
-	if err := s.Seal(ctx); err != nil {
+	sealed, err := s.Seal(ctx)
+	if err != nil {
 		return fail(stderr, err, "")
+	}
+	code, reason := "sealed", "namespace sealed after a failover; closed until verify-restore"
+	if !sealed {
+		code, reason = "already_closed", "seal found the namespace already closed for recovery; unchanged"
 	}
 	sink, _ := rb.auditSink(s)
-	if err := recovery.Step(ctx, sink, log, audit.EventRecoveryRestore, true,
-		"namespace sealed after a failover; closed until verify-restore"); err != nil {
+	if err := recovery.Step(ctx, sink, log, audit.EventRecoveryRestore, true, reason); err != nil {
 		return fail(stderr, err, "")
 	}
-	return succeed(stdout, stderr, map[string]any{"code": "sealed", "next": "starlease verify-restore" + rb.keysFlags() + " ..."})
+	return succeed(stdout, stderr, map[string]any{"code": code, "next": "starlease verify-restore" + rb.keysFlags() + " ..."})
 }
 
 // listFlag is a repeatable, comma-separated flag.
@@ -398,8 +406,8 @@ func runVerifyRestore(args []string, stdout, stderr io.Writer) int {
 		return fail(stderr, lease.Invalid("rabbitmq_url_file", "--rabbitmq-queue needs --rabbitmq-url-file"), "")
 	case *complete && len(dbs)+len(queues)+len(marksFiles) == 0:
 		return fail(stderr, lease.Invalid("proof_complete", "a complete proof needs at least one downstream source"), "")
-	case *gap == 0:
-		return fail(stderr, lease.Invalid("epoch_gap", "must be positive"), "")
+	case *gap == 0 || *gap > lease.MaxFencingToken:
+		return fail(stderr, lease.Invalid("epoch_gap", "must be positive and at most 2^53-1"), "")
 	}
 	var password, rabbitURL string
 	var err error
