@@ -31,10 +31,29 @@ import (
 // millisecond are not ordered against each other.
 
 // extension is a successful acquire or renew: from t the lease holds until
-// expires.
+// expires. call and ret are the operation's real-time call and return,
+// which order extensions of the same millisecond.
 type extension struct {
 	t, expires int64
 	renew      bool
+	call, ret  int64
+}
+
+// after reports whether e is in force over o: decided later in backend
+// time or, in the same millisecond, invoked after o returned (real-time
+// order is linearization order); two overlapping calls in one millisecond
+// cannot be ordered, and the larger expires_at is assumed, which can only
+// make a hold look longer.
+func (e *extension) after(o *extension) bool {
+	switch {
+	case e.t != o.t:
+		return e.t > o.t
+	case e.call > o.ret:
+		return true
+	case o.call > e.ret:
+		return false
+	}
+	return e.expires > o.expires
 }
 
 // use is a success that requires the lease to hold at t.
@@ -56,17 +75,20 @@ type life struct {
 // expiresAt is the expires_at in force at t for a use (self excluded): the
 // latest extension at or before t, the largest one among ties.
 func (l *life) expiresAt(t int64, self *extension) (int64, bool) {
-	best, bestT, ok := int64(0), int64(0), false
+	var best *extension
 	for i := range l.ext {
 		e := &l.ext[i]
 		if e == self || e.t > t {
 			continue
 		}
-		if !ok || e.t > bestT || (e.t == bestT && e.expires > best) {
-			best, bestT, ok = e.expires, e.t, true
+		if best == nil || e.after(best) {
+			best = e
 		}
 	}
-	return best, ok
+	if best == nil {
+		return 0, false
+	}
+	return best.expires, true
 }
 
 type commitAt struct {
@@ -133,7 +155,7 @@ func checkInvariants(ops []porcupine.Operation) ([]string, Stats) {
 			continue
 		}
 		leases[in.Ident][v.LeaseID] = &life{id: v.LeaseID, token: v.Token, acquired: v.AcquiredMs,
-			ext: []extension{{t: v.AcquiredMs, expires: v.ExpiresMs}}}
+			ext: []extension{{t: v.AcquiredMs, expires: v.ExpiresMs, call: op.Call, ret: op.Return}}}
 	}
 	for i, op := range ops {
 		in, out := op.Input.(Input), op.Output.(Output)
@@ -147,7 +169,7 @@ func checkInvariants(ops []porcupine.Operation) ([]string, Stats) {
 		case in.Kind == KindRenew && out.Code == lease.CodeRenewed && out.Lease != nil:
 			success = true
 			if l != nil {
-				l.ext = append(l.ext, extension{t: t, expires: out.Lease.ExpiresMs, renew: true})
+				l.ext = append(l.ext, extension{t: t, expires: out.Lease.ExpiresMs, renew: true, call: op.Call, ret: op.Return})
 			}
 			st.Renewals++
 			if v := out.Lease; v.ExpiresMs == v.AcquiredMs+v.MaxLifetimeMs {
@@ -312,9 +334,9 @@ func checkLife(ident int, l *life, failf func(int, string, ...any)) {
 	}
 	// The hold ends at the expires_at of the latest extension, or earlier
 	// at its explicit end.
-	last := l.ext[0]
-	for _, e := range l.ext[1:] {
-		if e.t > last.t || (e.t == last.t && e.expires > last.expires) {
+	last := &l.ext[0]
+	for i := range l.ext[1:] {
+		if e := &l.ext[i+1]; e.after(last) {
 			last = e
 		}
 	}

@@ -403,3 +403,24 @@ func TestReport(t *testing.T) {
 		t.Errorf("tainted identity: %q", rep.Problems)
 	}
 }
+
+// A renewal in the acquisition's own millisecond that shortens the lease is
+// in force from then on: the real-time order decides between the two, so
+// a successor after the shortened expiry is legal, and one before it is not.
+func TestShortenedRenewalInOneMillisecond(t *testing.T) {
+	for _, successorAt := range []int64{160, 150} {
+		a := newLease("lease_a", 1, "prn_a", 0, 176)
+		x := newHist().seq(a.acquireIn(), a.granted())
+		a.ttl = 158
+		renew := a.in(KindRenew)
+		renew.TTLMs = 158
+		x.seq(renew, a.renewAt(0))
+		c := newLease("lease_c", 2, "prn_c", successorAt, 100)
+		x.seq(c.acquireIn(), c.granted())
+		if successorAt > 158 {
+			wantOK(t, x)
+		} else {
+			wantIllegal(t, x, "while lease lease_a")
+		}
+	}
+}
