@@ -406,6 +406,13 @@ local function get(key)
   return v or nil
 end
 
+-- counter_value reads a stored counter, floor or high-water mark: decimal
+-- digits, at most 16 of them; absent is 0. Anything else is nil.
+local function counter_value(v)
+  if v and (not string.find(v, '^%d+$') or #v > 16) then return nil end
+  return tonumber(v or '0')
+end
+
 -- load_active strictly reads the active record: nil if none; nil and a
 -- reason if corrupt. A key without a TTL is corrupt: every writer of the
 -- active key attaches one. A valid record comes with its stored bytes and
@@ -609,17 +616,14 @@ local function acquire(keys, args)
   local cur, why = active_of(c, c.ident)
   if why then return corrupt(c, now, why) end
   if cur and live(cur, now) then return { 'conflict', int(now), int(cur.expires_at) } end
-  local counter
-  counter, why = get(k_counter)
-  if why or (counter and (not string.find(counter, '^%d+$') or #counter > 16)) then
-    return corrupt(c, now, 'fencing counter is malformed')
-  end
-  local floor
-  floor, why = get(k_floor)
-  if why or (floor and (not string.find(floor, '^%d+$') or #floor > 16)) then
-    return corrupt(c, now, 'counter floor is malformed')
-  end
-  counter = math.max(tonumber(counter or '0'), tonumber(floor or '0'))
+  local raw_counter, raw_floor
+  raw_counter, why = get(k_counter)
+  local counter = not why and counter_value(raw_counter)
+  if not counter then return corrupt(c, now, 'fencing counter is malformed') end
+  raw_floor, why = get(k_floor)
+  local floor = not why and counter_value(raw_floor)
+  if not floor then return corrupt(c, now, 'counter floor is malformed') end
+  counter = math.max(counter, floor)
   -- As in the reference backend, a lease-id collision is refused before
   -- anything changes, and an expired predecessor is archived before the
   -- counter's exhaustion refuses the acquisition.
@@ -732,11 +736,9 @@ local function commit(keys, args)
   if why then return corrupt(c, now, why) end
   local cur, reply = held(c, now, args[15], args[16], args[17], args[18])
   if not cur then return reply end
-  local mark = redis.call('HGET', k_marks, args[19])
-  if mark and (not string.find(mark, '^%d+$') or #mark > 16) then
-    return corrupt(c, now, 'high-water mark is malformed')
-  end
-  if mark and cur.fencing_token < tonumber(mark) then return { 'rejected', int(now) } end
+  local mark = counter_value(redis.call('HGET', k_marks, args[19]) or nil)
+  if not mark then return corrupt(c, now, 'high-water mark is malformed') end
+  if cur.fencing_token < mark then return { 'rejected', int(now) } end
   redis.call('HSET', k_marks, args[19], int(cur.fencing_token))
   local raw = args[20] .. ts(now) .. args[21]
   redis.call('SET', c.k_ev, raw, 'PX', int(c.ev_ret))
@@ -792,11 +794,6 @@ end
 local function holds(k_gate, want)
   local g, why = get(k_gate)
   return not why and g ~= nil and g == want
-end
-
-local function counter_value(v)
-  if v and (not string.find(v, '^%d+$') or #v > 16) then return nil, 'is malformed' end
-  return tonumber(v or '0')
 end
 
 -- recover_raise raises a counter to at least ARGV 1; a counter is never

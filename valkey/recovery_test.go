@@ -441,3 +441,42 @@ func TestStaleRecoveryCannotAct(t *testing.T) {
 		t.Fatalf("a stale recovery ended a lease acquired after the reopening: %+v %v", ins, err)
 	}
 }
+
+// A counter, counter floor or high-water mark that is not a decimal of at
+// most 16 digits fails closed as corrupt, and the acquisition or commit
+// changes nothing.
+func TestMalformedCountersFailClosed(t *testing.T) {
+	s := open(t, sharedServer(t), Options{})
+	set := func(key, v string) {
+		t.Helper()
+		if err := s.client.Do(bg, s.client.B().Set().Key(key).Value(v).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, bad := range []string{"12a", "-1", "12345678901234567", " 1"} {
+		id := newIdentity()
+		set(s.keys.counter(tagOf(lockKey(t, id))), bad)
+		_, err := s.Acquire(bg, acquireReq(id))
+		mustCode(t, err, lease.CodeCorrupt)
+		if _, ok := get(t, s, s.keys.active(tagOf(lockKey(t, id)))); ok {
+			t.Fatalf("counter %q: an active record was written", bad)
+		}
+	}
+	held, err := s.Acquire(bg, acquireReq(newIdentity()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.client.Do(bg, s.client.B().Hset().Key(s.keys.marks(tagOf(held.Lease.LockKey))).FieldValue().
+		FieldValue("couchdb", "x1").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.AuthorizeCommit(bg, commitReq(held.Lease))
+	mustCode(t, err, lease.CodeCorrupt)
+	set(s.keys.counterFloor(), "1e9")
+	id := newIdentity()
+	_, err = s.Acquire(bg, acquireReq(id))
+	mustCode(t, err, lease.CodeCorrupt)
+	if _, ok := get(t, s, s.keys.counter(tagOf(lockKey(t, id)))); ok {
+		t.Fatal("an acquisition under a malformed floor wrote a counter")
+	}
+}

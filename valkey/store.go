@@ -264,7 +264,7 @@ func (s *Store) Health(ctx context.Context) lease.Health {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := s.fcall(ctx, call{fn: "clock", ro: true}); err != nil {
+	if _, err := s.backendTime(ctx); err != nil {
 		return lease.Health{Status: lease.HealthUnavailable, Reason: "backend unreachable: " + lease.AsError(err).Reason}
 	}
 	h := s.checkDurability(ctx)
