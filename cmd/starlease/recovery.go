@@ -187,6 +187,9 @@ func runBackup(args []string, stdout, stderr io.Writer) int {
 		take = func(w io.Writer) (backupfile.Header, error) {
 			return s.Backup(ctx, w, backupfile.SectionData{Name: recovery.CredentialsSection, Data: data})
 		}
+		if sink, err = rb.auditSink(nil); err != nil {
+			return fail(stderr, err, "")
+		}
 	case "valkey":
 		s, err := rb.openValkey(ctx, log)
 		if err != nil {
@@ -195,12 +198,6 @@ func runBackup(args []string, stdout, stderr io.Writer) int {
 		defer s.Close()
 		take = func(w io.Writer) (backupfile.Header, error) { return s.Backup(ctx, w, *pause) }
 		sink, _ = rb.auditSink(s)
-	}
-	if sink == nil {
-		var err error
-		if sink, err = rb.auditSink(nil); err != nil {
-			return fail(stderr, err, "")
-		}
 	}
 	defer sink.Close()
 	f, err := os.OpenFile(*out, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
