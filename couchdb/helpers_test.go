@@ -1,7 +1,6 @@
 package couchdb_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -130,39 +129,17 @@ func code(err error) lease.Code { return lease.CodeOf(err) }
 // raw sends one JSON request to the server, bypassing the package.
 func raw(t *testing.T, method, url string, body any) (int, map[string]any) {
 	t.Helper()
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequest(method, url, rd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json")
-	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	status, b := testenv.JSONRequest(t, method, url, body)
 	var x any
 	if err := json.Unmarshal(b, &x); err != nil {
-		t.Fatalf("%s %s: %d %q is not JSON", method, url, resp.StatusCode, b)
+		t.Fatalf("%s %s: %d %q is not JSON", method, url, status, b)
 	}
 	v, ok := x.(map[string]any)
 	if !ok {
 		// A list (_bulk_docs) or a scalar (_config).
 		v = map[string]any{"list": x}
 	}
-	return resp.StatusCode, v
+	return status, v
 }
 
 // docURL is the raw URL of a document of e's database.

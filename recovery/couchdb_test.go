@@ -1,7 +1,6 @@
 package recovery
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -39,16 +38,8 @@ func fencedDB(t *testing.T, couch *testenv.CouchDB, name string, fenced bool) *c
 // putRaw writes a document bypassing the fenced writer.
 func putRaw(t *testing.T, couch *testenv.CouchDB, db, id string, doc map[string]any) {
 	t.Helper()
-	b, _ := json.Marshal(doc)
-	req, _ := http.NewRequest(http.MethodPut, couch.URL()+"/"+db+"/"+id, bytes.NewReader(b))
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated && resp.StatusCode != http.StatusAccepted {
-		t.Fatalf("PUT %s: HTTP %d", id, resp.StatusCode)
+	if status, _ := testenv.JSONRequest(t, http.MethodPut, couch.URL()+"/"+db+"/"+id, doc); status != http.StatusCreated && status != http.StatusAccepted {
+		t.Fatalf("PUT %s: HTTP %d", id, status)
 	}
 }
 

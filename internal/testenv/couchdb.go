@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -221,3 +222,34 @@ func (c *CouchDB) kill() {
 // in-memory databases are lost. t.Cleanup calls it; calling it again is a
 // no-op.
 func (c *CouchDB) Stop() { c.kill() }
+
+// JSONRequest sends one request with body (nil for none) as JSON to url,
+// bypassing any client package, and returns the reply's status and bytes.
+// Tests use it to reach a server directly.
+func JSONRequest(t testing.TB, method, url string, body any) (int, []byte) {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json")
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, raw
+}

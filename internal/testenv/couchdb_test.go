@@ -1,11 +1,8 @@
 package testenv
 
 import (
-	"bytes"
 	"encoding/json"
-	"io"
 	"net"
-	"net/http"
 	"strconv"
 	"testing"
 	"time"
@@ -35,41 +32,12 @@ type couchReply struct {
 // couchDo sends one JSON request and decodes the reply, a JSON object.
 func couchDo(t *testing.T, method, url string, body any) (int, map[string]any) {
 	t.Helper()
-	code, raw := couchRaw(t, method, url, body)
+	code, raw := JSONRequest(t, method, url, body)
 	var v map[string]any
 	if err := json.Unmarshal(raw, &v); err != nil {
 		t.Fatalf("%s %s: %d: not a JSON object: %q", method, url, code, raw)
 	}
 	return code, v
-}
-
-// couchRaw sends one JSON request and returns the reply's status and body.
-func couchRaw(t *testing.T, method, url string, body any) (int, []byte) {
-	t.Helper()
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequest(method, url, rd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json")
-	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, raw
 }
 
 func reply(v map[string]any) couchReply {
@@ -119,7 +87,7 @@ func TestCouchDB(t *testing.T) {
 		t.Fatalf("write without a token: %d %v, want 403 forbidden", code, v)
 	}
 	// _bulk_docs runs the same validation (201 overall, per-doc error).
-	code, raw := couchRaw(t, "POST", db+"/_bulk_docs", map[string]any{
+	code, raw := JSONRequest(t, "POST", db+"/_bulk_docs", map[string]any{
 		"docs": []any{map[string]any{"_id": "job", "_rev": rev1, "token": 4}},
 	})
 	var bulk []couchReply
