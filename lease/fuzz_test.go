@@ -3,10 +3,12 @@ package lease
 import (
 	"bytes"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"reflect"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // FuzzNormalizeIdentifier: never panics; a rejection is an invalid_request
@@ -21,6 +23,17 @@ func FuzzNormalizeIdentifier(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, raw string) {
+		// The fast paths agree with the general rule.
+		if utf8.ValidString(raw) && foldIdentifier(raw) != foldUnicode(raw) {
+			t.Fatalf("ASCII fold of %q is %q, NFC fold %q", raw, foldIdentifier(raw), foldUnicode(raw))
+		}
+		if plainASCIIIdentifier(raw) && checkIdentifierRunes("f", raw) != nil {
+			t.Fatalf("%q taken as plain but the rule rejects it: %v", raw, checkIdentifierRunes("f", raw))
+		}
+		parts := []string{"v1", raw, strings.ToUpper(raw)}
+		if want, _ := json.Marshal(parts); !bytes.Equal(jsonStringArray(parts), want) {
+			t.Fatalf("jsonStringArray(%q) = %s, json.Marshal %s", parts, jsonStringArray(parts), want)
+		}
 		n, err := NormalizeIdentifier("lock_identity.target_id", raw)
 		if err != nil {
 			var le *Error
@@ -41,15 +54,6 @@ func FuzzNormalizeIdentifier(f *testing.F) {
 			}
 		}
 	})
-}
-
-func isASCII(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] >= 0x80 {
-			return false
-		}
-	}
-	return true
 }
 
 // FuzzCanonicalLockKey: an accepted identity's key has the prefix and a
@@ -122,7 +126,10 @@ func FuzzDecodeRecord(f *testing.F) {
 	f.Add([]byte(`{}`))
 	f.Add([]byte(`null`))
 	f.Add([]byte(`{"record_version":1,`))
+	f.Add([]byte(strings.Replace(goldenRecordJSON, `"metadata":{}`, `"metadata":{"k":"é","q":"\"<"}`, 1)))
+	f.Add([]byte(strings.Replace(goldenRecordJSON, `"2026-08-05T12:00:00.000Z"`, `"2024-02-29T23:59:59.999Z"`, 1)))
 	f.Fuzz(func(t *testing.T, b []byte) {
+		agreeWithStrict(t, b) // the fast path answers only as the strict one does
 		r, err := DecodeRecord(b)
 		if err != nil {
 			var le *Error

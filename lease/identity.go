@@ -98,36 +98,88 @@ func NormalizeIdentifier(field, raw string) (string, error) {
 	if !utf8.ValidString(raw) {
 		return "", Invalid(field, "must be valid UTF-8")
 	}
-	s := trimASCIISpace(norm.NFC.String(raw))
-	s = norm.NFC.String(strings.ToLower(s))
+	s := foldIdentifier(raw)
 	if s == "" {
 		return "", Invalid(field, "must not be empty")
 	}
 	if len(s) > MaxIdentifierBytes {
 		return "", Invalid(field, "must be at most 256 bytes")
 	}
+	if plainASCIIIdentifier(s) {
+		return s, nil
+	}
+	if err := checkIdentifierRunes(field, s); err != nil {
+		return "", err
+	}
+	return s, nil
+}
+
+// checkIdentifierRunes is the character rule of a folded identifier.
+func checkIdentifierRunes(field, s string) error {
 	for i, r := range s {
 		switch {
 		case unicode.IsControl(r):
-			return "", Invalid(field, "must not contain control characters")
+			return Invalid(field, "must not contain control characters")
 		case r == '/' || r == '\\':
-			return "", Invalid(field, "must not contain path separators")
+			return Invalid(field, "must not contain path separators")
 		case strings.ContainsRune("*?[]{}", r):
-			return "", Invalid(field, "must not contain pattern characters")
+			return Invalid(field, "must not contain pattern characters")
 		case unicode.IsSpace(r):
-			return "", Invalid(field, "must not contain whitespace")
+			return Invalid(field, "must not contain whitespace")
 		case unicode.IsLetter(r) || unicode.IsDigit(r):
 		case i > 0 && strings.ContainsRune("._:-", r):
 		case i == 0:
-			return "", Invalid(field, "must start with a letter or digit")
+			return Invalid(field, "must start with a letter or digit")
 		default:
-			return "", Invalid(field, "may contain only letters, digits and . _ : -")
+			return Invalid(field, "may contain only letters, digits and . _ : -")
 		}
 	}
 	if strings.Contains(s, "..") {
-		return "", Invalid(field, "must not contain ..")
+		return Invalid(field, "must not contain ..")
 	}
-	return s, nil
+	return nil
+}
+
+// plainASCIIIdentifier reports the common identifier the rule below
+// accepts as it is: lower-case ASCII letters and digits, then also . _ : -,
+// no "..". Anything else takes the rule's own checks and reasons.
+func plainASCIIIdentifier(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
+		case i > 0 && (c == '.' || c == '_' || c == ':' || c == '-'):
+			if c == '.' && s[i-1] == '.' {
+				return false
+			}
+		default:
+			return false
+		}
+	}
+	return len(s) > 0
+}
+
+// foldIdentifier is the normalization of the identifier rule: NFC,
+// ASCII space trimmed, lower case, NFC again.
+func foldIdentifier(raw string) string {
+	if isASCII(raw) {
+		// NFC leaves ASCII unchanged, and lower-casing keeps it ASCII.
+		return strings.ToLower(trimASCIISpace(raw))
+	}
+	return foldUnicode(raw)
+}
+
+func foldUnicode(raw string) string {
+	return norm.NFC.String(strings.ToLower(trimASCIISpace(norm.NFC.String(raw))))
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
 }
 
 // trimASCIISpace trims only ASCII whitespace: any other space or control
@@ -172,9 +224,9 @@ func CanonicalLockKey(raw Identity, classes OperationClasses) (Identity, string,
 // and the strict record decoder (which first checks the tuple is canonical)
 // call it.
 func (id Identity) lockKeyOfCanonical() string {
-	b, _ := json.Marshal([8]string{"v1", id.TenantID, id.ProgramID, id.TargetNamespace,
-		id.TargetID, id.ActorName, id.WorkflowName, id.OperationClass})
-	sum := sha256.Sum256(b)
+	parts := [8]string{"v1", id.TenantID, id.ProgramID, id.TargetNamespace,
+		id.TargetID, id.ActorName, id.WorkflowName, id.OperationClass}
+	sum := sha256.Sum256(jsonStringArray(parts[:]))
 	return KeyPrefix + base64.RawURLEncoding.EncodeToString(sum[:])
 }
 
@@ -202,4 +254,32 @@ func CheckLockKey(k string) error {
 		}
 	}
 	return Invalid("lock_key", "not a lock key")
+}
+
+// jsonStringArray is json.Marshal of a string array, written directly
+// when every string is plain ASCII that encoding/json writes verbatim
+// (canonical identifiers are), else by json.Marshal.
+func jsonStringArray(parts []string) []byte {
+	n := 1
+	for _, p := range parts {
+		for i := 0; i < len(p); i++ {
+			if !verbatim(p[i]) {
+				b, _ := json.Marshal(parts)
+				return b
+			}
+		}
+		n += len(p) + 3
+	}
+	b := make([]byte, 0, n)
+	for i, p := range parts {
+		if i == 0 {
+			b = append(b, '[')
+		} else {
+			b = append(b, ',')
+		}
+		b = append(b, '"')
+		b = append(b, p...)
+		b = append(b, '"')
+	}
+	return append(b, ']')
 }

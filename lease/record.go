@@ -213,6 +213,15 @@ func (r *Record) Encode() ([]byte, error) {
 // version, a tuple that is not canonical or does not hash to lock_key, a bad
 // state or an out-of-bounds value fail closed with a corrupt *Error.
 func DecodeRecord(b []byte) (*Record, error) {
+	if r, ok := decodeCanonicalRecord(b); ok {
+		return r, nil
+	}
+	return decodeRecordStrict(b)
+}
+
+// decodeRecordStrict is DecodeRecord for any bytes: the general strict
+// JSON decoder, then validation.
+func decodeRecordStrict(b []byte) (*Record, error) {
 	var r Record
 	if err := strictUnmarshal(b, &r); err != nil {
 		return nil, corrupt("record: " + err.Error())
@@ -480,6 +489,9 @@ func ValidateMetadata(m Metadata) error {
 		if s, ok := v.(string); ok && !utf8.ValidString(s) {
 			return Invalid("metadata."+k, "must be valid UTF-8")
 		}
+	}
+	if len(m) == 0 {
+		return nil // "{}"
 	}
 	b, err := json.Marshal(m)
 	if err != nil {
