@@ -37,7 +37,9 @@ const ValidateDocUpdate = `function (newDoc, oldDoc, userCtx, secObj) {
   if (typeof newDoc._id === 'string' && newDoc._id.indexOf('_design/') === 0) {
     return;
   }
-  var PREFIX = 'starintel:target-lease:v1:';
+  // A lock key: the prefix, then the 43-character base64url SHA-256 whose
+  // last character carries no padding bits (lease.CheckLockKey).
+  var LOCK_KEY = /^starintel:target-lease:v1:[A-Za-z0-9_-]{42}[AEIMQUYcgkosw048]$/;
   var MAX_TOKEN = 9007199254740991;
   var TS = /^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z$/;
   function deny(reason) {
@@ -58,8 +60,8 @@ const ValidateDocUpdate = `function (newDoc, oldDoc, userCtx, secObj) {
     if (typeof f !== 'object' || f === null || Array.isArray(f)) {
       return 'the write carries no fence';
     }
-    if (typeof f.lock_key !== 'string' || f.lock_key.indexOf(PREFIX) !== 0) {
-      return 'the write carries no fence (lock key missing)';
+    if (typeof f.lock_key !== 'string' || !LOCK_KEY.test(f.lock_key)) {
+      return 'the write carries no fence (lock key missing or malformed)';
     }
     var t = f.fencing_token;
     if (typeof t !== 'number' || t % 1 !== 0 || t < 1 || t > MAX_TOKEN) {

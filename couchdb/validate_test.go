@@ -11,6 +11,7 @@ import (
 
 	"github.com/starintel/starlease/couchdb"
 	"github.com/starintel/starlease/fence"
+	"github.com/starintel/starlease/fence/fencetest"
 	"github.com/starintel/starlease/internal/testenv"
 	"github.com/starintel/starlease/lease"
 )
@@ -24,11 +25,13 @@ var absent = absentT{}
 // was installed): fence.Admit's stored == nil.
 var noFence = &struct{}{}
 
+var keyOne = fencetest.LockKey("one")
+
 // fenceJSON builds a fence object from a valid base with members changed
 // (absent deletes a member).
 func fenceJSON(changes map[string]any) map[string]any {
 	m := map[string]any{
-		"lock_key":      lease.KeyPrefix + "one",
+		"lock_key":      keyOne,
 		"lease_id":      "lease-5",
 		"fencing_token": 5,
 		"execution_id":  "exec-5",
@@ -106,7 +109,12 @@ func TestValidateDocUpdateAgreesWithAdmit(t *testing.T) {
 		{"lock key missing", nil, fenceJSON(map[string]any{"lock_key": absent}), false},
 		{"lock key without prefix", nil, fenceJSON(map[string]any{"lock_key": "one"}), false},
 		{"lock key with upper-case prefix", nil, fenceJSON(map[string]any{"lock_key": "STARINTEL:target-lease:v1:one"}), false},
-		{"lock key is the bare prefix", nil, fenceJSON(map[string]any{"lock_key": lease.KeyPrefix}), true},
+		{"lock key is the bare prefix", nil, fenceJSON(map[string]any{"lock_key": lease.KeyPrefix}), false},
+		{"lock key digest too short", nil, fenceJSON(map[string]any{"lock_key": keyOne[:len(keyOne)-1]}), false},
+		{"lock key digest too long", nil, fenceJSON(map[string]any{"lock_key": keyOne + "A"}), false},
+		{"lock key digest not base64url", nil, fenceJSON(map[string]any{"lock_key": lease.KeyPrefix + "+" + keyOne[len(lease.KeyPrefix)+1:]}), false},
+		// "one"'s digest ends in '0' (52): 'B' (1) sets a padding bit.
+		{"lock key digest with non-zero padding bits", nil, fenceJSON(map[string]any{"lock_key": keyOne[:len(keyOne)-1] + "B"}), false},
 		{"lock key is a number", nil, fenceJSON(map[string]any{"lock_key": 7}), false},
 		{"token 0", nil, fenceJSON(map[string]any{"fencing_token": 0}), false},
 		{"token 1", nil, fenceJSON(map[string]any{"fencing_token": 1}), true},
@@ -150,8 +158,8 @@ func TestValidateDocUpdateAgreesWithAdmit(t *testing.T) {
 		{"lower token, same lease id", s5, fenceJSON(map[string]any{"fencing_token": 4}), false},
 		{"token 1 over 5", s5, fenceJSON(map[string]any{"fencing_token": 1, "lease_id": "lease-1"}), false},
 		{"equal token, other lease", s5, fenceJSON(map[string]any{"lease_id": "lease-x"}), false},
-		{"other lock key, higher token", s5, fenceJSON(map[string]any{"lock_key": lease.KeyPrefix + "two", "fencing_token": 9}), false},
-		{"other lock key, same token and lease", s5, fenceJSON(map[string]any{"lock_key": lease.KeyPrefix + "two"}), false},
+		{"other lock key, higher token", s5, fenceJSON(map[string]any{"lock_key": fencetest.LockKey("two"), "fencing_token": 9}), false},
+		{"other lock key, same token and lease", s5, fenceJSON(map[string]any{"lock_key": fencetest.LockKey("two")}), false},
 		{"no fence over a fenced document", s5, absent, false},
 		{"null fence over a fenced document", s5, nil, false},
 		{"malformed fence over a fenced document", s5, fenceJSON(map[string]any{"fencing_token": 0}), false},

@@ -3,7 +3,6 @@ package fence
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
 	"time"
 
@@ -44,7 +43,7 @@ func EnvelopeOf(rec *lease.Record) Envelope {
 // Validate checks that every field a commit needs is present. It is a
 // shape check only: whether the lease is held is the backend's decision.
 func (e Envelope) Validate() error {
-	if !strings.HasPrefix(e.LockKey, lease.KeyPrefix) {
+	if lease.CheckLockKey(e.LockKey) != nil {
 		return lease.Invalid("lock_key", "must be a canonical lock key")
 	}
 	if e.FencingToken < 1 || e.FencingToken > lease.MaxFencingToken {
@@ -103,8 +102,8 @@ func NewGuard(env Envelope, c lease.Commit) Guard {
 // without a complete fence is never accepted.
 func (g Guard) Validate() error {
 	switch {
-	case !strings.HasPrefix(g.LockKey, lease.KeyPrefix):
-		return rejected("the write carries no fence (lock key missing)")
+	case lease.CheckLockKey(g.LockKey) != nil:
+		return rejected("the write carries no fence (lock key missing or malformed)")
 	case g.FencingToken < 1 || g.FencingToken > lease.MaxFencingToken:
 		return rejected("the write's fencing token is out of range")
 	case g.LeaseID == "" || g.ExecutionID == "" || g.Sink == "" || g.CommitID == "":

@@ -282,7 +282,7 @@ func (f *fixed) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 }
 
 func TestTypedErrorsPassThrough(t *testing.T) {
-	env := fence.Envelope{LockKey: lease.KeyPrefix + "x", Identity: identity, LeaseID: "lease-1", FencingToken: 3,
+	env := fence.Envelope{LockKey: fencetest.LockKey("x"), Identity: identity, LeaseID: "lease-1", FencingToken: 3,
 		ExecutionID: "exec-1", ServiceInstanceID: "instance-a", OwnerPrincipalID: "prn-actor"}
 	for _, tc := range []struct {
 		err   error
@@ -349,7 +349,7 @@ func TestAdmit(t *testing.T) {
 	g := func(key string, token uint64, leaseID string) fence.Guard {
 		return fence.Guard{LockKey: key, LeaseID: leaseID, FencingToken: token, ExecutionID: "e", Sink: "s", CommitID: "c", AcceptedAt: at}
 	}
-	k1, k2 := lease.KeyPrefix+"one", lease.KeyPrefix+"two"
+	k1, k2 := fencetest.LockKey("one"), fencetest.LockKey("two")
 	stored := g(k1, 5, "lease-5")
 	for _, tc := range []struct {
 		name   string

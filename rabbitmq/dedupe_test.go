@@ -9,11 +9,12 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/starintel/starlease/fence/fencetest"
 	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/rabbitmq"
 )
 
-func lockKey(n int) string { return fmt.Sprintf("%skey-%d", lease.KeyPrefix, n) }
+func lockKey(n int) string { return fencetest.LockKey(fmt.Sprint("key-", n)) }
 
 // delivery is a fenced delivery as the relay would publish it.
 func delivery(id, key, leaseID string, token any) amqp.Delivery {

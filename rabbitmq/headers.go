@@ -3,7 +3,6 @@ package rabbitmq
 import (
 	"errors"
 	"fmt"
-	"strings"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -115,7 +114,7 @@ func FenceOf(d amqp.Delivery) (Fence, error) {
 	if err != nil {
 		return Fence{}, err
 	}
-	if !strings.HasPrefix(f.LockKey, lease.KeyPrefix) {
+	if lease.CheckLockKey(f.LockKey) != nil {
 		return Fence{}, noFence("header %s is not a canonical lock key", HeaderLockKey)
 	}
 	tok, ok := token(d.Headers[HeaderFencingToken])

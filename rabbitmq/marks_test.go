@@ -15,6 +15,9 @@ import (
 )
 
 // canonicalKey is the real lock key of target n.
+// prefixOnly has the lock-key prefix but is no lock key.
+const prefixOnly = lease.KeyPrefix + "key-1"
+
 func canonicalKey(t *testing.T, n int) string {
 	t.Helper()
 	_, k, err := lease.CanonicalLockKey(lease.Identity{TenantID: "tenant-main", ProgramID: "program-a",
@@ -66,7 +69,7 @@ func TestDeduperMarks(t *testing.T) {
 		{"m2", a, "lease-7", 7},
 		{"m3", a, "lease-5", 5}, // stale: dropped, the mark stays 7
 		{"m4", b, "lease-2", 2},
-		{"m5", lockKey(9), "lease-40", 40}, // prefix-only key: tracked, not exported
+		{"m5", prefixOnly, "lease-40", 40}, // not a lock key: unfenced, not tracked
 	} {
 		d.Check(delivery(del.id, del.key, del.lease, del.token))
 	}
@@ -74,14 +77,14 @@ func TestDeduperMarks(t *testing.T) {
 	if got := d.Marks(); !maps.Equal(got, want) {
 		t.Fatalf("marks %v, want %v", got, want)
 	}
-	if d.Len() != 3 || d.Highest(lockKey(9)) != 40 {
-		t.Fatalf("the prefix-only key is not tracked: len %d", d.Len())
+	if d.Len() != 2 || d.Highest(prefixOnly) != 0 {
+		t.Fatalf("the prefix-only key is tracked: len %d", d.Len())
 	}
 	// A fourth key evicts the least recently seen (a): its mark is gone
 	// from the export, which is why a consumer merges with its file.
 	d.Check(delivery("m6", c, "lease-1", 1))
 	d.Check(delivery("m7", e, "lease-9", 9))
-	if got := d.Marks(); !maps.Equal(got, map[string]uint64{c: 1, e: 9}) {
+	if got := d.Marks(); !maps.Equal(got, map[string]uint64{b: 2, c: 1, e: 9}) {
 		t.Fatalf("marks after eviction %v", got)
 	}
 	// The export is a copy.
@@ -141,7 +144,7 @@ func TestWriteMarksFileRefusesBadMarks(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, marks := range map[string]map[string]uint64{
-		"prefix-only key": {canonicalKey(t, 1): 6, lockKey(1): 6},
+		"prefix-only key": {canonicalKey(t, 1): 6, prefixOnly: 6},
 		"zero token":      {canonicalKey(t, 2): 0},
 		"token above max": {canonicalKey(t, 2): lease.MaxFencingToken + 1},
 	} {
@@ -185,7 +188,7 @@ func TestReadMarksFileStrict(t *testing.T) {
 		"token bool":       fmt.Sprintf("{%q:true}", k),
 		"token object":     fmt.Sprintf("{%q:{\"fencing_token\":5}}", k),
 		"token array":      fmt.Sprintf("{%q:[5]}", k),
-		"prefix-only key":  fmt.Sprintf("{%q:5}", lockKey(1)),
+		"prefix-only key":  fmt.Sprintf("{%q:5}", prefixOnly),
 		"raw key":          `{"target-1":5}`,
 		"one bad among ok": fmt.Sprintf("{%q:5,%q:5}", k2, k+"x"),
 		"nested marks":     fmt.Sprintf("{\"marks\":{%q:5}}", k),

@@ -13,6 +13,7 @@ import (
 
 	"github.com/starintel/starlease/couchdb"
 	"github.com/starintel/starlease/fence"
+	"github.com/starintel/starlease/fence/fencetest"
 	"github.com/starintel/starlease/internal/testenv"
 	"github.com/starintel/starlease/lease"
 )
@@ -122,7 +123,7 @@ func lockKeyOf(t *testing.T, target string) string {
 func TestCouchDBProofFailsClosed(t *testing.T) {
 	ctx := context.Background()
 	couch := testenv.StartCouchDB(t)
-	goodFence := map[string]any{"lock_key": lease.KeyPrefix + "k1", "lease_id": "l1", "fencing_token": 7, "execution_id": "e1",
+	goodFence := map[string]any{"lock_key": fencetest.LockKey("k1"), "lease_id": "l1", "fencing_token": 7, "execution_id": "e1",
 		"sink": "couchdb", "commit_id": "c1", "accepted_at": lease.At(time.Now()).String()}
 	bad := func(mut func(f map[string]any)) map[string]any {
 		f := maps.Clone(goodFence)
@@ -167,7 +168,7 @@ func TestCouchDBProofFailsClosed(t *testing.T) {
 	putRaw(t, couch, "control", "good", map[string]any{"x": 0, couchdb.FenceField: goodFence})
 	fencedDB(t, couch, "control", true)
 	var proof Proof
-	if err := CouchDBProof(ctx, CouchDBSource{URL: couch.URL(), Database: "control"}, &proof); err != nil || proof.Marks[lease.KeyPrefix+"k1"] != 7 {
+	if err := CouchDBProof(ctx, CouchDBSource{URL: couch.URL(), Database: "control"}, &proof); err != nil || proof.Marks[fencetest.LockKey("k1")] != 7 {
 		t.Fatalf("control: %v %v", err, proof.Marks)
 	}
 
