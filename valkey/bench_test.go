@@ -39,11 +39,18 @@ import (
 //	                  server (go-redis client; no fencing, no idempotency);
 //	                  one op = one pair
 //
-// Each reports ops/s and x_floor: its cost per op over its floor's, the
-// floor measured in the same run at the same concurrency (floor-write for
-// mutations, floor-read for reads; a pair is two mutations, so its floor
-// is two floor-writes). acquire+release also reports x_redislock, its
-// cost over a redislock pair's. Diagnostics: scripts/op is the server's
+// Each reports ops/s and two cost ratios, against floors measured in the
+// same run at the same concurrency (a pair counts as two operations):
+//
+//	x_a      cost per operation over floor-read's: the floor (a),
+//	         a bare FCALL that only reads TIME
+//	x_floor  cost per operation over its own kind's floor: floor-write for
+//	         mutations (a write pays the AOF fsync, (a) does not), and
+//	         floor-read, so (a), for reads
+//
+// redislock reports both too: a lock with no contract at all, on the same
+// server, shows what any mutation costs over (a). acquire+release also
+// reports x_redislock, its cost over a redislock pair's. Diagnostics: scripts/op is the server's
 // count of script calls (FCALL, FCALL_RO, EVALSHA, EVAL) per op, so round
 // trips; srv_us/op their server execution time per op (INFO commandstats,
 // without the fsync); aof_B/op the AOF bytes written per op. The table at
@@ -76,6 +83,9 @@ func BenchmarkLease(b *testing.B) {
 				b.ReportMetric(ops, "ops/s")
 				if f := res.get(bm.floor, conc); bm.floor != "" && f > 0 {
 					b.ReportMetric(f/(bm.floorOps*ops), "x_floor")
+				}
+				if a := res.get("floor-read", conc); bm.floor != "" && a > 0 {
+					b.ReportMetric(a/(bm.floorOps*ops), "x_a")
 				}
 				if bm.name == "acquire+release" {
 					if rl := res.get("redislock", conc); rl > 0 {
@@ -286,18 +296,21 @@ func (r *benchResults) print(out io.Writer) {
 	}
 	order := []string{"floor-read", "floor-write", "redislock", "acquire+release", "renew", "authorize-commit", "inspect"}
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "operation\tgoroutines\tops/s\tx_floor\tfloor\tx_redislock\t")
+	fmt.Fprintln(w, "operation\tgoroutines\tops/s\tx_a\tx_floor\tfloor\tx_redislock\t")
 	for _, conc := range []int{1, 50} {
 		for _, name := range order {
 			ops := r.get(name, conc)
 			if ops == 0 {
 				continue
 			}
-			ratio, floor, vsLock := "-", "-", "-"
+			vsA, ratio, floor, vsLock := "-", "-", "-", "-"
 			if f, ok := floors[name]; ok {
 				if fo := r.get(f.name, conc); fo > 0 {
 					ratio = fmt.Sprintf("%.2f", fo/(f.n*ops))
 					floor = fmt.Sprintf("%g×%s", f.n, f.name)
+				}
+				if a := r.get("floor-read", conc); a > 0 {
+					vsA = fmt.Sprintf("%.2f", a/(f.n*ops))
 				}
 			}
 			if name == "acquire+release" {
@@ -305,7 +318,7 @@ func (r *benchResults) print(out io.Writer) {
 					vsLock = fmt.Sprintf("%.2f", rl/ops)
 				}
 			}
-			fmt.Fprintf(w, "%s\t%d\t%.0f\t%s\t%s\t%s\t\n", name, conc, ops, ratio, floor, vsLock)
+			fmt.Fprintf(w, "%s\t%d\t%.0f\t%s\t%s\t%s\t%s\t\n", name, conc, ops, vsA, ratio, floor, vsLock)
 		}
 	}
 	w.Flush()
