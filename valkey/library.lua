@@ -154,7 +154,6 @@ local FIELDS = {
   { 'ttl_ms', INT }, { 'maximum_lifetime_ms', INT },
   { 'execution_id', ID }, { 'job_id', ID }, { 'trace_id', OPT }, { 'request_id', ID },
 }
-local IDENTITY = { 'tenant_id', 'program_id', 'target_namespace', 'target_id', 'actor_name', 'workflow_name', 'operation_class' }
 local STATES = { active = true, expired = true, released = true, revoked = true }
 -- STATE_TAIL maps ',"state":"<state>"}' to { state, its length };
 -- TAIL_LENS lists those lengths once each.
@@ -251,13 +250,15 @@ local function consistent(r)
 end
 
 -- matches checks a valid record against the request: its lock key, and
--- its tuple if ident is given. Returns r, or nil and a reason.
-local function matches(r, lock_key, ident)
+-- its tuple if a is given: the request's arguments, with the tuple's
+-- seven components (tenant_id .. operation_class) at a[o] .. a[o + 6],
+-- compared in place (no table per call). Returns r, or nil and a reason.
+local function matches(r, lock_key, a, o)
   if r.lock_key ~= lock_key then return nil, 'record is stored under a foreign lock key' end
-  if ident then
-    for i, name in ipairs(IDENTITY) do
-      if r[name] ~= ident[i] then return nil, 'stored tuple does not match the requested identity' end
-    end
+  if a and (r.tenant_id ~= a[o] or r.program_id ~= a[o + 1] or r.target_namespace ~= a[o + 2]
+      or r.target_id ~= a[o + 3] or r.actor_name ~= a[o + 4] or r.workflow_name ~= a[o + 5]
+      or r.operation_class ~= a[o + 6]) then
+    return nil, 'stored tuple does not match the requested identity'
   end
   return r
 end
@@ -334,11 +335,11 @@ local function rec_put_written(raw, r, renewed)
 end
 
 -- decode strictly reads a stored record. lock_key is the requested one;
--- ident, when given, the requested canonical tuple. Returns the record
--- (timestamps in ms) or nil and a reason.
-local function decode(raw, lock_key, ident)
+-- a and o, when given, the requested canonical tuple (see matches).
+-- Returns the record (timestamps in ms) or nil and a reason.
+local function decode(raw, lock_key, a, o)
   local known = REC_OF[raw]
-  if known then return matches(known, lock_key, ident) end
+  if known then return matches(known, lock_key, a, o) end
   local ok, t = pcall(cjson.decode, raw)
   if not ok or type(t) ~= 'table' then return nil, 'record is not JSON' end
   if t.record_version ~= 1 then return nil, 'record version is not 1' end
@@ -390,7 +391,7 @@ local function decode(raw, lock_key, ident)
   end
   if encode(r) ~= raw then return nil, 'record is not in canonical form' end
   local why
-  r, why = matches(r, lock_key, ident)
+  r, why = matches(r, lock_key, a, o)
   if not r then return nil, why end
   why = consistent(r)
   if why then return nil, why end
@@ -417,39 +418,39 @@ end
 -- reason if corrupt. A key without a TTL is corrupt: every writer of the
 -- active key attaches one. A valid record comes with its stored bytes and
 -- PTTL, so a read need not fetch them again.
-local function load_active(key, lock_key, ident)
+local function load_active(key, lock_key, a, o)
   local raw, why = get(key)
   if why then return nil, 'active ' .. why end
   if not raw then return nil end
   local pttl = redis.call('PTTL', key)
   if pttl == -1 then return nil, 'active key has no TTL' end
   local r
-  r, why = decode(raw, lock_key, ident)
+  r, why = decode(raw, lock_key, a, o)
   if not r then return nil, why end
   return r, nil, raw, pttl
 end
 
--- active_of is load_active of c's active record, keeping its stored bytes
--- in c.raw so the write that replaces or deletes them drops their memo
--- entry.
-local function active_of(c, ident)
-  local cur, why, raw = load_active(c.k_active, c.lock_key, ident)
+-- active_of is load_active of c's active record, checked against c's
+-- tuple if tuple (else only its lock key), keeping its stored bytes in
+-- c.raw so the write that replaces or deletes them drops their memo entry.
+local function active_of(c, tuple)
+  local cur, why, raw = load_active(c.k_active, c.lock_key, tuple and c.args, 4)
   c.raw = raw
   return cur, why
 end
 
 local function live(r, now) return r.state == 'active' and now < r.expires_at end
 
--- want_types checks that keys the operation may write hold the type it
--- writes (or nothing), before the first write.
-local function want_types(spec)
-  for key, want in pairs(spec) do
-    local t = redis.call('TYPE', key)
-    t = t.ok or t
-    if t ~= 'none' and t ~= want then return 'a lease key has the wrong type' end
-  end
-  return nil
+-- wrong_type reports whether a key the operation may write holds another
+-- type than the one it writes (nothing is fine); checked before the first
+-- write.
+local function wrong_type(key, want)
+  local t = redis.call('TYPE', key)
+  t = t.ok or t
+  return t ~= 'none' and t ~= want
 end
+
+local WRONG_TYPE = 'a lease key has the wrong type'
 
 -- lp is one part of lease.lengthPrefixed: a 2-byte big-endian length and
 -- the bytes.
@@ -470,7 +471,7 @@ end
 local function expiry_member(r, tag) return tag .. '\0' .. r.lease_id .. '\0' .. int(r.fencing_token) end
 
 -- Common ARGV of lease mutations:
---   1 deadline ms, 2 lock key, 3 hash tag, 4..10 identity,
+--   1 deadline ms, 2 lock key, 3 hash tag, 4..10 identity (c.args[4..10]),
 --   11 physical grace ms, 12 history cap, 13 history retention ms,
 --   14 evidence retention ms; operation-specific arguments follow.
 -- Common KEYS: 1 active, 2 history, 3 index, 4 expiry schedule,
@@ -478,8 +479,7 @@ local function expiry_member(r, tag) return tag .. '\0' .. r.lease_id .. '\0' ..
 --   namespace gate; operation-specific keys follow.
 local function context(keys, args)
   return {
-    deadline = tonumber(args[1]), lock_key = args[2], tag = args[3],
-    ident = { args[4], args[5], args[6], args[7], args[8], args[9], args[10] },
+    deadline = tonumber(args[1]), lock_key = args[2], tag = args[3], args = args,
     grace = tonumber(args[11]), hist_cap = tonumber(args[12]), hist_ret = tonumber(args[13]),
     ev_ret = tonumber(args[14]),
     k_active = keys[1], k_hist = keys[2], k_index = keys[3], k_expiry = keys[4], k_ev = keys[5], k_quar = keys[6],
@@ -488,7 +488,10 @@ local function context(keys, args)
 end
 
 local function layout_types(c)
-  return want_types({ [c.k_hist] = 'list', [c.k_index] = 'zset', [c.k_expiry] = 'zset' })
+  if wrong_type(c.k_hist, 'list') or wrong_type(c.k_index, 'zset') or wrong_type(c.k_expiry, 'zset') then
+    return WRONG_TYPE
+  end
+  return nil
 end
 
 -- corrupt fails closed: it records the reason for operators and changes
@@ -512,19 +515,19 @@ local function store_active(c, r, renewed)
 end
 
 -- archive ends r: terminal evidence to the capped history list, then the
--- active record and its index and schedule entries go. why holds the
--- optional ended_by, request_id, reason (JSON-encoded) and incident_id.
-local function archive(c, r, state, ended, why)
+-- active record and its index and schedule entries go. With by given
+-- (else none of them), the entry records ended_by, request_id, reason
+-- (JSON-encoded) and incident_id, each only if not ''.
+local function archive(c, r, state, ended, by, request_id, reason, incident)
   local raw = encode(r, state)
-  local parts = { '{"history_version":1,"record":', raw, ',"ended_at":"', ts(ended), '"' }
-  if why then
-    if why.by ~= '' then parts[#parts + 1] = ',"ended_by":"' .. why.by .. '"' end
-    if why.request_id ~= '' then parts[#parts + 1] = ',"request_id":"' .. why.request_id .. '"' end
-    if why.reason ~= '' then parts[#parts + 1] = ',"reason":' .. why.reason end
-    if why.incident ~= '' then parts[#parts + 1] = ',"incident_id":"' .. why.incident .. '"' end
+  local extra = ''
+  if by then
+    if by ~= '' then extra = ',"ended_by":"' .. by .. '"' end
+    if request_id ~= '' then extra = extra .. ',"request_id":"' .. request_id .. '"' end
+    if reason ~= '' then extra = extra .. ',"reason":' .. reason end
+    if incident ~= '' then extra = extra .. ',"incident_id":"' .. incident .. '"' end
   end
-  parts[#parts + 1] = '}'
-  local entry = table.concat(parts)
+  local entry = '{"history_version":1,"record":' .. raw .. ',"ended_at":"' .. ts(ended) .. '"' .. extra .. '}'
   -- LTRIM only when the push went past the cap: below it, it is a no-op.
   if redis.call('LPUSH', c.k_hist, entry) > c.hist_cap then redis.call('LTRIM', c.k_hist, 0, c.hist_cap - 1) end
   redis.call('PEXPIRE', c.k_hist, c.hist_ret)
@@ -613,7 +616,7 @@ local function acquire(keys, args)
   local now, done = begin(c)
   if done then return done end
   local k_counter, k_lookup, k_floor = keys[8], keys[9], keys[10]
-  local cur, why = active_of(c, c.ident)
+  local cur, why = active_of(c, true)
   if why then return corrupt(c, now, why) end
   if cur and live(cur, now) then return { 'conflict', int(now), int(cur.expires_at) } end
   local raw_counter, raw_floor
@@ -645,8 +648,9 @@ local function acquire(keys, args)
     ttl_ms = ttl, maximum_lifetime_ms = life,
     execution_id = args[22], job_id = args[23], trace_id = args[24], request_id = args[25],
     metadata = args[26], state = 'active',
+    tenant_id = args[4], program_id = args[5], target_namespace = args[6], target_id = args[7],
+    actor_name = args[8], workflow_name = args[9], operation_class = args[10],
   }
-  for i, name in ipairs(IDENTITY) do r[name] = c.ident[i] end
   redis.call('SET', k_counter, int(r.fencing_token))
   local raw = store_active(c, r)
   local m1, m2, m3 = index_members(r, c.tag)
@@ -659,7 +663,7 @@ end
 -- unexpired at now, or a reply: lost (archiving an expired match so it is
 -- never seen as active again) or corrupt.
 local function held(c, now, lease_id, token, owner, instance)
-  local cur, why = active_of(c, c.ident)
+  local cur, why = active_of(c, true)
   if why then return nil, corrupt(c, now, why) end
   if not cur or cur.lease_id ~= lease_id or int(cur.fencing_token) ~= token
       or (owner and cur.owner_principal_id ~= owner) or (instance and cur.service_instance_id ~= instance) then
@@ -712,7 +716,7 @@ local function finish(keys, args)
   if e.owner then owner, instance = args[17], args[18] end
   local cur, reply = held(c, now, args[15], args[16], owner, instance)
   if not cur then return reply end
-  local raw = archive(c, cur, e.state, now, { by = args[17], request_id = args[20], reason = args[21], incident = args[22] })
+  local raw = archive(c, cur, e.state, now, args[17], args[20], args[21], args[22])
   remember(c, now, args[23], args[19], e.code, raw)
   return { 'ok', int(now), raw }
 end
@@ -732,7 +736,10 @@ local function commit(keys, args)
   if why then return corrupt(c, now, 'accepted commit ' .. why) end
   if prior then return { 'evidence', int(now), prior } end
   local k_marks, k_outbox, k_msg = keys[8], keys[9], keys[10]
-  why = layout_types(c) or want_types({ [k_marks] = 'hash', [k_outbox] = 'zset', [k_msg] = 'string' })
+  why = layout_types(c)
+  if not why and (wrong_type(k_marks, 'hash') or wrong_type(k_outbox, 'zset') or wrong_type(k_msg, 'string')) then
+    why = WRONG_TYPE
+  end
   if why then return corrupt(c, now, why) end
   local cur, reply = held(c, now, args[15], args[16], args[17], args[18])
   if not cur then return reply end
@@ -827,7 +834,7 @@ local function recover_end(keys, args)
   if why then return corrupt(c, now, why) end
   if not cur or cur.lease_id ~= args[15] then return { 'noop', int(now) } end
   if live(cur, now) then
-    archive(c, cur, 'revoked', now, { by = args[17], request_id = '', reason = args[16], incident = '' })
+    archive(c, cur, 'revoked', now, args[17], '', args[16], '')
     return { 'revoked', int(now) }
   end
   archive(c, cur, 'expired', cur.expires_at)
@@ -879,8 +886,7 @@ end
 local function inspect(keys, args)
   local now, done = read_begin(args)
   if done then return done end
-  local ident = { args[3], args[4], args[5], args[6], args[7], args[8], args[9] }
-  local cur, why, raw, pttl = load_active(keys[1], args[2], ident)
+  local cur, why, raw, pttl = load_active(keys[1], args[2], args, 3)
   if why then return { 'corrupt', int(now), why } end
   if not cur then return { 'ok', int(now), '', int(redis.call('PTTL', keys[1])) } end
   return { 'ok', int(now), raw, int(pttl) }
