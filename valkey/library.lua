@@ -686,11 +686,22 @@ local function renew(keys, args)
   if not cur then return reply end
   local ttl = tonumber(args[19])
   if ttl == 0 then ttl = cur.ttl_ms end
-  local r = {} -- a copy: cur may be shared (REC_OF)
-  for k, v in pairs(cur) do r[k] = v end
-  r.renewed_at = now
-  r.expires_at = math.min(now + ttl, r.acquired_at + r.maximum_lifetime_ms)
-  r.ttl_ms = ttl
+  -- A copy (cur may be shared, REC_OF) with the renewal's three fields,
+  -- built in one presized constructor: a record holds exactly these 26
+  -- fields (FIELDS, metadata and state; see decode and the writers).
+  local r = {
+    record_version = cur.record_version, lock_key = cur.lock_key,
+    tenant_id = cur.tenant_id, program_id = cur.program_id, target_namespace = cur.target_namespace,
+    target_id = cur.target_id, actor_name = cur.actor_name, workflow_name = cur.workflow_name,
+    operation_class = cur.operation_class, lease_id = cur.lease_id, owner_principal_id = cur.owner_principal_id,
+    owner_client_id = cur.owner_client_id, owner_credential_id = cur.owner_credential_id,
+    service_instance_id = cur.service_instance_id, fencing_token = cur.fencing_token,
+    acquired_at = cur.acquired_at, renewed_at = now,
+    expires_at = math.min(now + ttl, cur.acquired_at + cur.maximum_lifetime_ms),
+    ttl_ms = ttl, maximum_lifetime_ms = cur.maximum_lifetime_ms,
+    execution_id = cur.execution_id, job_id = cur.job_id, trace_id = cur.trace_id, request_id = cur.request_id,
+    metadata = cur.metadata, state = cur.state,
+  }
   local raw = store_active(c, r, true)
   remember(c, now, 'renew', args[20], 'lease_renewed', raw)
   return { 'ok', int(now), raw }
