@@ -452,20 +452,32 @@ end
 
 local WRONG_TYPE = 'a lease key has the wrong type'
 
--- lp is one part of lease.lengthPrefixed: a 2-byte big-endian length and
--- the bytes.
-local function lp(s) return string.char(math.floor(#s / 256), #s % 256) .. s end
+-- lp is the length prefix of one part of lease.lengthPrefixed (the part's
+-- 2-byte big-endian length; the bytes follow), memoized by length (at most
+-- 65536 entries: string.char refuses larger lengths, as before).
+local LP_OF = {}
+local function lp(s)
+  local n = #s
+  local v = LP_OF[n]
+  if not v then
+    v = string.char(math.floor(n / 256), n % 256)
+    LP_OF[n] = v
+  end
+  return v
+end
 
 -- index_members are r's three List index entries (owner, target,
 -- program): filter ‖ 0 ‖ filter value ‖ lease id ‖ 0 ‖ hash tag, all with
 -- score 0, so ZRANGEBYLEX over a filter's prefix walks its leases in
--- lease-id order.
+-- lease-id order. Each is one concatenation (no intermediate strings:
+-- every new string costs Lua a hash of all its bytes).
 local function index_members(r, tag)
-  local tail = r.lease_id .. '\0' .. tag
-  local tp = lp(r.tenant_id) .. lp(r.program_id)
-  return 'owner\0' .. lp(r.owner_principal_id) .. tail,
-    'target\0' .. tp .. lp(r.target_namespace) .. lp(r.target_id) .. tail,
-    'program\0' .. tp .. tail
+  local id, tenant, program = r.lease_id, r.tenant_id, r.program_id
+  local owner, namespace, target = r.owner_principal_id, r.target_namespace, r.target_id
+  return 'owner\0' .. lp(owner) .. owner .. id .. '\0' .. tag,
+    'target\0' .. lp(tenant) .. tenant .. lp(program) .. program .. lp(namespace) .. namespace .. lp(target) .. target
+      .. id .. '\0' .. tag,
+    'program\0' .. lp(tenant) .. tenant .. lp(program) .. program .. id .. '\0' .. tag
 end
 
 local function expiry_member(r, tag) return tag .. '\0' .. r.lease_id .. '\0' .. int(r.fencing_token) end
@@ -654,7 +666,7 @@ local function acquire(keys, args)
   redis.call('SET', k_counter, int(r.fencing_token))
   local raw = store_active(c, r)
   local m1, m2, m3 = index_members(r, c.tag)
-  redis.call('ZADD', c.k_index, 0, m1, 0, m2, 0, m3)
+  redis.call('ZADD', c.k_index, '0', m1, '0', m2, '0', m3) -- (a number would be formatted per call)
   remember(c, now, 'acquire', args[27], 'lease_acquired', raw)
   return { 'ok', int(now), raw }
 end
