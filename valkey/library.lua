@@ -606,6 +606,12 @@ local function evidence_reply(now, ev, k_active, k_hist)
   return out
 end
 
+-- none_exist reports whether neither key exists: then a GET of each would
+-- answer nil, so one EXISTS stands for both reads in the usual case (a key
+-- of any type exists, so a wrong-typed one takes the reads, which report
+-- it).
+local function none_exist(k1, k2) return redis.call('EXISTS', k1, k2) == 0 end
+
 -- closed answers a mutation of a closed namespace: the gate key, while it
 -- exists, holds why (a restore or failover awaiting recovery verification,
 -- or a backup's pause of mutations), and nothing may change. A gate of the
@@ -623,12 +629,14 @@ end
 local function begin(c)
   local now = now_ms()
   if now >= c.deadline then return now, { 'deadline', int(now) } end
-  local shut = closed(c.k_gate, now)
-  if shut then return now, shut end
-  local ev, why = get(c.k_ev)
-  if why then return now, corrupt(c, now, 'evidence ' .. why) end
-  if ev then return now, evidence_reply(now, ev, c.k_active, c.k_hist) end
-  why = layout_types(c)
+  if not none_exist(c.k_gate, c.k_ev) then
+    local shut = closed(c.k_gate, now)
+    if shut then return now, shut end
+    local ev, why = get(c.k_ev)
+    if why then return now, corrupt(c, now, 'evidence ' .. why) end
+    if ev then return now, evidence_reply(now, ev, c.k_active, c.k_hist) end
+  end
+  local why = layout_types(c)
   if why then return now, corrupt(c, now, why) end
   return now
 end
@@ -769,13 +777,15 @@ local function commit(keys, args)
   local c = context(keys, args)
   local now = now_ms()
   if now >= c.deadline then return { 'deadline', int(now) } end
-  local shut = closed(c.k_gate, now)
-  if shut then return shut end
-  local prior, why = get(c.k_ev)
-  if why then return corrupt(c, now, 'accepted commit ' .. why) end
-  if prior then return { 'evidence', int(now), prior } end
+  if not none_exist(c.k_gate, c.k_ev) then
+    local shut = closed(c.k_gate, now)
+    if shut then return shut end
+    local prior, why = get(c.k_ev)
+    if why then return corrupt(c, now, 'accepted commit ' .. why) end
+    if prior then return { 'evidence', int(now), prior } end
+  end
   local k_marks, k_outbox, k_msg = keys[8], keys[9], keys[10]
-  why = layout_types(c)
+  local why = layout_types(c)
   if not why and (wrong_type(k_marks, 'hash') or wrong_type(k_outbox, 'zset') or wrong_type(k_msg, 'string')) then
     why = WRONG_TYPE
   end
