@@ -154,7 +154,12 @@ local FIELDS = {
   { 'ttl_ms', INT }, { 'maximum_lifetime_ms', INT },
   { 'execution_id', ID }, { 'job_id', ID }, { 'trace_id', OPT }, { 'request_id', ID },
 }
-local IDENTITY = { 'tenant_id', 'program_id', 'target_namespace', 'target_id', 'actor_name', 'workflow_name', 'operation_class' }
+-- KIND_NAMES lists FIELDS' names by kind, in FIELDS order (for written).
+local KIND_NAMES = { [STR] = {}, [ID] = {}, [OPT] = {}, [INT] = {}, [TS] = {} }
+for i = 1, #FIELDS do
+  local names = KIND_NAMES[FIELDS[i][2]]
+  names[#names + 1] = FIELDS[i][1]
+end
 local STATES = { active = true, expired = true, released = true, revoked = true }
 -- STATE_TAIL maps ',"state":"<state>"}' to { state, its length };
 -- TAIL_LENS lists those lengths once each.
@@ -251,13 +256,15 @@ local function consistent(r)
 end
 
 -- matches checks a valid record against the request: its lock key, and
--- its tuple if ident is given. Returns r, or nil and a reason.
-local function matches(r, lock_key, ident)
+-- its tuple if a is given: the request's arguments, with the tuple's
+-- seven components (tenant_id .. operation_class) at a[o] .. a[o + 6],
+-- compared in place (no table per call). Returns r, or nil and a reason.
+local function matches(r, lock_key, a, o)
   if r.lock_key ~= lock_key then return nil, 'record is stored under a foreign lock key' end
-  if ident then
-    for i, name in ipairs(IDENTITY) do
-      if r[name] ~= ident[i] then return nil, 'stored tuple does not match the requested identity' end
-    end
+  if a and (r.tenant_id ~= a[o] or r.program_id ~= a[o + 1] or r.target_namespace ~= a[o + 2]
+      or r.target_id ~= a[o + 3] or r.actor_name ~= a[o + 4] or r.workflow_name ~= a[o + 5]
+      or r.operation_class ~= a[o + 6]) then
+    return nil, 'stored tuple does not match the requested identity'
   end
   return r
 end
@@ -299,21 +306,31 @@ local function ms_ok(v) return type(v) == 'number' and v == math.floor(v) and v 
 -- inverts exactly, see MS_OF), metadata decode accepts (then the whole
 -- text is JSON with exactly these fields), a known state and consistent
 -- values. Anything else is simply not memoized.
+-- (The checks run kind by kind over KIND_NAMES: the same checks of the
+-- same fields as one loop over FIELDS, without dispatching on each kind.)
 local function written(r)
   if r.record_version ~= 1 or not STATES[r.state] or not meta_ok(r.metadata) then return false end
-  for _, f in ipairs(FIELDS) do
-    local v, kind = r[f[1]], f[2]
-    if kind == INT then
-      if type(v) ~= 'number' or v ~= math.floor(v) or v < 1 or v > MAX_TOKEN then return false end
-    elseif kind == TS then
-      if not ms_ok(v) then return false end
-    elseif kind == ID then
-      if not is_id(v) then return false end
-    elseif kind == OPT then
-      if v ~= '' and not is_id(v) then return false end
-    elseif not plain(v) then
-      return false
-    end
+  local names = KIND_NAMES[INT]
+  for i = 1, #names do
+    local v = r[names[i]]
+    if type(v) ~= 'number' or v ~= math.floor(v) or v < 1 or v > MAX_TOKEN then return false end
+  end
+  names = KIND_NAMES[TS]
+  for i = 1, #names do
+    if not ms_ok(r[names[i]]) then return false end
+  end
+  names = KIND_NAMES[ID]
+  for i = 1, #names do
+    if not is_id(r[names[i]]) then return false end
+  end
+  names = KIND_NAMES[OPT]
+  for i = 1, #names do
+    local v = r[names[i]]
+    if v ~= '' and not is_id(v) then return false end
+  end
+  names = KIND_NAMES[STR]
+  for i = 1, #names do
+    if not plain(r[names[i]]) then return false end
   end
   return consistent(r) == nil
 end
@@ -334,11 +351,11 @@ local function rec_put_written(raw, r, renewed)
 end
 
 -- decode strictly reads a stored record. lock_key is the requested one;
--- ident, when given, the requested canonical tuple. Returns the record
--- (timestamps in ms) or nil and a reason.
-local function decode(raw, lock_key, ident)
+-- a and o, when given, the requested canonical tuple (see matches).
+-- Returns the record (timestamps in ms) or nil and a reason.
+local function decode(raw, lock_key, a, o)
   local known = REC_OF[raw]
-  if known then return matches(known, lock_key, ident) end
+  if known then return matches(known, lock_key, a, o) end
   local ok, t = pcall(cjson.decode, raw)
   if not ok or type(t) ~= 'table' then return nil, 'record is not JSON' end
   if t.record_version ~= 1 then return nil, 'record version is not 1' end
@@ -390,7 +407,7 @@ local function decode(raw, lock_key, ident)
   end
   if encode(r) ~= raw then return nil, 'record is not in canonical form' end
   local why
-  r, why = matches(r, lock_key, ident)
+  r, why = matches(r, lock_key, a, o)
   if not r then return nil, why end
   why = consistent(r)
   if why then return nil, why end
@@ -417,60 +434,72 @@ end
 -- reason if corrupt. A key without a TTL is corrupt: every writer of the
 -- active key attaches one. A valid record comes with its stored bytes and
 -- PTTL, so a read need not fetch them again.
-local function load_active(key, lock_key, ident)
+local function load_active(key, lock_key, a, o)
   local raw, why = get(key)
   if why then return nil, 'active ' .. why end
   if not raw then return nil end
   local pttl = redis.call('PTTL', key)
   if pttl == -1 then return nil, 'active key has no TTL' end
   local r
-  r, why = decode(raw, lock_key, ident)
+  r, why = decode(raw, lock_key, a, o)
   if not r then return nil, why end
   return r, nil, raw, pttl
 end
 
--- active_of is load_active of c's active record, keeping its stored bytes
--- in c.raw so the write that replaces or deletes them drops their memo
--- entry.
-local function active_of(c, ident)
-  local cur, why, raw = load_active(c.k_active, c.lock_key, ident)
+-- active_of is load_active of c's active record, checked against c's
+-- tuple if tuple (else only its lock key), keeping its stored bytes in
+-- c.raw so the write that replaces or deletes them drops their memo entry.
+local function active_of(c, tuple)
+  local cur, why, raw = load_active(c.k_active, c.lock_key, tuple and c.args, 4)
   c.raw = raw
   return cur, why
 end
 
 local function live(r, now) return r.state == 'active' and now < r.expires_at end
 
--- want_types checks that keys the operation may write hold the type it
--- writes (or nothing), before the first write.
-local function want_types(spec)
-  for key, want in pairs(spec) do
-    local t = redis.call('TYPE', key)
-    t = t.ok or t
-    if t ~= 'none' and t ~= want then return 'a lease key has the wrong type' end
-  end
-  return nil
+-- wrong_type reports whether a key the operation may write holds another
+-- type than the one it writes (nothing is fine); checked before the first
+-- write.
+local function wrong_type(key, want)
+  local t = redis.call('TYPE', key)
+  t = t.ok or t
+  return t ~= 'none' and t ~= want
 end
 
--- lp is one part of lease.lengthPrefixed: a 2-byte big-endian length and
--- the bytes.
-local function lp(s) return string.char(math.floor(#s / 256), #s % 256) .. s end
+local WRONG_TYPE = 'a lease key has the wrong type'
+
+-- lp is the length prefix of one part of lease.lengthPrefixed (the part's
+-- 2-byte big-endian length; the bytes follow), memoized by length (at most
+-- 65536 entries: string.char refuses larger lengths, as before).
+local LP_OF = {}
+local function lp(s)
+  local n = #s
+  local v = LP_OF[n]
+  if not v then
+    v = string.char(math.floor(n / 256), n % 256)
+    LP_OF[n] = v
+  end
+  return v
+end
 
 -- index_members are r's three List index entries (owner, target,
 -- program): filter ‖ 0 ‖ filter value ‖ lease id ‖ 0 ‖ hash tag, all with
 -- score 0, so ZRANGEBYLEX over a filter's prefix walks its leases in
--- lease-id order.
+-- lease-id order. Each is one concatenation (no intermediate strings:
+-- every new string costs Lua a hash of all its bytes).
 local function index_members(r, tag)
-  local tail = r.lease_id .. '\0' .. tag
-  local tp = lp(r.tenant_id) .. lp(r.program_id)
-  return 'owner\0' .. lp(r.owner_principal_id) .. tail,
-    'target\0' .. tp .. lp(r.target_namespace) .. lp(r.target_id) .. tail,
-    'program\0' .. tp .. tail
+  local id, tenant, program = r.lease_id, r.tenant_id, r.program_id
+  local owner, namespace, target = r.owner_principal_id, r.target_namespace, r.target_id
+  return 'owner\0' .. lp(owner) .. owner .. id .. '\0' .. tag,
+    'target\0' .. lp(tenant) .. tenant .. lp(program) .. program .. lp(namespace) .. namespace .. lp(target) .. target
+      .. id .. '\0' .. tag,
+    'program\0' .. lp(tenant) .. tenant .. lp(program) .. program .. id .. '\0' .. tag
 end
 
 local function expiry_member(r, tag) return tag .. '\0' .. r.lease_id .. '\0' .. int(r.fencing_token) end
 
 -- Common ARGV of lease mutations:
---   1 deadline ms, 2 lock key, 3 hash tag, 4..10 identity,
+--   1 deadline ms, 2 lock key, 3 hash tag, 4..10 identity (c.args[4..10]),
 --   11 physical grace ms, 12 history cap, 13 history retention ms,
 --   14 evidence retention ms; operation-specific arguments follow.
 -- Common KEYS: 1 active, 2 history, 3 index, 4 expiry schedule,
@@ -478,8 +507,7 @@ local function expiry_member(r, tag) return tag .. '\0' .. r.lease_id .. '\0' ..
 --   namespace gate; operation-specific keys follow.
 local function context(keys, args)
   return {
-    deadline = tonumber(args[1]), lock_key = args[2], tag = args[3],
-    ident = { args[4], args[5], args[6], args[7], args[8], args[9], args[10] },
+    deadline = tonumber(args[1]), lock_key = args[2], tag = args[3], args = args,
     grace = tonumber(args[11]), hist_cap = tonumber(args[12]), hist_ret = tonumber(args[13]),
     ev_ret = tonumber(args[14]),
     k_active = keys[1], k_hist = keys[2], k_index = keys[3], k_expiry = keys[4], k_ev = keys[5], k_quar = keys[6],
@@ -488,7 +516,10 @@ local function context(keys, args)
 end
 
 local function layout_types(c)
-  return want_types({ [c.k_hist] = 'list', [c.k_index] = 'zset', [c.k_expiry] = 'zset' })
+  if wrong_type(c.k_hist, 'list') or wrong_type(c.k_index, 'zset') or wrong_type(c.k_expiry, 'zset') then
+    return WRONG_TYPE
+  end
+  return nil
 end
 
 -- corrupt fails closed: it records the reason for operators and changes
@@ -512,19 +543,19 @@ local function store_active(c, r, renewed)
 end
 
 -- archive ends r: terminal evidence to the capped history list, then the
--- active record and its index and schedule entries go. why holds the
--- optional ended_by, request_id, reason (JSON-encoded) and incident_id.
-local function archive(c, r, state, ended, why)
+-- active record and its index and schedule entries go. With by given
+-- (else none of them), the entry records ended_by, request_id, reason
+-- (JSON-encoded) and incident_id, each only if not ''.
+local function archive(c, r, state, ended, by, request_id, reason, incident)
   local raw = encode(r, state)
-  local parts = { '{"history_version":1,"record":', raw, ',"ended_at":"', ts(ended), '"' }
-  if why then
-    if why.by ~= '' then parts[#parts + 1] = ',"ended_by":"' .. why.by .. '"' end
-    if why.request_id ~= '' then parts[#parts + 1] = ',"request_id":"' .. why.request_id .. '"' end
-    if why.reason ~= '' then parts[#parts + 1] = ',"reason":' .. why.reason end
-    if why.incident ~= '' then parts[#parts + 1] = ',"incident_id":"' .. why.incident .. '"' end
+  local extra = ''
+  if by then
+    if by ~= '' then extra = ',"ended_by":"' .. by .. '"' end
+    if request_id ~= '' then extra = extra .. ',"request_id":"' .. request_id .. '"' end
+    if reason ~= '' then extra = extra .. ',"reason":' .. reason end
+    if incident ~= '' then extra = extra .. ',"incident_id":"' .. incident .. '"' end
   end
-  parts[#parts + 1] = '}'
-  local entry = table.concat(parts)
+  local entry = '{"history_version":1,"record":' .. raw .. ',"ended_at":"' .. ts(ended) .. '"' .. extra .. '}'
   -- LTRIM only when the push went past the cap: below it, it is a no-op.
   if redis.call('LPUSH', c.k_hist, entry) > c.hist_cap then redis.call('LTRIM', c.k_hist, 0, c.hist_cap - 1) end
   redis.call('PEXPIRE', c.k_hist, c.hist_ret)
@@ -575,6 +606,12 @@ local function evidence_reply(now, ev, k_active, k_hist)
   return out
 end
 
+-- none_exist reports whether neither key exists: then a GET of each would
+-- answer nil, so one EXISTS stands for both reads in the usual case (a key
+-- of any type exists, so a wrong-typed one takes the reads, which report
+-- it).
+local function none_exist(k1, k2) return redis.call('EXISTS', k1, k2) == 0 end
+
 -- closed answers a mutation of a closed namespace: the gate key, while it
 -- exists, holds why (a restore or failover awaiting recovery verification,
 -- or a backup's pause of mutations), and nothing may change. A gate of the
@@ -592,12 +629,14 @@ end
 local function begin(c)
   local now = now_ms()
   if now >= c.deadline then return now, { 'deadline', int(now) } end
-  local shut = closed(c.k_gate, now)
-  if shut then return now, shut end
-  local ev, why = get(c.k_ev)
-  if why then return now, corrupt(c, now, 'evidence ' .. why) end
-  if ev then return now, evidence_reply(now, ev, c.k_active, c.k_hist) end
-  why = layout_types(c)
+  if not none_exist(c.k_gate, c.k_ev) then
+    local shut = closed(c.k_gate, now)
+    if shut then return now, shut end
+    local ev, why = get(c.k_ev)
+    if why then return now, corrupt(c, now, 'evidence ' .. why) end
+    if ev then return now, evidence_reply(now, ev, c.k_active, c.k_hist) end
+  end
+  local why = layout_types(c)
   if why then return now, corrupt(c, now, why) end
   return now
 end
@@ -613,7 +652,7 @@ local function acquire(keys, args)
   local now, done = begin(c)
   if done then return done end
   local k_counter, k_lookup, k_floor = keys[8], keys[9], keys[10]
-  local cur, why = active_of(c, c.ident)
+  local cur, why = active_of(c, true)
   if why then return corrupt(c, now, why) end
   if cur and live(cur, now) then return { 'conflict', int(now), int(cur.expires_at) } end
   local raw_counter, raw_floor
@@ -645,12 +684,13 @@ local function acquire(keys, args)
     ttl_ms = ttl, maximum_lifetime_ms = life,
     execution_id = args[22], job_id = args[23], trace_id = args[24], request_id = args[25],
     metadata = args[26], state = 'active',
+    tenant_id = args[4], program_id = args[5], target_namespace = args[6], target_id = args[7],
+    actor_name = args[8], workflow_name = args[9], operation_class = args[10],
   }
-  for i, name in ipairs(IDENTITY) do r[name] = c.ident[i] end
   redis.call('SET', k_counter, int(r.fencing_token))
   local raw = store_active(c, r)
   local m1, m2, m3 = index_members(r, c.tag)
-  redis.call('ZADD', c.k_index, 0, m1, 0, m2, 0, m3)
+  redis.call('ZADD', c.k_index, '0', m1, '0', m2, '0', m3) -- (a number would be formatted per call)
   remember(c, now, 'acquire', args[27], 'lease_acquired', raw)
   return { 'ok', int(now), raw }
 end
@@ -659,7 +699,7 @@ end
 -- unexpired at now, or a reply: lost (archiving an expired match so it is
 -- never seen as active again) or corrupt.
 local function held(c, now, lease_id, token, owner, instance)
-  local cur, why = active_of(c, c.ident)
+  local cur, why = active_of(c, true)
   if why then return nil, corrupt(c, now, why) end
   if not cur or cur.lease_id ~= lease_id or int(cur.fencing_token) ~= token
       or (owner and cur.owner_principal_id ~= owner) or (instance and cur.service_instance_id ~= instance) then
@@ -682,11 +722,22 @@ local function renew(keys, args)
   if not cur then return reply end
   local ttl = tonumber(args[19])
   if ttl == 0 then ttl = cur.ttl_ms end
-  local r = {} -- a copy: cur may be shared (REC_OF)
-  for k, v in pairs(cur) do r[k] = v end
-  r.renewed_at = now
-  r.expires_at = math.min(now + ttl, r.acquired_at + r.maximum_lifetime_ms)
-  r.ttl_ms = ttl
+  -- A copy (cur may be shared, REC_OF) with the renewal's three fields,
+  -- built in one presized constructor: a record holds exactly these 26
+  -- fields (FIELDS, metadata and state; see decode and the writers).
+  local r = {
+    record_version = cur.record_version, lock_key = cur.lock_key,
+    tenant_id = cur.tenant_id, program_id = cur.program_id, target_namespace = cur.target_namespace,
+    target_id = cur.target_id, actor_name = cur.actor_name, workflow_name = cur.workflow_name,
+    operation_class = cur.operation_class, lease_id = cur.lease_id, owner_principal_id = cur.owner_principal_id,
+    owner_client_id = cur.owner_client_id, owner_credential_id = cur.owner_credential_id,
+    service_instance_id = cur.service_instance_id, fencing_token = cur.fencing_token,
+    acquired_at = cur.acquired_at, renewed_at = now,
+    expires_at = math.min(now + ttl, cur.acquired_at + cur.maximum_lifetime_ms),
+    ttl_ms = ttl, maximum_lifetime_ms = cur.maximum_lifetime_ms,
+    execution_id = cur.execution_id, job_id = cur.job_id, trace_id = cur.trace_id, request_id = cur.request_id,
+    metadata = cur.metadata, state = cur.state,
+  }
   local raw = store_active(c, r, true)
   remember(c, now, 'renew', args[20], 'lease_renewed', raw)
   return { 'ok', int(now), raw }
@@ -712,7 +763,7 @@ local function finish(keys, args)
   if e.owner then owner, instance = args[17], args[18] end
   local cur, reply = held(c, now, args[15], args[16], owner, instance)
   if not cur then return reply end
-  local raw = archive(c, cur, e.state, now, { by = args[17], request_id = args[20], reason = args[21], incident = args[22] })
+  local raw = archive(c, cur, e.state, now, args[17], args[20], args[21], args[22])
   remember(c, now, args[23], args[19], e.code, raw)
   return { 'ok', int(now), raw }
 end
@@ -726,13 +777,18 @@ local function commit(keys, args)
   local c = context(keys, args)
   local now = now_ms()
   if now >= c.deadline then return { 'deadline', int(now) } end
-  local shut = closed(c.k_gate, now)
-  if shut then return shut end
-  local prior, why = get(c.k_ev)
-  if why then return corrupt(c, now, 'accepted commit ' .. why) end
-  if prior then return { 'evidence', int(now), prior } end
+  if not none_exist(c.k_gate, c.k_ev) then
+    local shut = closed(c.k_gate, now)
+    if shut then return shut end
+    local prior, why = get(c.k_ev)
+    if why then return corrupt(c, now, 'accepted commit ' .. why) end
+    if prior then return { 'evidence', int(now), prior } end
+  end
   local k_marks, k_outbox, k_msg = keys[8], keys[9], keys[10]
-  why = layout_types(c) or want_types({ [k_marks] = 'hash', [k_outbox] = 'zset', [k_msg] = 'string' })
+  local why = layout_types(c)
+  if not why and (wrong_type(k_marks, 'hash') or wrong_type(k_outbox, 'zset') or wrong_type(k_msg, 'string')) then
+    why = WRONG_TYPE
+  end
   if why then return corrupt(c, now, why) end
   local cur, reply = held(c, now, args[15], args[16], args[17], args[18])
   if not cur then return reply end
@@ -827,7 +883,7 @@ local function recover_end(keys, args)
   if why then return corrupt(c, now, why) end
   if not cur or cur.lease_id ~= args[15] then return { 'noop', int(now) } end
   if live(cur, now) then
-    archive(c, cur, 'revoked', now, { by = args[17], request_id = '', reason = args[16], incident = '' })
+    archive(c, cur, 'revoked', now, args[17], '', args[16], '')
     return { 'revoked', int(now) }
   end
   archive(c, cur, 'expired', cur.expires_at)
@@ -879,8 +935,7 @@ end
 local function inspect(keys, args)
   local now, done = read_begin(args)
   if done then return done end
-  local ident = { args[3], args[4], args[5], args[6], args[7], args[8], args[9] }
-  local cur, why, raw, pttl = load_active(keys[1], args[2], ident)
+  local cur, why, raw, pttl = load_active(keys[1], args[2], args, 3)
   if why then return { 'corrupt', int(now), why } end
   if not cur then return { 'ok', int(now), '', int(redis.call('PTTL', keys[1])) } end
   return { 'ok', int(now), raw, int(pttl) }
