@@ -38,6 +38,12 @@ import (
 //	redislock         github.com/bsm/redislock Obtain+Release on the same
 //	                  server (go-redis client; no fencing, no idempotency);
 //	                  one op = one pair
+//	contract-writes   the server commands of one acquire and one release,
+//	                  the same commands with values of the same sizes, in
+//	                  two FCALLs of a bench-only library that does nothing
+//	                  else (no checks, no record built): the floor of any
+//	                  design that makes this contract's writes with one
+//	                  function per transition; one op = one pair
 //
 // Each reports ops/s and two cost ratios, against floors measured in the
 // same run at the same concurrency (a pair counts as two operations):
@@ -72,6 +78,9 @@ func BenchmarkLease(b *testing.B) {
 	rdb := goredis.NewClient(&goredis.Options{Addr: r.Addr(), PoolSize: 64, Protocol: 3})
 	b.Cleanup(func() { rdb.Close() })
 	locks := redislock.New(rdb)
+	if err := s.client.Do(bg, s.client.B().FunctionLoad().Replace().FunctionCode(benchWritesLibrary).Build()).Error(); err != nil {
+		b.Fatal(err)
+	}
 
 	res := &benchResults{ops: map[string]float64{}}
 	for _, conc := range []int{1, 50} {
@@ -87,7 +96,7 @@ func BenchmarkLease(b *testing.B) {
 				if a := res.get("floor-read", conc); bm.floor != "" && a > 0 {
 					b.ReportMetric(a/(bm.floorOps*ops), "x_a")
 				}
-				if bm.name == "acquire+release" {
+				if bm.name == "acquire+release" || bm.name == "contract-writes" {
 					if rl := res.get("redislock", conc); rl > 0 {
 						b.ReportMetric(rl/ops, "x_redislock")
 					}
@@ -156,6 +165,9 @@ func leaseBenches(s *Store, locks *redislock.Client) []leaseBench {
 				_, err = s.Release(bg, releaseReq(a.Lease))
 				return err
 			}
+		}},
+		{name: "contract-writes", floor: "floor-write", floorOps: 2, worker: func(*testing.B, int) func() error {
+			return contractWrites(s)
 		}},
 		{name: "renew", floor: "floor-write", floorOps: 1, worker: func(b *testing.B, _ int) func() error {
 			l := hold(b)
@@ -292,9 +304,9 @@ func (r *benchResults) print(out io.Writer) {
 		n    float64
 	}{
 		"redislock": {"floor-write", 2}, "acquire+release": {"floor-write", 2}, "renew": {"floor-write", 1},
-		"authorize-commit": {"floor-write", 1}, "inspect": {"floor-read", 1},
+		"authorize-commit": {"floor-write", 1}, "inspect": {"floor-read", 1}, "contract-writes": {"floor-write", 2},
 	}
-	order := []string{"floor-read", "floor-write", "redislock", "acquire+release", "renew", "authorize-commit", "inspect"}
+	order := []string{"floor-read", "floor-write", "redislock", "contract-writes", "acquire+release", "renew", "authorize-commit", "inspect"}
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "operation\tgoroutines\tops/s\tx_a\tx_floor\tfloor\tx_redislock\t")
 	for _, conc := range []int{1, 50} {
@@ -313,7 +325,7 @@ func (r *benchResults) print(out io.Writer) {
 					vsA = fmt.Sprintf("%.2f", a/(f.n*ops))
 				}
 			}
-			if name == "acquire+release" {
+			if name == "acquire+release" || name == "contract-writes" {
 				if rl := r.get("redislock", conc); rl > 0 {
 					vsLock = fmt.Sprintf("%.2f", rl/ops)
 				}
@@ -323,3 +335,92 @@ func (r *benchResults) print(out io.Writer) {
 	}
 	w.Flush()
 }
+
+// benchWritesLibrary makes exactly the server commands an acquire and a
+// release make (library.lua, on the usual path: no gate, no evidence, no
+// predecessor, history at its cap) and nothing else: no checks, and each
+// value it writes is the lease id and a fixed padding, one new string per
+// value as the library builds each value once. KEYS 1 active, 2 history,
+// 3 index, 4 expiry schedule, 5 acquire's evidence, 6 release's evidence,
+// 7 gate, 8 counter, 9 lease-id lookup, 10 counter floor. ARGV 1 hash
+// tag, 2 lease id, 3 history cap.
+const benchWritesLibrary = `#!lua name=starlease_bench_writes
+-- Paddings to the sizes a pair without metadata writes: record 880
+-- bytes, evidence 1070, history entry 1010, expiry member 78, index
+-- members 95, 177 and 135 (lease ids are 32 bytes).
+-- (Built on first use: the string library is not reachable at load time.)
+local PADS = {}
+local function pad(n)
+  local v = PADS[n]
+  if not v then
+    v = string.rep('r', n - 32)
+    PADS[n] = v
+  end
+  return v
+end
+local function types(keys)
+  redis.call('TYPE', keys[2])
+  redis.call('TYPE', keys[3])
+  redis.call('TYPE', keys[4])
+end
+redis.register_function('bench_acquire_writes', function(keys, args)
+  local id = args[2]
+  redis.call('TIME')
+  redis.call('EXISTS', keys[7], keys[5])
+  types(keys)
+  redis.call('GET', keys[1])
+  redis.call('GET', keys[8])
+  redis.call('GET', keys[10])
+  redis.call('SET', keys[9], args[1], 'NX', 'PX', '604800000')
+  redis.call('INCR', keys[8])
+  local rec = id .. pad(880)
+  redis.call('SET', keys[1], rec, 'PX', '604800000')
+  redis.call('ZADD', keys[4], '1', id .. pad(78))
+  redis.call('ZADD', keys[3], '0', id .. pad(95), '0', id .. pad(177), '0', id .. pad(135))
+  redis.call('SET', keys[5], id .. pad(1070), 'PX', '604800000')
+  return { 'ok', '1', rec }
+end)
+redis.register_function('bench_release_writes', function(keys, args)
+  local id = args[2]
+  redis.call('TIME')
+  redis.call('EXISTS', keys[7], keys[6])
+  types(keys)
+  redis.call('GET', keys[1])
+  redis.call('PTTL', keys[1])
+  local rec = id .. pad(880)
+  if redis.call('LPUSH', keys[2], id .. pad(1010)) > tonumber(args[3]) then redis.call('LTRIM', keys[2], 0, tonumber(args[3]) - 1) end
+  redis.call('PEXPIRE', keys[2], '604800000')
+  redis.call('DEL', keys[1])
+  redis.call('ZREM', keys[3], id .. pad(95), id .. pad(177), id .. pad(135))
+  redis.call('ZREM', keys[4], id .. pad(78))
+  redis.call('SET', keys[6], id .. pad(1070), 'PX', '604800000')
+  return { 'ok', '1', rec }
+end)
+`
+
+// contractWrites returns one goroutine's contract-writes op: a pair on
+// its own identity with a new lease id and new request ids each time, as
+// acquire+release does.
+func contractWrites(s *Store) func() error {
+	tag := tagOf(lease.KeyPrefix + uid("") + strings.Repeat("x", 27))
+	k := s.keys
+	histCap := strconv.Itoa(s.opts.HistoryPerIdentity)
+	fcall := func(fn string, keys, args []string) error {
+		return s.client.Do(bg, s.client.B().Fcall().Function(fn).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).Error()
+	}
+	return func() error {
+		leaseID := "lease_" + ulidLike()
+		keys := []string{k.active(tag), k.history(tag), k.index(), k.expiry(), k.idem(tag, digestLike()),
+			k.idem(tag, digestLike()), k.gate(), k.counter(tag), k.leaseLookup(leaseID), k.counterFloor()}
+		args := []string{tag, leaseID, histCap}
+		if err := fcall("bench_acquire_writes", keys, args); err != nil {
+			return err
+		}
+		return fcall("bench_release_writes", keys, args)
+	}
+}
+
+// ulidLike is 26 random characters, as long as a lease id's ULID;
+// digestLike 43, as long as an evidence key's request digest.
+func ulidLike() string   { return strings.ToUpper(uid(""))[:16] + "0123456789" }
+func digestLike() string { return strings.Repeat(uid(""), 3)[:43] }
