@@ -111,16 +111,16 @@ const ValidateDocUpdate = `function (newDoc, oldDoc, userCtx, secObj) {
 // "starintel_fence: " prefix. A 403 whose reason is one of them is the
 // fence's refusal (commit_rejected); any other 403 is access control.
 var fenceReasons = map[string]bool{
-	"a fenced document cannot be deleted":           true,
-	"the write carries no fence":                    true,
-	"the write carries no fence (lock key missing)": true,
-	"the fencing token is out of range":             true,
-	"the fence is incomplete":                       true,
-	"the fence has no accepted_at":                  true,
-	"the stored fence is malformed":                 true,
-	"the document belongs to a different lock key":  true,
-	"fencing token is lower than the stored token":  true,
-	"fencing token belongs to another lease":        true,
+	"a fenced document cannot be deleted":                        true,
+	"the write carries no fence":                                 true,
+	"the write carries no fence (lock key missing or malformed)": true,
+	"the fencing token is out of range":                          true,
+	"the fence is incomplete":                                    true,
+	"the fence has no accepted_at":                               true,
+	"the stored fence is malformed":                              true,
+	"the document belongs to a different lock key":               true,
+	"fencing token is lower than the stored token":               true,
+	"fencing token belongs to another lease":                     true,
 }
 
 const fenceReasonPrefix = "starintel_fence: "
