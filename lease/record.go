@@ -209,18 +209,28 @@ func (r *Record) Encode() ([]byte, error) {
 	return json.Marshal(r)
 }
 
-// DecodeRecord is the strict decoder: unknown fields, trailing data, a wrong
-// version, a tuple that is not canonical or does not hash to lock_key, a bad
-// state or an out-of-bounds value fail closed with a corrupt *Error.
+// DecodeRecord is the strict decoder of stored records: it accepts only
+// the exact bytes Record.Encode writes for a valid record, as every
+// backend writes them (the Valkey library's own reader is as strict).
+// Anything else fails closed with a corrupt *Error: unknown fields,
+// trailing data, a wrong version, a tuple that is not canonical or does
+// not hash to lock_key, a bad state, an out-of-bounds value, and also a
+// valid record spelled another way (whitespace, field order, escapes,
+// null for a string), which no writer produces.
 func DecodeRecord(b []byte) (*Record, error) {
 	if r, ok := decodeCanonicalRecord(b); ok {
 		return r, nil
 	}
-	return decodeRecordStrict(b)
+	// Not canonical: the general decoder names the fault if there is one.
+	if _, err := decodeRecordStrict(b); err != nil {
+		return nil, err
+	}
+	return nil, corrupt("record: not in canonical form")
 }
 
-// decodeRecordStrict is DecodeRecord for any bytes: the general strict
-// JSON decoder, then validation.
+// decodeRecordStrict is the general strict JSON decoder of a record, then
+// validation: DecodeRecord's reason for a fault, and what its canonical
+// path must agree with.
 func decodeRecordStrict(b []byte) (*Record, error) {
 	var r Record
 	if err := strictUnmarshal(b, &r); err != nil {
@@ -253,6 +263,10 @@ func DecodeStrict(b []byte, v any) error { return strictUnmarshal(b, v) }
 // fields, trailing data, numbers outside v's types, duplicate keys and keys
 // that match a field only case-insensitively (encoding/json accepts both).
 func strictUnmarshal(b []byte, v any) error {
+	if !utf8.Valid(b) {
+		// encoding/json would quietly decode invalid bytes as U+FFFD.
+		return fmt.Errorf("malformed: not valid UTF-8")
+	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	dec.UseNumber()

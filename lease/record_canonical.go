@@ -4,16 +4,15 @@ import (
 	"bytes"
 	"encoding/json"
 	"time"
+	"unicode/utf8"
 )
 
-// decodeCanonicalRecord is DecodeRecord's fast path. It reads b only if b
-// is exactly the bytes Record.Encode writes (fields in declaration order,
-// no whitespace, strings of printable ASCII that encoding/json writes
-// verbatim, numbers in plain decimal, metadata in its canonical encoding)
-// and the record is valid; it then returns what the strict path would, at
-// a fraction of the cost. Anything else, however close, returns false and
-// the strict path decides, with its precise reason. Backends write only
-// canonical records, so nearly every read takes this path.
+// decodeCanonicalRecord reads b only if b is exactly the bytes
+// Record.Encode writes (fields in declaration order, no whitespace,
+// strings encoding/json writes verbatim, numbers in plain decimal,
+// metadata in its canonical encoding) and the record is valid; it then
+// returns what the strict path would, at a fraction of the cost. Anything
+// else, however close, returns false.
 //
 // Why the answers agree: the strict path decodes b, and a record's
 // canonical bytes decode to that same record; its re-encoding then equals
@@ -78,19 +77,31 @@ func verbatim(c byte) bool {
 	return c >= 0x20 && c < 0x7f && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&'
 }
 
+// str reads a string encoding/json writes verbatim: printable ASCII it
+// does not escape, and valid UTF-8 other than U+2028 and U+2029 (which it
+// escapes). Identity components may be non-ASCII letters.
 func (p *canonicalReader) str(dst *string) bool {
 	if p.off >= len(p.b) || p.b[p.off] != '"' {
 		return false
 	}
-	for i := p.off + 1; i < len(p.b); i++ {
+	for i := p.off + 1; i < len(p.b); {
 		c := p.b[i]
-		if c == '"' {
+		switch {
+		case c == '"':
 			*dst = string(p.b[p.off+1 : i])
 			p.off = i + 1
 			return true
-		}
-		if !verbatim(c) {
-			return false
+		case c < utf8.RuneSelf:
+			if !verbatim(c) {
+				return false
+			}
+			i++
+		default:
+			r, n := utf8.DecodeRune(p.b[i:])
+			if r == utf8.RuneError || r == '\u2028' || r == '\u2029' {
+				return false
+			}
+			i += n
 		}
 	}
 	return false

@@ -274,12 +274,13 @@ func TestCorruptValuesFailClosed(t *testing.T) {
 			if c.raw != nil {
 				raw = c.raw(goodRaw, foreign)
 			} else {
-				// Valid JSON and a valid record to lease.DecodeRecord, but
-				// not in the layout this code writes: fail closed.
+				// Valid JSON holding a valid record, but not in the layout
+				// every writer writes: the library and lease.DecodeRecord
+				// both fail closed.
 				raw = bytes.Replace(goodRaw, []byte(`{"record_version":1,"lock_key":`+quote(key)+`,`),
 					[]byte(`{"lock_key":`+quote(key)+`,"record_version":1,`), 1)
-				if _, err := lease.DecodeRecord(raw); err != nil {
-					t.Fatalf("reordered record should be valid JSON for Go: %v", err)
+				if _, err := lease.DecodeRecord(raw); err == nil || lease.AsError(err).Code != lease.CodeCorrupt {
+					t.Fatalf("lease.DecodeRecord of a reordered record: %v, want corrupt", err)
 				}
 			}
 			if c.noTTL {
