@@ -123,6 +123,7 @@ func TestStrictBodies(t *testing.T) {
 		"unknown field":   {`{"lock_identity":{},"ttl":5}`, "ttl"},
 		"trailing data":   {`{"request_id":"r"} {}`, "body"},
 		"duplicate key":   {`{"request_id":"a","request_id":"b"}`, "body"},
+		"not UTF-8":       {"{\"request_id\":\"r\xff\"}", "body"},
 		"wrong type":      {`{"ttl_ms":"5"}`, "ttl_ms"},
 		"not an object":   {`[]`, "body"},
 		"empty body":      {``, "body"},

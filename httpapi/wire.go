@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/oklog/ulid/v2"
 
@@ -146,6 +147,10 @@ func decodeBody(r *http.Request, v any) error {
 			return lease.Invalid("body", fmt.Sprintf("must be at most %d bytes", MaxBodyBytes))
 		}
 		return lease.Invalid("body", "could not be read")
+	}
+	if !utf8.Valid(b) {
+		// encoding/json would quietly decode invalid bytes as U+FFFD.
+		return lease.Invalid("body", "must be UTF-8")
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
