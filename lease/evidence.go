@@ -46,14 +46,19 @@ func (e *IdempotencyRecord) Encode() ([]byte, error) {
 	return json.Marshal(e)
 }
 
-// DecodeIdempotencyRecord strictly decodes stored idempotency evidence.
+// DecodeIdempotencyRecord strictly decodes stored idempotency evidence:
+// only the exact bytes Encode writes, as for records.
 func DecodeIdempotencyRecord(b []byte) (*IdempotencyRecord, error) {
 	var e IdempotencyRecord
-	if err := strictUnmarshal(b, &e); err != nil {
+	canonical, err := strictDecode(b, &e)
+	if err != nil {
 		return nil, corrupt("idempotency: " + err.Error())
 	}
 	if err := e.validate(true); err != nil {
 		return nil, corrupt("idempotency: " + AsError(err).Reason)
+	}
+	if !canonical {
+		return nil, corrupt("idempotency: not in canonical form")
 	}
 	return &e, nil
 }
@@ -99,14 +104,19 @@ func (h *HistoryEntry) Encode() ([]byte, error) {
 	return json.Marshal(h)
 }
 
-// DecodeHistoryEntry strictly decodes stored terminal evidence.
+// DecodeHistoryEntry strictly decodes stored terminal evidence: only the
+// exact bytes Encode writes.
 func DecodeHistoryEntry(b []byte) (*HistoryEntry, error) {
 	var h HistoryEntry
-	if err := strictUnmarshal(b, &h); err != nil {
+	canonical, err := strictDecode(b, &h)
+	if err != nil {
 		return nil, corrupt("history: " + err.Error())
 	}
 	if err := h.validate(true); err != nil {
 		return nil, corrupt("history: " + AsError(err).Reason)
+	}
+	if !canonical {
+		return nil, corrupt("history: not in canonical form")
 	}
 	return &h, nil
 }
@@ -146,10 +156,12 @@ func EncodeCommit(c Commit) ([]byte, error) {
 	return json.Marshal(commitEvidence{Version: CommitVersion, Commit: c})
 }
 
-// DecodeCommit strictly decodes stored accepted-commit evidence.
+// DecodeCommit strictly decodes stored accepted-commit evidence: only the
+// exact bytes EncodeCommit writes.
 func DecodeCommit(b []byte) (Commit, error) {
 	var e commitEvidence
-	if err := strictUnmarshal(b, &e); err != nil {
+	canonical, err := strictDecode(b, &e)
+	if err != nil {
 		return Commit{}, corrupt("commit: " + err.Error())
 	}
 	if e.Version != CommitVersion {
@@ -157,6 +169,9 @@ func DecodeCommit(b []byte) (Commit, error) {
 	}
 	if err := e.Commit.validate(); err != nil {
 		return Commit{}, corrupt("commit: " + AsError(err).Reason)
+	}
+	if !canonical {
+		return Commit{}, corrupt("commit: not in canonical form")
 	}
 	return e.Commit, nil
 }

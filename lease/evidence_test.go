@@ -391,3 +391,43 @@ func TestEvidenceEncodersRejectWhatDecodersReject(t *testing.T) {
 			strings.Join(encoded, ", "))
 	}
 }
+
+// Stored evidence is read only in the exact bytes its encoder writes, as
+// records are: a valid value spelled any other way fails closed.
+func TestStoredEvidenceIsCanonicalOnly(t *testing.T) {
+	idem, _ := validIdem().Encode()
+	hist, _ := validHistory().Encode()
+	commit, _ := EncodeCommit(validCommitEvidence())
+	decoders := []struct {
+		prefix string
+		b      []byte
+		decode func([]byte) error
+	}{
+		{"idempotency", idem, func(b []byte) error { _, err := DecodeIdempotencyRecord(b); return err }},
+		{"history", hist, func(b []byte) error { _, err := DecodeHistoryEntry(b); return err }},
+		{"commit", commit, func(b []byte) error { _, err := DecodeCommit(b); return err }},
+	}
+	for _, d := range decoders {
+		if err := d.decode(d.b); err != nil {
+			t.Fatalf("%s: canonical bytes refused: %v", d.prefix, err)
+		}
+		reordered := func() []byte {
+			var m map[string]any
+			if err := json.Unmarshal(d.b, &m); err != nil {
+				t.Fatal(err)
+			}
+			return mustJSON(t, m)
+		}()
+		for name, b := range map[string][]byte{
+			"trailing whitespace":     append(append([]byte{}, d.b...), ' '),
+			"leading whitespace":      append([]byte(" "), d.b...),
+			"fields in another order": reordered,
+			"escaped letter":          []byte(strings.Replace(string(d.b), `"lease_01"`, `"lease\u005f01"`, 1)),
+		} {
+			t.Run(d.prefix+"/"+name, func(t *testing.T) { wantCorrupt(t, d.decode(b), d.prefix+": not in canonical form") })
+		}
+		// Not UTF-8: refused before anything is decoded.
+		bad := []byte(strings.Replace(string(d.b), `"lease_01"`, "\"lease_\xff\"", 1))
+		wantCorrupt(t, d.decode(bad), d.prefix+": malformed: not valid UTF-8")
+	}
+}

@@ -263,37 +263,44 @@ func DecodeStrict(b []byte, v any) error { return strictUnmarshal(b, v) }
 // fields, trailing data, numbers outside v's types, duplicate keys and keys
 // that match a field only case-insensitively (encoding/json accepts both).
 func strictUnmarshal(b []byte, v any) error {
+	_, err := strictDecode(b, v)
+	return err
+}
+
+// strictDecode is strictUnmarshal that also reports whether b is exactly
+// v's canonical encoding (json.Marshal(v)), as stored evidence must be.
+func strictDecode(b []byte, v any) (canonical bool, err error) {
 	if !utf8.Valid(b) {
 		// encoding/json would quietly decode invalid bytes as U+FFFD.
-		return fmt.Errorf("malformed: not valid UTF-8")
+		return false, fmt.Errorf("malformed: not valid UTF-8")
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	dec.UseNumber()
 	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("malformed: %s", sanitizeJSONError(err))
+		return false, fmt.Errorf("malformed: %s", sanitizeJSONError(err))
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return fmt.Errorf("trailing data")
+		return false, fmt.Errorf("trailing data")
 	}
-	canonical, err := json.Marshal(v)
+	enc, err := json.Marshal(v)
 	if err != nil {
 		// Only a missing timestamp fails to re-encode, and validation
 		// rejects that with a precise reason.
-		return nil
+		return false, nil
 	}
-	if bytes.Equal(canonical, b) {
-		return nil // our own encoding: no duplicate or case-variant key
+	if bytes.Equal(enc, b) {
+		return true, nil // our own encoding: no duplicate or case-variant key
 	}
 	in, err := parseTree(b)
 	if err != nil {
-		return err
+		return false, err
 	}
-	out, err := parseTree(canonical)
+	out, err := parseTree(enc)
 	if err != nil {
-		return err
+		return false, err
 	}
-	return sameKeys(in, out, "")
+	return false, sameKeys(in, out, "")
 }
 
 // jsonObject is an object parsed with its exact keys.
