@@ -97,17 +97,7 @@ func TestIndexAndScheduleMembersAreExact(t *testing.T) {
 		if _, ok := score(s.keys.expiry(), sched); ok {
 			t.Fatal("schedule member survived release")
 		}
-		entries, err := s.client.Do(bg, s.client.B().Lrange().Key(s.keys.history(tag)).Start(0).Stop(-1).Build()).AsStrSlice()
-		if err != nil || len(entries) != 1 {
-			t.Fatalf("history: %v %d", err, len(entries))
-		}
-		h, err := lease.DecodeHistoryEntry([]byte(entries[0]))
-		if err != nil {
-			t.Fatalf("history entry fails strict decoding: %v", err)
-		}
-		if b, _ := h.Encode(); string(b) != entries[0] {
-			t.Fatalf("history differs from HistoryEntry.Encode:\n got  %s\n want %s", entries[0], b)
-		}
+		h := onlyHistoryEntry(t, s, tag)
 		if h.EndedBy != principal || h.RequestID != rel.RequestID || h.Record.State != lease.StateReleased {
 			t.Fatalf("history entry: %+v", h)
 		}

@@ -177,17 +177,7 @@ func TestStoredBytesAreCanonical(t *testing.T) {
 	if _, err := s.Revoke(bg, adminReq(rn.Lease)); err != nil {
 		t.Fatal(err)
 	}
-	entries, err := s.client.Do(bg, s.client.B().Lrange().Key(s.keys.history(tag)).Start(0).Stop(-1).Build()).AsStrSlice()
-	if err != nil || len(entries) != 1 {
-		t.Fatalf("history: %v %d", err, len(entries))
-	}
-	h, err := lease.DecodeHistoryEntry([]byte(entries[0]))
-	if err != nil {
-		t.Fatalf("history entry fails strict decoding: %v", err)
-	}
-	if b, _ := h.Encode(); string(b) != entries[0] {
-		t.Fatalf("history differs from HistoryEntry.Encode:\n got  %s\n want %s", entries[0], b)
-	}
+	h := onlyHistoryEntry(t, s, tag)
 	if h.Reason != adminReq(rn.Lease).Reason || h.IncidentID != "inc-1" || h.Record.State != lease.StateRevoked {
 		t.Fatalf("history entry: %+v", h)
 	}
@@ -891,4 +881,22 @@ func TestTLS(t *testing.T) {
 	insecure.InsecureSkipVerify = true
 	_, err = Open(ctx, Options{Addr: r.Addr(), TLS: insecure})
 	mustCode(t, err, lease.CodeInvalidRequest)
+}
+
+// onlyHistoryEntry reads the identity's history, which must hold exactly
+// one entry, in exactly HistoryEntry.Encode's bytes.
+func onlyHistoryEntry(t *testing.T, s *Store, tag string) *lease.HistoryEntry {
+	t.Helper()
+	entries, err := s.client.Do(bg, s.client.B().Lrange().Key(s.keys.history(tag)).Start(0).Stop(-1).Build()).AsStrSlice()
+	if err != nil || len(entries) != 1 {
+		t.Fatalf("history: %v %d", err, len(entries))
+	}
+	h, err := lease.DecodeHistoryEntry([]byte(entries[0]))
+	if err != nil {
+		t.Fatalf("history entry fails strict decoding: %v", err)
+	}
+	if b, _ := h.Encode(); string(b) != entries[0] {
+		t.Fatalf("history differs from HistoryEntry.Encode:\n got  %s\n want %s", entries[0], b)
+	}
+	return h
 }
