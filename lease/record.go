@@ -221,25 +221,31 @@ func DecodeRecord(b []byte) (*Record, error) {
 	if r, ok := decodeCanonicalRecord(b); ok {
 		return r, nil
 	}
-	// Not canonical: the general decoder names the fault if there is one.
-	if _, err := decodeRecordStrict(b); err != nil {
+	// The general decoder names the fault if there is one.
+	r, canonical, err := decodeRecordGeneral(b)
+	if err != nil {
 		return nil, err
 	}
-	return nil, corrupt("record: not in canonical form")
+	if !canonical {
+		return nil, corrupt("record: not in canonical form")
+	}
+	return r, nil
 }
 
-// decodeRecordStrict is the general strict JSON decoder of a record, then
-// validation: DecodeRecord's reason for a fault, and what its canonical
-// path must agree with.
-func decodeRecordStrict(b []byte) (*Record, error) {
+// decodeRecordGeneral is the general strict JSON decoder of a record, then
+// validation, whatever the spelling; it also reports whether b is the
+// record's canonical encoding. DecodeRecord's canonical path must agree
+// with it.
+func decodeRecordGeneral(b []byte) (*Record, bool, error) {
 	var r Record
-	if err := strictUnmarshal(b, &r); err != nil {
-		return nil, corrupt("record: " + err.Error())
+	canonical, err := strictDecode(b, &r)
+	if err != nil {
+		return nil, false, corrupt("record: " + err.Error())
 	}
 	if err := r.validateStored(); err != nil {
-		return nil, corrupt("record: " + AsError(err).Reason)
+		return nil, false, corrupt("record: " + AsError(err).Reason)
 	}
-	return &r, nil
+	return &r, canonical, nil
 }
 
 // validateStored is validate for decoded bytes, where a missing or null

@@ -21,9 +21,9 @@ func agreeWithStrict(t *testing.T, b []byte) (accepted bool) {
 		}
 		return false
 	}
-	slow, err := decodeRecordStrict(b)
-	if err != nil {
-		t.Fatalf("fast path accepted what the strict path rejects (%v):\n%s", err, b)
+	slow, canonical, err := decodeRecordGeneral(b)
+	if err != nil || !canonical {
+		t.Fatalf("fast path accepted what the general decoder rejects or finds non-canonical (%v, %v):\n%s", err, canonical, b)
 	}
 	if !reflect.DeepEqual(fast, slow) {
 		t.Fatalf("fast and strict paths differ:\n%#v\n%#v", fast, slow)
@@ -124,7 +124,7 @@ func TestCanonicalRecordFastPathDeclinesEverythingElse(t *testing.T) {
 			if got != nil || err == nil {
 				t.Fatalf("DecodeRecord accepted %s", b)
 			}
-			if _, strictErr := decodeRecordStrict([]byte(b)); strictErr != nil && !reflect.DeepEqual(err, strictErr) {
+			if _, _, strictErr := decodeRecordGeneral([]byte(b)); strictErr != nil && !reflect.DeepEqual(err, strictErr) {
 				t.Fatalf("DecodeRecord = %v; the general decoder says %v", err, strictErr)
 			}
 		})
@@ -147,7 +147,7 @@ func BenchmarkDecodeRecord(b *testing.B) {
 		for _, bm := range []struct {
 			name   string
 			decode func([]byte) (*Record, error)
-		}{{"DecodeRecord", DecodeRecord}, {"strict", decodeRecordStrict}} {
+		}{{"DecodeRecord", DecodeRecord}, {"strict", func(b []byte) (*Record, error) { r, _, err := decodeRecordGeneral(b); return r, err }}} {
 			b.Run(meta.name+"/"+bm.name, func(b *testing.B) {
 				b.ReportAllocs()
 				for b.Loop() {
