@@ -59,11 +59,20 @@ func (s *Service) acquire(ctx context.Context, o *op, in AcquireInput) (lease.Re
 		return lease.Result{}, err
 	}
 	waitUntil := s.now().Add(min(in.Wait, s.cfg.MaxWait))
+	var conflictRes lease.Result
+	var conflict error
 	for attempt := 0; ; attempt++ {
 		res, err := s.call(func() (lease.Result, error) { return s.store.Acquire(ctx, req) })
+		if conflict != nil && lease.CodeOf(err) == lease.CodeDeadlineExceeded {
+			// The deadline passed while the retry waited its turn (a late
+			// timer, a busy machine) and the retry changed nothing: the
+			// answer is still the conflict the wait was bounded by.
+			return conflictRes, conflict
+		}
 		if lease.CodeOf(err) != lease.CodeConflict || in.Wait == 0 {
 			return res, err
 		}
+		conflictRes, conflict = res, err
 		// The same request id is safe to reuse: a conflict stores nothing.
 		pause := s.cfg.backoff(attempt)
 		if hint := lease.AsError(err).RetryAfter; hint > 0 && hint < pause {

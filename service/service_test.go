@@ -250,3 +250,42 @@ func TestScopeAndOwnership(t *testing.T) {
 		t.Fatalf("owner release: %v", err)
 	}
 }
+
+// lateRetryStore answers every acquire after the first as a deadline that
+// elapsed before the operation started, as a retry woken after its
+// deadline is answered.
+type lateRetryStore struct {
+	lease.Store
+	calls atomic.Int64
+}
+
+func (l *lateRetryStore) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Result, error) {
+	if l.calls.Add(1) > 1 {
+		return lease.Result{}, lease.Errorf(lease.CodeDeadlineExceeded, "deadline elapsed before the operation started")
+	}
+	return l.Store.Acquire(ctx, req)
+}
+
+// A bounded wait whose retry starts after the deadline (a late timer on a
+// busy machine) still answers with the conflict it waited on.
+func TestBoundedWaitLateRetryIsTheConflict(t *testing.T) {
+	ctx := context.Background()
+	s, store := newService(t, &audittest.Recorder{}, Config{MinTTL: 100 * time.Millisecond})
+	a := principal(t, "prn-a1", auth.ClassAPIClient, "tenant:*,program:*", auth.CapLease)
+	b := principal(t, "prn-b2", auth.ClassAPIClient, "tenant:*,program:*", auth.CapLease)
+	if _, err := s.Acquire(ctx, call(a), acquireInput(target)); err != nil {
+		t.Fatal(err)
+	}
+	late := &lateRetryStore{Store: store}
+	s.store = late
+	waiting := acquireInput(target)
+	waiting.Wait = 3 * time.Second
+	c := call(b)
+	c.DeadlineAt = time.Now().Add(time.Second)
+	if _, err := s.Acquire(ctx, c, waiting); code(err) != lease.CodeConflict {
+		t.Fatalf("a late retry: %v, want the conflict", err)
+	}
+	if late.calls.Load() != 2 {
+		t.Fatalf("%d store calls, want the first and one late retry", late.calls.Load())
+	}
+}
