@@ -50,15 +50,8 @@ func (e *IdempotencyRecord) Encode() ([]byte, error) {
 // only the exact bytes Encode writes, as for records.
 func DecodeIdempotencyRecord(b []byte) (*IdempotencyRecord, error) {
 	var e IdempotencyRecord
-	canonical, err := strictDecode(b, &e)
-	if err != nil {
-		return nil, corrupt("idempotency: " + err.Error())
-	}
-	if err := e.validate(true); err != nil {
-		return nil, corrupt("idempotency: " + AsError(err).Reason)
-	}
-	if !canonical {
-		return nil, corrupt("idempotency: not in canonical form")
+	if err := decodeStored("idempotency", b, &e, func() error { return e.validate(true) }); err != nil {
+		return nil, err
 	}
 	return &e, nil
 }
@@ -108,15 +101,8 @@ func (h *HistoryEntry) Encode() ([]byte, error) {
 // exact bytes Encode writes.
 func DecodeHistoryEntry(b []byte) (*HistoryEntry, error) {
 	var h HistoryEntry
-	canonical, err := strictDecode(b, &h)
-	if err != nil {
-		return nil, corrupt("history: " + err.Error())
-	}
-	if err := h.validate(true); err != nil {
-		return nil, corrupt("history: " + AsError(err).Reason)
-	}
-	if !canonical {
-		return nil, corrupt("history: not in canonical form")
+	if err := decodeStored("history", b, &h, func() error { return h.validate(true) }); err != nil {
+		return nil, err
 	}
 	return &h, nil
 }
@@ -160,18 +146,14 @@ func EncodeCommit(c Commit) ([]byte, error) {
 // exact bytes EncodeCommit writes.
 func DecodeCommit(b []byte) (Commit, error) {
 	var e commitEvidence
-	canonical, err := strictDecode(b, &e)
+	err := decodeStored("commit", b, &e, func() error {
+		if e.Version != CommitVersion {
+			return corrupt("invalid evidence")
+		}
+		return e.Commit.validate()
+	})
 	if err != nil {
-		return Commit{}, corrupt("commit: " + err.Error())
-	}
-	if e.Version != CommitVersion {
-		return Commit{}, corrupt("commit: invalid evidence")
-	}
-	if err := e.Commit.validate(); err != nil {
-		return Commit{}, corrupt("commit: " + AsError(err).Reason)
-	}
-	if !canonical {
-		return Commit{}, corrupt("commit: not in canonical form")
+		return Commit{}, err
 	}
 	return e.Commit, nil
 }

@@ -222,30 +222,35 @@ func DecodeRecord(b []byte) (*Record, error) {
 		return r, nil
 	}
 	// The general decoder names the fault if there is one.
-	r, canonical, err := decodeRecordGeneral(b)
-	if err != nil {
+	var r Record
+	if err := decodeStored("record", b, &r, r.validateStored); err != nil {
 		return nil, err
 	}
-	if !canonical {
-		return nil, corrupt("record: not in canonical form")
-	}
-	return r, nil
+	return &r, nil
 }
 
-// decodeRecordGeneral is the general strict JSON decoder of a record, then
-// validation, whatever the spelling; it also reports whether b is the
-// record's canonical encoding. DecodeRecord's canonical path must agree
-// with it.
-func decodeRecordGeneral(b []byte) (*Record, bool, error) {
-	var r Record
-	canonical, err := strictDecode(b, &r)
+// decodeStored decodes bytes a backend stored into v: strictly, then
+// validate (which reads v), then only if b is v's exact canonical
+// encoding, as every writer writes it. Faults are corrupt, named by what.
+func decodeStored(what string, b []byte, v any, validate func() error) error {
+	canonical, err := decodeValid(what, b, v, validate)
+	if err == nil && !canonical {
+		err = corrupt(what + ": not in canonical form")
+	}
+	return err
+}
+
+// decodeValid is decodeStored whatever the spelling: it reports whether
+// b is canonical instead of refusing it.
+func decodeValid(what string, b []byte, v any, validate func() error) (canonical bool, err error) {
+	canonical, err = strictDecode(b, v)
 	if err != nil {
-		return nil, false, corrupt("record: " + err.Error())
+		return false, corrupt(what + ": " + err.Error())
 	}
-	if err := r.validateStored(); err != nil {
-		return nil, false, corrupt("record: " + AsError(err).Reason)
+	if err := validate(); err != nil {
+		return false, corrupt(what + ": " + AsError(err).Reason)
 	}
-	return &r, canonical, nil
+	return canonical, nil
 }
 
 // validateStored is validate for decoded bytes, where a missing or null

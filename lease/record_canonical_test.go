@@ -9,6 +9,18 @@ import (
 	"testing"
 )
 
+// decodeRecordGeneral is the general strict decoder of a record, whatever
+// the spelling, with whether b is canonical: what DecodeRecord's
+// canonical path must agree with.
+func decodeRecordGeneral(b []byte) (*Record, bool, error) {
+	var r Record
+	canonical, err := decodeValid("record", b, &r, r.validateStored)
+	if err != nil {
+		return nil, false, err
+	}
+	return &r, canonical, nil
+}
+
 // agreeWithStrict fails unless the fast path's answer for b is the strict
 // path's: accepted only if the strict decoder accepts the same bytes and
 // returns an equal record, whose canonical encoding is b itself.
