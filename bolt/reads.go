@@ -184,6 +184,12 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 		if cur == nil || err != nil {
 			return err
 		}
+		if cur.ExecutionID != req.ExecutionID || cur.JobID != req.JobID {
+			// A guard names the lease's own execution and job, never
+			// another one the caller claims.
+			opErr = lost(now)
+			return nil
+		}
 		marks := tx.Bucket(bucketHighWater)
 		markKey := join(p.LockKey, req.Sink)
 		if v := marks.Get(markKey); v != nil {
@@ -200,8 +206,7 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 		if err := marks.Put(markKey, u64(req.FencingToken)); err != nil {
 			return err
 		}
-		c := lease.Commit{Sink: req.Sink, CommitID: req.CommitID, LeaseID: req.LeaseID, FencingToken: req.FencingToken,
-			ExecutionID: req.ExecutionID, TraceID: req.TraceID, AcceptedAt: now, Digest: p.Digest}
+		c := req.Commit(now, p.Digest)
 		b, err := lease.EncodeCommit(c)
 		if err != nil {
 			return err

@@ -306,17 +306,20 @@ func (s *LeaseStore) AuthorizeCommit(ctx context.Context, req lease.CommitReques
 	defer cancel()
 	res, err := s.c.AuthorizeCommit(ctx, CommitRequest{LockIdentity: req.Identity, LeaseID: req.LeaseID,
 		FencingToken: req.FencingToken, ServiceInstanceID: req.ServiceInstanceID, Sink: req.Sink,
-		CommitID: req.CommitID, ExecutionID: req.ExecutionID, TraceID: req.TraceID})
+		CommitID: req.CommitID, ExecutionID: req.ExecutionID, JobID: req.JobID, TraceID: req.TraceID,
+		Target: req.Target, PayloadSHA256: req.PayloadSHA256})
 	if err != nil {
 		return lease.CommitResult{}, leaseErr(err, true)
 	}
 	cm := res.Commit
-	if cm.LeaseID != req.LeaseID || cm.FencingToken != req.FencingToken || cm.CommitID != req.CommitID || cm.Sink != req.Sink {
+	if cm.LeaseID != req.LeaseID || cm.FencingToken != req.FencingToken || cm.CommitID != req.CommitID || cm.Sink != req.Sink ||
+		cm.ExecutionID != req.ExecutionID || cm.JobID != req.JobID || cm.Target != req.Target || cm.PayloadSHA256 != req.PayloadSHA256 {
 		return lease.CommitResult{}, corrupt("commit answer does not match the request")
 	}
 	return lease.CommitResult{Code: lease.CodeCommitAuthorized, Replayed: res.Replayed, BackendTime: lease.At(cm.BackendTime),
 		Commit: lease.Commit{Sink: cm.Sink, CommitID: cm.CommitID, LeaseID: cm.LeaseID, FencingToken: cm.FencingToken,
-			ExecutionID: cm.ExecutionID, TraceID: cm.TraceID, AcceptedAt: lease.At(cm.AcceptedAt)}}, nil
+			ExecutionID: cm.ExecutionID, JobID: cm.JobID, TraceID: cm.TraceID, Target: cm.Target,
+			PayloadSHA256: cm.PayloadSHA256, AcceptedAt: lease.At(cm.AcceptedAt)}}, nil
 }
 
 // held is what the adapter knows of a lease the server has just let the

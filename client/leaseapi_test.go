@@ -380,11 +380,13 @@ func TestLeaseStoreMaximumLifetime(t *testing.T) {
 func TestLeaseStoreAuthorizeCommit(t *testing.T) {
 	s := newStub(t)
 	commit := `,"commit":{"sink":"results","commit_id":"c-1","lease_id":"lease_01","fencing_token":7,"execution_id":"exec-1",` +
-		`"trace_id":"trace-1","accepted_at":"2026-08-05T12:00:01.000Z","backend_time":"2026-08-05T12:00:01.000Z"}`
+		`"job_id":"job-1","trace_id":"trace-1","target":"doc-1","payload_sha256":"` + strings.Repeat("a", 64) + `",` +
+		`"accepted_at":"2026-08-05T12:00:01.000Z","backend_time":"2026-08-05T12:00:01.000Z"}`
 	s.on("POST /commits/authorize", 200, okBody("lease_inspected", commit))
 	st := s.store(t, "prn-owner")
 	req := lease.CommitRequest{Identity: storeIdent, LeaseID: "lease_01", FencingToken: 7, ServiceInstanceID: "inst-1",
-		Sink: "results", CommitID: "c-1", ExecutionID: "exec-1", TraceID: "trace-1", DeadlineAt: time.Now().Add(2 * time.Second),
+		Sink: "results", CommitID: "c-1", ExecutionID: "exec-1", JobID: "job-1", TraceID: "trace-1", Target: "doc-1",
+		PayloadSHA256: strings.Repeat("a", 64), DeadlineAt: time.Now().Add(2 * time.Second),
 		Caller: lease.Caller{PrincipalID: "ignored"}}
 	res, err := st.AuthorizeCommit(t.Context(), req)
 	if err != nil {
@@ -392,7 +394,7 @@ func TestLeaseStoreAuthorizeCommit(t *testing.T) {
 	}
 	g := s.last(t)
 	ms, _ := strconv.Atoi(g.Header.Get("X-Request-Timeout-Ms"))
-	if g.Path != "/commits/authorize" || keysOf(g.Body) != "commit_id,execution_id,fencing_token,lease_id,lock_identity,service_instance_id,sink,trace_id" ||
+	if g.Path != "/commits/authorize" || keysOf(g.Body) != "commit_id,execution_id,fencing_token,job_id,lease_id,lock_identity,payload_sha256,service_instance_id,sink,target,trace_id" ||
 		ms <= 1000 || ms > 2000 {
 		t.Fatalf("commit %s %v timeout %q", g.Path, g.Body, g.Header.Get("X-Request-Timeout-Ms"))
 	}
@@ -611,7 +613,8 @@ func TestLeaseStoreRunsTheExecutor(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The first holder's committer, after its lease ended: lease_lost.
-	if _, err := fence.NewCommitter(a, fence.EnvelopeOf(first), lease.Caller{}).Authorize(t.Context(), "results", "late-a"); lease.CodeOf(err) != lease.CodeLost {
+	if _, err := fence.NewCommitter(a, fence.EnvelopeOf(first), lease.Caller{}).Authorize(t.Context(), "results", "late-a",
+		fence.Binding{Target: "doc", PayloadSHA256: strings.Repeat("a", 64)}); lease.CodeOf(err) != lease.CodeLost {
 		t.Fatalf("stale commit: %v", err)
 	}
 	doc, _ := sink.Get("doc")

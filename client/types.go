@@ -89,7 +89,12 @@ type CommitRequest struct {
 	Sink              string         `json:"sink"`
 	CommitID          string         `json:"commit_id"`
 	ExecutionID       string         `json:"execution_id"`
+	JobID             string         `json:"job_id"`
 	TraceID           string         `json:"trace_id,omitempty"`
+	// Target and PayloadSHA256 name the one write authorized: the object
+	// it changes in the sink and the SHA-256 (hex) of what it writes.
+	Target        string `json:"target"`
+	PayloadSHA256 string `json:"payload_sha256,omitempty"`
 }
 
 // Lease is the contract's success shape of a lease.
@@ -149,16 +154,19 @@ type HistoryResult struct {
 	NextPageToken string
 }
 
-// Commit is an accepted commit authorization.
+// Commit is an accepted commit authorization of one write.
 type Commit struct {
-	Sink         string
-	CommitID     string
-	LeaseID      string
-	FencingToken uint64
-	ExecutionID  string
-	TraceID      string
-	AcceptedAt   time.Time
-	BackendTime  time.Time
+	Sink          string
+	CommitID      string
+	LeaseID       string
+	FencingToken  uint64
+	ExecutionID   string
+	JobID         string
+	TraceID       string
+	Target        string
+	PayloadSHA256 string
+	AcceptedAt    time.Time
+	BackendTime   time.Time
 }
 
 // CommitResult answers AuthorizeCommit.
@@ -224,14 +232,17 @@ type historyWire struct {
 }
 
 type commitWire struct {
-	Sink         string           `json:"sink"`
-	CommitID     string           `json:"commit_id"`
-	LeaseID      string           `json:"lease_id"`
-	FencingToken uint64           `json:"fencing_token"`
-	ExecutionID  string           `json:"execution_id"`
-	TraceID      string           `json:"trace_id"`
-	AcceptedAt   *lease.Timestamp `json:"accepted_at"`
-	BackendTime  *lease.Timestamp `json:"backend_time"`
+	Sink          string           `json:"sink"`
+	CommitID      string           `json:"commit_id"`
+	LeaseID       string           `json:"lease_id"`
+	FencingToken  uint64           `json:"fencing_token"`
+	ExecutionID   string           `json:"execution_id"`
+	JobID         string           `json:"job_id"`
+	TraceID       string           `json:"trace_id"`
+	Target        string           `json:"target"`
+	PayloadSHA256 string           `json:"payload_sha256"`
+	AcceptedAt    *lease.Timestamp `json:"accepted_at"`
+	BackendTime   *lease.Timestamp `json:"backend_time"`
 }
 
 type errorWire struct {

@@ -187,31 +187,54 @@ func checkReason(r string) error {
 	return nil
 }
 
-// commitTyped is the common path of the helpers: bind the guard to the
-// identity, encode the payload with its type and write it.
-func commitTyped(ctx context.Context, w *Writer, g fence.Guard, id lease.Identity, docID func(lease.Identity) (string, error),
-	typ string, payload func(canonical lease.Identity) (any, error)) error {
+// typedWrite is the document a typed payload becomes and the lock key of
+// the identity it is about.
+type typedWrite struct {
+	lockKey string
+	doc     Doc
+}
+
+// typed encodes a typed payload as its document. Bind and Commit of every
+// helper share it, so the write a guard is authorized for is the write
+// made.
+func typed(db *DB, id lease.Identity, docID func(lease.Identity) (string, error),
+	typ string, payload func(canonical lease.Identity) (any, error)) (typedWrite, error) {
 	const op = "commit"
-	c, key, err := w.db.canonical(id)
+	c, key, err := db.canonical(id)
 	if err != nil {
-		return wrapLease(ErrInvalid, op, "", lease.AsError(err))
-	}
-	if g.LockKey != key {
-		return wrapLease(ErrInvalid, op, "", lease.Invalid("lock_identity", "the guard belongs to another lock identity"))
+		return typedWrite{}, wrapLease(ErrInvalid, op, "", lease.AsError(err))
 	}
 	did, err := docID(c)
 	if err != nil {
-		return wrapLease(ErrInvalid, op, "", lease.AsError(err))
+		return typedWrite{}, wrapLease(ErrInvalid, op, "", lease.AsError(err))
 	}
 	v, err := payload(c)
 	if err != nil {
-		return wrapLease(ErrInvalid, op, did, lease.AsError(err))
+		return typedWrite{}, wrapLease(ErrInvalid, op, did, lease.AsError(err))
 	}
 	body, err := typedBody(typ, v)
 	if err != nil {
-		return wrapLease(ErrInvalid, op, did, lease.AsError(err))
+		return typedWrite{}, wrapLease(ErrInvalid, op, did, lease.AsError(err))
 	}
-	return w.commit(ctx, g, Doc{ID: did, Body: body})
+	return typedWrite{lockKey: key, doc: Doc{ID: did, Body: body}}, nil
+}
+
+// bindTyped is Bind of a typed write.
+func (w *Writer) bindTyped(t typedWrite, err error) (fence.Binding, error) {
+	if err != nil {
+		return fence.Binding{}, err
+	}
+	return w.Bind(t.doc)
+}
+
+// commitTyped is the common path of the helpers' Commit: the guard must
+// belong to the identity the document is about, then the write is the
+// Writer's.
+func (w *Writer) commitTyped(ctx context.Context, g fence.Guard, t typedWrite) error {
+	if g.LockKey != t.lockKey {
+		return wrapLease(ErrInvalid, "commit", "", lease.Invalid("lock_identity", "the guard belongs to another lock identity"))
+	}
+	return w.commit(ctx, g, t.doc)
 }
 
 // typedBody encodes v with a "type" member.
@@ -269,9 +292,20 @@ func NewTargetStates(w *Writer) *TargetStates { return &TargetStates{w: w} }
 // Name returns the sink name.
 func (s *TargetStates) Name() string { return s.w.name }
 
+// Bind names the write of st (see Writer.Bind).
+func (s *TargetStates) Bind(st TargetState) (fence.Binding, error) { return s.w.bindTyped(s.write(st)) }
+
 // Commit writes st conditioned on g (see Writer.Commit).
 func (s *TargetStates) Commit(ctx context.Context, g fence.Guard, st TargetState) error {
-	return commitTyped(ctx, s.w, g, st.Identity, func(c lease.Identity) (string, error) {
+	t, err := s.write(st)
+	if err != nil {
+		return err
+	}
+	return s.w.commitTyped(ctx, g, t)
+}
+
+func (s *TargetStates) write(st TargetState) (typedWrite, error) {
+	return typed(s.w.db, st.Identity, func(c lease.Identity) (string, error) {
 		return "target:" + identityPart(c), nil
 	}, TypeTargetState, func(c lease.Identity) (any, error) {
 		st.Identity = c
@@ -305,9 +339,20 @@ func NewResults(w *Writer) *Results { return &Results{w: w} }
 // Name returns the sink name.
 func (s *Results) Name() string { return s.w.name }
 
+// Bind names the write of r (see Writer.Bind).
+func (s *Results) Bind(r Result) (fence.Binding, error) { return s.w.bindTyped(s.write(r)) }
+
 // Commit writes r conditioned on g (see Writer.Commit).
 func (s *Results) Commit(ctx context.Context, g fence.Guard, r Result) error {
-	return commitTyped(ctx, s.w, g, r.Identity, func(c lease.Identity) (string, error) {
+	t, err := s.write(r)
+	if err != nil {
+		return err
+	}
+	return s.w.commitTyped(ctx, g, t)
+}
+
+func (s *Results) write(r Result) (typedWrite, error) {
+	return typed(s.w.db, r.Identity, func(c lease.Identity) (string, error) {
 		n, err := canonicalName("name", r.Name)
 		if err != nil {
 			return "", err
@@ -342,9 +387,20 @@ func NewSchedules(w *Writer) *Schedules { return &Schedules{w: w} }
 // Name returns the sink name.
 func (s *Schedules) Name() string { return s.w.name }
 
+// Bind names the write of st (see Writer.Bind).
+func (s *Schedules) Bind(st ScheduleState) (fence.Binding, error) { return s.w.bindTyped(s.write(st)) }
+
 // Commit writes st conditioned on g (see Writer.Commit).
 func (s *Schedules) Commit(ctx context.Context, g fence.Guard, st ScheduleState) error {
-	return commitTyped(ctx, s.w, g, st.Identity, func(c lease.Identity) (string, error) {
+	t, err := s.write(st)
+	if err != nil {
+		return err
+	}
+	return s.w.commitTyped(ctx, g, t)
+}
+
+func (s *Schedules) write(st ScheduleState) (typedWrite, error) {
+	return typed(s.w.db, st.Identity, func(c lease.Identity) (string, error) {
 		return "schedule:" + identityPart(c), nil
 	}, TypeSchedule, func(c lease.Identity) (any, error) {
 		st.Identity = c
@@ -387,9 +443,26 @@ func NewJobs(w *Writer) *Jobs { return &Jobs{w: w} }
 // Name returns the sink name.
 func (s *Jobs) Name() string { return s.w.name }
 
-// Commit writes st conditioned on g (see Writer.Commit).
+// Bind names the write of st (see Writer.Bind).
+func (s *Jobs) Bind(st JobState) (fence.Binding, error) { return s.w.bindTyped(s.write(st)) }
+
+// Commit writes st conditioned on g (see Writer.Commit). The guard must
+// have been issued for the lease of this very job (its job_id): a holder
+// cannot write the state of a job that is not its lease's, not even one
+// whose document does not exist yet. validate_doc_update refuses the same.
 func (s *Jobs) Commit(ctx context.Context, g fence.Guard, st JobState) error {
-	return commitTyped(ctx, s.w, g, st.Identity, func(lease.Identity) (string, error) {
+	t, err := s.write(st)
+	if err != nil {
+		return err
+	}
+	if g.JobID != st.JobID {
+		return newError(ErrFenceRejected, "commit", t.doc.ID, "the guard was issued for another job")
+	}
+	return s.w.commitTyped(ctx, g, t)
+}
+
+func (s *Jobs) write(st JobState) (typedWrite, error) {
+	return typed(s.w.db, st.Identity, func(lease.Identity) (string, error) {
 		return JobDocID(st.JobID)
 	}, TypeJob, func(c lease.Identity) (any, error) {
 		st.Identity = c

@@ -33,6 +33,8 @@ type point struct {
 	// direct hands the payload straight to the sink with g, bypassing
 	// authorization (a stale holder replaying or late-using a guard).
 	direct func(ctx context.Context, e *env, g fence.Guard, id lease.Identity, label string) error
+	// bind is the binding of the write of the payload labelled label.
+	bind func(e *env, id lease.Identity, label string) (fence.Binding, error)
 	// read reads the typed document back; want is what a write of label
 	// reads back as.
 	read func(ctx context.Context, e *env, id lease.Identity) (any, *fence.Guard, error)
@@ -51,6 +53,9 @@ func mkPoint[P any](name string, sink func(w *couchdb.Writer) fence.Sink[P],
 		},
 		direct: func(ctx context.Context, e *env, g fence.Guard, id lease.Identity, label string) error {
 			return sink(e.w).Commit(ctx, g, payload(id, label))
+		},
+		bind: func(e *env, id lease.Identity, label string) (fence.Binding, error) {
+			return sink(e.w).Bind(payload(id, label))
 		},
 		read: func(ctx context.Context, e *env, id lease.Identity) (any, *fence.Guard, error) {
 			return read(ctx, sink(e.w), id)
@@ -97,13 +102,14 @@ func points() []point {
 		mkPoint("5_job",
 			func(w *couchdb.Writer) fence.Sink[couchdb.JobState] { return couchdb.NewJobs(w) },
 			func(id lease.Identity, label string) couchdb.JobState {
-				return couchdb.JobState{JobID: "job-" + id.TargetID, Identity: id, Status: couchdb.JobRunning,
+				// The lease's own job (env.acquire's): a guard writes no other.
+				return couchdb.JobState{JobID: "job-1", Identity: id, Status: couchdb.JobRunning,
 					Checkpoint: jsonOf(`{"by":"` + label + `","offset":1}`), Reason: label}
 			},
 			func(ctx context.Context, s fence.Sink[couchdb.JobState], id lease.Identity) (couchdb.JobState, *fence.Guard, error) {
-				return s.(*couchdb.Jobs).Get(ctx, "job-"+id.TargetID)
+				return s.(*couchdb.Jobs).Get(ctx, "job-1")
 			},
-			func(e *env, id lease.Identity) string { d, _ := couchdb.JobDocID("job-" + id.TargetID); return d }),
+			func(e *env, id lease.Identity) string { d, _ := couchdb.JobDocID("job-1"); return d }),
 	}
 }
 
@@ -162,6 +168,17 @@ func expectFenceRejected(t *testing.T, what string, err error) {
 	}
 }
 
+// expectBindingRejected requires the writer's refusal of a guard issued
+// for another write (nothing sent to CouchDB).
+func expectBindingRejected(t *testing.T, what string, err error) {
+	t.Helper()
+	var ce *couchdb.Error
+	if !errors.As(err, &ce) || !errors.Is(err, couchdb.ErrFenceRejected) || ce.Status != 0 ||
+		code(err) != lease.CodeCommitRejected || ce.Lease.Reason != "the guard was authorized for another payload" {
+		t.Fatalf("%s: %v (%#v), want the writer's refusal of a guard for another write", what, err, ce)
+	}
+}
+
 // For each enforcement point, against pouchdb-server and a bolt lease
 // store: an expired holder's commit is lease_lost and writes nothing; after
 // a successor acquired and committed, the former holder is refused at
@@ -195,7 +212,11 @@ func testFencedOut(t *testing.T, couch *testenv.CouchDB, p point) {
 		t.Fatalf("holder's first commit: %v", err)
 	}
 	// a is authorized for one more commit while valid, then pauses.
-	late, err := a.Authorize(ctx, sinkName, "a-late")
+	lateWrite, err := p.bind(e, id, "paused-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	late, err := a.Authorize(ctx, sinkName, "a-late", lateWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +251,11 @@ func testFencedOut(t *testing.T, couch *testenv.CouchDB, p point) {
 	// … and, bypassing authorization, by CouchDB: with the guard it was
 	// authorized before its pause, and with its first (replayed) guard.
 	expectFenceRejected(t, "paused holder's late write", p.direct(ctx, e, gLate, id, "paused-a"))
-	expectFenceRejected(t, "replayed guard", p.direct(ctx, e, gA, id, "replayed-a"))
+	expectFenceRejected(t, "replayed guard", p.direct(ctx, e, gA, id, "from-a"))
+	// The same guards for another body: refused by the writer, since a
+	// guard authorizes one write.
+	expectBindingRejected(t, "replayed guard, another body", p.direct(ctx, e, gA, id, "replayed-a"))
+	expectBindingRejected(t, "paused holder's guard, another body", p.direct(ctx, e, gLate, id, "paused-a-changed"))
 	// A raw PUT with the current _rev and the old fence: CouchDB's 403.
 	_, cur := e.rawDoc(p.docID(e, id))
 	cur[couchdb.FenceField] = guardJSON(t, gLate)
@@ -278,6 +303,7 @@ func testAdminEnd(t *testing.T, couch *testenv.CouchDB, p point, op lease.Op) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectFenceRejected(t, "invalidated holder's guard", p.direct(ctx, e, gA, id, "from-a-again"))
+	expectFenceRejected(t, "invalidated holder's guard", p.direct(ctx, e, gA, id, "from-a"))
+	expectBindingRejected(t, "invalidated holder's guard, another body", p.direct(ctx, e, gA, id, "from-a-again"))
 	expectDoc(t, ctx, e, p, id, "from-c", gC, "2")
 }

@@ -20,8 +20,17 @@ const FenceField = "starintel_fence"
 //   - the new document must carry a complete, well-formed starintel_fence
 //     (fence.Guard.Validate: canonical lock key prefix, integer token in
 //     1..2^53-1, non-empty lease_id, execution_id, sink and commit_id,
-//     trace_id absent or a string, accepted_at in the exact contract form
-//     and not Go's zero instant);
+//     trace_id absent or a string, payload_sha256 absent or 64 lower-case
+//     hex digits, accepted_at in the exact contract form and not Go's zero
+//     instant);
+//   - the new fence must be bound to this write (fence.Admit and
+//     Guard.Authorizes): a non-empty job_id, and a target equal to the
+//     document's _id, so a guard issued for one document never admits a
+//     write of another; a job document (type starintel.job) must carry the
+//     fence's job_id, so a lease's guard never writes another job's state.
+//     The payload digest is checked by the writer before the write (CouchDB's
+//     JavaScript has no hash function); a stored fence without target or
+//     job_id (written before writes were bound) still orders tokens;
 //   - if the stored document has a fence: it must be well formed (else the
 //     write fails closed), have the same lock_key, a token not higher than
 //     the new one, and, at an equal token, the same lease_id.
@@ -41,6 +50,7 @@ const ValidateDocUpdate = `function (newDoc, oldDoc, userCtx, secObj) {
   // last character carries no padding bits (lease.CheckLockKey).
   var LOCK_KEY = /^starintel:target-lease:v1:[A-Za-z0-9_-]{42}[AEIMQUYcgkosw048]$/;
   var MAX_TOKEN = 9007199254740991;
+  var SHA256 = /^[0-9a-f]{64}$/;
   var TS = /^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z$/;
   function deny(reason) {
     throw({forbidden: 'starintel_fence: ' + reason});
@@ -73,6 +83,9 @@ const ValidateDocUpdate = `function (newDoc, oldDoc, userCtx, secObj) {
     if (f.trace_id !== undefined && f.trace_id !== null && typeof f.trace_id !== 'string') {
       return 'the fence is incomplete';
     }
+    if (f.payload_sha256 !== undefined && (typeof f.payload_sha256 !== 'string' || !SHA256.test(f.payload_sha256))) {
+      return 'the fence is incomplete';
+    }
     if (!timestamp(f.accepted_at)) {
       return 'the fence has no accepted_at';
     }
@@ -85,6 +98,15 @@ const ValidateDocUpdate = `function (newDoc, oldDoc, userCtx, secObj) {
   var bad = problem(next);
   if (bad !== '') {
     deny(bad);
+  }
+  if (!nonEmpty(next.target) || !nonEmpty(next.job_id)) {
+    deny('the fence names no write or job');
+  }
+  if (next.target !== newDoc._id) {
+    deny('the fence was authorized for another document');
+  }
+  if (newDoc.type === 'starintel.job' && newDoc.job_id !== next.job_id) {
+    deny('the fence was issued for another job');
   }
   if (!oldDoc) {
     return;
@@ -121,6 +143,9 @@ var fenceReasons = map[string]bool{
 	"the document belongs to a different lock key":               true,
 	"fencing token is lower than the stored token":               true,
 	"fencing token belongs to another lease":                     true,
+	"the fence names no write or job":                            true,
+	"the fence was authorized for another document":              true,
+	"the fence was issued for another job":                       true,
 }
 
 const fenceReasonPrefix = "starintel_fence: "

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strings"
 	"testing"
 
 	"github.com/starintel/starlease/couchdb"
@@ -29,15 +30,35 @@ var keyOne = fencetest.LockKey("one")
 
 // fenceJSON builds a fence object from a valid base with members changed
 // (absent deletes a member).
+// thisDoc stands for the id of the document a fence is written with: the
+// table's fences are bound to their own documents (at).
+const thisDoc = "@this-document"
+
+// at is fence f bound to document id (its target placeholder replaced).
+func at(f any, id string) any {
+	m, ok := f.(map[string]any)
+	if !ok || m["target"] != thisDoc {
+		return f
+	}
+	c := make(map[string]any, len(m))
+	for k, v := range m {
+		c[k] = v
+	}
+	c["target"] = id
+	return c
+}
+
 func fenceJSON(changes map[string]any) map[string]any {
 	m := map[string]any{
 		"lock_key":      keyOne,
 		"lease_id":      "lease-5",
 		"fencing_token": 5,
 		"execution_id":  "exec-5",
+		"job_id":        "job-5",
 		"trace_id":      "trace-5",
 		"sink":          "couchdb",
 		"commit_id":     "commit-5",
+		"target":        thisDoc,
 		"accepted_at":   "2026-08-05T12:00:00.000Z",
 	}
 	for k, v := range changes {
@@ -53,7 +74,7 @@ func fenceJSON(changes map[string]any) map[string]any {
 // goVerdict is fence.Admit over the JSON values a document would carry:
 // a next fence that does not decode as a fence.Guard is refused (the Go
 // writer could never send it; a Go reader could not use it).
-func goVerdict(t *testing.T, stored, next any) error {
+func goVerdict(t *testing.T, docID string, stored, next any) error {
 	t.Helper()
 	var sg *fence.Guard
 	if stored != nil && stored != noFence {
@@ -71,7 +92,13 @@ func goVerdict(t *testing.T, stored, next any) error {
 			return &lease.Error{Code: lease.CodeCommitRejected, Reason: "fence does not decode: " + err.Error()}
 		}
 	}
-	return fence.Admit(sg, ng)
+	if err := fence.Admit(sg, ng); err != nil {
+		return err
+	}
+	if ng.Target != docID {
+		return &lease.Error{Code: lease.CodeCommitRejected, Reason: "the guard was authorized for another write"}
+	}
+	return nil
 }
 
 // TestValidateDocUpdateAgreesWithAdmit runs one table of (stored fence,
@@ -147,6 +174,17 @@ func TestValidateDocUpdateAgreesWithAdmit(t *testing.T) {
 		{"accepted_at year 0", nil, fenceJSON(map[string]any{"accepted_at": "0000-01-01T00:00:00.000Z"}), true},
 		{"accepted_at year 9999", nil, fenceJSON(map[string]any{"accepted_at": "9999-12-31T23:59:59.999Z"}), true},
 		{"unknown fence member", nil, fenceJSON(map[string]any{"extra": true}), true},
+		// A fence is bound to one write: its document, and a job.
+		{"target missing", nil, fenceJSON(map[string]any{"target": absent}), false},
+		{"target empty", nil, fenceJSON(map[string]any{"target": ""}), false},
+		{"target another document", nil, fenceJSON(map[string]any{"target": "case-0"}), false},
+		{"target a number", nil, fenceJSON(map[string]any{"target": 7}), false},
+		{"job id missing", nil, fenceJSON(map[string]any{"job_id": absent}), false},
+		{"job id empty", nil, fenceJSON(map[string]any{"job_id": ""}), false},
+		{"payload digest", nil, fenceJSON(map[string]any{"payload_sha256": strings.Repeat("a", 64)}), true},
+		{"payload digest upper case", nil, fenceJSON(map[string]any{"payload_sha256": strings.Repeat("A", 64)}), false},
+		{"payload digest short", nil, fenceJSON(map[string]any{"payload_sha256": "ab"}), false},
+		{"stored fence of another document, higher token", s5, fenceJSON(map[string]any{"target": "case-1", "fencing_token": 6, "lease_id": "lease-6"}), false},
 
 		// Over a stored fence: same lock key, token not lower, one lease
 		// per token.
@@ -184,8 +222,29 @@ func TestValidateDocUpdateAgreesWithAdmit(t *testing.T) {
 	if code, v := raw(t, http.MethodPut, base+"malformed", map[string]any{"n": 0, couchdb.FenceField: malformed}); code != 201 {
 		t.Fatalf("seed malformed fence: %d %v", code, v)
 	}
+	// A fence from before writes were bound (no target, no job_id).
+	legacy := fenceJSON(map[string]any{"target": absent, "job_id": absent})
+	if code, v := raw(t, http.MethodPut, base+"legacy", map[string]any{"n": 0, couchdb.FenceField: legacy}); code != 201 {
+		t.Fatalf("seed legacy fence: %d %v", code, v)
+	}
 	if err := db.InstallFence(ctx); err != nil {
 		t.Fatal(err)
+	}
+	// It still orders tokens, and a bound fence replaces it; an unbound
+	// one is refused even at a higher token.
+	_, l := raw(t, http.MethodGet, base+"legacy", nil)
+	for _, w := range []struct {
+		next   any
+		status int
+	}{
+		{fenceJSON(map[string]any{"target": absent, "job_id": absent, "fencing_token": 6, "lease_id": "lease-6"}), 403},
+		{at(fenceJSON(map[string]any{"fencing_token": 4, "lease_id": "lease-4"}), "legacy"), 403},
+		{at(fenceJSON(map[string]any{"fencing_token": 6, "lease_id": "lease-6"}), "legacy"), 201},
+	} {
+		if status, v := raw(t, http.MethodPut, base+"legacy", map[string]any{"_rev": l["_rev"], "n": 1,
+			couchdb.FenceField: w.next}); status != w.status {
+			t.Fatalf("write over a legacy fence: %d %v, want %d", status, v, w.status)
+		}
 	}
 
 	// Over a malformed stored fence every write fails closed: in CouchDB
@@ -193,7 +252,7 @@ func TestValidateDocUpdateAgreesWithAdmit(t *testing.T) {
 	// and fence.Admit is never reached.
 	_, m := raw(t, http.MethodGet, base+"malformed", nil)
 	if status, v := raw(t, http.MethodPut, base+"malformed", map[string]any{"_rev": m["_rev"], "n": 1,
-		couchdb.FenceField: fenceJSON(map[string]any{"fencing_token": 9})}); status != 403 ||
+		couchdb.FenceField: fenceJSON(map[string]any{"fencing_token": 9, "target": "malformed"})}); status != 403 ||
 		v["reason"] != "starintel_fence: the stored fence is malformed" {
 		t.Fatalf("write over a malformed stored fence: %d %v", status, v)
 	}
@@ -209,7 +268,7 @@ func TestValidateDocUpdateAgreesWithAdmit(t *testing.T) {
 			_, v := raw(t, http.MethodGet, base+id, nil)
 			rev = v["_rev"]
 		case c.stored != nil:
-			code, v := raw(t, http.MethodPut, base+id, map[string]any{"n": 0, couchdb.FenceField: c.stored})
+			code, v := raw(t, http.MethodPut, base+id, map[string]any{"n": 0, couchdb.FenceField: at(c.stored, id)})
 			if code != 201 {
 				t.Fatalf("%s: seeding the stored fence: %d %v", c.name, code, v)
 			}
@@ -220,7 +279,7 @@ func TestValidateDocUpdateAgreesWithAdmit(t *testing.T) {
 			doc["_rev"] = rev
 		}
 		if c.next != absent {
-			doc[couchdb.FenceField] = c.next
+			doc[couchdb.FenceField] = at(c.next, id)
 		}
 		status, v := raw(t, http.MethodPut, base+id, doc)
 		var couchOK bool
@@ -234,7 +293,7 @@ func TestValidateDocUpdateAgreesWithAdmit(t *testing.T) {
 		default:
 			t.Fatalf("%s: unexpected answer %d %v", c.name, status, v)
 		}
-		goErr := goVerdict(t, c.stored, c.next)
+		goErr := goVerdict(t, id, at(c.stored, id), at(c.next, id))
 		if goErr != nil && code(goErr) != lease.CodeCommitRejected {
 			t.Fatalf("%s: Admit: %v", c.name, goErr)
 		}

@@ -3,6 +3,8 @@ package couchdb
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"net/http"
 	"reflect"
@@ -56,11 +58,22 @@ func (w *Writer) DB() *DB { return w.db }
 // Name returns the sink name commits are authorized for.
 func (w *Writer) Name() string { return w.name }
 
+// Bind names the write of doc: its document id and the SHA-256 of the
+// body bytes as given (Doc.Body), which is what a guard for it carries.
+func (w *Writer) Bind(doc Doc) (fence.Binding, error) {
+	if err := checkDocID(doc.ID); err != nil {
+		return fence.Binding{}, err
+	}
+	sum := sha256.Sum256(doc.Body)
+	return fence.Binding{Target: doc.ID, PayloadSHA256: hex.EncodeToString(sum[:])}, nil
+}
+
 // Commit writes doc conditioned on g:
 //
-//  1. g must be a complete guard authorized for this sink (else
-//     ErrFenceRejected, before anything is sent: the writer never writes
-//     without a guard);
+//  1. g must be a complete guard authorized for this sink and for exactly
+//     this write, doc's id and body (Bind; else ErrFenceRejected, before
+//     anything is sent: the writer never writes without a guard, and never
+//     with a guard issued for another document or body);
 //  2. the database must have the fence installed (checked once, then
 //     cached; ErrFenceMissing otherwise);
 //  3. the current document is read (404: it is created);
@@ -88,12 +101,16 @@ func (w *Writer) commit(ctx context.Context, g fence.Guard, doc Doc) error {
 	if g.Sink != w.name {
 		return newError(ErrFenceRejected, op, doc.ID, "the guard was authorized for another sink")
 	}
-	if err := checkDocID(doc.ID); err != nil {
-		return wrapLease(ErrInvalid, op, "", err)
+	bound, err := w.Bind(doc)
+	if err != nil {
+		return wrapLease(ErrInvalid, op, "", lease.AsError(err))
 	}
 	fields, berr := bodyFields(doc.Body)
 	if berr != nil {
 		return wrapLease(ErrInvalid, op, doc.ID, berr)
+	}
+	if err := g.Authorizes(bound); err != nil {
+		return wrapLease(ErrFenceRejected, op, doc.ID, lease.AsError(err))
 	}
 	if !w.db.fenceOK.Load() {
 		if err := w.db.CheckFence(ctx); err != nil {
@@ -183,8 +200,9 @@ func bodyFields(body json.RawMessage) (map[string]json.RawMessage, *lease.Error)
 // sameGuard reports whether a stored fence is exactly g.
 func sameGuard(a, b fence.Guard) bool {
 	return a.LockKey == b.LockKey && a.LeaseID == b.LeaseID && a.FencingToken == b.FencingToken &&
-		a.ExecutionID == b.ExecutionID && a.TraceID == b.TraceID && a.Sink == b.Sink &&
-		a.CommitID == b.CommitID && a.AcceptedAt.Time().Equal(b.AcceptedAt.Time())
+		a.ExecutionID == b.ExecutionID && a.JobID == b.JobID && a.TraceID == b.TraceID && a.Sink == b.Sink &&
+		a.CommitID == b.CommitID && a.Target == b.Target && a.PayloadSHA256 == b.PayloadSHA256 &&
+		a.AcceptedAt.Time().Equal(b.AcceptedAt.Time())
 }
 
 // sameBody compares a stored body with the fields of a write as JSON

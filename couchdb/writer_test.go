@@ -104,7 +104,7 @@ func TestUnknownOutcomeAndUnavailable(t *testing.T) {
 
 	ct := &countingTransport{afterPut: errors.New("connection reset after the request was sent")}
 	jobs := couchdb.NewJobs(e.withTransport(ct))
-	st := couchdb.JobState{JobID: "job-42", Identity: id, Status: couchdb.JobSucceeded, Checkpoint: json.RawMessage(`{"offset":9}`)}
+	st := couchdb.JobState{JobID: rec.JobID, Identity: id, Status: couchdb.JobSucceeded, Checkpoint: json.RawMessage(`{"offset":9}`)}
 	g, err := fence.Write(ctx, c, jobs, "c-1", st)
 	if !errors.Is(err, couchdb.ErrOutcomeUnknown) || code(err) != lease.CodeOutcomeUnknown {
 		t.Fatalf("lost answer: %v, want outcome_unknown", err)
@@ -117,26 +117,31 @@ func TestUnknownOutcomeAndUnavailable(t *testing.T) {
 	if n := ct.count(http.MethodPut); n != 1 {
 		t.Fatalf("%d PUTs, want 1: the repeat must find the landed write", n)
 	}
-	got, fg, err := couchdb.NewJobs(e.w).Get(ctx, "job-42")
+	got, fg, err := couchdb.NewJobs(e.w).Get(ctx, rec.JobID)
 	if err != nil || !got.Terminal || got.Status != couchdb.JobSucceeded || *fg != g {
 		t.Fatalf("job document %+v %+v %v", got, fg, err)
 	}
-	_, v := e.rawDoc("job:job-42")
+	_, v := e.rawDoc("job:" + rec.JobID)
 	if !strings.HasPrefix(v["_rev"].(string), "1-") {
 		t.Fatalf("job document revision %v, want one write", v["_rev"])
 	}
-	// The same commit id with another body is not a repeat.
+	// The same guard with another body is not a repeat: the guard was
+	// issued for the first body only.
 	other := st
 	other.Status = couchdb.JobFailed
-	if err := jobs.Commit(ctx, g, other); !errors.Is(err, couchdb.ErrInvalid) || code(err) != lease.CodeIdempotencyConflict {
-		t.Fatalf("same guard, other body: %v, want idempotency_conflict", err)
+	if err := jobs.Commit(ctx, g, other); !errors.Is(err, couchdb.ErrFenceRejected) || code(err) != lease.CodeCommitRejected {
+		t.Fatalf("same guard, other body: %v, want commit_rejected", err)
+	}
+	// Nor through authorization: the commit id names the first write.
+	if _, err := fence.Write(ctx, c, jobs, "c-1", other); code(err) != lease.CodeIdempotencyConflict {
+		t.Fatalf("same commit id, other body: %v, want idempotency_conflict", err)
 	}
 
 	// A client timeout after the PUT was sent: outcome unknown too.
 	hangs := &countingTransport{hangAfterPut: true}
 	slow := e.openDB(e.db.Name(), couchdb.WithHTTPClient(&http.Client{Transport: hangs, Timeout: 300 * time.Millisecond}))
 	slowJobs := couchdb.NewJobs(mustWriter(t, slow, sinkName))
-	st2 := couchdb.JobState{JobID: "job-44", Identity: id, Status: couchdb.JobRunning}
+	st2 := couchdb.JobState{JobID: rec.JobID, Identity: id, Status: couchdb.JobRunning}
 	if _, err := fence.Write(ctx, c, slowJobs, "c-3", st2); !errors.Is(err, couchdb.ErrOutcomeUnknown) {
 		t.Fatalf("timeout after sending: %v, want outcome_unknown", err)
 	}
@@ -146,7 +151,7 @@ func TestUnknownOutcomeAndUnavailable(t *testing.T) {
 
 	// Nothing sent (the connection could not be made): unavailable.
 	ct.failPut = &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
-	_, err = fence.Write(ctx, c, jobs, "c-2", couchdb.JobState{JobID: "job-43", Identity: id, Status: couchdb.JobRunning})
+	_, err = fence.Write(ctx, c, jobs, "c-2", couchdb.JobState{JobID: rec.JobID, Identity: id, Status: couchdb.JobRunning})
 	if !errors.Is(err, couchdb.ErrUnavailable) || code(err) != lease.CodeBackendUnavailable {
 		t.Fatalf("dial failure: %v, want backend_unavailable", err)
 	}
@@ -162,7 +167,7 @@ func TestUnknownOutcomeAndUnavailable(t *testing.T) {
 		t.Fatal(err)
 	}
 	gw, _ := gone.Writer(sinkName)
-	if err := gw.Commit(ctx, g, couchdb.Doc{ID: "x"}); !errors.Is(err, couchdb.ErrUnavailable) {
+	if _, err := fence.Write(ctx, c, gw, "c-gone", couchdb.Doc{ID: "x"}); !errors.Is(err, couchdb.ErrUnavailable) {
 		t.Fatalf("no server: %v, want ErrUnavailable", err)
 	}
 }
@@ -176,13 +181,17 @@ func TestWriterRefusals(t *testing.T) {
 	id := identity("target-refusals")
 	rec := e.acquire(id, "instance-a")
 	c := e.committer(rec)
-	commit, err := c.Authorize(ctx, sinkName, "c-1")
+	states := couchdb.NewTargetStates(e.w)
+	st := couchdb.TargetState{Identity: id, Status: couchdb.TargetAccepted}
+	bound, err := states.Bind(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	commit, err := c.Authorize(ctx, sinkName, "c-1", bound)
 	if err != nil {
 		t.Fatal(err)
 	}
 	g := c.Guard(commit)
-	states := couchdb.NewTargetStates(e.w)
-	st := couchdb.TargetState{Identity: id, Status: couchdb.TargetAccepted}
 
 	ct := &countingTransport{}
 	w := e.withTransport(ct)
@@ -222,7 +231,16 @@ func TestWriterRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	bw, _ := bare.Writer(sinkName)
-	if err := bw.Commit(ctx, g, couchdb.Doc{ID: "d"}); !errors.Is(err, couchdb.ErrFenceMissing) ||
+	unfenced := couchdb.Doc{ID: "d"}
+	uw, err := bw.Bind(unfenced)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ug, err := c.Authorize(ctx, sinkName, "c-unfenced", uw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bw.Commit(ctx, c.Guard(ug), unfenced); !errors.Is(err, couchdb.ErrFenceMissing) ||
 		code(err) != lease.CodeBackendUnavailable {
 		t.Fatalf("write to an unfenced database: %v, want ErrFenceMissing", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -95,7 +96,8 @@ func TestPartitionFailsClosed(t *testing.T) {
 				return context.Cause(ctx) // lost before the partition: the test fails below
 			}
 			// A commit while partitioned.
-			_, err := l.Committer().Authorize(ctx, sink.Name(), "holder-during-partition")
+			_, err := l.Committer().Authorize(ctx, sink.Name(), "holder-during-partition",
+				fence.Binding{Target: "example.com", PayloadSHA256: strings.Repeat("0", 64)})
 			partitionCommit <- err
 			<-ctx.Done()
 			cancelled <- cancellation{time.Now(), context.Cause(ctx)}

@@ -25,6 +25,7 @@ type Envelope struct {
 	FencingToken      uint64          `json:"fencing_token"`
 	ExpiresAt         lease.Timestamp `json:"expires_at"`
 	ExecutionID       string          `json:"execution_id"`
+	JobID             string          `json:"job_id"`
 	TraceID           string          `json:"trace_id,omitempty"`
 	ServiceInstanceID string          `json:"service_instance_id"`
 	OwnerPrincipalID  string          `json:"owner_principal_id"`
@@ -35,7 +36,7 @@ func EnvelopeOf(rec *lease.Record) Envelope {
 	return Envelope{
 		LockKey: rec.LockKey, Identity: rec.Identity(), LeaseID: rec.LeaseID,
 		FencingToken: rec.FencingToken, ExpiresAt: rec.ExpiresAt,
-		ExecutionID: rec.ExecutionID, TraceID: rec.TraceID,
+		ExecutionID: rec.ExecutionID, JobID: rec.JobID, TraceID: rec.TraceID,
 		ServiceInstanceID: rec.ServiceInstanceID, OwnerPrincipalID: rec.OwnerPrincipalID,
 	}
 }
@@ -50,7 +51,7 @@ func (e Envelope) Validate() error {
 		return lease.Invalid("fencing_token", "must be between 1 and 2^53-1")
 	}
 	for _, f := range []struct{ name, v string }{
-		{"lease_id", e.LeaseID}, {"execution_id", e.ExecutionID},
+		{"lease_id", e.LeaseID}, {"execution_id", e.ExecutionID}, {"job_id", e.JobID},
 		{"service_instance_id", e.ServiceInstanceID}, {"owner_principal_id", e.OwnerPrincipalID},
 	} {
 		if err := lease.CheckOpaqueID(f.name, f.v); err != nil {
@@ -60,14 +61,27 @@ func (e Envelope) Validate() error {
 	return nil
 }
 
-// CommitRequest is the AuthorizeCommit request of this envelope for one
-// commit to sink.
-func (e Envelope) CommitRequest(sink, commitID string, deadline time.Time, caller lease.Caller) lease.CommitRequest {
+// CommitRequest is the AuthorizeCommit request of this envelope for the
+// one write w to sink. A publication through the fenced outbox passes the
+// zero Binding and sets the request's Outbox: the message is its write.
+func (e Envelope) CommitRequest(sink, commitID string, w Binding, deadline time.Time, caller lease.Caller) lease.CommitRequest {
 	return lease.CommitRequest{
 		Identity: e.Identity, LeaseID: e.LeaseID, FencingToken: e.FencingToken,
 		ServiceInstanceID: e.ServiceInstanceID, Sink: sink, CommitID: commitID,
-		ExecutionID: e.ExecutionID, TraceID: e.TraceID, DeadlineAt: deadline, Caller: caller,
+		ExecutionID: e.ExecutionID, JobID: e.JobID, TraceID: e.TraceID,
+		Target: w.Target, PayloadSHA256: w.PayloadSHA256, DeadlineAt: deadline, Caller: caller,
 	}
+}
+
+// Binding names the one write an authorization is for: Target, the object
+// the write changes in its sink (a document id), and PayloadSHA256, the hex
+// SHA-256 of what the sink writes there as the sink computes it (empty only
+// where a sink cannot check a payload). The backend covers both with the
+// commit's digest and returns them in the commit; the guard carries them;
+// the sink refuses the guard for any other write (Guard.Authorizes).
+type Binding struct {
+	Target        string
+	PayloadSHA256 string
 }
 
 // Authorizer runs the fenced-write validation at the lease backend's
@@ -80,26 +94,56 @@ type Authorizer interface {
 // Guard is the proof of one accepted commit authorization: what a writer
 // stores with the write and conditions the write on. Its JSON form is the
 // "starintel_fence" object of fenced documents.
+//
+// A guard authorizes exactly one write: Target and PayloadSHA256 (the
+// Binding the backend accepted) name it, JobID the lease's job. Guards
+// stored before the binding existed lack them; they still order tokens
+// (Validate), but no new write is admitted without them (Admit).
 type Guard struct {
-	LockKey      string          `json:"lock_key"`
-	LeaseID      string          `json:"lease_id"`
-	FencingToken uint64          `json:"fencing_token"`
-	ExecutionID  string          `json:"execution_id"`
-	TraceID      string          `json:"trace_id,omitempty"`
-	Sink         string          `json:"sink"`
-	CommitID     string          `json:"commit_id"`
-	AcceptedAt   lease.Timestamp `json:"accepted_at"`
+	LockKey       string          `json:"lock_key"`
+	LeaseID       string          `json:"lease_id"`
+	FencingToken  uint64          `json:"fencing_token"`
+	ExecutionID   string          `json:"execution_id"`
+	JobID         string          `json:"job_id,omitempty"`
+	TraceID       string          `json:"trace_id,omitempty"`
+	Sink          string          `json:"sink"`
+	CommitID      string          `json:"commit_id"`
+	Target        string          `json:"target,omitempty"`
+	PayloadSHA256 string          `json:"payload_sha256,omitempty"`
+	AcceptedAt    lease.Timestamp `json:"accepted_at"`
 }
 
 // NewGuard builds the guard of an accepted commit under env.
 func NewGuard(env Envelope, c lease.Commit) Guard {
 	return Guard{LockKey: env.LockKey, LeaseID: c.LeaseID, FencingToken: c.FencingToken,
-		ExecutionID: c.ExecutionID, TraceID: c.TraceID, Sink: c.Sink, CommitID: c.CommitID,
-		AcceptedAt: c.AcceptedAt}
+		ExecutionID: c.ExecutionID, JobID: c.JobID, TraceID: c.TraceID, Sink: c.Sink, CommitID: c.CommitID,
+		Target: c.Target, PayloadSHA256: c.PayloadSHA256, AcceptedAt: c.AcceptedAt}
+}
+
+// Binding is the write g was authorized for.
+func (g Guard) Binding() Binding { return Binding{Target: g.Target, PayloadSHA256: g.PayloadSHA256} }
+
+// Authorizes reports, as commit_rejected, a guard that was not issued for
+// the write w: another target, or another payload (a guard without a
+// payload digest was issued by a sink that cannot check one, and is
+// refused by one that can). It is every sink's check of the binding, made
+// at the sink's own linearization point beside Admit.
+func (g Guard) Authorizes(w Binding) error {
+	switch {
+	case g.Target == "" || g.JobID == "":
+		return rejected("the write's fence names no write or job (issued before writes were bound)")
+	case g.Target != w.Target:
+		return rejected("the guard was authorized for another write")
+	case g.PayloadSHA256 != w.PayloadSHA256:
+		return rejected("the guard was authorized for another payload")
+	}
+	return nil
 }
 
 // Validate reports a missing or incomplete guard as commit_rejected: a write
-// without a complete fence is never accepted.
+// without a complete fence is never accepted. It is the shape of any
+// stored guard, including those written before writes were bound (no
+// Target or JobID); Admit also requires the binding of a new write.
 func (g Guard) Validate() error {
 	switch {
 	case lease.CheckLockKey(g.LockKey) != nil:
@@ -110,20 +154,26 @@ func (g Guard) Validate() error {
 		return rejected("the write's fence is incomplete")
 	case g.AcceptedAt.IsZero():
 		return rejected("the write's fence has no accepted_at")
+	case lease.CheckPayloadSHA256(g.PayloadSHA256) != nil:
+		return rejected("the write's fence has a malformed payload digest")
 	}
 	return nil
 }
 
 // Admit is the conditional-write rule every fenced store applies atomically
 // with the write, given the guard stored with the current object (nil if
-// none): next must be a complete guard for the same lock key with a token not
-// lower than the stored one. One token belongs to one lease, so an equal
-// token with a different lease id is refused too. The error is a
-// *lease.Error with code commit_rejected. CouchDB's validate_doc_update
-// enforces the same rule.
+// none): next must be a complete guard, bound to a write and a job, for the
+// same lock key with a token not lower than the stored one. One token
+// belongs to one lease, so an equal token with a different lease id is
+// refused too. The error is a *lease.Error with code commit_rejected.
+// CouchDB's validate_doc_update enforces the same rule. Admit does not know
+// which write is made: the sink also checks next.Authorizes(the write).
 func Admit(stored *Guard, next Guard) error {
 	if err := next.Validate(); err != nil {
 		return err
+	}
+	if next.Target == "" || next.JobID == "" {
+		return rejected("the write's fence names no write or job (issued before writes were bound)")
 	}
 	if stored == nil {
 		return nil
@@ -218,19 +268,20 @@ func (c *Committer) SetExpiresAt(t lease.Timestamp) {
 // Guard returns the guard of an accepted commit of this lease.
 func (c *Committer) Guard(commit lease.Commit) Guard { return NewGuard(c.Envelope(), commit) }
 
-// Authorize asks the lease backend whether a commit to sink may linearize now
-// under this lease. The commit id names the commit: a retry with the same id
-// returns the original authorization (replayed), so an outcome_unknown,
-// backend_unavailable or deadline_exceeded answer is retried with the same id
-// up to the configured attempts. Errors are *lease.Error and pass through
-// typed: lease_lost (the lease is not held at backend time), commit_rejected
-// (the token is below the sink's high-water mark), outcome_unknown (still
-// unresolved after every attempt: do not write), invalid_lease_request,
-// idempotency_conflict (the id was used for a different commit).
-func (c *Committer) Authorize(ctx context.Context, sink, commitID string) (lease.Commit, error) {
+// Authorize asks the lease backend whether the one write w to sink may
+// linearize now under this lease. The commit id names the commit: a retry
+// with the same id and write returns the original authorization
+// (replayed), so an outcome_unknown, backend_unavailable or
+// deadline_exceeded answer is retried with the same id up to the configured
+// attempts. Errors are *lease.Error and pass through typed: lease_lost (the
+// lease is not held at backend time), commit_rejected (the token is below
+// the sink's high-water mark), outcome_unknown (still unresolved after
+// every attempt: do not write), invalid_lease_request, idempotency_conflict
+// (the id was used for a different commit or another write).
+func (c *Committer) Authorize(ctx context.Context, sink, commitID string, w Binding) (lease.Commit, error) {
 	env := c.Envelope()
 	res, err := c.retry.Authorize(ctx, c.authz, func(deadline time.Time) lease.CommitRequest {
-		return env.CommitRequest(sink, commitID, deadline, c.caller)
+		return env.CommitRequest(sink, commitID, w, deadline, c.caller)
 	})
 	if err != nil {
 		if isLoss(err) {
@@ -238,7 +289,7 @@ func (c *Committer) Authorize(ctx context.Context, sink, commitID string) (lease
 		}
 		return lease.Commit{}, err
 	}
-	if err := CheckCommit(env, commitID, res); err != nil {
+	if err := CheckCommit(env, commitID, w, res); err != nil {
 		return lease.Commit{}, err
 	}
 	return res.Commit, nil
@@ -324,12 +375,15 @@ func isLoss(err error) bool {
 	return c == lease.CodeLost || c == lease.CodeCommitRejected
 }
 
-// CheckCommit fails closed on an authorization that is not for this lease
-// and commit.
-func CheckCommit(env Envelope, commitID string, res lease.CommitResult) error {
+// CheckCommit fails closed on an authorization that is not for this lease,
+// commit and write. A publication passes the zero Binding: its write is the
+// message, which the backend names (message id and body digest).
+func CheckCommit(env Envelope, commitID string, w Binding, res lease.CommitResult) error {
 	cm := res.Commit
 	if res.Code != lease.CodeCommitAuthorized || cm.LeaseID != env.LeaseID ||
-		cm.FencingToken != env.FencingToken || cm.CommitID != commitID || cm.AcceptedAt.IsZero() {
+		cm.FencingToken != env.FencingToken || cm.CommitID != commitID || cm.AcceptedAt.IsZero() ||
+		cm.ExecutionID != env.ExecutionID || cm.JobID != env.JobID || cm.Target == "" ||
+		(w != Binding{} && (cm.Target != w.Target || cm.PayloadSHA256 != w.PayloadSHA256)) {
 		return &lease.Error{Code: lease.CodeCorrupt, Reason: "commit authorization does not match the lease"}
 	}
 	return nil
@@ -359,22 +413,32 @@ func (c *Committer) ReportLoss(err error) {
 // the highest accepted token per lock key and sink. It must be a canonical
 // identifier (lower case, letters, digits, "._:-").
 //
+// Bind names the one write payload is (Binding): a pure function of the
+// payload, the same on every call.
+//
 // Commit MUST make the write conditional on g, atomically, in the store:
-// refuse it unless Admit(stored guard, g) holds for the object written, and
-// record g with it. It returns a *lease.Error with code commit_rejected when
-// the store refuses the guard; other errors are the store's own (a retry of
-// the whole Write with the same commit id is safe: authorization replays).
+// refuse it unless g.Authorizes(Bind(payload)) and Admit(stored guard, g)
+// hold for the object written, and record g with it. It returns a
+// *lease.Error with code commit_rejected when the store refuses the guard;
+// other errors are the store's own (a retry of the whole Write with the
+// same commit id and payload is safe: authorization replays).
 type Sink[P any] interface {
 	Name() string
+	Bind(payload P) (Binding, error)
 	Commit(ctx context.Context, g Guard, payload P) error
 }
 
-// Write is one fenced commit: authorize under the lease, then write payload
-// to sink conditioned on the resulting guard. It returns the guard the write
-// carried. A rejection by the sink's guard (commit_rejected) also counts as
-// lease loss and reaches the committer's loss handler.
+// Write is one fenced commit: authorize the write of payload under the
+// lease, then write it to sink conditioned on the resulting guard. It
+// returns the guard the write carried. A rejection by the sink's guard
+// (commit_rejected) also counts as lease loss and reaches the committer's
+// loss handler.
 func Write[P any](ctx context.Context, c *Committer, sink Sink[P], commitID string, payload P) (Guard, error) {
-	commit, err := c.Authorize(ctx, sink.Name(), commitID)
+	w, err := sink.Bind(payload)
+	if err != nil {
+		return Guard{}, err
+	}
+	commit, err := c.Authorize(ctx, sink.Name(), commitID, w)
 	if err != nil {
 		return Guard{}, err
 	}

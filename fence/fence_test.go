@@ -86,7 +86,9 @@ func TestWriteCarriesTheGuard(t *testing.T) {
 		t.Fatalf("write: %v", err)
 	}
 	want := fence.Guard{LockKey: rec.LockKey, LeaseID: rec.LeaseID, FencingToken: rec.FencingToken,
-		ExecutionID: rec.ExecutionID, TraceID: rec.TraceID, Sink: "results", CommitID: "commit-1", AcceptedAt: g.AcceptedAt}
+		ExecutionID: rec.ExecutionID, JobID: rec.JobID, TraceID: rec.TraceID, Sink: "results", CommitID: "commit-1",
+		Target: "result-1", PayloadSHA256: "e7a5dcaad5eed263e52941a57b7a93aebad107f3fda0d2d3929839ac989a0db3", // SHA-256 of the body
+		AcceptedAt: g.AcceptedAt}
 	if g != want || g.AcceptedAt.IsZero() {
 		t.Fatalf("guard %+v, want %+v", g, want)
 	}
@@ -163,7 +165,7 @@ func TestAuthorizedThenPausedHolderIsStoppedByTheSink(t *testing.T) {
 	first := e.acquire("instance-a", "req-a")
 	var lossA fencetest.LossRecorder
 	a := e.committer(first, fence.WithLossHandler(lossA.Handler))
-	commit, err := a.Authorize(ctx, sink.Name(), "a-1")
+	commit, err := a.Authorize(ctx, sink.Name(), "a-1", mustBind(t, sink, fencetest.Doc{ID: "target", Body: "from a"}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +245,7 @@ func TestOutcomeUnknownIsRetriedWithTheSameCommitID(t *testing.T) {
 	rec := e.acquire("instance-a", "req-a")
 	f := &flaky{Authorizer: e.store, n: 2}
 	c := fence.NewCommitter(f, fence.EnvelopeOf(rec), actor, fence.WithBackoff(time.Millisecond))
-	commit, err := c.Authorize(context.Background(), "results", "commit-7")
+	commit, err := c.Authorize(context.Background(), "results", "commit-7", fence.Binding{Target: "doc-7"})
 	if err != nil {
 		t.Fatalf("authorize: %v", err)
 	}
@@ -258,7 +260,7 @@ func TestOutcomeUnknownIsRetriedWithTheSameCommitID(t *testing.T) {
 	// Never resolved: outcome_unknown after the bounded attempts.
 	g := &flaky{Authorizer: e.store, n: 100}
 	c = fence.NewCommitter(g, fence.EnvelopeOf(rec), actor, fence.WithBackoff(time.Millisecond), fence.WithAttempts(3))
-	if _, err := c.Authorize(context.Background(), "results", "commit-8"); code(err) != lease.CodeOutcomeUnknown {
+	if _, err := c.Authorize(context.Background(), "results", "commit-8", fence.Binding{Target: "doc-8"}); code(err) != lease.CodeOutcomeUnknown {
 		t.Fatalf("unresolved: %v", err)
 	}
 	if len(g.ids) != 3 {
@@ -300,7 +302,7 @@ func TestTypedErrorsPassThrough(t *testing.T) {
 		var loss fencetest.LossRecorder
 		c := fence.NewCommitter(f, env, lease.Caller{}, fence.WithAttempts(2), fence.WithBackoff(time.Millisecond),
 			fence.WithLossHandler(loss.Handler))
-		_, err := c.Authorize(context.Background(), "results", "c-1")
+		_, err := c.Authorize(context.Background(), "results", "c-1", fence.Binding{Target: "doc-1"})
 		if code(err) != lease.CodeOf(tc.err) || f.calls != tc.calls || (len(loss.Seen()) == 1) != tc.loss {
 			t.Errorf("%v: got %v after %d calls, loss %v", tc.err, err, f.calls, loss.Seen())
 		}
@@ -308,7 +310,7 @@ func TestTypedErrorsPassThrough(t *testing.T) {
 	// An authorization for another lease fails closed.
 	f := &fixed{res: lease.CommitResult{Code: lease.CodeCommitAuthorized, Commit: lease.Commit{LeaseID: "lease-2",
 		FencingToken: 3, CommitID: "c-1", AcceptedAt: lease.At(time.Now())}}}
-	if _, err := fence.NewCommitter(f, env, lease.Caller{}).Authorize(context.Background(), "results", "c-1"); code(err) != lease.CodeCorrupt {
+	if _, err := fence.NewCommitter(f, env, lease.Caller{}).Authorize(context.Background(), "results", "c-1", fence.Binding{Target: "doc-1"}); code(err) != lease.CodeCorrupt {
 		t.Fatalf("mismatched authorization: %v", err)
 	}
 }
@@ -347,9 +349,16 @@ func TestWriteRetrySameCommitID(t *testing.T) {
 func TestAdmit(t *testing.T) {
 	at := lease.At(time.Now())
 	g := func(key string, token uint64, leaseID string) fence.Guard {
-		return fence.Guard{LockKey: key, LeaseID: leaseID, FencingToken: token, ExecutionID: "e", Sink: "s", CommitID: "c", AcceptedAt: at}
+		return fence.Guard{LockKey: key, LeaseID: leaseID, FencingToken: token, ExecutionID: "e", JobID: "j", Sink: "s",
+			CommitID: "c", Target: "doc", AcceptedAt: at}
 	}
 	k1, k2 := fencetest.LockKey("one"), fencetest.LockKey("two")
+	unbound := g(k1, 7, "lease-7")
+	unbound.Target = ""
+	noJob := g(k1, 7, "lease-7")
+	noJob.JobID = ""
+	badDigest := g(k1, 7, "lease-7")
+	badDigest.PayloadSHA256 = "ABC"
 	stored := g(k1, 5, "lease-5")
 	for _, tc := range []struct {
 		name   string
@@ -365,7 +374,13 @@ func TestAdmit(t *testing.T) {
 		{"other lock key", &stored, g(k2, 9, "lease-9"), false},
 		{"missing fence", &stored, fence.Guard{}, false},
 		{"missing fence, new object", nil, fence.Guard{}, false},
-		{"no accepted_at", nil, fence.Guard{LockKey: k1, LeaseID: "l", FencingToken: 1, ExecutionID: "e", Sink: "s", CommitID: "c"}, false},
+		{"no accepted_at", nil, fence.Guard{LockKey: k1, LeaseID: "l", FencingToken: 1, ExecutionID: "e", JobID: "j", Sink: "s", CommitID: "c", Target: "doc"}, false},
+		// A guard issued before writes were bound orders tokens as a stored
+		// guard but admits no new write.
+		{"unbound guard", &stored, unbound, false},
+		{"guard without job", nil, noJob, false},
+		{"malformed payload digest", nil, badDigest, false},
+		{"after an unbound stored guard", &unbound, g(k1, 7, "lease-7"), true},
 	} {
 		err := fence.Admit(tc.stored, tc.next)
 		if (err == nil) != tc.ok || (err != nil && code(err) != lease.CodeCommitRejected) {
@@ -382,4 +397,35 @@ func TestMemorySinkRejectsUnfencedWrites(t *testing.T) {
 	if len(sink.Docs()) != 0 || len(sink.Rejected()) != 1 {
 		t.Fatalf("sink %+v", sink.Docs())
 	}
+}
+
+// mustBind is the binding of the write of payload to sink.
+func mustBind[P any](t *testing.T, sink fence.Sink[P], payload P) fence.Binding {
+	t.Helper()
+	w, err := sink.Bind(payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// The stale-holder property at the reference sink.
+func TestStaleHolderAtTheMemorySink(t *testing.T) {
+	e := newEnv(t)
+	sink := fencetest.NewMemorySink("documents")
+	docID := func(rec *lease.Record, obj int) string { return rec.TargetID + "/doc-" + string(rune('0'+obj)) }
+	fencetest.StaleHolder[fencetest.Doc]{Store: e.store, Now: e.clock.Now, Expire: func() { e.clock.Add(ttl + time.Second) },
+		TTL: ttl, Identity: identity, Holder: actor,
+		Successor: lease.Caller{PrincipalID: "prn-successor", ClientID: "client-2", CredentialID: "key-2"}, Admin: admin,
+		Sink: sink, Objects: 2,
+		Payload: func(rec *lease.Record, obj int, label string) fencetest.Doc {
+			return fencetest.Doc{ID: docID(rec, obj), Body: label}
+		},
+		Read: func(_ context.Context, rec *lease.Record, obj int) (string, *fence.Guard, error) {
+			d, ok := sink.Get(docID(rec, obj))
+			if !ok {
+				return "", nil, nil
+			}
+			return d.Body, &d.Guard, nil
+		}}.Run(t)
 }

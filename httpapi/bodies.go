@@ -62,7 +62,10 @@ type commitBody struct {
 	Sink              string          `json:"sink"`
 	CommitID          string          `json:"commit_id"`
 	ExecutionID       string          `json:"execution_id"`
+	JobID             string          `json:"job_id"`
 	TraceID           string          `json:"trace_id"`
+	Target            string          `json:"target"`
+	PayloadSHA256     string          `json:"payload_sha256"`
 }
 
 // Response shapes: only authorized, non-secret fields.
@@ -117,16 +120,21 @@ type HistoryView struct {
 	IncidentID string          `json:"incident_id,omitempty"`
 }
 
-// CommitView is an accepted commit authorization.
+// CommitView is an accepted commit authorization: the one write (target,
+// payload_sha256) it authorizes under the lease, execution and job. A
+// remote writer stores these fields as its guard.
 type CommitView struct {
-	Sink         string          `json:"sink"`
-	CommitID     string          `json:"commit_id"`
-	LeaseID      string          `json:"lease_id"`
-	FencingToken uint64          `json:"fencing_token"`
-	ExecutionID  string          `json:"execution_id"`
-	TraceID      string          `json:"trace_id,omitempty"`
-	AcceptedAt   lease.Timestamp `json:"accepted_at"`
-	BackendTime  lease.Timestamp `json:"backend_time"`
+	Sink          string          `json:"sink"`
+	CommitID      string          `json:"commit_id"`
+	LeaseID       string          `json:"lease_id"`
+	FencingToken  uint64          `json:"fencing_token"`
+	ExecutionID   string          `json:"execution_id"`
+	JobID         string          `json:"job_id"`
+	TraceID       string          `json:"trace_id,omitempty"`
+	Target        string          `json:"target"`
+	PayloadSHA256 string          `json:"payload_sha256,omitempty"`
+	AcceptedAt    lease.Timestamp `json:"accepted_at"`
+	BackendTime   lease.Timestamp `json:"backend_time"`
 }
 
 // parseDeadline reads deadline_at (RFC 3339) or X-Request-Timeout-Ms.

@@ -174,12 +174,13 @@ func (st *boltState) lifecycle(t *testing.T) {
 
 	cm, err := c.AuthorizeCommit(context.Background(), client.CommitRequest{LockIdentity: id, LeaseID: l.LeaseID,
 		FencingToken: l.FencingToken, ServiceInstanceID: "inst-a", Sink: "couchdb", CommitID: "commit-1",
-		ExecutionID: "exec-1", TraceID: "trace-1"})
+		ExecutionID: "exec-1", JobID: "job-1", TraceID: "trace-1", Target: "doc-1", PayloadSHA256: strings.Repeat("c", 64)})
 	if err != nil {
 		t.Fatalf("authorize commit: %v", err)
 	}
 	if cm.Commit.FencingToken != l.FencingToken || cm.Commit.LeaseID != l.LeaseID || cm.Commit.Sink != "couchdb" ||
-		cm.Commit.CommitID != "commit-1" || cm.Commit.AcceptedAt.IsZero() {
+		cm.Commit.CommitID != "commit-1" || cm.Commit.AcceptedAt.IsZero() || cm.Commit.Target != "doc-1" ||
+		cm.Commit.JobID != "job-1" || cm.Commit.PayloadSHA256 != strings.Repeat("c", 64) {
 		t.Fatalf("commit %+v", cm)
 	}
 	st.commitCode = cm.Code
@@ -703,7 +704,7 @@ func (st *boltState) conflictLost(t *testing.T) {
 	_, err = ca.Release(ctx, client.ReleaseRequest{LeaseID: l.LeaseID, LockIdentity: id, FencingToken: l.FencingToken, ServiceInstanceID: "inst-a"})
 	wantErr(t, s, err, 409, lease.CodeLost)
 	_, err = ca.AuthorizeCommit(ctx, client.CommitRequest{LockIdentity: id, LeaseID: l.LeaseID, FencingToken: l.FencingToken,
-		ServiceInstanceID: "inst-a", Sink: "couchdb", CommitID: "late-commit", ExecutionID: "e"})
+		ServiceInstanceID: "inst-a", Sink: "couchdb", CommitID: "late-commit", ExecutionID: "e", JobID: "j", Target: "doc"})
 	wantErr(t, s, err, 409, lease.CodeLost)
 	res, err = cb.Get(ctx, succ.LeaseID)
 	if g := okLease(t, s, res, err, lease.CodeInspected).Lease; g.State != lease.StateActive || g.FencingToken != succ.FencingToken {
@@ -876,7 +877,8 @@ func (st *boltState) admin(t *testing.T) {
 	// revoke
 	id2, l2 := acquire("admin-2")
 	commit := client.CommitRequest{LockIdentity: id2, LeaseID: l2.LeaseID, FencingToken: l2.FencingToken,
-		ServiceInstanceID: "inst-a", Sink: "couchdb", CommitID: "commit-before", ExecutionID: "exec-adm", TraceID: "trace-adm"}
+		ServiceInstanceID: "inst-a", Sink: "couchdb", CommitID: "commit-before", ExecutionID: "exec-adm", JobID: "job-adm",
+		TraceID: "trace-adm", Target: "doc-adm"}
 	if _, err := ca.AuthorizeCommit(ctx, commit); err != nil {
 		t.Fatalf("commit before revoke: %v", err)
 	}
@@ -900,9 +902,27 @@ func (st *boltState) admin(t *testing.T) {
 	wantErr(t, s, err, 409, lease.CodeLost)
 	raw := s.do(t, rawReq{Method: "POST", Path: apiBase + "/commits/authorize", Key: st.k.clientA.APIKey, Body: map[string]any{
 		"lock_identity": id2, "lease_id": l2.LeaseID, "fencing_token": l2.FencingToken, "service_instance_id": "inst-a",
-		"sink": "couchdb", "commit_id": "commit-after-raw", "execution_id": "exec-adm", "trace_id": "trace-adm"}})
+		"sink": "couchdb", "commit_id": "commit-after-raw", "execution_id": "exec-adm", "job_id": "job-adm",
+		"trace_id": "trace-adm", "target": "doc-adm"}})
 	if raw.Status != 409 || raw.code() != "lease_lost" {
 		t.Fatalf("raw commit after revoke: %d %s", raw.Status, raw.Body)
+	}
+	// The commit authorized before the revoke replays for its own write
+	// only: its id for another document is idempotency_conflict, so the
+	// revoked holder cannot land a new write by replaying it.
+	commit.CommitID = "commit-before"
+	if r, err := ca.AuthorizeCommit(ctx, commit); err != nil || !r.Replayed || r.Commit.Target != "doc-adm" {
+		t.Fatalf("replay of the commit authorized before the revoke: %+v %v", r, err)
+	}
+	for _, change := range []func(*client.CommitRequest){
+		func(c *client.CommitRequest) { c.Target = "doc-adm-2" },
+		func(c *client.CommitRequest) { c.PayloadSHA256 = strings.Repeat("d", 64) },
+		func(c *client.CommitRequest) { c.JobID = "job-other" },
+	} {
+		other := commit
+		change(&other)
+		_, err = ca.AuthorizeCommit(ctx, other)
+		wantErr(t, s, err, 409, lease.CodeIdempotencyConflict)
 	}
 	_, err = ca.Renew(ctx, client.RenewRequest{LeaseID: l2.LeaseID, LockIdentity: id2, FencingToken: l2.FencingToken, ServiceInstanceID: "inst-a"})
 	wantErr(t, s, err, 409, lease.CodeLost)

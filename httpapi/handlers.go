@@ -236,7 +236,7 @@ func (s *Server) authorizeCommit(r *http.Request, c service.Call, ok *Success) e
 	ok.reached = true
 	res, err := s.svc.AuthorizeCommit(r.Context(), c, service.CommitInput{Identity: id, LeaseID: b.LeaseID,
 		FencingToken: b.FencingToken, ServiceInstanceID: b.ServiceInstanceID, Sink: b.Sink, CommitID: b.CommitID,
-		ExecutionID: b.ExecutionID, TraceID: b.TraceID})
+		ExecutionID: b.ExecutionID, JobID: b.JobID, TraceID: b.TraceID, Target: b.Target, PayloadSHA256: b.PayloadSHA256})
 	if err != nil {
 		return err
 	}
@@ -244,7 +244,8 @@ func (s *Server) authorizeCommit(r *http.Request, c service.Call, ok *Success) e
 	ok.Replayed = res.Replayed
 	cm := res.Commit
 	ok.Commit = &CommitView{Sink: cm.Sink, CommitID: cm.CommitID, LeaseID: cm.LeaseID, FencingToken: cm.FencingToken,
-		ExecutionID: cm.ExecutionID, TraceID: cm.TraceID, AcceptedAt: cm.AcceptedAt, BackendTime: res.BackendTime}
+		ExecutionID: cm.ExecutionID, JobID: cm.JobID, TraceID: cm.TraceID, Target: cm.Target,
+		PayloadSHA256: cm.PayloadSHA256, AcceptedAt: cm.AcceptedAt, BackendTime: res.BackendTime}
 	return nil
 }
 

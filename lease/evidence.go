@@ -107,8 +107,10 @@ func DecodeHistoryEntry(b []byte) (*HistoryEntry, error) {
 	return &h, nil
 }
 
-// CommitVersion is the version of stored accepted-commit evidence.
-const CommitVersion = 1
+// CommitVersion is the version of stored accepted-commit evidence. Version
+// 2 binds the commit to its write (target, payload digest) and job; version
+// 1 evidence, written before, is still read (see Commit).
+const CommitVersion = 2
 
 // commitEvidence is the stored form of an accepted commit.
 type commitEvidence struct {
@@ -116,8 +118,26 @@ type commitEvidence struct {
 	Commit
 }
 
-func (c Commit) validate() error {
+func (c Commit) validate(version int) error {
 	if c.FencingToken < 1 || c.FencingToken > MaxFencingToken || !c.AcceptedAt.inRange() || len(c.Digest) != 64 {
+		return corrupt("invalid evidence")
+	}
+	switch version {
+	case 1:
+		if c.Target != "" || c.PayloadSHA256 != "" || c.JobID != "" {
+			return corrupt("invalid evidence")
+		}
+	case CommitVersion:
+		if err := CheckCommitTarget(c.Target); err != nil {
+			return err
+		}
+		if err := CheckPayloadSHA256(c.PayloadSHA256); err != nil {
+			return err
+		}
+		if err := CheckOpaqueID("job_id", c.JobID); err != nil {
+			return err
+		}
+	default:
 		return corrupt("invalid evidence")
 	}
 	if n, err := NormalizeIdentifier("sink", c.Sink); err != nil || n != c.Sink {
@@ -136,7 +156,7 @@ func (c Commit) validate() error {
 
 // EncodeCommit returns the stored form of an accepted commit.
 func EncodeCommit(c Commit) ([]byte, error) {
-	if err := c.validate(); err != nil {
+	if err := c.validate(CommitVersion); err != nil {
 		return nil, corrupt("commit: " + AsError(err).Reason)
 	}
 	return json.Marshal(commitEvidence{Version: CommitVersion, Commit: c})
@@ -146,12 +166,7 @@ func EncodeCommit(c Commit) ([]byte, error) {
 // exact bytes EncodeCommit writes.
 func DecodeCommit(b []byte) (Commit, error) {
 	var e commitEvidence
-	err := decodeStored("commit", b, &e, func() error {
-		if e.Version != CommitVersion {
-			return corrupt("invalid evidence")
-		}
-		return e.Commit.validate()
-	})
+	err := decodeStored("commit", b, &e, func() error { return e.Commit.validate(e.Version) })
 	if err != nil {
 		return Commit{}, err
 	}

@@ -193,7 +193,8 @@ func TestHistoryEntryFailsClosed(t *testing.T) {
 
 func validCommitEvidence() Commit {
 	return Commit{Sink: "couchdb-targets", CommitID: "commit_01", LeaseID: "lease_01", FencingToken: 42,
-		ExecutionID: "execution_01", TraceID: "trace_01", AcceptedAt: UnixMilli(msRenewed), Digest: digest64}
+		ExecutionID: "execution_01", JobID: "job_01", TraceID: "trace_01", Target: "doc:target_01", PayloadSHA256: digest64,
+		AcceptedAt: UnixMilli(msRenewed), Digest: digest64}
 }
 
 func TestCommitRoundTrip(t *testing.T) {
@@ -202,8 +203,9 @@ func TestCommitRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatalf("EncodeCommit: %v", err)
 	}
-	want := `{"commit_version":1,"sink":"couchdb-targets","commit_id":"commit_01","lease_id":"lease_01","fencing_token":42,` +
-		`"execution_id":"execution_01","trace_id":"trace_01","accepted_at":"2026-08-05T12:00:20.000Z","digest":"` + digest64 + `"}`
+	want := `{"commit_version":2,"sink":"couchdb-targets","commit_id":"commit_01","lease_id":"lease_01","fencing_token":42,` +
+		`"execution_id":"execution_01","job_id":"job_01","trace_id":"trace_01","target":"doc:target_01","payload_sha256":"` + digest64 + `",` +
+		`"accepted_at":"2026-08-05T12:00:20.000Z","digest":"` + digest64 + `"}`
 	if string(b) != want {
 		t.Fatalf("EncodeCommit =\n%s\nwant\n%s", b, want)
 	}
@@ -219,8 +221,33 @@ func TestCommitRoundTrip(t *testing.T) {
 	if got, err := DecodeCommit(b); err != nil || got != c {
 		t.Fatalf("no trace: %+v %v", got, err)
 	}
+	c.PayloadSHA256 = ""
+	b, _ = EncodeCommit(c)
+	if got, err := DecodeCommit(b); err != nil || got != c || strings.Contains(string(b), "payload_sha256") {
+		t.Fatalf("no payload digest: %s %+v %v", b, got, err)
+	}
 	if _, err := EncodeCommit(Commit{}); err == nil {
 		t.Fatal("commit without accepted_at encoded")
+	}
+	for _, unbound := range []func(*Commit){func(c *Commit) { c.Target = "" }, func(c *Commit) { c.JobID = "" }} {
+		c := validCommitEvidence()
+		unbound(&c)
+		if b, err := EncodeCommit(c); err == nil {
+			t.Fatalf("a commit not bound to its write and job encoded: %s", b)
+		}
+	}
+	// Evidence of version 1, written before commits were bound to a write,
+	// still reads (a replay of it then conflicts: its digest differs).
+	v1 := `{"commit_version":1,"sink":"couchdb-targets","commit_id":"commit_01","lease_id":"lease_01","fencing_token":42,` +
+		`"execution_id":"execution_01","trace_id":"trace_01","accepted_at":"2026-08-05T12:00:20.000Z","digest":"` + digest64 + `"}`
+	old := validCommitEvidence()
+	old.JobID, old.Target, old.PayloadSHA256 = "", "", ""
+	if got, err := DecodeCommit([]byte(v1)); err != nil || got != old {
+		t.Fatalf("version 1 evidence: %+v %v", got, err)
+	}
+	withTarget := strings.Replace(v1, `"trace_id":"trace_01",`, `"trace_id":"trace_01","target":"doc:x",`, 1)
+	if _, err := DecodeCommit([]byte(withTarget)); err == nil {
+		t.Fatal("version 1 evidence with a target decoded")
 	}
 }
 
@@ -240,7 +267,11 @@ func TestCommitFailsClosed(t *testing.T) {
 		reason string
 	}{
 		{"unknown field", mut(func(m map[string]any) { m["owner"] = "x" }), `commit: malformed: unknown field "owner"`},
-		{"version 2", mut(func(m map[string]any) { m["commit_version"] = 2 }), "commit: invalid evidence"},
+		{"version 3", mut(func(m map[string]any) { m["commit_version"] = 3 }), "commit: invalid evidence"},
+		{"version 1 with a binding", mut(func(m map[string]any) { m["commit_version"] = 1 }), "commit: invalid evidence"},
+		{"no target", mut(func(m map[string]any) { delete(m, "target") }), "commit: the write this commit is for is required"},
+		{"no job", mut(func(m map[string]any) { delete(m, "job_id") }), "commit: must not be empty"},
+		{"bad payload digest", mut(func(m map[string]any) { m["payload_sha256"] = "AB" }), "commit: must be 64 lower-case hex digits"},
 		{"version missing", mut(func(m map[string]any) { delete(m, "commit_version") }), "commit: invalid evidence"},
 		{"token 0", mut(func(m map[string]any) { m["fencing_token"] = 0 }), "commit: invalid evidence"},
 		{"token 2^53", mut(func(m map[string]any) { m["fencing_token"] = json.Number("9007199254740992") }), "commit: invalid evidence"},

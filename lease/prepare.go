@@ -442,7 +442,7 @@ func PrepareCommit(req CommitRequest, o StoreOptions) (CommitRequest, PreparedCo
 		return req, PreparedCommit{}, err
 	}
 	req.Sink = sink
-	for _, f := range []struct{ name, v string }{{"commit_id", req.CommitID}, {"execution_id", req.ExecutionID}} {
+	for _, f := range []struct{ name, v string }{{"commit_id", req.CommitID}, {"execution_id", req.ExecutionID}, {"job_id", req.JobID}} {
 		if err := CheckOpaqueID(f.name, f.v); err != nil {
 			return req, PreparedCommit{}, err
 		}
@@ -452,21 +452,65 @@ func PrepareCommit(req CommitRequest, o StoreOptions) (CommitRequest, PreparedCo
 			return req, PreparedCommit{}, err
 		}
 	}
+	scope := (&fieldHasher{}).add("op", "commit").add("lock_key", key).add("sink", sink).add("commit_id", req.CommitID).b64()
 	outbox := ""
 	if m := req.Outbox; m != nil {
 		if err := checkOutboxMessage(m); err != nil {
 			return req, PreparedCommit{}, err
 		}
+		if req.Target != "" || req.PayloadSHA256 != "" {
+			return req, PreparedCommit{}, Invalid("target", "a publication is its own target: give target and payload_sha256 only without outbox")
+		}
 		sum := sha256.Sum256(m.Body)
+		req.Target, req.PayloadSHA256 = OutboxMessageID(scope), hex.EncodeToString(sum[:])
 		outbox = string((&fieldHasher{}).add("exchange", m.Exchange).add("routing_key", m.RoutingKey).
-			add("content_type", m.ContentType).add("body_sha256", hex.EncodeToString(sum[:])).buf)
+			add("content_type", m.ContentType).add("body_sha256", req.PayloadSHA256).buf)
 	}
-	scope := (&fieldHasher{}).add("op", "commit").add("lock_key", key).add("sink", sink).add("commit_id", req.CommitID).b64()
+	if err := CheckCommitTarget(req.Target); err != nil {
+		return req, PreparedCommit{}, err
+	}
+	if err := CheckPayloadSHA256(req.PayloadSHA256); err != nil {
+		return req, PreparedCommit{}, err
+	}
 	h := (&fieldHasher{}).add("op", "commit").add("lock_key", key).add("owner_principal_id", req.Caller.PrincipalID).
 		add("lease_id", req.LeaseID).add("fencing_token", utoa(req.FencingToken)).
 		add("service_instance_id", req.ServiceInstanceID).add("sink", sink).add("commit_id", req.CommitID).
-		add("execution_id", req.ExecutionID).add("trace_id", req.TraceID).add("outbox", outbox)
+		add("execution_id", req.ExecutionID).add("job_id", req.JobID).add("trace_id", req.TraceID).
+		add("target", req.Target).add("payload_sha256", req.PayloadSHA256).add("outbox", outbox)
 	return req, PreparedCommit{Identity: id, LockKey: key, Scope: scope, Digest: h.hex()}, nil
+}
+
+// CheckCommitTarget validates the target of a commit: the object one write
+// changes in its sink, such as a document id. It is opaque to the backend
+// and compared byte for byte by the sink, so it is bounded, valid UTF-8 and
+// free of control and format characters, and never empty.
+func CheckCommitTarget(t string) error {
+	switch {
+	case t == "":
+		return Invalid("target", "the write this commit is for is required")
+	case len(t) > MaxCommitTargetBytes:
+		return Invalid("target", "must be at most 2048 bytes")
+	case !utf8.ValidString(t):
+		return Invalid("target", "must be valid UTF-8")
+	}
+	for _, r := range t {
+		if unicode.IsControl(r) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp) {
+			return Invalid("target", "must not contain control or format characters")
+		}
+	}
+	return nil
+}
+
+// CheckPayloadSHA256 validates a payload digest: empty (the sink cannot
+// check a payload) or 64 lower-case hex digits.
+func CheckPayloadSHA256(d string) error {
+	if d == "" {
+		return nil
+	}
+	if len(d) != 64 || strings.IndexFunc(d, func(r rune) bool { return !(r >= '0' && r <= '9' || r >= 'a' && r <= 'f') }) >= 0 {
+		return Invalid("payload_sha256", "must be 64 lower-case hex digits")
+	}
+	return nil
 }
 
 // checkOutboxMessage bounds an outbox message: exchange and routing key

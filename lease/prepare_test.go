@@ -50,7 +50,8 @@ func validAdmin() AdminRequest {
 func validCommit() CommitRequest {
 	return CommitRequest{Identity: rawContractIdentity(), LeaseID: "lease_01", FencingToken: 42,
 		ServiceInstanceID: "instance_01", Sink: "CouchDB-Targets", CommitID: "commit_01",
-		ExecutionID: "execution_01", TraceID: "trace_01", DeadlineAt: fixedDeadline, Caller: testCaller()}
+		ExecutionID: "execution_01", JobID: "job_01", TraceID: "trace_01", Target: "doc:target_01",
+		PayloadSHA256: digest64, DeadlineAt: fixedDeadline, Caller: testCaller()}
 }
 
 func checkPrepared(t *testing.T, p Prepared, op Op, principal, requestID string) {
@@ -673,6 +674,16 @@ func TestPrepareCommit(t *testing.T) {
 		{"missing commit id", func(r *CommitRequest) { r.CommitID = "" }, "commit_id", "must not be empty"},
 		{"missing execution id", func(r *CommitRequest) { r.ExecutionID = "" }, "execution_id", "must not be empty"},
 		{"bad trace", func(r *CommitRequest) { r.TraceID = "t?" }, "trace_id", ""},
+		{"missing job id", func(r *CommitRequest) { r.JobID = "" }, "job_id", "must not be empty"},
+		{"missing target", func(r *CommitRequest) { r.Target = "" }, "target", "the write this commit is for is required"},
+		{"target with a control character", func(r *CommitRequest) { r.Target = "doc\nx" }, "target", "must not contain control or format characters"},
+		{"target too long", func(r *CommitRequest) { r.Target = strings.Repeat("d", MaxCommitTargetBytes+1) }, "target", "must be at most 2048 bytes"},
+		{"target not UTF-8", func(r *CommitRequest) { r.Target = "doc\xff" }, "target", "must be valid UTF-8"},
+		{"payload digest upper case", func(r *CommitRequest) { r.PayloadSHA256 = strings.ToUpper(digest64) }, "payload_sha256", "must be 64 lower-case hex digits"},
+		{"payload digest short", func(r *CommitRequest) { r.PayloadSHA256 = "ab" }, "payload_sha256", "must be 64 lower-case hex digits"},
+		{"publication with a target", func(r *CommitRequest) {
+			r.Outbox = &OutboxMessage{RoutingKey: "rk", Body: []byte("{}")}
+		}, "target", "a publication is its own target: give target and payload_sha256 only without outbox"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -694,6 +705,10 @@ func TestPrepareCommit(t *testing.T) {
 		{"token", func(r *CommitRequest) { r.FencingToken = 41 }, true, false},
 		{"instance", func(r *CommitRequest) { r.ServiceInstanceID = "instance_02" }, true, false},
 		{"execution", func(r *CommitRequest) { r.ExecutionID = "execution_02" }, true, false},
+		{"job", func(r *CommitRequest) { r.JobID = "job_02" }, true, false},
+		{"target", func(r *CommitRequest) { r.Target = "doc:target_02" }, true, false},
+		{"payload", func(r *CommitRequest) { r.PayloadSHA256 = strings.Repeat("b", 64) }, true, false},
+		{"no payload digest", func(r *CommitRequest) { r.PayloadSHA256 = "" }, true, false},
 		{"trace", func(r *CommitRequest) { r.TraceID = "trace_02" }, true, false},
 		{"principal", func(r *CommitRequest) { r.Caller.PrincipalID = "prn_actor_02" }, true, false},
 		{"sink", func(r *CommitRequest) { r.Sink = "rabbit" }, true, true},

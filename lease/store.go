@@ -171,13 +171,26 @@ type HistoryRequest struct {
 	Caller     Caller
 }
 
-// CommitRequest asks whether a commit to Sink may linearize now under the
+// CommitRequest asks whether one write to Sink may linearize now under the
 // exact lease. The caller is the owner. CommitID makes it idempotent.
+//
+// An authorization authorizes exactly one write: Target names the object
+// the write changes in the sink (a document id, a job document) and
+// PayloadSHA256 the hex SHA-256 of what it writes there, as the sink
+// computes it (empty only where the sink cannot check a payload). Both are
+// covered by the commit's digest, so a replay of the commit id answers for
+// that write alone (another target or payload is idempotency_conflict), and
+// both travel in the guard, which every sink checks against the write it
+// performs. ExecutionID and JobID must be the lease's own: the backend
+// compares them with the active record (lease_lost otherwise), so a guard
+// names the job it was issued for.
 //
 // With Outbox set, an authorized commit also appends the message to the
 // store's fenced outbox in the same atomic operation as the lease check, so
 // a stale holder's publication never enters it; a relay publishes entries
-// and removes them once the broker confirmed (Outbox interface).
+// and removes them once the broker confirmed (Outbox interface). The
+// message is then the write: Target and PayloadSHA256 must be empty and
+// are set to the message id and the SHA-256 of the body.
 type CommitRequest struct {
 	Identity          Identity
 	LeaseID           string
@@ -186,11 +199,25 @@ type CommitRequest struct {
 	Sink              string
 	CommitID          string
 	ExecutionID       string
+	JobID             string
 	TraceID           string
+	Target            string
+	PayloadSHA256     string
 	Outbox            *OutboxMessage
 	DeadlineAt        time.Time
 	Caller            Caller
 }
+
+// Commit is the accepted-commit evidence of the prepared request r,
+// accepted at backend time at with digest.
+func (r CommitRequest) Commit(at Timestamp, digest string) Commit {
+	return Commit{Sink: r.Sink, CommitID: r.CommitID, LeaseID: r.LeaseID, FencingToken: r.FencingToken,
+		ExecutionID: r.ExecutionID, JobID: r.JobID, TraceID: r.TraceID, Target: r.Target,
+		PayloadSHA256: r.PayloadSHA256, AcceptedAt: at, Digest: digest}
+}
+
+// MaxCommitTargetBytes bounds CommitRequest.Target.
+const MaxCommitTargetBytes = 2048
 
 // MaxOutboxBody bounds an outbox message body.
 const MaxOutboxBody = 64 << 10
@@ -284,16 +311,23 @@ type HistoryResult struct {
 	BackendTime   Timestamp
 }
 
-// Commit is an accepted commit authorization.
+// Commit is an accepted commit authorization: the one write (Target,
+// PayloadSHA256) it authorizes under the lease, execution and job.
+// Evidence of version 1 (before the binding existed) has no Target, JobID
+// or PayloadSHA256; its digest never matches a request of today, so a
+// replay of it is idempotency_conflict.
 type Commit struct {
-	Sink         string    `json:"sink"`
-	CommitID     string    `json:"commit_id"`
-	LeaseID      string    `json:"lease_id"`
-	FencingToken uint64    `json:"fencing_token"`
-	ExecutionID  string    `json:"execution_id"`
-	TraceID      string    `json:"trace_id,omitempty"`
-	AcceptedAt   Timestamp `json:"accepted_at"`
-	Digest       string    `json:"digest"`
+	Sink          string    `json:"sink"`
+	CommitID      string    `json:"commit_id"`
+	LeaseID       string    `json:"lease_id"`
+	FencingToken  uint64    `json:"fencing_token"`
+	ExecutionID   string    `json:"execution_id"`
+	JobID         string    `json:"job_id,omitempty"`
+	TraceID       string    `json:"trace_id,omitempty"`
+	Target        string    `json:"target,omitempty"`
+	PayloadSHA256 string    `json:"payload_sha256,omitempty"`
+	AcceptedAt    Timestamp `json:"accepted_at"`
+	Digest        string    `json:"digest"`
 }
 
 // CommitResult is the typed result of AuthorizeCommit.

@@ -2,6 +2,8 @@ package rabbitmq
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"time"
 
 	"github.com/starintel/starlease/fence"
@@ -125,21 +127,23 @@ func (p *Publisher) Publish(ctx context.Context, c *fence.Committer, commitID st
 	msg.Body = append([]byte(nil), msg.Body...)
 	// The message id is a function of the commit; deriving it validates
 	// the request locally before anything is sent.
-	probe := env.CommitRequest(p.sink, commitID, p.retry.Now().Add(p.retry.CallTimeout), caller)
+	probe := env.CommitRequest(p.sink, commitID, fence.Binding{}, p.retry.Now().Add(p.retry.CallTimeout), caller)
 	probe.Outbox = &msg
 	id, err := messageID(probe)
 	if err != nil {
 		return Publication{}, err
 	}
 	res, err := p.retry.Authorize(ctx, p.authz, func(deadline time.Time) lease.CommitRequest {
-		req := env.CommitRequest(p.sink, commitID, deadline, caller)
+		req := env.CommitRequest(p.sink, commitID, fence.Binding{}, deadline, caller)
 		req.Outbox = &msg
 		return req
 	})
 	if err != nil {
 		return Publication{}, p.refused(c, err)
 	}
-	if err := fence.CheckCommit(env, commitID, res); err != nil {
+	// The publication is the write: the backend binds the commit to this
+	// message id and body, and an answer bound to anything else is refused.
+	if err := fence.CheckCommit(env, commitID, fence.Binding{Target: id, PayloadSHA256: bodySHA256(msg.Body)}, res); err != nil {
 		return Publication{}, err
 	}
 	return Publication{MessageID: id, Guard: fence.NewGuard(env, res.Commit), Replayed: res.Replayed}, nil
@@ -175,8 +179,12 @@ func MessageID(env fence.Envelope, sink, commitID string) (string, error) {
 	if err := env.Validate(); err != nil {
 		return "", err
 	}
-	return messageID(env.CommitRequest(sink, commitID, time.Now().Add(time.Minute),
-		lease.Caller{PrincipalID: env.OwnerPrincipalID}))
+	req := env.CommitRequest(sink, commitID, fence.Binding{}, time.Now().Add(time.Minute),
+		lease.Caller{PrincipalID: env.OwnerPrincipalID})
+	// The id depends on the lock key, sink and commit id alone; any
+	// publication makes the request one.
+	req.Outbox = &lease.OutboxMessage{RoutingKey: "message-id"}
+	return messageID(req)
 }
 
 // messageID derives the stable message id of req the way the backends do.
@@ -196,4 +204,10 @@ func messageID(req lease.CommitRequest) (string, error) {
 		return "", err
 	}
 	return lease.OutboxMessageID(p.Scope), nil
+}
+
+// bodySHA256 is the payload digest the backend binds a publication to.
+func bodySHA256(body []byte) string {
+	sum := sha256.Sum256(body)
+	return hex.EncodeToString(sum[:])
 }

@@ -32,7 +32,8 @@ func acquire(id string) lease.AcquireRequest {
 
 func commit(l *lease.Record, id string) lease.CommitRequest {
 	return lease.CommitRequest{Identity: ident, LeaseID: l.LeaseID, FencingToken: l.FencingToken,
-		ServiceInstanceID: "instance-1", Sink: "couchdb", CommitID: id, ExecutionID: "execution-1", DeadlineAt: far(), Caller: caller}
+		ServiceInstanceID: "instance-1", Sink: "couchdb", CommitID: id, ExecutionID: l.ExecutionID, JobID: l.JobID,
+		Target: "doc:" + id, DeadlineAt: far(), Caller: caller}
 }
 
 func release(l *lease.Record, id string) lease.ReleaseRequest {

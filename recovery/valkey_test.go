@@ -136,7 +136,12 @@ func TestValkeyRestoreEndToEnd(t *testing.T) {
 			w.work(t, s, "target-a", "a-1", false) // token 1
 			stale, staleCommitter := w.workWith(t, s, "target-a", "a-2", true)
 			// Authorized while valid, used only after the restore.
-			late, err := staleCommitter.Authorize(ctx, "couchdb", "late-a-2")
+			staleBody, _ := json.Marshal(map[string]any{"target": "target-a", "stale": true})
+			staleWrite, err := w.writer.Bind(couchdb.Doc{ID: "doc-target-a", Body: staleBody})
+			if err != nil {
+				t.Fatal(err)
+			}
+			late, err := staleCommitter.Authorize(ctx, "couchdb", "late-a-2", staleWrite)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -214,7 +219,6 @@ func TestValkeyRestoreEndToEnd(t *testing.T) {
 			if _, err := r.AuthorizeCommit(ctx, staleCommit(stale, "commit-stale")); lease.CodeOf(err) != lease.CodeLost {
 				t.Fatalf("stale commit: %v", err)
 			}
-			staleBody, _ := json.Marshal(map[string]any{"target": "target-a", "stale": true})
 			if err := w.writer.Commit(ctx, staleCommitter.Guard(late), couchdb.Doc{ID: "doc-target-a", Body: staleBody}); lease.CodeOf(err) != lease.CodeCommitRejected {
 				t.Fatalf("CouchDB's answer to the stale token: %v", err)
 			}

@@ -269,7 +269,12 @@ func runActor(cfg actorConfig, em *emitter, stdin *bufio.Scanner) error {
 		preCommitID := "commit-" + cfg.Name + "-preauth"
 		if cfg.PreAuthorize {
 			cctx, ccancel := commitCtx()
-			pre, perr := l.Committer().Authorize(cctx, writer.Name(), preCommitID)
+			preWrite, berr := results.Bind(couchdb.Result{Identity: cfg.Identity, Name: cfg.ResultName,
+				ContentType: "application/json", Data: dataJSON})
+			if berr != nil {
+				return berr
+			}
+			pre, perr := l.Committer().Authorize(cctx, writer.Name(), preCommitID, preWrite)
 			ccancel()
 			ev := event{Event: evAttempt, Attempt: attemptPreAuthorize, CommitID: preCommitID, OK: perr == nil, Code: lease.CodeOf(perr)}
 			if perr == nil {

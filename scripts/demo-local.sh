@@ -53,6 +53,8 @@ out=$("$BIN" acquire "${ID[@]}")
 echo "$out"
 lease_id2=$(field lease_id <<<"$out")
 token2=$(field fencing_token <<<"$out")
+execution2=$(field execution_id <<<"$out")
+job2=$(field job_id <<<"$out")
 
 if ((token2 <= token)); then
 	echo "fencing token did not increase: $token then $token2" >&2
@@ -68,8 +70,8 @@ Next commands to try (the lease above stays active for 30 s):
   $BIN acquire ${ID[*]}
   # list the active leases of the program
   $BIN list --data-dir $DATA --tenant demo --program quickstart
-  # authorize a fenced write under the lease
-  $BIN authorize-commit ${ID[*]} --lease-id $lease_id2 --token $token2 --sink couchdb --execution exec-demo
+  # authorize one fenced write (of document doc-1) under the lease
+  $BIN authorize-commit ${ID[*]} --lease-id $lease_id2 --token $token2 --sink couchdb --execution $execution2 --job $job2 --write-target doc-1
   # release it, then read the identity's terminal history
   $BIN release ${ID[*]} --lease-id $lease_id2 --token $token2
   $BIN history ${ID[*]}

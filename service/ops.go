@@ -380,6 +380,7 @@ func (s *Service) history(ctx context.Context, o *op, leaseID string, pageSize i
 func (s *Service) AuthorizeCommit(ctx context.Context, c Call, in CommitInput) (lease.CommitResult, error) {
 	o := s.begin(audit.EventCommitAuthorized, c)
 	o.ev.ServiceInstanceID, o.ev.ExecutionID, o.ev.TraceID = safeID(in.ServiceInstanceID), safeID(in.ExecutionID), safeID(in.TraceID)
+	o.ev.JobID = safeID(in.JobID)
 	res, err := s.commit(ctx, o, in)
 	if err != nil {
 		o.ev.EventType = audit.EventCommitRejected
@@ -405,5 +406,6 @@ func (s *Service) commit(ctx context.Context, o *op, in CommitInput) (lease.Comm
 	defer done()
 	return s.store.AuthorizeCommit(ctx, lease.CommitRequest{Identity: id, LeaseID: in.LeaseID, FencingToken: in.FencingToken,
 		ServiceInstanceID: in.ServiceInstanceID, Sink: in.Sink, CommitID: in.CommitID, ExecutionID: in.ExecutionID,
-		TraceID: in.TraceID, DeadlineAt: deadline, Caller: o.call.Principal.Caller(o.call.CorrelationID)})
+		JobID: in.JobID, TraceID: in.TraceID, Target: in.Target, PayloadSHA256: in.PayloadSHA256,
+		DeadlineAt: deadline, Caller: o.call.Principal.Caller(o.call.CorrelationID)})
 }

@@ -66,5 +66,10 @@ type CommitInput struct {
 	Sink              string
 	CommitID          string
 	ExecutionID       string
+	JobID             string
 	TraceID           string
+	// Target and PayloadSHA256 name the one write authorized
+	// (lease.CommitRequest).
+	Target        string
+	PayloadSHA256 string
 }

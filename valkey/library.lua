@@ -771,8 +771,9 @@ end
 -- commit authorizes a fenced write. ARGV 15 lease id, 16 token, 17 owner,
 -- 18 instance, 19 sink, 20 accepted-commit JSON before accepted_at,
 -- 21 the JSON after it; with a publication, 22 and 23 the outbox entry
--- JSON around its accepted_at, 24 its message id. KEYS 5 accepted-commit
--- record, 8 high-water marks, 9 the outbox schedule, 10 the entry's key.
+-- JSON around its accepted_at, 24 its message id; 25 execution id, 26 job
+-- id, which must be the lease's own. KEYS 5 accepted-commit record, 8
+-- high-water marks, 9 the outbox schedule, 10 the entry's key.
 local function commit(keys, args)
   local c = context(keys, args)
   local now = now_ms()
@@ -792,6 +793,8 @@ local function commit(keys, args)
   if why then return corrupt(c, now, why) end
   local cur, reply = held(c, now, args[15], args[16], args[17], args[18])
   if not cur then return reply end
+  -- A guard names the lease's own execution and job, never another one.
+  if cur.execution_id ~= args[25] or cur.job_id ~= args[26] then return { 'lost', int(now) } end
   local mark = counter_value(redis.call('HGET', k_marks, args[19]) or nil)
   if not mark then return corrupt(c, now, 'high-water mark is malformed') end
   if cur.fencing_token < mark then return { 'rejected', int(now) } end

@@ -77,6 +77,7 @@ func TestWrongTypeOfEveryKeyChangesNothing(t *testing.T) {
 		}},
 		{"commit", func(t *testing.T) (string, []key, func() error) {
 			req := commitReq(held(t))
+			req.Target = "" // the publication is the write
 			req.Outbox = &lease.OutboxMessage{Exchange: "leases", RoutingKey: "lease.commit", ContentType: "application/json",
 				Body: []byte(`{}`)}
 			_, p, err := lease.PrepareCommit(req, s.opts)

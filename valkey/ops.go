@@ -335,7 +335,7 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 	keys := append(s.commonKeys(tag, s.keys.commit(tag, p.Scope)), s.keys.marks(tag), s.keys.outbox(), s.keys.outboxMsg(msgID))
 	args := append(s.commonArgs(d, p.LockKey, tag, p.Identity, s.opts.CommitRetention),
 		req.LeaseID, utoa(req.FencingToken), req.Caller.PrincipalID, req.ServiceInstanceID, req.Sink, head, tail,
-		obHead, obTail, msgID)
+		obHead, obTail, msgID, req.ExecutionID, req.JobID)
 	rep, err := s.fcall(ctx, call{fn: "commit", mutation: true, keys: keys, args: args, wait: s.waitFor(d)})
 	if err != nil {
 		return lease.CommitResult{}, err
@@ -375,9 +375,7 @@ const epochMarker = `"accepted_at":"1970-01-01T00:00:00.000Z"`
 // encoder and splits it around accepted_at, which the function fills with
 // backend time: the stored bytes are exactly lease.EncodeCommit's.
 func commitTemplate(req lease.CommitRequest, digest string) (string, string, error) {
-	b, err := lease.EncodeCommit(lease.Commit{Sink: req.Sink, CommitID: req.CommitID, LeaseID: req.LeaseID,
-		FencingToken: req.FencingToken, ExecutionID: req.ExecutionID, TraceID: req.TraceID,
-		AcceptedAt: lease.UnixMilli(0), Digest: digest})
+	b, err := lease.EncodeCommit(req.Commit(lease.UnixMilli(0), digest))
 	return splitAtAccepted(b, err, "commit_id")
 }
 

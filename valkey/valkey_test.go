@@ -76,7 +76,7 @@ func adminReq(r *lease.Record) lease.AdminRequest {
 func commitReq(r *lease.Record) lease.CommitRequest {
 	return lease.CommitRequest{Identity: r.Identity(), LeaseID: r.LeaseID, FencingToken: r.FencingToken,
 		ServiceInstanceID: r.ServiceInstanceID, Sink: "couchdb", CommitID: uid("commit_"), ExecutionID: r.ExecutionID,
-		TraceID: r.TraceID, DeadlineAt: far(), Caller: owner}
+		JobID: r.JobID, TraceID: r.TraceID, Target: uid("doc:"), DeadlineAt: far(), Caller: owner}
 }
 
 func mustCode(t *testing.T, err error, want lease.Code) {
@@ -538,7 +538,7 @@ func TestDurabilityCheck(t *testing.T) {
 			_, err := s.Acquire(bg, acquireReq(id))
 			mustCode(t, err, lease.CodeBackendUnavailable)
 			_, err = s.AuthorizeCommit(bg, commitReq(&lease.Record{LeaseID: "lease_x", FencingToken: 1,
-				ServiceInstanceID: "i", ExecutionID: "e", TenantID: id.TenantID, ProgramID: id.ProgramID,
+				ServiceInstanceID: "i", ExecutionID: "e", JobID: "j", TenantID: id.TenantID, ProgramID: id.ProgramID,
 				TargetNamespace: id.TargetNamespace, TargetID: id.TargetID, ActorName: id.ActorName}))
 			mustCode(t, err, lease.CodeBackendUnavailable)
 			_, err = s.Inspect(bg, lease.InspectRequest{Identity: id, DeadlineAt: far()})

@@ -32,7 +32,7 @@ var commands = []command{
 		"list an identity's terminal leases, newest first", setupHistory},
 	{"lookup", identitySynopsis + " --op OP --request-id ID [flags]",
 		"resolve a mutation's outcome by its request id", setupLookup},
-	{"authorize-commit", identitySynopsis + " --lease-id L --token N --sink S --execution E [flags]",
+	{"authorize-commit", identitySynopsis + " --lease-id L --token N --sink S --execution E --job J --write-target T [flags]",
 		"validate a fenced write against the lease and the sink's high-water mark", setupCommit},
 }
 
@@ -249,11 +249,15 @@ func setupCommit(fs *flag.FlagSet) build {
 	sink := fs.String("sink", "", "the authoritative store written (an identifier)")
 	commitID := fs.String("commit-id", "", "idempotency key of the commit (default: a fresh commit_<ULID>)")
 	execution := fs.String("execution", "", "execution id of the leased work (required)")
+	job := fs.String("job", "", "job id of the lease (required)")
+	target := fs.String("write-target", "", "the object the one authorized write changes in the sink, e.g. a document id (required)")
+	payload := fs.String("payload-sha256", "", "hex SHA-256 of what the write stores (optional)")
 	trace := fs.String("trace", "", "trace id (optional)")
 	return func(e *env) (call, error) {
 		req := lease.CommitRequest{Identity: id.Identity, LeaseID: h.leaseID, FencingToken: h.token,
 			ServiceInstanceID: *h.instance, Sink: *sink, CommitID: orNew(*commitID, "commit_"),
-			ExecutionID: *execution, TraceID: *trace, DeadlineAt: e.deadline, Caller: e.caller}
+			ExecutionID: *execution, JobID: *job, TraceID: *trace, Target: *target, PayloadSHA256: *payload,
+			DeadlineAt: e.deadline, Caller: e.caller}
 		if _, _, err := lease.PrepareCommit(req, e.opts); err != nil {
 			return nil, err
 		}

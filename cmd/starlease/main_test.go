@@ -266,19 +266,23 @@ func TestIdempotentAcquireAndLookup(t *testing.T) {
 
 func TestAdminAndCommit(t *testing.T) {
 	f := newFixture(t)
-	rec := f.acquire(t, "--execution", "exec-1")
+	rec := f.acquire(t, "--execution", "exec-1", "--job", "job-1")
 	var c commitResult
-	f.do(t, "authorize-commit", append(held(rec), "--sink", "couchdb", "--commit-id", "c1", "--execution", "exec-1")...).ok(t, &c)
-	if c.Code != lease.CodeCommitAuthorized || c.Commit.FencingToken != 1 || c.Commit.Sink != "couchdb" {
+	write := []string{"--sink", "couchdb", "--execution", "exec-1", "--job", "job-1", "--write-target", "doc-1"}
+	f.do(t, "authorize-commit", append(held(rec), append(write, "--commit-id", "c1")...)...).ok(t, &c)
+	if c.Code != lease.CodeCommitAuthorized || c.Commit.FencingToken != 1 || c.Commit.Sink != "couchdb" || c.Commit.Target != "doc-1" {
 		t.Fatalf("commit: %+v", c)
 	}
+	// The commit id names that write: for another document it conflicts.
+	f.do(t, "authorize-commit", append(held(rec), "--sink", "couchdb", "--execution", "exec-1", "--job", "job-1",
+		"--write-target", "doc-2", "--commit-id", "c1")...).refused(t, exitRefused, lease.CodeIdempotencyConflict)
 	var p printedLease
 	f.do(t, "force-release", append(held(rec), "--reason", "stuck worker")...).ok(t, &p)
 	if p.Code != lease.CodeForceReleased || p.Lease.State != lease.StateReleased {
 		t.Fatalf("force-release: %+v", p)
 	}
 	// The former holder can no longer commit.
-	f.do(t, "authorize-commit", append(held(rec), "--sink", "couchdb", "--commit-id", "c2", "--execution", "exec-1")...).
+	f.do(t, "authorize-commit", append(held(rec), append(write, "--commit-id", "c2")...)...).
 		refused(t, exitRefused, lease.CodeLost)
 
 	next := f.acquire(t)

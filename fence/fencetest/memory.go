@@ -3,6 +3,8 @@ package fencetest
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"sort"
 	"sync"
 
@@ -34,11 +36,13 @@ type Rejection struct {
 
 // MemorySink is an in-memory fenced store of documents: the reference
 // implementation of fence.Sink. Each write is checked and applied under one
-// lock, so the check is atomic with the write, and is refused unless
+// lock, so the check is atomic with the write, and is refused unless the
+// guard was issued for exactly this write (document id and body digest) and
 // fence.Admit(guard stored with the document, guard of the write) holds: a
-// missing or incomplete fence, a different lock key or a token lower than
-// the stored one is rejected with commit_rejected. That is the rule CouchDB's
-// validate_doc_update enforces per document.
+// missing or incomplete fence, a guard for another write, a different lock
+// key or a token lower than the stored one is rejected with
+// commit_rejected. That is the rule CouchDB's validate_doc_update enforces
+// per document.
 //
 // The zero value is not usable; call NewMemorySink.
 type MemorySink struct {
@@ -60,7 +64,18 @@ func NewMemorySink(name string) *MemorySink {
 // Name returns the sink name authorization is scoped by.
 func (s *MemorySink) Name() string { return s.name }
 
-// Commit writes doc conditioned on g.
+// Bind names the write of doc: its id and the SHA-256 of its body.
+func (s *MemorySink) Bind(doc Doc) (fence.Binding, error) {
+	if doc.ID == "" {
+		return fence.Binding{}, lease.Invalid("id", "must not be empty")
+	}
+	sum := sha256.Sum256([]byte(doc.Body))
+	return fence.Binding{Target: doc.ID, PayloadSHA256: hex.EncodeToString(sum[:])}, nil
+}
+
+// Commit writes doc conditioned on g: g must have been issued for exactly
+// this write (Guard.Authorizes) and pass fence.Admit against the stored
+// document's guard.
 func (s *MemorySink) Commit(ctx context.Context, g fence.Guard, doc Doc) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -72,12 +87,14 @@ func (s *MemorySink) Commit(ctx context.Context, g fence.Guard, doc Doc) error {
 	if ok {
 		stored = &cur.Guard
 	}
-	if err := fence.Admit(stored, g); err != nil {
-		s.rejected = append(s.rejected, Rejection{Doc: doc, Guard: g, Err: err})
-		return err
+	w, err := s.Bind(doc)
+	if err == nil {
+		err = g.Authorizes(w)
 	}
-	if doc.ID == "" {
-		err := lease.Invalid("id", "must not be empty")
+	if err == nil {
+		err = fence.Admit(stored, g)
+	}
+	if err != nil {
 		s.rejected = append(s.rejected, Rejection{Doc: doc, Guard: g, Err: err})
 		return err
 	}

@@ -1,6 +1,7 @@
 package leasetest
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/starintel/starlease/lease"
@@ -130,4 +131,167 @@ func (s *suite) commitAuthorization(t *testing.T) {
 		}
 		e.mustCommit(e.commitReq(other, "couchdb"))
 	})
+}
+
+// commit_binds_one_write: an authorization authorizes exactly one write.
+// The commit id's digest covers the write (target, payload digest) and the
+// lease's job; a replay answers only for that write.
+func (s *suite) commitBindsOneWrite(t *testing.T) {
+	s.leaf(t, "replay_with_another_target", func(e *env) {
+		rec := e.grab()
+		r := e.commitReq(rec, "couchdb")
+		c := e.mustCommit(r)
+		for _, v := range []struct {
+			name   string
+			change func(*lease.CommitRequest)
+		}{
+			{"target", func(x *lease.CommitRequest) { x.Target = uid("doc:") }},
+			{"payload_sha256", func(x *lease.CommitRequest) { x.PayloadSHA256 = payloadDigest(uid("body_")) }},
+			{"no payload_sha256", func(x *lease.CommitRequest) { x.PayloadSHA256 = "" }},
+		} {
+			x := r
+			v.change(&x)
+			before := e.snap(e.id)
+			e.commitFails(x, lease.CodeIdempotencyConflict)
+			e.unchanged(e.id, before)
+			// The other write needs a commit id of its own, and gets it
+			// while the lease is held.
+			x.CommitID = uid("commit_")
+			e.mustCommit(x)
+		}
+		e.mustReplayCommit(r, c)
+	})
+	s.leaf(t, "another_job", func(e *env) {
+		rec := e.grab()
+		for _, v := range []struct {
+			name   string
+			change func(*lease.CommitRequest)
+		}{
+			{"job_id", func(x *lease.CommitRequest) { x.JobID = uid("job_") }},
+			{"execution_id", func(x *lease.CommitRequest) { x.ExecutionID = uid("execution_") }},
+		} {
+			x := e.commitReq(rec, "couchdb")
+			v.change(&x)
+			before := e.snap(e.id)
+			e.commitFails(x, lease.CodeLost)
+			e.unchanged(e.id, before)
+		}
+		// Nothing was recorded for the refused ids: the lease's own job
+		// commits, and the lease is untouched.
+		e.mustCommit(e.commitReq(rec, "couchdb"))
+		e.mustRenew(e.renewReq(rec))
+	})
+	s.leaf(t, "target_is_required", func(e *env) {
+		rec := e.grab()
+		for _, v := range []struct {
+			field  string
+			change func(*lease.CommitRequest)
+		}{
+			{"target", func(x *lease.CommitRequest) { x.Target = "" }},
+			{"target", func(x *lease.CommitRequest) { x.Target = "doc\x00x" }},
+			{"target", func(x *lease.CommitRequest) { x.Target = string(make([]byte, lease.MaxCommitTargetBytes+1)) }},
+			{"payload_sha256", func(x *lease.CommitRequest) { x.PayloadSHA256 = "ABC" }},
+			{"payload_sha256", func(x *lease.CommitRequest) { x.PayloadSHA256 = strings.ToUpper(payloadDigest("x")) }},
+			{"job_id", func(x *lease.CommitRequest) { x.JobID = "" }},
+			{"target", func(x *lease.CommitRequest) { x.Outbox = publication(`{}`) }}, // a publication names its own write
+		} {
+			x := e.commitReq(rec, "couchdb")
+			v.change(&x)
+			_, err := e.st.AuthorizeCommit(bg, x)
+			if le := lease.AsError(err); err == nil || le.Code != lease.CodeInvalidRequest || le.Field != v.field {
+				e.t.Fatalf("%s: %v, want invalid_lease_request on %s", v.field, err, v.field)
+			}
+		}
+	})
+}
+
+// ending is one way a holder's lease ends.
+type ending struct {
+	name string
+	// grab acquires the holder's lease; end ends it and returns the
+	// successor's lease, if the ending makes one.
+	grab func(e *env) *lease.Record
+	end  func(e *env, rec *lease.Record) *lease.Record
+}
+
+var endings = []ending{
+	{"revoke", (*env).grab, func(e *env, rec *lease.Record) *lease.Record {
+		e.mustAdmin(lease.OpRevoke, e.adminReq(rec))
+		return nil
+	}},
+	{"force_release", (*env).grab, func(e *env, rec *lease.Record) *lease.Record {
+		e.mustAdmin(lease.OpForceRelease, e.adminReq(rec))
+		return nil
+	}},
+	{"release", (*env).grab, func(e *env, rec *lease.Record) *lease.Record {
+		e.mustRelease(e.releaseReq(rec))
+		return nil
+	}},
+	{"expiry", (*env).grabShort, func(e *env, rec *lease.Record) *lease.Record {
+		e.waitExpired(rec)
+		return nil
+	}},
+	{"supersession", (*env).grabShort, func(e *env, rec *lease.Record) *lease.Record {
+		e.waitExpired(rec)
+		succ := e.mustAcquire(e.acquireReqFor(e.id, newCaller("actor")))
+		e.mustCommit(e.commitReq(succ, "couchdb"))
+		return succ
+	}},
+}
+
+// stale_holder_write_paths: a holder whose lease ended (revoked,
+// force-released, released, expired, superseded) tries every write path
+// it still has at the authorization boundary: a new commit id, a replayed
+// commit id for another write, payload or job, a new publication, a
+// replayed publication with another body. Nothing is authorized but the
+// exact writes authorized before the lease ended, and nothing changes.
+func (s *suite) staleHolderWritePaths(t *testing.T) {
+	for _, end := range endings {
+		s.leaf(t, end.name, func(e *env) {
+			rec := end.grab(e)
+			doc := e.commitReq(rec, "couchdb")
+			c := e.mustCommit(doc)
+			pub := e.commitReq(rec, "rabbitmq")
+			pub.Target, pub.PayloadSHA256 = "", ""
+			pub.Outbox = publication(`{"from":"holder"}`)
+			p := e.mustCommit(pub)
+			succ := end.end(e, rec)
+
+			fresh := e.commitReq(rec, "couchdb")
+			e.commitFails(fresh, lease.CodeLost)
+			// (After the first refusal: it may archive an expired record.)
+			before := e.snap(e.id)
+			freshPub := e.commitReq(rec, "rabbitmq")
+			freshPub.Target, freshPub.PayloadSHA256 = "", ""
+			freshPub.Outbox = publication(`{"from":"stale holder"}`)
+			e.commitFails(freshPub, lease.CodeLost)
+			for _, change := range []func(*lease.CommitRequest){
+				func(x *lease.CommitRequest) { x.Target = uid("doc:") },
+				func(x *lease.CommitRequest) { x.Target = fresh.Target },
+				func(x *lease.CommitRequest) { x.PayloadSHA256 = payloadDigest("after the end") },
+				func(x *lease.CommitRequest) { x.JobID = uid("job_") },
+			} {
+				x := doc
+				change(&x)
+				e.commitFails(x, lease.CodeIdempotencyConflict)
+			}
+			changedPub := pub
+			changedPub.Outbox = publication(`{"from":"holder, after the end"}`)
+			e.commitFails(changedPub, lease.CodeIdempotencyConflict)
+			e.unchanged(e.id, before)
+
+			// What was authorized while the lease was live still answers,
+			// for exactly its write.
+			e.mustReplayCommit(doc, c)
+			e.mustReplayCommit(pub, p)
+			got := e.outboxOf(e.key)
+			if len(got) != 1 || string(got[0].Message.Body) != `{"from":"holder"}` || got[0].MessageID != p.Target {
+				e.t.Fatalf("outbox after the stale holder's attempts: %s", js(got))
+			}
+			e.outboxDone(got[0].MessageID)
+			if succ != nil {
+				e.mustCommit(e.commitReq(succ, "couchdb"))
+			}
+		})
+	}
 }

@@ -3,6 +3,7 @@ package leasetest
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -169,12 +170,13 @@ type held struct {
 	Instance  string
 	Caller    lease.Caller
 	Execution string
+	Job       string
 	Trace     string
 }
 
 func heldOf(rec *lease.Record) held {
 	return held{Identity: rec.Identity(), LeaseID: rec.LeaseID, Token: rec.FencingToken,
-		Instance: rec.ServiceInstanceID, Caller: callerOf(rec), Execution: rec.ExecutionID, Trace: rec.TraceID}
+		Instance: rec.ServiceInstanceID, Caller: callerOf(rec), Execution: rec.ExecutionID, Job: rec.JobID, Trace: rec.TraceID}
 }
 
 func (h held) renew(e *env) lease.RenewRequest {
@@ -187,10 +189,18 @@ func (h held) release(e *env) lease.ReleaseRequest {
 		ServiceInstanceID: h.Instance, Mutation: e.mutation(h.Caller)}
 }
 
+// commit authorizes a write of a fresh document with a fresh payload.
 func (h held) commit(sink string) lease.CommitRequest {
 	return lease.CommitRequest{Identity: h.Identity, LeaseID: h.LeaseID, FencingToken: h.Token,
 		ServiceInstanceID: h.Instance, Sink: sink, CommitID: uid("commit_"), ExecutionID: h.Execution,
-		TraceID: h.Trace, DeadlineAt: deadline(), Caller: h.Caller}
+		JobID: h.Job, TraceID: h.Trace, Target: uid("doc:"), PayloadSHA256: payloadDigest(uid("body_")),
+		DeadlineAt: deadline(), Caller: h.Caller}
+}
+
+// payloadDigest is the hex SHA-256 a sink computes of a payload.
+func payloadDigest(body string) string {
+	sum := sha256.Sum256([]byte(body))
+	return hex.EncodeToString(sum[:])
 }
 
 func (e *env) renewReq(rec *lease.Record) lease.RenewRequest     { return heldOf(rec).renew(e) }
@@ -421,7 +431,12 @@ func (e *env) mustCommit(r lease.CommitRequest) lease.Commit {
 	}
 	c := res.Commit
 	want := lease.Commit{Sink: r.Sink, CommitID: r.CommitID, LeaseID: r.LeaseID, FencingToken: r.FencingToken,
-		ExecutionID: r.ExecutionID, TraceID: r.TraceID, AcceptedAt: c.AcceptedAt, Digest: c.Digest}
+		ExecutionID: r.ExecutionID, JobID: r.JobID, TraceID: r.TraceID, Target: r.Target, PayloadSHA256: r.PayloadSHA256,
+		AcceptedAt: c.AcceptedAt, Digest: c.Digest}
+	if r.Outbox != nil {
+		// A publication is its own write: the message id and the body.
+		want.Target, want.PayloadSHA256 = outboxMessageID(e.t, r), payloadDigest(string(r.Outbox.Body))
+	}
 	if c != want || c.AcceptedAt.IsZero() {
 		e.t.Fatalf("accepted commit %+v does not match request, want %+v", c, want)
 	}
@@ -679,4 +694,15 @@ func (e *env) waitExpired(rec *lease.Record) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// outboxMessageID is the message id of r's publication as every backend
+// derives it.
+func outboxMessageID(t *testing.T, r lease.CommitRequest) string {
+	t.Helper()
+	_, p, err := lease.PrepareCommit(r, StoreOptions())
+	if err != nil {
+		t.Fatalf("prepare commit: %v", err)
+	}
+	return lease.OutboxMessageID(p.Scope)
 }

@@ -111,6 +111,8 @@ func Run(t *testing.T, newBackend Factory) {
 		{"former_holder_commits_after_release", s.commitsAfterRelease},
 		{"former_holder_commits_after_new_acquisition", s.commitsAfterNewAcquisition},
 		{"commit_authorization", s.commitAuthorization},
+		{"commit_binds_one_write", s.commitBindsOneWrite},
+		{"stale_holder_write_paths", s.staleHolderWritePaths},
 		{"fenced_outbox", s.fencedOutbox},
 		{"service_crash_after_backend_commit", s.crashAfterCommit},
 		{"service_crash_before_backend_commit", s.crashBeforeCommit},

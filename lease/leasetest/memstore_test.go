@@ -452,7 +452,7 @@ func (m *memStore) AuthorizeCommit(ctx context.Context, req lease.CommitRequest)
 		return lease.CommitResult{}, err
 	}
 	if c, ok := m.commits[p.Scope]; ok {
-		if c.Digest != p.Digest {
+		if c.Digest != p.Digest && !m.bugs["commit_replay_any_write"] {
 			return lease.CommitResult{}, lease.Errorf(lease.CodeIdempotencyConflict, "commit id reused with different inputs")
 		}
 		return lease.CommitResult{Code: lease.CodeCommitAuthorized, Commit: c, Replayed: true, BackendTime: now}, nil
@@ -461,15 +461,15 @@ func (m *memStore) AuthorizeCommit(ctx context.Context, req lease.CommitRequest)
 	if err != nil {
 		return lease.CommitResult{}, err
 	}
-	if !m.matches(cur, now, req.LeaseID, req.Caller.PrincipalID, req.ServiceInstanceID, req.FencingToken) {
+	if !m.matches(cur, now, req.LeaseID, req.Caller.PrincipalID, req.ServiceInstanceID, req.FencingToken) ||
+		(!m.bugs["commit_any_job"] && (cur.ExecutionID != req.ExecutionID || cur.JobID != req.JobID)) {
 		return lease.CommitResult{}, lost()
 	}
 	hw := p.LockKey + "\x00" + req.Sink
 	if req.FencingToken < m.highWater[hw] && !m.bugs["no_high_water"] {
 		return lease.CommitResult{}, lease.Errorf(lease.CodeCommitRejected, "token below the high-water mark")
 	}
-	c := lease.Commit{Sink: req.Sink, CommitID: req.CommitID, LeaseID: req.LeaseID, FencingToken: req.FencingToken,
-		ExecutionID: req.ExecutionID, TraceID: req.TraceID, AcceptedAt: now, Digest: p.Digest}
+	c := req.Commit(now, p.Digest)
 	m.commits[p.Scope] = c
 	m.highWater[hw] = max(m.highWater[hw], req.FencingToken)
 	if req.Outbox != nil {

@@ -44,6 +44,7 @@ func (s *suite) fencedOutbox(t *testing.T) {
 	s.leaf(t, "accepted_commit_appends_once", func(e *env) {
 		rec := e.grab()
 		r := e.commitReq(rec, "rabbitmq")
+		r.Target, r.PayloadSHA256 = "", "" // the message is the write
 		r.Outbox = publication(`{"open_ports":[22,443]}`)
 		c := e.mustCommit(r)
 		got := e.outboxOf(e.key)
@@ -72,9 +73,11 @@ func (s *suite) fencedOutbox(t *testing.T) {
 		e.mustRelease(e.releaseReq(old))
 		succ := e.mustAcquire(e.acquireReqFor(e.id, newCaller("actor")))
 		stale := e.commitReq(old, "rabbitmq")
+		stale.Target, stale.PayloadSHA256 = "", "" // the message is the write
 		stale.Outbox = publication(`{"from":"stale"}`)
 		e.commitFails(stale, lease.CodeLost)
 		fresh := e.commitReq(succ, "rabbitmq")
+		fresh.Target, fresh.PayloadSHA256 = "", "" // the message is the write
 		fresh.Outbox = publication(`{"from":"successor"}`)
 		e.mustCommit(fresh)
 		got := e.outboxOf(e.key)
@@ -87,6 +90,7 @@ func (s *suite) fencedOutbox(t *testing.T) {
 		rec := e.grabShort()
 		e.waitExpired(rec)
 		r := e.commitReq(rec, "rabbitmq")
+		r.Target, r.PayloadSHA256 = "", "" // the message is the write
 		r.Outbox = publication(`{}`)
 		e.commitFails(r, lease.CodeLost)
 		if got := e.outboxOf(e.key); len(got) != 0 {
@@ -96,6 +100,7 @@ func (s *suite) fencedOutbox(t *testing.T) {
 	s.leaf(t, "changed_publication_is_idempotency_conflict", func(e *env) {
 		rec := e.grab()
 		r := e.commitReq(rec, "rabbitmq")
+		r.Target, r.PayloadSHA256 = "", "" // the message is the write
 		r.Outbox = publication(`{"v":1}`)
 		e.mustCommit(r)
 		r.Outbox = publication(`{"v":2}`)
@@ -109,6 +114,7 @@ func (s *suite) fencedOutbox(t *testing.T) {
 	s.leaf(t, "bad_publication_is_invalid", func(e *env) {
 		rec := e.grab()
 		r := e.commitReq(rec, "rabbitmq")
+		r.Target, r.PayloadSHA256 = "", "" // the message is the write
 		r.Outbox = publication(string(make([]byte, lease.MaxOutboxBody+1)))
 		_, err := e.st.AuthorizeCommit(bg, r)
 		mustInvalid(e.t, err, "outbox.body")

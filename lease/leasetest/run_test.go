@@ -43,6 +43,8 @@ func TestSuiteCatchesMemStoreBugs(t *testing.T) {
 		"list_expired":             "inspect_and_list/list_by_owner_only_live_leases_of_that_owner",
 		"no_high_water":            "former_holder_commits_after_new_acquisition/lower_token_rejected",
 		"unconditional_cleanup":    "delayed_expiry_cleanup_sees_successor/successor_remains_active",
+		"commit_replay_any_write":  "commit_binds_one_write/replay_with_another_target",
+		"commit_any_job":           "commit_binds_one_write/another_job",
 	} {
 		t.Run(bug, func(t *testing.T) {
 			t.Parallel()

@@ -139,6 +139,10 @@ func errorOutput(err error) Output {
 // return times (nanoseconds on the monotonic clock since the run started),
 // input and output, as porcupine checks them.
 type History struct {
+	// Writes are the guarded sink writes made after authorizations; Check
+	// verifies each accepted one against its authorization.
+	Writes *guardedWrites
+
 	mu    sync.Mutex
 	start time.Time
 	ops   []porcupine.Operation

@@ -108,6 +108,10 @@ type Stats struct {
 	Capped   int // renewals whose expires_at the maximum lifetime capped
 	Commits  int
 	Resolved int // operations whose outcome_unknown a retry with the same request id resolved
+	// Guarded sink writes after authorizations: landed, refused by a
+	// higher token, and misuses of a guard (another document or body)
+	// refused.
+	WritesLanded, WritesRefused, MisusesRefused int
 	// MedianLatency is the median time from call to return.
 	MedianLatency time.Duration
 }

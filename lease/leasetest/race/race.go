@@ -139,6 +139,10 @@ func Check(h *History, opts Options) Report {
 	rep.CheckTime = time.Since(start)
 	rep.Result = res
 	violations, stats := checkInvariants(ops)
+	if h.Writes != nil {
+		violations = append(violations, h.Writes.check()...)
+		stats.WritesLanded, stats.WritesRefused, stats.MisusesRefused = h.Writes.counts()
+	}
 	rep.Stats = stats
 
 	var lin []string
@@ -224,10 +228,11 @@ func (r Report) Summary(h *History, o Options) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d operations by %d workers on %d identities in %v (seed %d); porcupine %s in %v; "+
 		"%d leases (%d ended explicitly, %d expired or still live), %d renewals (%d capped by the maximum lifetime), "+
-		"%d accepted commits; %d outcome_unknown resolved by retry; median latency %v",
+		"%d accepted commits (guarded writes: %d landed, %d refused by a higher token, %d misused guards refused); "+
+		"%d outcome_unknown resolved by retry; median latency %v",
 		s.Ops, o.Workers, o.Identities, h.Elapsed.Round(time.Millisecond), o.Seed, r.Result,
-		r.CheckTime.Round(time.Millisecond), s.Leases, s.Ended, s.Expired, s.Renewals, s.Capped, s.Commits, s.Resolved,
-		s.MedianLatency)
+		r.CheckTime.Round(time.Millisecond), s.Leases, s.Ended, s.Expired, s.Renewals, s.Capped, s.Commits,
+		s.WritesLanded, s.WritesRefused, s.MisusesRefused, s.Resolved, s.MedianLatency)
 	b.WriteString("\n  answers:")
 	for _, k := range slices.Sorted(maps.Keys(s.Codes)) {
 		fmt.Fprintf(&b, " %s=%d", strings.ReplaceAll(k, " ", ":"), s.Codes[k])

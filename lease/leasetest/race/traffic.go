@@ -48,6 +48,7 @@ type held struct {
 	owner     lease.Caller
 	instance  string
 	execution string
+	job       string
 	trace     string
 }
 
@@ -59,6 +60,10 @@ type world struct {
 	admin lease.Caller
 	hist  *History
 	until time.Time
+
+	// writes are the guarded sink writes the traffic makes after its
+	// authorizations (guarded.go).
+	writes *guardedWrites
 
 	mu sync.Mutex
 	// seen are leases anyone saw, per identity, newest last: the targets of
@@ -130,6 +135,8 @@ func traffic(ctx context.Context, store lease.Store, o Options, hist *History) {
 	for range o.Identities {
 		w.ids = append(w.ids, newIdentity())
 	}
+	w.writes = newGuardedWrites(w.ids)
+	hist.Writes = w.writes
 	var wg sync.WaitGroup
 	for i := range o.Workers {
 		wk := &worker{w: w, idx: i, caller: newCaller("actor"), instance: uid("instance_"),
@@ -299,7 +306,7 @@ func (k *worker) acquire(ctx context.Context, ident int) {
 	})
 	if rec != nil {
 		h := held{leaseID: rec.LeaseID, token: rec.FencingToken, owner: k.caller, instance: k.instance,
-			execution: req.ExecutionID, trace: req.TraceID}
+			execution: req.ExecutionID, job: req.JobID, trace: req.TraceID}
 		if len(k.mine[ident]) >= 16 {
 			k.mine[ident] = k.mine[ident][1:]
 		}
@@ -366,20 +373,24 @@ func (k *worker) admin(ctx context.Context, ident int, op lease.Op) {
 
 func (k *worker) commit(ctx context.Context, ident int, h held, c lease.Caller, inst string) {
 	sink := Sinks[k.rng.IntN(len(Sinks))]
+	doc := k.w.writes.doc(k.rng, ident)
 	req := lease.CommitRequest{Identity: k.w.ids[ident], LeaseID: h.leaseID, FencingToken: h.token,
-		ServiceInstanceID: inst, Sink: sink, CommitID: uid("commit_"), ExecutionID: h.execution,
-		TraceID: h.trace, Caller: c}
-	if req.ExecutionID == "" { // a lease seen by inspecting: the execution is not known
-		req.ExecutionID = uid("execution_")
-	}
+		ServiceInstanceID: inst, Sink: sink, CommitID: uid("commit_"), ExecutionID: h.execution, JobID: h.job,
+		TraceID: h.trace, Target: doc.ID, PayloadSHA256: bodyDigest(doc.Body), Caller: c}
 	in := Input{Kind: KindCommit, Ident: ident, Owner: c.PrincipalID, Instance: inst, LeaseID: h.leaseID,
 		Token: h.token, Sink: sink, RequestID: req.CommitID}
+	var res lease.CommitResult
 	out := k.call(ident, in, func() Output {
 		req.DeadlineAt = k.deadline()
-		return commitOutput(k.w.store.AuthorizeCommit(ctx, req))
+		var err error
+		res, err = k.w.store.AuthorizeCommit(ctx, req)
+		return commitOutput(res, err)
 	})
 	if c == k.caller && inst == h.instance {
 		k.note(ident, h, out)
+	}
+	if out.Code == lease.CodeCommitAuthorized {
+		k.w.writes.authorized(ctx, k.rng, ident, res.Commit, doc)
 	}
 }
 
@@ -397,7 +408,7 @@ func (k *worker) inspect(ctx context.Context, ident int) {
 	})
 	if rec != nil && rec.State == lease.StateActive {
 		k.w.saw(ident, held{leaseID: rec.LeaseID, token: rec.FencingToken, instance: rec.ServiceInstanceID,
-			execution: rec.ExecutionID, trace: rec.TraceID})
+			execution: rec.ExecutionID, job: rec.JobID, trace: rec.TraceID})
 	}
 }
 
