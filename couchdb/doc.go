@@ -15,12 +15,17 @@
 // every write of every non-design document — create, update, delete, from
 // any client, through PUT, POST, DELETE, _bulk_docs or replication — must
 // carry a complete starintel_fence object (the JSON form of fence.Guard:
-// lock_key, lease_id, fencing_token, execution_id, trace_id, sink,
-// commit_id, accepted_at), and is refused (HTTP 403) when the stored
-// document's fence has a different lock key, a higher token, or the same
-// token under another lease. That is fence.Admit, evaluated by CouchDB
-// atomically with the write; the tests run one table of cases through both
-// and require the same verdicts. Keep fenced documents in a database of
+// lock_key, lease_id, fencing_token, execution_id, job_id, trace_id, sink,
+// commit_id, target, payload_sha256, accepted_at) bound to this document
+// (target equal to its _id; a job document's job_id equal to the fence's),
+// and is refused (HTTP 403) when the stored document's fence has a
+// different lock key, a higher token, or the same token under another
+// lease. That is fence.Admit plus the target half of Guard.Authorizes,
+// evaluated by CouchDB atomically with the write; the tests run one table
+// of cases through both and require the same verdicts. The payload half
+// (payload_sha256, the SHA-256 of the body bytes the Writer was given) is
+// checked by the Writer before it sends anything: CouchDB's JavaScript has
+// no hash function. Keep fenced documents in a database of
 // their own: unfenced documents cannot be written there. Design documents
 // are not fenced (writing them needs admin rights anyway; an admin can
 // remove the fence, which is outside what fencing can defend).

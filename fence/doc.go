@@ -22,12 +22,29 @@
 //
 //  2. The conditional write. The writer then makes the write conditional on
 //     the Guard the authorization returned: the stored object records the
-//     guard (lock key, lease id, token, execution, trace, accepted_at), and
-//     the store itself refuses, atomically with the write, a missing guard,
-//     a guard for a different lock key, or a token lower than the one it
-//     already holds (Admit is that rule). For CouchDB this is a
+//     guard (lock key, lease id, token, execution, job, trace, the write it
+//     was issued for, accepted_at), and the store itself refuses, atomically
+//     with the write, a missing guard, a guard issued for another write, a
+//     guard for a different lock key, or a token lower than the one it
+//     already holds (Guard.Authorizes and Admit are that rule). For CouchDB this is a
 //     validate_doc_update function plus the document _rev; for RabbitMQ a
 //     fenced outbox written in the same atomic operation as the check.
+//
+// # One authorization, one write
+//
+// An authorization authorizes exactly one write. The commit request names
+// it (Binding: the object the write changes in its sink, and the SHA-256 of
+// what it writes there, as Sink.Bind computes it) and carries the lease's
+// execution and job, which the backend compares with the lease. The commit
+// id's idempotency digest covers all of it, so a replayed commit id returns
+// the original authorization for that same write only, and is
+// idempotency_conflict for any other, even after the lease ended. The guard
+// carries the binding and the job; every sink checks it at its own
+// linearization point (Guard.Authorizes beside Admit), so a guard is never
+// usable for another document, body, job or message. A write authorized
+// while the lease was live may still be made after the lease ended (the
+// contract lets a commit linearized in time finish); a successor's higher
+// token on the same object refuses it.
 //
 // A check followed by an unconditional write is not fencing: between the
 // authorization and the write the holder can pause (GC, SIGSTOP, a slow
