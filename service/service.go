@@ -4,6 +4,14 @@
 // one store call → audit → typed result. Authentication happens before, in
 // the adapter that reads credentials (httpapi); the service receives the
 // authenticated auth.Principal and never trusts body fields for identity.
+//
+// List and History hand out page tokens the client cannot read or make:
+// the store's cursor, sealed under a server key (Options.PageTokenKey) and
+// bound to the filter (for history, the identity) and to the caller's
+// principal, class, capabilities and scope. A list page holds only leases
+// the caller may see and its token resumes after the last of them, so
+// neither tokens nor page shapes reveal a lease outside the caller's scope,
+// except that a page cut by Config.MaxListReads ends short with a token.
 package service
 
 import (
