@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"crypto/hkdf"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -70,6 +71,18 @@ func (p Pepper) authorityMAC(c *Credential) []byte {
 	m := hmac.New(sha256.New, p.key)
 	m.Write(b)
 	return m.Sum(nil)
+}
+
+// DeriveKey derives a 32-byte key for purpose (a fixed label such as
+// "page-token/v1") from the pepper with HKDF-SHA-256. Every server sharing
+// the pepper derives the same key, and no derived key reveals the pepper or
+// another purpose's key. The key must be kept like the pepper: never
+// logged, stored or returned.
+func (p Pepper) DeriveKey(purpose string) ([]byte, error) {
+	if !p.Valid() || purpose == "" {
+		return nil, errors.New("auth: a derived key needs a pepper and a purpose")
+	}
+	return hkdf.Key(sha256.New, p.key, nil, "starlease/"+purpose, 32)
 }
 
 // LoadPepper reads the pepper file at path.

@@ -1,6 +1,9 @@
 package auth
 
 import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -140,5 +143,37 @@ func TestPepperRedacted(t *testing.T) {
 	}
 	if (Pepper{}).Valid() {
 		t.Fatal("zero Pepper is valid")
+	}
+}
+
+// DeriveKey is HKDF-SHA-256 (RFC 5869, empty salt) of the pepper with the
+// purpose as info: the same key for the same pepper and purpose on every
+// server, another key for another purpose or pepper.
+func TestPepperDeriveKey(t *testing.T) {
+	p1, _ := NewPepper([]byte(strings.Repeat("a", 32)))
+	p2, _ := NewPepper([]byte(strings.Repeat("b", 32)))
+	k, err := p1.DeriveKey("page-token/v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// RFC 5869 spelled out: PRK = HMAC(zero salt, pepper); OKM = HMAC(PRK, info ‖ 0x01).
+	ext := hmac.New(sha256.New, make([]byte, sha256.Size))
+	ext.Write([]byte(strings.Repeat("a", 32)))
+	exp := hmac.New(sha256.New, ext.Sum(nil))
+	exp.Write([]byte("starlease/page-token/v1\x01"))
+	if want := exp.Sum(nil); !bytes.Equal(k, want) {
+		t.Fatalf("DeriveKey = %x, want %x", k, want)
+	}
+	again, _ := p1.DeriveKey("page-token/v1")
+	other, _ := p1.DeriveKey("other/v1")
+	otherPepper, _ := p2.DeriveKey("page-token/v1")
+	if !bytes.Equal(k, again) || bytes.Equal(k, other) || bytes.Equal(k, otherPepper) {
+		t.Fatalf("derived keys: same %x %x, other purpose %x, other pepper %x", k, again, other, otherPepper)
+	}
+	if _, err := (Pepper{}).DeriveKey("page-token/v1"); err == nil {
+		t.Fatal("the zero Pepper derived a key")
+	}
+	if _, err := p1.DeriveKey(""); err == nil {
+		t.Fatal("an empty purpose derived a key")
 	}
 }

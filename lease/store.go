@@ -148,7 +148,9 @@ const (
 // ListRequest lists unexpired active leases by one canonical filter: by owner
 // (OwnerPrincipalID), by target (tenant, program, namespace, target) or by
 // program (tenant, program). Order is stable (by lease id, which sorts by
-// acquisition time); PageToken is opaque and bound to the filter.
+// acquisition time); PageToken is opaque and bound to the filter. This
+// cursor is the store's, for its caller: package service seals it before a
+// client sees it, bound to that client's authority.
 type ListRequest struct {
 	By               ListBy
 	OwnerPrincipalID string

@@ -306,8 +306,13 @@ func (s *Service) inspect(ctx context.Context, o *op, in InspectInput) (lease.Re
 	return res, nil
 }
 
-// List pages through the leases a filter selects, keeping only those the
-// caller may see.
+// List pages through the leases a filter selects that the caller may see.
+// The page holds only such leases: the service reads store pages until it
+// has the page and knows whether one more visible lease follows, the index
+// ends, or it has read Config.MaxListReads store pages. The token (sealed,
+// see pagetoken.go) then resumes after the page's last lease, so neither
+// the token nor a short or empty page stands for a lease the caller may not
+// see; only a page cut by the read cap ends short with a token.
 func (s *Service) List(ctx context.Context, c Call, req lease.ListRequest) (lease.ListResult, error) {
 	o := s.begin(audit.EventList, c)
 	res, err := s.list(ctx, o, req)
@@ -315,34 +320,87 @@ func (s *Service) List(ctx context.Context, c Call, req lease.ListRequest) (leas
 }
 
 func (s *Service) list(ctx context.Context, o *op, req lease.ListRequest) (lease.ListResult, error) {
-	access, err := auth.AuthorizeList(o.call.Principal, req)
+	p := o.call.Principal
+	access, err := auth.AuthorizeList(p, req)
 	if err != nil {
 		return lease.ListResult{}, denied(err)
 	}
 	deadline, ctx, cancel := o.readDeadline(ctx)
 	defer cancel()
-	req.DeadlineAt, req.Caller = deadline, o.call.Principal.Caller(o.call.CorrelationID)
+	token := req.PageToken
+	req.PageToken, req.DeadlineAt, req.Caller = "", deadline, p.Caller(o.call.CorrelationID)
+	opts := lease.StoreOptions{OperationClasses: s.classes}
+	filter, _, size, err := lease.PrepareList(req, opts)
+	if err != nil {
+		return lease.ListResult{}, err
+	}
+	// A caller who may see only its own leases walks its own index
+	// (bounded by its active-lease quota), whatever the filter: what that
+	// walk skips is the caller's own leases, never another owner's.
+	walk, visible := req, access.Visible
+	if access.OwnOnly && req.By != lease.ListByOwner {
+		walk = lease.ListRequest{By: lease.ListByOwner, OwnerPrincipalID: p.ID, DeadlineAt: deadline, Caller: req.Caller}
+		visible = func(r *lease.Record) bool { return access.Visible(r) && selects(filter, r) }
+	}
+	walked, _, _, err := lease.PrepareList(walk, opts)
+	if err != nil {
+		return lease.ListResult{}, err
+	}
+	bind := pageBinding(p, "list", string(filter.By), filter.Value)
+	if walk.PageToken, err = s.tokens.open(bind, token); err != nil {
+		return lease.ListResult{}, err
+	}
+	walk.PageSize = 0 // the store's largest page: fewer reads past hidden leases
 	done, err := s.admit()
 	if err != nil {
 		return lease.ListResult{}, err
 	}
 	defer done()
-	page, err := s.store.List(ctx, req)
-	if err != nil {
-		return page, err
-	}
-	visible := page.Leases[:0]
-	for _, r := range page.Leases {
-		if access.Visible(r) {
-			visible = append(visible, r)
+	out := lease.ListResult{Leases: []*lease.Record{}}
+	for reads := 1; ; reads++ {
+		page, err := s.store.List(ctx, walk)
+		if err != nil {
+			return lease.ListResult{}, err
 		}
+		out.BackendTime = page.BackendTime
+		for _, r := range page.Leases {
+			if !visible(r) {
+				continue
+			}
+			if len(out.Leases) == size {
+				// A visible lease follows: resume after the last one shown.
+				out.NextPageToken = s.tokens.seal(bind, walked.NextPageToken(out.Leases[size-1].LeaseID))
+				return out, nil
+			}
+			out.Leases = append(out.Leases, r)
+		}
+		switch {
+		case page.NextPageToken == "":
+			return out, nil // the index ended: no token, so no empty last page
+		case reads >= s.cfg.MaxListReads:
+			out.NextPageToken = s.tokens.seal(bind, page.NextPageToken)
+			return out, nil
+		}
+		walk.PageToken = page.NextPageToken
 	}
-	page.Leases = visible
-	return page, nil
+}
+
+// selects reports whether the canonical filter f selects r.
+func selects(f lease.ListFilter, r *lease.Record) bool {
+	switch f.By {
+	case lease.ListByOwner:
+		return lease.OwnerIndexValue(r.OwnerPrincipalID) == f.Value
+	case lease.ListByProgram:
+		return lease.ProgramIndexValue(r.Identity()) == f.Value
+	case lease.ListByTarget:
+		return lease.TargetIndexValue(r.Identity()) == f.Value
+	}
+	return false
 }
 
 // History returns the terminal history of the identity of a lease id (a
-// lease the caller may see), for audit:read callers.
+// lease the caller may see), for audit:read callers. Its page tokens are
+// sealed and bound to the identity and the caller, as list tokens are.
 func (s *Service) History(ctx context.Context, c Call, leaseID string, pageSize int, pageToken string) (lease.HistoryResult, error) {
 	o := s.begin(audit.EventHistory, c)
 	res, err := s.history(ctx, o, leaseID, pageSize, pageToken)
@@ -365,13 +423,22 @@ func (s *Service) history(ctx context.Context, o *op, leaseID string, pageSize i
 	if err := auth.AuthorizeHistory(p, id); err != nil {
 		return lease.HistoryResult{}, &lease.Error{Code: lease.CodeNotFound, Reason: "no such lease"}
 	}
+	bind := pageBinding(p, "history", found.Lease.LockKey)
+	cursor, err := s.tokens.open(bind, pageToken)
+	if err != nil {
+		return lease.HistoryResult{}, err
+	}
 	done, err := s.admit()
 	if err != nil {
 		return lease.HistoryResult{}, err
 	}
 	defer done()
-	return s.store.History(ctx, lease.HistoryRequest{Identity: id, PageSize: pageSize, PageToken: pageToken,
+	res, err := s.store.History(ctx, lease.HistoryRequest{Identity: id, PageSize: pageSize, PageToken: cursor,
 		DeadlineAt: deadline, Caller: p.Caller(o.call.CorrelationID)})
+	if err == nil && res.NextPageToken != "" {
+		res.NextPageToken = s.tokens.seal(bind, res.NextPageToken)
+	}
+	return res, err
 }
 
 // AuthorizeCommit is the fenced-write validation for remote writers: the

@@ -35,6 +35,9 @@ type Config struct {
 	MaxConcurrent int
 	// MaxActivePerPrincipal is the quota of active leases per principal.
 	MaxActivePerPrincipal int
+	// MaxListReads caps the store pages one list request reads while it
+	// fills its page with leases the caller may see.
+	MaxListReads int
 }
 
 // DefaultConfig is the policy used for unset fields.
@@ -44,7 +47,7 @@ func DefaultConfig() Config {
 		DefaultDeadline: 5 * time.Second, MaxDeadline: 30 * time.Second,
 		MaxWait: 10 * time.Second, RetryBase: 50 * time.Millisecond, RetryMax: time.Second,
 		PrincipalRate: 200, PrincipalBurst: 400, TargetRate: 20, TargetBurst: 40,
-		MaxConcurrent: 256, MaxActivePerPrincipal: 10000,
+		MaxConcurrent: 256, MaxActivePerPrincipal: 10000, MaxListReads: 10,
 	}
 }
 
@@ -75,6 +78,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.MaxActivePerPrincipal == 0 {
 		c.MaxActivePerPrincipal = d.MaxActivePerPrincipal
 	}
+	if c.MaxListReads == 0 {
+		c.MaxListReads = d.MaxListReads
+	}
 	switch {
 	case c.MinTTL < 0 || c.MinTTL >= c.MaxTTL || c.MaxTTL > lease.MaxTTL:
 		return c, fmt.Errorf("service: need 0 <= min TTL < max TTL <= %s", lease.MaxTTL)
@@ -86,8 +92,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("service: bad acquire retry bounds")
 	case c.PrincipalRate < 0 || c.TargetRate < 0 || c.PrincipalBurst < 1 || c.TargetBurst < 1:
 		return c, fmt.Errorf("service: rate limits need positive bursts")
-	case c.MaxConcurrent < 1 || c.MaxActivePerPrincipal < 1:
-		return c, fmt.Errorf("service: concurrency and quota must be positive")
+	case c.MaxConcurrent < 1 || c.MaxActivePerPrincipal < 1 || c.MaxListReads < 1:
+		return c, fmt.Errorf("service: concurrency, quota and list reads must be positive")
 	}
 	return c, nil
 }

@@ -4,6 +4,14 @@
 // one store call → audit → typed result. Authentication happens before, in
 // the adapter that reads credentials (httpapi); the service receives the
 // authenticated auth.Principal and never trusts body fields for identity.
+//
+// List and History hand out page tokens the client cannot read or make:
+// the store's cursor, sealed under a server key (Options.PageTokenKey) and
+// bound to the filter (for history, the identity) and to the caller's
+// principal, class, capabilities and scope. A list page holds only leases
+// the caller may see and its token resumes after the last of them, so
+// neither tokens nor page shapes reveal a lease outside the caller's scope,
+// except that a page cut by Config.MaxListReads ends short with a token.
 package service
 
 import (
@@ -27,6 +35,7 @@ type Service struct {
 	target    *limiters
 	admission chan struct{}
 	active    activeCounts
+	tokens    *pageSealer
 	log       *slog.Logger
 	now       func() time.Time
 }
@@ -39,6 +48,11 @@ type Options struct {
 	// Now is the server clock (deadlines, rate limits); nil is time.Now.
 	// Lease time is always the backend's.
 	Now func() time.Time
+	// PageTokenKey (at least 32 bytes) seals the page tokens of list and
+	// history. Every server of a deployment needs the same key to continue
+	// each other's pages: starlease serve derives it from the pepper. Nil
+	// makes a random key, good for this process only.
+	PageTokenKey []byte
 }
 
 // New builds a Service. sink receives one event per request; force-release
@@ -48,7 +62,11 @@ func New(store lease.Store, sink audit.Sink, o Options) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{store: store, sink: sink, cfg: cfg, classes: o.OperationClasses, log: o.Logger, now: o.Now,
+	tokens, err := newPageSealer(o.PageTokenKey)
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{store: store, sink: sink, cfg: cfg, classes: o.OperationClasses, tokens: tokens, log: o.Logger, now: o.Now,
 		principal: newLimiters(cfg.PrincipalRate, cfg.PrincipalBurst),
 		target:    newLimiters(cfg.TargetRate, cfg.TargetBurst),
 		admission: make(chan struct{}, cfg.MaxConcurrent)}

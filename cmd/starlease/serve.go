@@ -275,7 +275,13 @@ func serve(ctx context.Context, f serveFlags, stdout io.Writer, log *slog.Logger
 	if err != nil {
 		return err
 	}
-	svc, err := service.New(b.store, sink, service.Options{OperationClasses: classes, Logger: log, Config: service.Config{
+	// Page tokens are sealed under a key every server sharing the pepper
+	// derives alike, so any of them continues another's pages.
+	tokenKey, err := pepper.DeriveKey("page-token/v1")
+	if err != nil {
+		return err
+	}
+	svc, err := service.New(b.store, sink, service.Options{OperationClasses: classes, Logger: log, PageTokenKey: tokenKey, Config: service.Config{
 		MinTTL: f.minTTL, MaxTTL: f.maxTTL, MaxLifetime: f.maxLifetime, MaxDeadline: f.maxDeadline,
 		MaxWait: f.maxWait, PrincipalRate: f.principalRate, TargetRate: f.targetRate,
 		PrincipalBurst: max(int(2*f.principalRate), 1), TargetBurst: max(int(2*f.targetRate), 1),

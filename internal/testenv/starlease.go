@@ -83,6 +83,7 @@ type Starlease struct {
 	// backendArgs are the serve flags that name the backend; the keys
 	// command needs them too, since the credentials live in the backend.
 	backendArgs []string
+	extraArgs   []string
 
 	stdout, stderr *Buffer
 	cmd            *exec.Cmd
@@ -102,7 +103,7 @@ func StartStarlease(t testing.TB, bin string, extraArgs ...string) *Starlease {
 	t.Helper()
 	dir := t.TempDir()
 	s := &Starlease{t: t, bin: bin, dataDir: filepath.Join(dir, "data"), pepperFile: filepath.Join(dir, "pepper"),
-		principals: map[string]string{}}
+		extraArgs: extraArgs, principals: map[string]string{}}
 	for i := 0; i+1 < len(extraArgs); i += 2 {
 		if extraArgs[i] == "--backend" || strings.HasPrefix(extraArgs[i], "--valkey-") {
 			s.backendArgs = append(s.backendArgs, extraArgs[i], extraArgs[i+1])
@@ -186,6 +187,23 @@ func (s *Starlease) Stop() error {
 		<-s.exited
 	}
 	return s.exitErr
+}
+
+// Restart stops the server (SIGTERM) and starts it again with the same
+// data directory, pepper file and flags, on a new port. The stopped
+// process must have exited cleanly.
+func (s *Starlease) Restart() {
+	s.t.Helper()
+	if err := s.Stop(); err != nil {
+		s.t.Fatalf("starlease serve did not stop cleanly: %v", err)
+	}
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		if err = s.start(s.extraArgs); err == nil {
+			return
+		}
+	}
+	s.t.Fatalf("starlease serve did not restart: %v", err)
 }
 
 // URL is the server's base URL, "http://127.0.0.1:port".
