@@ -1,0 +1,90 @@
+package httpapi_test
+
+import (
+	"testing"
+
+	"github.com/starintel/starlease/internal/testenv"
+)
+
+// wireKeys are the keys of a server for the request-edge tests.
+type wireKeys struct {
+	admin, client, reader, auditor *e2eKey
+}
+
+func startWireServer(t *testing.T) (*e2eServer, wireKeys) {
+	t.Helper()
+	s := startServer(t, testenv.BuildStarlease(t), newRowRecorder())
+	scope := "tenant:tenant-a,program:program-a"
+	return s, wireKeys{
+		admin:   s.createKey("prn-wire-admin", "administrator", "targets:lease,targets:read,targets:force-release,audit:read", scope),
+		client:  s.createKey("prn-wire-client", "api_client", "targets:lease", scope),
+		reader:  s.createKey("prn-wire-reader", "api_client", "targets:read", scope),
+		auditor: s.createKey("prn-wire-auditor", "api_client", "audit:read", scope),
+	}
+}
+
+// bodyRoutes are the routes that take a JSON body, with a body the
+// administrator key may send (its lease id and identity need not exist).
+func bodyRoutes() []rawReq {
+	id := identity("wire-ct", "usernamegen")
+	held := map[string]any{"lock_identity": id, "fencing_token": 1, "service_instance_id": "inst-raw", "request_id": uniqueID("req")}
+	admin := map[string]any{"lock_identity": id, "fencing_token": 1, "reason": "cleanup", "request_id": uniqueID("req")}
+	return []rawReq{
+		{Method: "POST", Path: apiBase + "/acquire", Body: acquireBody(id, uniqueID("req"))},
+		{Method: "POST", Path: apiBase + "/lease_01WIRE/renew", Body: held},
+		{Method: "POST", Path: apiBase + "/lease_01WIRE/release", Body: held},
+		{Method: "DELETE", Path: apiBase + "/lease_01WIRE", Body: held},
+		{Method: "POST", Path: apiBase + "/lease_01WIRE/force-release", Body: admin},
+		{Method: "POST", Path: apiBase + "/lease_01WIRE/revoke", Body: admin},
+		{Method: "POST", Path: apiBase + "/inspect", Body: map[string]any{"lock_identity": id}},
+		{Method: "POST", Path: apiBase + "/commits/authorize", Body: map[string]any{"lock_identity": id, "lease_id": "lease_01WIRE",
+			"fencing_token": 1, "service_instance_id": "inst-raw", "sink": "couchdb", "commit_id": "c-1", "execution_id": "e"}},
+	}
+}
+
+// Every route that takes a body takes exactly application/json, with at
+// most a charset parameter of utf-8; anything else, a missing
+// Content-Type included, is 400 invalid_lease_request naming Content-Type.
+func TestContentTypeIsExactlyJSON(t *testing.T) {
+	s, k := startWireServer(t)
+	refused := [][][2]string{
+		{{"Content-Type", "application/jsonx"}},
+		{{"Content-Type", "application/json-patch+json"}},
+		{{"Content-Type", "text/json"}},
+		{{"Content-Type", "text/plain"}},
+		{{"Content-Type", "application/json; charset=latin1"}},
+		{{"Content-Type", "application/json; charset=utf-16"}},
+		{{"Content-Type", "application/json; profile=x"}},
+		{{"Content-Type", "application/json; charset=utf-8; charset=latin1"}},
+		{{"Content-Type", "application/json,text/plain"}},
+		{{"Content-Type", ""}},
+		{},                                     // missing
+		{{"Content-Type", "application/json"}}, // twice (with the one do sets)
+	}
+	for _, rt := range bodyRoutes() {
+		for _, h := range refused {
+			r := rt
+			r.Key = k.admin.APIKey
+			twice := len(h) == 1 && h[0][1] == "application/json"
+			if !twice {
+				r.Header = append([][2]string{{"Content-Type", "\x00delete"}}, h...)
+			} else {
+				r.Header = h
+			}
+			got := s.do(t, r)
+			if got.Status != 400 || got.code() != "invalid_lease_request" || got.str("field") != "Content-Type" {
+				t.Errorf("%s %s with Content-Type %q: %d %s", r.Method, r.Path, h, got.Status, got.Body)
+			}
+		}
+	}
+	// Accepted spellings: the media type is case-insensitive, and so is the
+	// charset's value.
+	for _, ct := range []string{"application/json", "application/json; charset=utf-8", `Application/JSON;charset="UTF-8"`} {
+		r := s.do(t, rawReq{Method: "POST", Path: apiBase + "/acquire", Key: k.client.APIKey,
+			Body:   acquireBody(identity(uniqueID("wire-ct-ok"), "usernamegen"), uniqueID("req")),
+			Header: [][2]string{{"Content-Type", "\x00delete"}, {"Content-Type", ct}}})
+		if r.Status != 200 || r.code() != "lease_acquired" {
+			t.Errorf("acquire with Content-Type %q: %d %s", ct, r.Status, r.Body)
+		}
+	}
+}
