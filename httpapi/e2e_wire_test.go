@@ -88,3 +88,40 @@ func TestContentTypeIsExactlyJSON(t *testing.T) {
 		}
 	}
 }
+
+// force-release and revoke check the capability right after
+// authentication, before the body is read: a caller without
+// targets:force-release (or not an administrator) gets 403 access_denied
+// for a malformed body or content type too, never the body's validation
+// details.
+func TestAdminCapabilityBeforeBody(t *testing.T) {
+	s, k := startWireServer(t)
+	noForce := s.createKey("prn-wire-noforce", "administrator", "targets:lease,targets:read,audit:read", "tenant:tenant-a,program:program-a")
+	malformed := []struct {
+		name   string
+		body   any
+		header [][2]string
+	}{
+		{"not JSON", "{not json", nil},
+		{"wrong field types", `{"lock_identity":5,"fencing_token":"x"}`, nil},
+		{"unknown field", `{"surprise":true}`, nil},
+		{"no reason", map[string]any{"lock_identity": identity("wire-adm", "usernamegen"), "fencing_token": 1, "request_id": "r-1"}, nil},
+		{"wrong content type", `{}`, [][2]string{{"Content-Type", "\x00delete"}, {"Content-Type", "text/plain"}}},
+	}
+	for _, op := range []string{"force-release", "revoke"} {
+		path := apiBase + "/lease_01WIRE/" + op
+		for _, key := range []*e2eKey{k.client, k.reader, k.auditor, noForce} {
+			for _, m := range malformed {
+				got := s.do(t, rawReq{Method: "POST", Path: path, Key: key.APIKey, Body: m.body, Header: m.header})
+				if got.Status != 403 || got.code() != "access_denied" {
+					t.Errorf("%s by %s, %s: %d %s", op, key.Principal, m.name, got.Status, got.Body)
+				}
+			}
+		}
+		// With the capability, the same malformed body is the 400 it is.
+		got := s.do(t, rawReq{Method: "POST", Path: path, Key: k.admin.APIKey, Body: "{not json"})
+		if got.Status != 400 || got.code() != "invalid_lease_request" || got.str("field") != "body" {
+			t.Errorf("malformed %s by the administrator: %d %s", op, got.Status, got.Body)
+		}
+	}
+}

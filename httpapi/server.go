@@ -103,6 +103,17 @@ var eventTypes = map[string]audit.EventType{
 	"list": audit.EventList, "history": audit.EventHistory, "authorize_commit": audit.EventCommitAuthorized,
 }
 
+// capabilityOf is the capability check of the administrative operations,
+// run right after authentication and before the body is read, in the
+// order the authentication boundary gives (credential, principal,
+// capability, then scope and the canonical request): a caller without
+// targets:force-release learns nothing of how an administrative body is
+// validated. Scope needs the body's identity and stays the service's,
+// which checks the capability again.
+var capabilityOf = map[string]func(auth.Principal) bool{
+	"force_release": auth.CanForceRelease, "revoke": auth.CanForceRelease,
+}
+
 func (s *Server) routes() []route {
 	return []route{
 		{"POST " + Base + "/acquire", "acquire", s.acquire},
@@ -144,6 +155,13 @@ func (s *Server) wrap(op string, h handlerFunc) http.Handler {
 		}
 		ok := &Success{Status: "success", CorrelationID: corr}
 		c := service.Call{Principal: p, CorrelationID: corr}
+		if may := capabilityOf[op]; may != nil && !may(p) {
+			e := &lease.Error{Code: lease.CodeAccessDenied, Reason: "capability does not allow this request"}
+			s.svc.AuditRejected(r.Context(), eventTypes[op], c, e)
+			writeError(w, e, corr)
+			s.metrics.observe(op, lease.CodeAccessDenied, start)
+			return
+		}
 		if err := h(r.WithContext(auth.NewContext(r.Context(), p)), c, ok); err != nil {
 			if !ok.reached {
 				s.svc.AuditRejected(r.Context(), eventTypes[op], c, err)
