@@ -125,3 +125,43 @@ func TestAdminCapabilityBeforeBody(t *testing.T) {
 		}
 	}
 }
+
+// deadline_at "0001-01-01T00:00:00Z" is a deadline like any other, long
+// past, not the absence of one: 408 deadline_exceeded, and nothing done.
+func TestZeroDeadlineIsPast(t *testing.T) {
+	s, k := startWireServer(t)
+	id := identity("wire-zero-deadline", "usernamegen")
+	a := s.do(t, rawReq{Method: "POST", Path: apiBase + "/acquire", Key: k.admin.APIKey, Body: acquireBody(id, uniqueID("req"))})
+	wantStatus(t, a, 200, "lease_acquired")
+	l := leaseOf(t, a, "lease")
+	leaseID := l["lease_id"].(string)
+	held := heldBody(id, l, "")
+	admin := map[string]any{"lock_identity": id, "fencing_token": l["fencing_token"], "reason": "cleanup"}
+	for _, zero := range []string{"0001-01-01T00:00:00Z", "0001-01-01T00:00:00.000Z", "0001-01-01T01:00:00+01:00"} {
+		for _, r := range []rawReq{
+			{Method: "POST", Path: apiBase + "/acquire", Body: acquireBody(identity(uniqueID("wire-zero"), "usernamegen"), "")},
+			{Method: "POST", Path: apiBase + "/" + leaseID + "/renew", Body: held},
+			{Method: "POST", Path: apiBase + "/" + leaseID + "/release", Body: held},
+			{Method: "DELETE", Path: apiBase + "/" + leaseID, Body: held},
+			{Method: "POST", Path: apiBase + "/" + leaseID + "/force-release", Body: admin},
+			{Method: "POST", Path: apiBase + "/" + leaseID + "/revoke", Body: admin},
+		} {
+			r.Key = k.admin.APIKey
+			r.Body = with(r.Body.(map[string]any), "deadline_at", zero, "request_id", uniqueID("req"))
+			got := s.do(t, r)
+			if got.Status != 408 || got.code() != "deadline_exceeded" {
+				t.Errorf("%s %s with deadline_at %s: %d %s", r.Method, r.Path, zero, got.Status, got.Body)
+			}
+		}
+	}
+	// Nothing was done: the lease is as acquired, and no other was granted.
+	got := s.do(t, rawReq{Method: "GET", Path: apiBase + "/" + leaseID, Key: k.admin.APIKey})
+	wantStatus(t, got, 200, "lease_inspected")
+	if now := leaseOf(t, got, "lease"); now["state"] != "active" || now["expires_at"] != l["expires_at"] {
+		t.Errorf("after requests with a past deadline the lease is %s, acquired as %s", got.Body, a.Body)
+	}
+	list := s.do(t, rawReq{Method: "GET", Path: apiBase + "?owner_principal_id=prn-wire-admin", Key: k.admin.APIKey})
+	if leases, _ := list.JSON["leases"].([]any); list.Status != 200 || len(leases) != 1 {
+		t.Errorf("leases of the caller after requests with a past deadline: %s", list.Body)
+	}
+}

@@ -228,15 +228,23 @@ func (s *Server) mutationCall(r *http.Request, c service.Call, bodyRequestID, bo
 	if c.RequestID == "" {
 		return c, lease.Invalid("request_id", "a request_id or Idempotency-Key is required")
 	}
-	d, err := s.deadline(r, bodyDeadline)
-	c.DeadlineAt = d
+	d, given, err := s.clientDeadline(r, bodyDeadline)
+	c.DeadlineAt, c.HasDeadline = d, given
 	return c, err
 }
 
+// deadline is a deadline without its presence, for requests that take
+// only X-Request-Timeout-Ms, which never gives the zero time.
 func (s *Server) deadline(r *http.Request, body string) (time.Time, error) {
+	d, _, err := s.clientDeadline(r, body)
+	return d, err
+}
+
+// clientDeadline is the deadline the client gave, and whether it gave one.
+func (s *Server) clientDeadline(r *http.Request, body string) (time.Time, bool, error) {
 	h := r.Header.Values("X-Request-Timeout-Ms")
 	if len(h) > 1 {
-		return time.Time{}, lease.Invalid("X-Request-Timeout-Ms", "give at most one")
+		return time.Time{}, false, lease.Invalid("X-Request-Timeout-Ms", "give at most one")
 	}
 	return parseDeadline(body, strings.Join(h, ""), s.now())
 }
