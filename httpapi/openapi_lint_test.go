@@ -80,8 +80,10 @@ func lint(t *testing.T, bin string, doc []byte) []lintProblem {
 		t.Fatal(err)
 	}
 	args := []string{bin, "lint", "--config", config, "--format", "json", "openapi.json"}
-	if _, err := exec.LookPath("unshare"); err == nil && os.Geteuid() == 0 {
+	if offline() {
 		args = append([]string{"unshare", "--net"}, args...)
+	} else {
+		t.Log("running redocly without a network namespace of its own (needs root and unshare)")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -113,6 +115,16 @@ func lint(t *testing.T, bin string, doc []byte) []lintProblem {
 		t.Fatalf("redocly lint listed %d problems for %d errors and %d warnings", len(out.Problems), out.Totals.Errors, out.Totals.Warnings)
 	}
 	return out.Problems
+}
+
+// offline reports whether a command can be run without any network, in
+// a new network namespace (root, and a kernel and sandbox that allow it).
+func offline() bool {
+	if os.Geteuid() != 0 {
+		return false
+	}
+	_, err := exec.LookPath("unshare")
+	return err == nil && exec.Command("unshare", "--net", "true").Run() == nil
 }
 
 // The OpenAPI document passes @redocly/cli lint with the recommended
