@@ -12,16 +12,40 @@
 #                    $STARLEASE_CACHE_DIR/pouchdb-server-4.2.0 (default
 #                    /var/cache/starlease), outside the repository so reruns
 #                    are fast
+#   @redocly/cli     npm, version 2.77.0, if missing, into
+#                    $STARLEASE_CACHE_DIR/redocly-cli-2.77.0: the OpenAPI
+#                    linter httpapi's TestOpenAPILint runs
 #
 # Status lines go to stderr; stdout is one line, the path of the
 # pouchdb-server executable (testenv finds it at that path by itself, or
-# wherever $STARLEASE_POUCHDB_SERVER points).
+# wherever $STARLEASE_POUCHDB_SERVER points). With --print redocly it is
+# the path of the redocly executable instead (the test finds it at that
+# path by itself, or wherever $STARLEASE_REDOCLY points).
 set -euo pipefail
+
+print=pouchdb-server
+case "${1:-}" in
+"") ;;
+--print)
+	print=${2:-}
+	[[ $print == pouchdb-server || $print == redocly ]] || {
+		echo "usage: $0 [--print pouchdb-server|redocly]" >&2
+		exit 2
+	}
+	;;
+*)
+	echo "usage: $0 [--print pouchdb-server|redocly]" >&2
+	exit 2
+	;;
+esac
 
 POUCHDB_VERSION=4.2.0
 CACHE_DIR=${STARLEASE_CACHE_DIR:-/var/cache/starlease}
 POUCHDB_DIR=$CACHE_DIR/pouchdb-server-$POUCHDB_VERSION
 POUCHDB_BIN=$POUCHDB_DIR/node_modules/.bin/pouchdb-server
+REDOCLY_VERSION=2.77.0
+REDOCLY_DIR=$CACHE_DIR/redocly-cli-$REDOCLY_VERSION
+REDOCLY_BIN=$REDOCLY_DIR/node_modules/.bin/redocly
 RABBITMQ_BIN=/usr/lib/rabbitmq/bin/rabbitmq-server
 
 say() { printf 'install-servers: %s\n' "$*" >&2; }
@@ -88,39 +112,52 @@ if ((${#missing[@]} > 0)); then
 	fi
 fi
 
-# --- pouchdb-server from npm ---------------------------------------------
+# --- npm packages ----------------------------------------------------------
+# installed_version DIR PACKAGE BIN: the version of PACKAGE installed in
+# DIR, if its executable BIN is there too.
 installed_version() {
-	local pkg=$POUCHDB_DIR/node_modules/pouchdb-server/package.json
-	[[ -x $POUCHDB_BIN && -f $pkg ]] || return 0
+	local pkg=$1/node_modules/$2/package.json
+	[[ -x $3 && -f $pkg ]] || return 0
 	node -e 'process.stdout.write(require(process.argv[1]).version)' "$pkg" 2>/dev/null || true
 }
 
-if [[ $(installed_version) != "$POUCHDB_VERSION" ]]; then
-	say "installing pouchdb-server@$POUCHDB_VERSION into $POUCHDB_DIR (npm, about 15-40 s)"
+# npm_install NAME PACKAGE VERSION DIR BIN HOW-LONG installs PACKAGE@VERSION
+# into DIR unless it is there. --ignore-scripts: pouchdb-server's install
+# scripts only build sqlite3, which the in-memory server does not use
+# (leveldown ships its binary); redocly needs none.
+npm_install() {
+	local name=$1 pkg=$2 version=$3 dir=$4 bin=$5 how_long=$6
+	[[ $(installed_version "$dir" "$pkg" "$bin") == "$version" ]] && return 0
+	say "installing $pkg@$version into $dir (npm, $how_long)"
 	mkdir -p "$CACHE_DIR"
 	# Install next to the target and move it into place, so an interrupted
 	# install never looks complete.
-	tmp=$(mktemp -d "$CACHE_DIR/.pouchdb-server-$POUCHDB_VERSION.XXXXXX")
+	tmp=$(mktemp -d "$CACHE_DIR/.$name-$version.XXXXXX")
 	trap 'rm -rf "$tmp"' EXIT
-	printf '{"name":"starlease-pouchdb-server","private":true}\n' >"$tmp/package.json"
-	# --ignore-scripts: the install scripts only build sqlite3, which the
-	# in-memory server does not use; leveldown ships its binary.
+	printf '{"name":"starlease-%s","private":true}\n' "$name" >"$tmp/package.json"
 	(cd "$tmp" && npm install --ignore-scripts --no-audit --no-fund --loglevel=error \
-		"pouchdb-server@$POUCHDB_VERSION" >/dev/null)
-	rm -rf "$POUCHDB_DIR"
+		"$pkg@$version" >/dev/null)
+	rm -rf "$dir"
 	chmod 755 "$tmp"
-	mv "$tmp" "$POUCHDB_DIR"
+	mv "$tmp" "$dir"
 	trap - EXIT
-	if [[ $(installed_version) != "$POUCHDB_VERSION" ]]; then
-		say "pouchdb-server@$POUCHDB_VERSION did not install into $POUCHDB_DIR"
+	if [[ $(installed_version "$dir" "$pkg" "$bin") != "$version" ]]; then
+		say "$pkg@$version did not install into $dir"
 		exit 1
 	fi
-fi
+}
+
+npm_install pouchdb-server pouchdb-server "$POUCHDB_VERSION" "$POUCHDB_DIR" "$POUCHDB_BIN" "about 15-40 s"
+npm_install redocly-cli @redocly/cli "$REDOCLY_VERSION" "$REDOCLY_DIR" "$REDOCLY_BIN" "about 20-60 s"
 
 # Warn (only) about a system broker that tests could be confused with.
 if pgrep -u rabbitmq >/dev/null 2>&1; then
 	say "warning: a system rabbitmq-server is running (user rabbitmq); tests do not use it"
 fi
 
-say "ok: redis-server $(command -v redis-server), rabbitmq-server $RABBITMQ_BIN, pouchdb-server $POUCHDB_VERSION"
-echo "$POUCHDB_BIN"
+say "ok: redis-server $(command -v redis-server), rabbitmq-server $RABBITMQ_BIN, pouchdb-server $POUCHDB_VERSION, redocly $REDOCLY_VERSION"
+if [[ $print == redocly ]]; then
+	echo "$REDOCLY_BIN"
+else
+	echo "$POUCHDB_BIN"
+fi

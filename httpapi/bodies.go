@@ -137,25 +137,26 @@ type CommitView struct {
 	BackendTime   lease.Timestamp `json:"backend_time"`
 }
 
-// parseDeadline reads deadline_at (RFC 3339) or X-Request-Timeout-Ms.
-// Neither is the server default; both is ambiguous unless they agree on
-// being given only once.
-func parseDeadline(body, header string, now time.Time) (time.Time, error) {
+// parseDeadline reads deadline_at (RFC 3339) or X-Request-Timeout-Ms, and
+// whether either was given: the zero time is a deadline like any other
+// (long past), so presence is not read from the value. Neither is the
+// server default; both is ambiguous.
+func parseDeadline(body, header string, now time.Time) (time.Time, bool, error) {
 	switch {
 	case body != "" && header != "":
-		return time.Time{}, lease.Invalid("deadline_at", "give deadline_at or X-Request-Timeout-Ms, not both")
+		return time.Time{}, false, lease.Invalid("deadline_at", "give deadline_at or X-Request-Timeout-Ms, not both")
 	case body != "":
 		t, err := time.Parse(time.RFC3339Nano, body)
 		if err != nil {
-			return time.Time{}, lease.Invalid("deadline_at", "must be an RFC 3339 timestamp")
+			return time.Time{}, false, lease.Invalid("deadline_at", "must be an RFC 3339 timestamp")
 		}
-		return t, nil
+		return t, true, nil
 	case header != "":
 		var ms int64
 		if err := json.Unmarshal([]byte(header), &ms); err != nil || ms <= 0 || ms > 24*3600*1000 {
-			return time.Time{}, lease.Invalid("X-Request-Timeout-Ms", "must be a positive integer of milliseconds")
+			return time.Time{}, false, lease.Invalid("X-Request-Timeout-Ms", "must be a positive integer of milliseconds")
 		}
-		return now.Add(time.Duration(ms) * time.Millisecond), nil
+		return now.Add(time.Duration(ms) * time.Millisecond), true, nil
 	}
-	return time.Time{}, nil
+	return time.Time{}, false, nil
 }

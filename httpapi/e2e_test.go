@@ -319,7 +319,7 @@ func (st *boltState) invalidRequests(t *testing.T) {
 		{"empty body", "POST", acq, ``, nil, "body"},
 		{"wrong type", "POST", acq, with(valid, "request_id", uniqueID("r"), "ttl_ms", "30s"), nil, "ttl_ms"},
 		{"not JSON content type", "POST", acq, enc(with(valid, "request_id", uniqueID("r"))),
-			[][2]string{{"Content-Type", "\x00delete"}, {"Content-Type", "text/plain"}}, "body"},
+			[][2]string{{"Content-Type", "\x00delete"}, {"Content-Type", "text/plain"}}, "Content-Type"},
 		{"bad identity", "POST", acq, with(valid, "request_id", uniqueID("r"), "lock_identity",
 			map[string]any{"tenant_id": "tenant-a", "program_id": "program-a", "target_namespace": "ns",
 				"target_id": badTarget, "actor_name": "usernamegen"}), nil, "lock_identity.target_id"},

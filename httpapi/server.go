@@ -9,8 +9,10 @@ import (
 	"context"
 	_ "embed"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -82,8 +84,85 @@ func New(svc *service.Service, authn *auth.Authenticator, sink audit.Sink, o Opt
 	return s
 }
 
-// ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+// MaxHeaderBytes bounds a request's header block (request line and
+// fields); a larger one is 400 invalid_lease_request with field "headers".
+const MaxHeaderBytes = 16 << 10
+
+// HTTPServerMaxHeaderBytes is the http.Server.MaxHeaderBytes to serve a
+// Server with. It is four times MaxHeaderBytes so that header blocks
+// between the two reach the handler and get the envelope; past it (plus
+// the 4 KiB net/http reads beyond) net/http answers 431 text/plain itself,
+// before any handler runs, and no server can make that the envelope.
+const HTTPServerMaxHeaderBytes = 4 * MaxHeaderBytes
+
+// ServeHTTP implements http.Handler. What net/http would answer without
+// the envelope once a handler runs is refused here first: a header block
+// over MaxHeaderBytes, a Content-Length net/http did not parse, and a path
+// that is not clean, which ServeMux would redirect (307) to its cleaned
+// form.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if err := checkRequest(r); err != nil {
+		corr := correlationID(r)
+		w.Header().Set("X-Correlation-ID", corr)
+		writeError(w, err, corr)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// checkRequest refuses what the routes must not see (see ServeHTTP).
+func checkRequest(r *http.Request) error {
+	if headerBytes(r) > MaxHeaderBytes {
+		return lease.Invalid("headers", fmt.Sprintf("must total at most %d bytes", MaxHeaderBytes))
+	}
+	// net/http refuses an invalid Content-Length over HTTP/1 itself; a
+	// handler called otherwise (HTTP/2 keeps the header and reads 0, a
+	// request built in-process) may still see one.
+	if cl := r.Header.Values("Content-Length"); r.ContentLength < -1 || len(cl) > 1 ||
+		len(cl) == 1 && !validContentLength(cl[0], r.ContentLength) {
+		return lease.Invalid("Content-Length", "must be one non-negative integer")
+	}
+	// A path that is not clean names no route: answered as an unknown
+	// route, never redirected to the path it might have meant.
+	if p := r.URL.EscapedPath(); p != cleanPath(p) {
+		return &lease.Error{Code: lease.CodeNotFound, Reason: "no such route"}
+	}
+	return nil
+}
+
+// headerBytes is the size of r's header block as sent, near enough: the
+// request line, Host and every field with its separators.
+func headerBytes(r *http.Request) int {
+	n := len(r.Method) + len(r.RequestURI) + len(r.Proto) + 4 + len("Host: \r\n") + len(r.Host)
+	for k, vs := range r.Header {
+		for _, v := range vs {
+			n += len(k) + len(v) + 4
+		}
+	}
+	return n
+}
+
+func validContentLength(v string, parsed int64) bool {
+	n, err := strconv.ParseUint(v, 10, 63)
+	return err == nil && int64(n) == parsed
+}
+
+// cleanPath is the path ServeMux would redirect p to (net/http's own
+// cleanPath): rooted, without empty, "." or ".." segments, a trailing
+// slash kept.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	if p[0] != '/' {
+		p = "/" + p
+	}
+	np := path.Clean(p)
+	if p[len(p)-1] == '/' && np != "/" {
+		np += "/"
+	}
+	return np
+}
 
 type route struct {
 	pattern, op string
@@ -101,6 +180,17 @@ var eventTypes = map[string]audit.EventType{
 	"acquire": audit.EventAcquire, "renew": audit.EventRenew, "release": audit.EventRelease,
 	"force_release": audit.EventForceRelease, "revoke": audit.EventRevoke, "inspect": audit.EventInspect,
 	"list": audit.EventList, "history": audit.EventHistory, "authorize_commit": audit.EventCommitAuthorized,
+}
+
+// capabilityOf is the capability check of the administrative operations,
+// run right after authentication and before the body is read, in the
+// order the authentication boundary gives (credential, principal,
+// capability, then scope and the canonical request): a caller without
+// targets:force-release learns nothing of how an administrative body is
+// validated. Scope needs the body's identity and stays the service's,
+// which checks the capability again.
+var capabilityOf = map[string]func(auth.Principal) bool{
+	"force_release": auth.CanForceRelease, "revoke": auth.CanForceRelease,
 }
 
 func (s *Server) routes() []route {
@@ -144,6 +234,13 @@ func (s *Server) wrap(op string, h handlerFunc) http.Handler {
 		}
 		ok := &Success{Status: "success", CorrelationID: corr}
 		c := service.Call{Principal: p, CorrelationID: corr}
+		if may := capabilityOf[op]; may != nil && !may(p) {
+			e := &lease.Error{Code: lease.CodeAccessDenied, Reason: "capability does not allow this request"}
+			s.svc.AuditRejected(r.Context(), eventTypes[op], c, e)
+			writeError(w, e, corr)
+			s.metrics.observe(op, lease.CodeAccessDenied, start)
+			return
+		}
 		if err := h(r.WithContext(auth.NewContext(r.Context(), p)), c, ok); err != nil {
 			if !ok.reached {
 				s.svc.AuditRejected(r.Context(), eventTypes[op], c, err)
@@ -210,15 +307,23 @@ func (s *Server) mutationCall(r *http.Request, c service.Call, bodyRequestID, bo
 	if c.RequestID == "" {
 		return c, lease.Invalid("request_id", "a request_id or Idempotency-Key is required")
 	}
-	d, err := s.deadline(r, bodyDeadline)
-	c.DeadlineAt = d
+	d, given, err := s.clientDeadline(r, bodyDeadline)
+	c.DeadlineAt, c.HasDeadline = d, given
 	return c, err
 }
 
+// deadline is a deadline without its presence, for requests that take
+// only X-Request-Timeout-Ms, which never gives the zero time.
 func (s *Server) deadline(r *http.Request, body string) (time.Time, error) {
+	d, _, err := s.clientDeadline(r, body)
+	return d, err
+}
+
+// clientDeadline is the deadline the client gave, and whether it gave one.
+func (s *Server) clientDeadline(r *http.Request, body string) (time.Time, bool, error) {
 	h := r.Header.Values("X-Request-Timeout-Ms")
 	if len(h) > 1 {
-		return time.Time{}, lease.Invalid("X-Request-Timeout-Ms", "give at most one")
+		return time.Time{}, false, lease.Invalid("X-Request-Timeout-Ms", "give at most one")
 	}
 	return parseDeadline(body, strings.Join(h, ""), s.now())
 }

@@ -133,6 +133,7 @@ func TestStrictBodies(t *testing.T) {
 	} {
 		req := httptest.NewRequest("POST", Base+"/acquire", strings.NewReader(tc.raw))
 		req.Header.Set("Authorization", "Bearer "+s.key)
+		req.Header.Set("Content-Type", "application/json")
 		rec := httptest.NewRecorder()
 		s.ServeHTTP(rec, req)
 		var out errorBody
@@ -195,6 +196,7 @@ func TestRejectedRequestsAreAudited(t *testing.T) {
 	before := len(s.audit.Events())
 	req := httptest.NewRequest("POST", Base+"/acquire", strings.NewReader(`{"nope":1}`))
 	req.Header.Set("Authorization", "Bearer "+s.key)
+	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Correlation-ID", "corr-rejected")
 	s.ServeHTTP(httptest.NewRecorder(), req)
 	evs := s.audit.Events()

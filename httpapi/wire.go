@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"regexp"
 	"strings"
@@ -137,8 +138,8 @@ func correlationID(r *http.Request) string {
 // decodeBody strictly decodes a JSON body into v: a JSON content type, at
 // most MaxBodyBytes, one object, no unknown fields, no trailing data.
 func decodeBody(r *http.Request, v any) error {
-	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(strings.ToLower(ct), "application/json") {
-		return lease.Invalid("body", "content type must be application/json")
+	if err := checkContentType(r.Header.Values("Content-Type")); err != nil {
+		return err
 	}
 	b, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, MaxBodyBytes))
 	if err != nil {
@@ -165,6 +166,26 @@ func decodeBody(r *http.Request, v any) error {
 	// case-insensitively; an ambiguous body fails closed.
 	if err := lease.DecodeStrict(b, v); err != nil {
 		return lease.Invalid("body", "duplicate or case-variant keys")
+	}
+	return nil
+}
+
+// checkContentType requires one Content-Type, exactly application/json
+// with at most a charset parameter of utf-8, the only encoding a body is
+// read in. A look-alike (application/jsonx), another charset or parameter,
+// or none at all is refused: the body is not read on a guess.
+func checkContentType(values []string) error {
+	if len(values) != 1 {
+		return lease.Invalid("Content-Type", "give exactly one, application/json")
+	}
+	mt, params, err := mime.ParseMediaType(values[0])
+	if err != nil || mt != "application/json" {
+		return lease.Invalid("Content-Type", "must be application/json")
+	}
+	for k, v := range params {
+		if k != "charset" || !strings.EqualFold(v, "utf-8") {
+			return lease.Invalid("Content-Type", "takes no parameter but charset=utf-8")
+		}
 	}
 	return nil
 }

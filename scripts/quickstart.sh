@@ -8,7 +8,8 @@
 # Needs Go (see go.mod for the version), which it never downloads. As root
 # on Debian it also installs what the test suite (the second quick-start
 # command) starts: redis-server and rabbitmq-server with apt, pouchdb-server
-# with npm into a cache outside the repository (.ci/install-servers.sh).
+# and the OpenAPI linter @redocly/cli with npm into a cache outside the
+# repository (.ci/install-servers.sh).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -21,7 +22,7 @@ require_go
 if [[ $(id -u) == 0 ]]; then
 	bash .ci/install-servers.sh >/dev/null
 else
-	echo "# note: the tests need redis-server, rabbitmq-server and pouchdb-server; install them as root with: sudo bash .ci/install-servers.sh"
+	echo "# note: the tests need redis-server, rabbitmq-server, pouchdb-server and redocly; install them as root with: sudo bash .ci/install-servers.sh"
 fi
 
 go build -o bin/starlease ./cmd/starlease

@@ -44,9 +44,6 @@ func (s *Service) acquire(ctx context.Context, o *op, in AcquireInput) (lease.Re
 	if in.Wait < 0 {
 		return lease.Result{}, lease.Invalid("wait_ms", "must not be negative")
 	}
-	if err := s.throttle(o.call.Principal, id); err != nil {
-		return lease.Result{}, err
-	}
 	m, ctx, cancel := o.mutation(ctx)
 	defer cancel()
 	req := lease.AcquireRequest{Identity: id, ServiceInstanceID: in.ServiceInstanceID, TTL: in.TTL,
@@ -55,7 +52,11 @@ func (s *Service) acquire(ctx context.Context, o *op, in AcquireInput) (lease.Re
 	if _, _, err := lease.PrepareAcquire(req, lease.StoreOptions{OperationClasses: s.classes}); err != nil {
 		return lease.Result{}, err // bad input changes nothing and spends no quota
 	}
-	if err := s.checkQuota(ctx, o.call.Principal, m.DeadlineAt); err != nil {
+	limit := s.throttle(o.call.Principal, id)
+	if limit == nil {
+		limit = s.checkQuota(ctx, o.call.Principal, m.DeadlineAt)
+	}
+	if err := s.unlessReplay(ctx, lease.OpAcquire, id, m, limit); err != nil {
 		return lease.Result{}, err
 	}
 	waitUntil := s.now().Add(min(in.Wait, s.cfg.MaxWait))
@@ -107,6 +108,28 @@ func (s *Service) checkQuota(ctx context.Context, p auth.Principal, deadline tim
 	s.active.set(p.ID, n)
 	if n >= s.cfg.MaxActivePerPrincipal {
 		return &lease.Error{Code: lease.CodeRateLimited, Reason: "active lease quota reached", RetryAfter: time.Second}
+	}
+	return nil
+}
+
+// unlessReplay returns refused, a rate limit's or quota's refusal of a
+// mutation, unless the request id already has stored evidence: the retry
+// of a committed request (how a client resolves outcome_unknown) must get
+// its result, not 429. The store is asked only once a limit refused, so
+// the common path pays nothing. With evidence present the store's own
+// replay path answers (the original result if the inputs' digest matches,
+// idempotency_conflict if not) and mutates nothing, so letting the request
+// past the limit spends nothing the limit protects.
+func (s *Service) unlessReplay(ctx context.Context, op lease.Op, id lease.Identity, m lease.Mutation, refused error) error {
+	if lease.CodeOf(refused) != lease.CodeRateLimited {
+		return refused
+	}
+	_, err := s.call(func() (lease.Result, error) {
+		return s.store.LookupRequest(ctx, lease.LookupRequest{Op: op, Identity: id, PrincipalID: m.Caller.PrincipalID,
+			RequestID: m.RequestID, DeadlineAt: m.DeadlineAt})
+	})
+	if err != nil {
+		return refused // no evidence, or no answer: the refusal stands
 	}
 	return nil
 }
@@ -170,18 +193,18 @@ func (s *Service) held(ctx context.Context, o *op, in HeldInput, renew bool) (le
 		return lease.Result{}, err
 	}
 	o.ev.PreviousState = lease.StateActive
+	m, ctx, cancel := o.mutation(ctx)
+	defer cancel()
 	if renew {
 		if in.TTL != 0 {
 			if err := s.cfg.checkTTL("ttl_ms", in.TTL); err != nil {
 				return lease.Result{}, err
 			}
 		}
-		if err := s.throttle(o.call.Principal, id); err != nil {
+		if err := s.unlessReplay(ctx, lease.OpRenew, id, m, s.throttle(o.call.Principal, id)); err != nil {
 			return lease.Result{}, err
 		}
 	}
-	m, ctx, cancel := o.mutation(ctx)
-	defer cancel()
 	return s.call(func() (lease.Result, error) {
 		if renew {
 			return s.store.Renew(ctx, lease.RenewRequest{Identity: id, LeaseID: in.LeaseID, FencingToken: in.FencingToken,

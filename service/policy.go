@@ -115,15 +115,20 @@ const (
 	DeadlineCapped  DeadlineClass = "capped"
 )
 
-// deadline is the effective deadline: the client's, or the default, never
-// later than the server cap.
-func (c Config) deadline(now, asked time.Time) (time.Time, DeadlineClass) {
-	limit := now.Add(c.MaxDeadline)
+// deadline is the effective deadline of call: the client's, or the
+// default, never later than the server cap.
+func (c Config) deadline(now time.Time, call Call) (time.Time, DeadlineClass) {
+	asked, limit := call.DeadlineAt, now.Add(c.MaxDeadline)
 	switch {
-	case asked.IsZero():
+	case !call.HasDeadline && asked.IsZero():
 		return now.Add(c.DefaultDeadline), DeadlineDefault
 	case asked.After(limit):
 		return limit, DeadlineCapped
+	case asked.IsZero():
+		// A given zero time is long past; the stores read the zero time as
+		// no deadline (and refuse it), so it travels as the next instant
+		// they can tell from none, past all the same: deadline_exceeded.
+		return asked.Add(time.Millisecond), DeadlineClient
 	}
 	return asked, DeadlineClient
 }

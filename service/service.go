@@ -230,7 +230,7 @@ func (s *Service) throttle(p auth.Principal, id lease.Identity) error {
 // mutation builds the store's Mutation for c: the effective deadline and
 // the caller as the store sees it.
 func (o *op) mutation(parent context.Context) (lease.Mutation, context.Context, context.CancelFunc) {
-	deadline, class := o.s.cfg.deadline(o.s.now(), o.call.DeadlineAt)
+	deadline, class := o.s.cfg.deadline(o.s.now(), o.call)
 	o.ev.DeadlineClass = string(class)
 	ctx, cancel := context.WithDeadline(parent, deadline)
 	return lease.Mutation{RequestID: o.call.RequestID, DeadlineAt: deadline,
@@ -239,7 +239,7 @@ func (o *op) mutation(parent context.Context) (lease.Mutation, context.Context, 
 
 // readDeadline is the effective deadline of a read.
 func (o *op) readDeadline(parent context.Context) (time.Time, context.Context, context.CancelFunc) {
-	deadline, class := o.s.cfg.deadline(o.s.now(), o.call.DeadlineAt)
+	deadline, class := o.s.cfg.deadline(o.s.now(), o.call)
 	o.ev.DeadlineClass = string(class)
 	ctx, cancel := context.WithDeadline(parent, deadline)
 	return deadline, ctx, cancel

@@ -10,12 +10,17 @@ import (
 // Call is what every request brings besides its own fields: who is calling
 // (resolved by auth from the credential, never from the body), the
 // correlation id, and for mutations the request id and the deadline the
-// client asked for (zero: the server default).
+// client asked for.
 type Call struct {
 	Principal     auth.Principal
 	CorrelationID string
 	RequestID     string
-	DeadlineAt    time.Time
+	// DeadlineAt is the client's deadline. HasDeadline says it was given
+	// even if it is the zero time, which is then a deadline long past, not
+	// the absence of one; a DeadlineAt that is not the zero time is given
+	// by itself. Without either the server default applies.
+	DeadlineAt  time.Time
+	HasDeadline bool
 }
 
 // AcquireInput is an acquire request. MaximumLifetime zero means the

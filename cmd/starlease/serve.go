@@ -296,7 +296,7 @@ func serve(ctx context.Context, f serveFlags, stdout io.Writer, log *slog.Logger
 		return fmt.Errorf("cannot listen on %s: %v", f.listen, err)
 	}
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 15 * time.Second,
-		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 16 << 10}
+		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: httpapi.HTTPServerMaxHeaderBytes}
 	fmt.Fprintf(stdout, "starlease serving on http://%s (backend %s, data %s)\n", ln.Addr(), f.backend, f.dataDir)
 	if list, err := creds.List(ctx, "", 1); err == nil && len(list) == 0 {
 		fmt.Fprintf(stdout, "no API keys yet; create the first administrator key with:\n"+
