@@ -391,6 +391,21 @@ func adminInvalidationRejects(t *testing.T, e *env, queue string) {
 		if got := loss.Seen(); len(got) != 1 || got[0] != lease.CodeLost {
 			t.Fatalf("loss handler after %s saw %v", op, got)
 		}
+		// The commit id authorized before the invalidation publishes
+		// nothing new: for another message (body, routing key, content
+		// type) it is idempotency_conflict; for the same one a replay that
+		// appends nothing.
+		for _, changed := range []lease.OutboxMessage{msg(string(op) + ": after, replayed"),
+			{RoutingKey: queue + ".other", ContentType: "text/plain", Body: []byte(string(op) + ": before")},
+			{RoutingKey: queue, ContentType: "application/json", Body: []byte(string(op) + ": before")}} {
+			if _, err := e.publisher().Publish(ctx, c, string(op)+"-before", changed); lease.CodeOf(err) != lease.CodeIdempotencyConflict {
+				t.Fatalf("replayed commit id after %s with another message: %v, want idempotency_conflict", op, err)
+			}
+		}
+		if again, err := e.publisher().Publish(ctx, c, string(op)+"-before", msg(string(op)+": before")); err != nil ||
+			!again.Replayed || again.MessageID != before.MessageID {
+			t.Fatalf("replay after %s: %+v %v", op, again, err)
+		}
 		if got := e.pendingOf(rec.LeaseID); len(got) > 1 || (len(got) == 1 && got[0].MessageID != before.MessageID) {
 			t.Fatalf("after %s the outbox holds %+v", op, got)
 		}
