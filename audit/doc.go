@@ -1,5 +1,6 @@
 // Package audit is the closed audit event schema of starlease, its
-// validation and redaction guard, and the sinks events are written to.
+// validation, the redaction of values that may be secrets, and the sinks
+// events are written to.
 //
 // # Schema
 //
@@ -8,10 +9,24 @@
 // no lock keys, no backend commands, no credential material, no other
 // owner's private fields. The event type is a closed set (EventType). Every
 // sink validates an event before writing it (Event.Validate) and refuses
-// anything outside the schema, including any string that looks like
-// credential material ("star_sk_", "Bearer ", or a run of 64 hex digits):
-// the service builds events only from trusted, normalized values, and the
-// guard is defence in depth behind that.
+// anything outside the schema.
+//
+// # Redaction
+//
+// Audit cannot be switched off by input. Any string an event carries may
+// have been chosen by a caller (a target id, a correlation, request or
+// incident id, an administrator's reason), so a value that may be
+// credential material (lease.SecretShaped: "star_sk_", "bearer ", or 64
+// hex digits in a row) is replaced, never refused: the service's Redactor,
+// keyed by a key derived from the server pepper, writes it as
+// "redacted:<128 bits of HMAC-SHA-256 in hex>" — the same form for the same
+// value, so events still correlate, and never the value or a plain hash of
+// it. Marshal, which every sink encodes with, replaces anything left by
+// "redacted" alone. Validate fails only on what this module's own code
+// controls (types, codes, consistency), so a caller's choice of identifier
+// never suppresses an event or blocks the operation it records; Unmarshal
+// refuses a stored event holding credential material, which Marshal never
+// writes.
 //
 // # Durability and order
 //

@@ -48,6 +48,17 @@ func (Pepper) Format(f fmt.State, _ rune) { io.WriteString(f, redacted) }
 // MarshalJSON writes "[redacted]".
 func (Pepper) MarshalJSON() ([]byte, error) { return []byte(`"` + redacted + `"`), nil }
 
+// DeriveKey returns a 32-byte key for purpose, HMAC-SHA-256(pepper,
+// "starlease/derived-key/v1" ‖ 0 ‖ purpose): another use of the server's
+// secret (the audit redaction key) without handing out the pepper, and
+// never equal to a verifier or an authority MAC, whose inputs differ.
+func (p Pepper) DeriveKey(purpose string) []byte {
+	m := hmac.New(sha256.New, p.key)
+	m.Write([]byte("starlease/derived-key/v1\x00"))
+	m.Write([]byte(purpose))
+	return m.Sum(nil)
+}
+
 // verifier computes HMAC-SHA-256(pepper, salt ‖ secret).
 func (p Pepper) verifier(salt []byte, secret *Secret) []byte {
 	m := hmac.New(sha256.New, p.key)

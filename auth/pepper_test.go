@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -140,5 +141,18 @@ func TestPepperRedacted(t *testing.T) {
 	}
 	if (Pepper{}).Valid() {
 		t.Fatal("zero Pepper is valid")
+	}
+}
+
+func TestPepperDeriveKey(t *testing.T) {
+	p1, _ := NewPepper(bytes.Repeat([]byte{1}, 32))
+	p2, _ := NewPepper(bytes.Repeat([]byte{2}, 32))
+	a, b := p1.DeriveKey("audit-redaction/v1"), p1.DeriveKey("audit-redaction/v1")
+	if len(a) != 32 || !bytes.Equal(a, b) {
+		t.Fatalf("derived keys %x, %x: want one 32-byte key per pepper and purpose", a, b)
+	}
+	if bytes.Equal(a, p1.DeriveKey("other")) || bytes.Equal(a, p2.DeriveKey("audit-redaction/v1")) ||
+		bytes.Equal(a, bytes.Repeat([]byte{1}, 32)) {
+		t.Fatal("a derived key must depend on purpose and pepper and never be the pepper")
 	}
 }

@@ -21,6 +21,7 @@ import (
 type Service struct {
 	store     lease.Store
 	sink      audit.Sink
+	redactor  *audit.Redactor
 	cfg       Config
 	classes   lease.OperationClasses
 	principal *limiters
@@ -36,6 +37,11 @@ type Options struct {
 	Config           Config
 	OperationClasses lease.OperationClasses
 	Logger           *slog.Logger
+	// Redactor gives values that may be credential material their keyed
+	// redacted form in every event this service builds (key it with
+	// auth.Pepper.DeriveKey(audit.RedactionKeyPurpose)). Nil redacts them
+	// to audit.Redacted alone, which keeps no correlation.
+	Redactor *audit.Redactor
 	// Now is the server clock (deadlines, rate limits); nil is time.Now.
 	// Lease time is always the backend's.
 	Now func() time.Time
@@ -48,7 +54,7 @@ func New(store lease.Store, sink audit.Sink, o Options) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{store: store, sink: sink, cfg: cfg, classes: o.OperationClasses, log: o.Logger, now: o.Now,
+	s := &Service{store: store, sink: sink, redactor: o.Redactor, cfg: cfg, classes: o.OperationClasses, log: o.Logger, now: o.Now,
 		principal: newLimiters(cfg.PrincipalRate, cfg.PrincipalBurst),
 		target:    newLimiters(cfg.TargetRate, cfg.TargetBurst),
 		admission: make(chan struct{}, cfg.MaxConcurrent)}
@@ -113,7 +119,7 @@ func (o *op) lease(r *lease.Record) {
 // paths of their own (admin).
 func (o *op) finish(ctx context.Context, err error) error {
 	o.result(err)
-	if werr := o.s.writeAudit(ctx, o.ev); werr != nil {
+	if werr := o.s.writeAudit(ctx, &o.ev); werr != nil {
 		o.s.log.Error("audit write failed", "event_type", o.ev.EventType, "correlation_id", o.ev.CorrelationID)
 	}
 	return err
@@ -229,7 +235,8 @@ func (o *op) readDeadline(parent context.Context) (time.Time, context.Context, c
 
 // safeID is v if it is a well-formed identifier, else empty: an audit
 // event carries only validated values, so a malformed request is still
-// audited (without the malformed value).
+// audited (without the malformed value). A well-formed value that may be
+// credential material is kept here and redacted by writeAudit.
 func safeID(v string) string {
 	if lease.CheckOpaqueID("id", v) != nil {
 		return ""
@@ -237,10 +244,10 @@ func safeID(v string) string {
 	return v
 }
 
-// safeReason is an administrator reason that passes the reason rule and
-// holds no credential material, else empty.
+// safeReason is an administrator reason that passes the reason rule, else
+// empty (the request is then refused as invalid before any change).
 func safeReason(r string) string {
-	if lease.CheckReason(r) != nil || audit.CheckSecretFree("reason", r) != nil {
+	if lease.CheckReason(r) != nil {
 		return ""
 	}
 	return r
@@ -265,8 +272,27 @@ func (s *Service) AuditRejected(ctx context.Context, t audit.EventType, c Call, 
 // request's own cancellation, so a client that gave up is still audited.
 const AuditTimeout = 2 * time.Second
 
-func (s *Service) writeAudit(ctx context.Context, ev audit.Event) error {
+// writeAudit redacts ev in place — the one place every event this service
+// builds passes, so a caller's value never decides whether an event is
+// written — and writes it. Callers log ev's fields only after this.
+func (s *Service) writeAudit(ctx context.Context, ev *audit.Event) error {
+	s.redactor.Event(ev)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), AuditTimeout)
 	defer cancel()
-	return s.sink.Write(ctx, ev)
+	return s.sink.Write(ctx, *ev)
+}
+
+// AuditAuthFailure audits an authentication failure, which happens before
+// any principal exists: the correlation id and, for a well-formed key, the
+// presented credential id.
+func (s *Service) AuditAuthFailure(ctx context.Context, correlationID, credentialID string, start time.Time) {
+	ev := audit.NewEvent(audit.EventAuthFailed, s.now())
+	ev.CorrelationID, ev.CredentialID = correlationID, credentialID
+	ev.SetResult(lease.CodeInvalidCredential)
+	ev.LatencyMS = max(s.now().Sub(start).Milliseconds(), 0)
+	ev.DeadlineClass = audit.DeadlineDefault
+	ev.BackendHealth = lease.HealthOK
+	if err := s.writeAudit(ctx, &ev); err != nil {
+		s.log.Error("audit write failed", "event_type", ev.EventType, "correlation_id", ev.CorrelationID)
+	}
 }

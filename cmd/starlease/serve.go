@@ -275,7 +275,13 @@ func serve(ctx context.Context, f serveFlags, stdout io.Writer, log *slog.Logger
 	if err != nil {
 		return err
 	}
-	svc, err := service.New(b.store, sink, service.Options{OperationClasses: classes, Logger: log, Config: service.Config{
+	// Values that may be secrets are audited as a keyed hash under a key
+	// derived from the pepper: servers sharing a pepper agree on it.
+	redactor, err := audit.NewRedactor(pepper.DeriveKey(audit.RedactionKeyPurpose))
+	if err != nil {
+		return err
+	}
+	svc, err := service.New(b.store, sink, service.Options{OperationClasses: classes, Logger: log, Redactor: redactor, Config: service.Config{
 		MinTTL: f.minTTL, MaxTTL: f.maxTTL, MaxLifetime: f.maxLifetime, MaxDeadline: f.maxDeadline,
 		MaxWait: f.maxWait, PrincipalRate: f.principalRate, TargetRate: f.targetRate,
 		PrincipalBurst: max(int(2*f.principalRate), 1), TargetBurst: max(int(2*f.targetRate), 1),

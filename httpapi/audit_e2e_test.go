@@ -1,0 +1,263 @@
+package httpapi_test
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/starintel/starlease/audit"
+	"github.com/starintel/starlease/auth"
+	"github.com/starintel/starlease/internal/testenv"
+	"github.com/starintel/starlease/lease"
+)
+
+// hex64 is a fresh 64-hex value: the shape of a SHA-256 digest and of an
+// API key's secret part alike.
+func hex64() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// auditEventsOf reads the server's audit.jsonl strictly.
+func auditEventsOf(t *testing.T, s *e2eServer) []audit.Event {
+	t.Helper()
+	evs, err := audit.ReadFile(filepath.Join(s.DataDir(), "audit.jsonl"))
+	if err != nil {
+		t.Fatalf("audit.ReadFile: %v", err)
+	}
+	return evs
+}
+
+// eventsFor are the events of one lease id and event type, in file order.
+func eventsFor(evs []audit.Event, typ audit.EventType, leaseID string) []audit.Event {
+	var out []audit.Event
+	for _, e := range evs {
+		if e.EventType == typ && e.LeaseID == leaseID {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// TestAuditInputCannotSwitchOffAudit (issue 11 §2): over HTTP on bolt, a
+// caller-chosen value of 64 hex characters — a SHA-256 target id, a
+// correlation, request, execution or incident id, a reason quoting a
+// digest — neither suppresses the request's audit event nor blocks an
+// administrator's revoke or force-release. The value itself never reaches
+// the audit sinks: it is replaced by a keyed hash, the same for the same
+// value.
+func TestAuditInputCannotSwitchOffAudit(t *testing.T) {
+	bin := testenv.BuildStarlease(t)
+	s := startServer(t, bin, newRowRecorder())
+	admin := s.createKey("admin-audit", "administrator", "targets:lease,targets:read,targets:force-release,audit:read",
+		"tenant:*,program:*,target-namespace:*,target:*,actor:*")
+	cl := s.createKey("prn-audit-client", "api_client", "targets:lease",
+		"tenant:tenant-a,program:program-a,target-namespace:*,target:*,actor:*")
+	// The server's redacted form of a value: keyed by its pepper.
+	pepper, err := auth.LoadPepper(s.PepperFile())
+	if err != nil {
+		t.Fatal(err)
+	}
+	red, err := audit.NewRedactor(pepper.DeriveKey(audit.RedactionKeyPurpose))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256([]byte("https://example.com/login"))
+	digest := hex.EncodeToString(sum[:]) // an ordinary OSINT target id: a hashed URL
+	var raws []string                    // every 64-hex value sent; none may be stored
+	raws = append(raws, digest)
+
+	acquire := func(t *testing.T, target string, body map[string]any, corr string) (map[string]any, lease.Identity) {
+		t.Helper()
+		id := identity(target, "usernamegen")
+		b := acquireBody(id, uniqueID("req"))
+		for k, v := range body {
+			b[k] = v
+		}
+		r := s.do(t, rawReq{Method: "POST", Path: apiBase + "/acquire", Key: cl.APIKey, Body: b,
+			Header: [][2]string{{"X-Correlation-ID", corr}}})
+		if r.Status != 200 || r.code() != "lease_acquired" {
+			t.Fatalf("acquire: %d %s", r.Status, r.Body)
+		}
+		return leaseOf(t, r, "lease"), id
+	}
+	// checkAcquireAudited finds the one acquire event of leaseID.
+	checkAcquireAudited := func(t *testing.T, leaseID string) audit.Event {
+		t.Helper()
+		evs := eventsFor(auditEventsOf(t, s), audit.EventAcquire, leaseID)
+		if len(evs) != 1 {
+			t.Fatalf("%d audit events for the acquire of %s, want 1", len(evs), leaseID)
+		}
+		e := evs[0]
+		if e.ResultCode != lease.CodeAcquired || e.Decision != audit.DecisionAllow || e.PrincipalID != "prn-audit-client" {
+			t.Fatalf("acquire audited as %+v", e)
+		}
+		return e
+	}
+
+	t.Run("acquire", func(t *testing.T) {
+		l, _ := acquire(t, digest, nil, uniqueID("corr"))
+		e := checkAcquireAudited(t, l["lease_id"].(string))
+		if want := red.Value(digest); e.TargetID != want || !strings.HasPrefix(want, "redacted:") {
+			t.Errorf("target_id audited as %q, want its keyed hash %q", e.TargetID, want)
+		}
+		// The same value has the same redacted form in every event.
+		l2, _ := acquire(t, digest, map[string]any{"lock_identity": map[string]any{"tenant_id": "tenant-a",
+			"program_id": "program-a", "target_namespace": "starintel-target", "target_id": digest, "actor_name": "other"}},
+			uniqueID("corr"))
+		if e2 := checkAcquireAudited(t, l2["lease_id"].(string)); e2.TargetID != e.TargetID {
+			t.Errorf("one target id audited as %q and %q", e.TargetID, e2.TargetID)
+		}
+		for _, field := range []string{"X-Correlation-ID", "request_id", "execution_id"} {
+			v := hex64()
+			raws = append(raws, v)
+			body, corr := map[string]any{}, uniqueID("corr")
+			switch field {
+			case "X-Correlation-ID":
+				corr = v
+			default:
+				body[field] = v
+			}
+			l, _ := acquire(t, uniqueID("target"), body, corr)
+			e := checkAcquireAudited(t, l["lease_id"].(string))
+			got := map[string]string{"X-Correlation-ID": e.CorrelationID, "request_id": e.RequestID, "execution_id": e.ExecutionID}[field]
+			if want := red.Value(v); got != want {
+				t.Errorf("%s audited as %q, want its keyed hash %q", field, got, want)
+			}
+		}
+	})
+
+	t.Run("unauthenticated", func(t *testing.T) {
+		corr := hex64()
+		count := func() int {
+			n := 0
+			for _, e := range auditEventsOf(t, s) {
+				if e.EventType == audit.EventAuthFailed && e.CorrelationID == red.Value(corr) {
+					n++
+				}
+			}
+			return n
+		}
+		before := count()
+		raws = append(raws, corr)
+		r := s.do(t, rawReq{Method: "POST", Path: apiBase + "/acquire", Key: "star_sk_v1_not-a-key",
+			Body: acquireBody(identity("x", "usernamegen"), "req-1"), Header: [][2]string{{"X-Correlation-ID", corr}}})
+		if r.Status != 401 {
+			t.Fatalf("bad key: %d %s", r.Status, r.Body)
+		}
+		if got := count(); got != before+1 {
+			t.Fatalf("a 401 with a 64-hex correlation id wrote %d auth-failure events, want 1", got-before)
+		}
+	})
+
+	t.Run("admin", func(t *testing.T) {
+		for _, op := range []struct {
+			path, code string
+			audited    lease.Code // the audit event's (internal) result code
+		}{{"revoke", "lease_revoked", lease.CodeRevoked}, {"force-release", "lease_released", lease.CodeForceReleased}} {
+			for _, hostile := range []string{"target_id", "reason", "incident_id", "request_id", "X-Correlation-ID"} {
+				t.Run(op.path+"/"+hostile, func(t *testing.T) {
+					v := hex64()
+					target := uniqueID("adm")
+					if hostile == "target_id" {
+						target = v
+					}
+					raws = append(raws, v)
+					l, id := acquire(t, target, nil, uniqueID("corr"))
+					leaseID := l["lease_id"].(string)
+					body := map[string]any{"lock_identity": id, "fencing_token": l["fencing_token"],
+						"reason": "operator cleanup", "request_id": uniqueID("adm-req")}
+					corr := uniqueID("corr")
+					switch hostile {
+					case "reason":
+						body["reason"] = "target url hash " + v + " was misrouted"
+					case "incident_id", "request_id":
+						body[hostile] = v
+					case "X-Correlation-ID":
+						corr = v
+					}
+					r := s.do(t, rawReq{Method: "POST", Path: apiBase + "/" + leaseID + "/" + op.path, Key: admin.APIKey,
+						Body: body, Header: [][2]string{{"X-Correlation-ID", corr}}})
+					if r.Status != 200 || r.code() != op.code {
+						t.Fatalf("%s with a 64-hex %s: %d %s", op.path, hostile, r.Status, r.Body)
+					}
+					// The lease is no longer active: renewing it is lease_lost.
+					renew := s.do(t, rawReq{Method: "POST", Path: apiBase + "/" + leaseID + "/renew", Key: cl.APIKey,
+						Body: map[string]any{"lock_identity": id, "fencing_token": l["fencing_token"],
+							"service_instance_id": "inst-raw", "request_id": uniqueID("renew")}})
+					if renew.Status != 409 || renew.code() != "lease_lost" {
+						t.Fatalf("renew after %s: %d %s", op.path, renew.Status, renew.Body)
+					}
+					typ := audit.EventRevoke
+					if op.path == "force-release" {
+						typ = audit.EventForceRelease
+					}
+					evs := eventsFor(auditEventsOf(t, s), typ, leaseID)
+					if len(evs) != 2 || evs[0].ResultCode != lease.CodeOutcomeUnknown || evs[1].ResultCode != op.audited {
+						t.Fatalf("%s audited as %+v; want the attempt then the result", op.path, evs)
+					}
+					for _, e := range evs {
+						if e.Priority != audit.PriorityHigh || e.Decision != audit.DecisionAllow || e.PrincipalID != "admin-audit" ||
+							e.Reason == "" && e.IncidentID == "" {
+							t.Errorf("%s event %+v", op.path, e)
+						}
+						got := map[string]string{"target_id": e.TargetID, "reason": e.Reason, "incident_id": e.IncidentID,
+							"request_id": e.RequestID, "X-Correlation-ID": e.CorrelationID}[hostile]
+						sent := v
+						if hostile == "reason" {
+							sent = body["reason"].(string)
+						}
+						if want := red.Value(sent); got != want {
+							t.Errorf("%s: %s audited as %q, want its keyed hash %q", op.path, hostile, got, want)
+						}
+					}
+				})
+			}
+		}
+	})
+
+	// §6: metadata holding credential material is refused, and nothing is
+	// stored.
+	t.Run("metadata_secrets", func(t *testing.T) {
+		for name, md := range map[string]map[string]any{
+			"password key": {"password": "hunter2-canary"}, "bearer value": {"note": "Bearer hunter2-canary"},
+			"api key value": {"note": "star_sk_v1_01J0000000000000000000000A_" + strings.Repeat("ab", 32)},
+		} {
+			b := acquireBody(identity(uniqueID("meta"), "usernamegen"), uniqueID("req"))
+			b["metadata"] = md
+			r := s.do(t, rawReq{Method: "POST", Path: apiBase + "/acquire", Key: cl.APIKey, Body: b})
+			if r.Status != 400 || r.code() != "invalid_lease_request" || r.str("field") != "metadata" {
+				t.Errorf("metadata with %s: %d %s", name, r.Status, r.Body)
+			}
+		}
+	})
+
+	t.Run("raw_values_never_stored", func(t *testing.T) {
+		if err := s.Stop(); err != nil {
+			t.Errorf("server did not stop cleanly: %v", err)
+		}
+		blobs := map[string][]byte{"server stderr": s.Stderr(), "server stdout": s.Stdout()}
+		for _, name := range []string{"audit.jsonl", audit.BoltFileName} {
+			blobs[name] = readFileOrEmpty(t, filepath.Join(s.DataDir(), name))
+		}
+		for name, b := range blobs {
+			b = bytes.ToLower(b)
+			for _, v := range raws {
+				if bytes.Contains(b, []byte(strings.ToLower(v))) {
+					t.Errorf("%s holds a raw 64-hex value sent by a caller", name)
+				}
+			}
+		}
+		if bytes.Contains(readFileOrEmpty(t, filepath.Join(s.DataDir(), "starlease.db")), []byte("hunter2-canary")) {
+			t.Errorf("the lease store holds refused metadata")
+		}
+		if bytes.Contains(s.Stderr(), []byte("audit write failed")) || bytes.Contains(s.Stderr(), []byte("durable audit")) {
+			t.Errorf("the server failed to write audit events:\n%s", s.Stderr())
+		}
+	})
+}
