@@ -36,6 +36,15 @@
 // success, and reports failure if Write fails. Every other request writes
 // its event after the operation, whatever the result.
 //
+// # Faults
+//
+// A sink's fault is never permanent: a failed write leaves nothing behind
+// (FileSink cuts the file back to its last whole line; bbolt rolls the
+// transaction back), and every later Write tries again. Sinks that can
+// tell implement Checker: Check reports the last failure while it lasts
+// and probes for recovery, and the service's health (/readyz) is degraded
+// while any sink's Check fails.
+//
 // # Volume
 //
 // Limiter bounds the volume of normal-priority deny and error events so a

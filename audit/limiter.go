@@ -131,6 +131,9 @@ func (l *Limiter) take() bool {
 	return true
 }
 
+// Check checks the next sink.
+func (l *Limiter) Check(ctx context.Context) error { return Check(ctx, l.next) }
+
 // Dropped returns the count of dropped events not yet written as an
 // audit_dropped event.
 func (l *Limiter) Dropped() int64 {

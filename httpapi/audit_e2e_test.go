@@ -5,6 +5,9 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
+	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -260,4 +263,133 @@ func TestAuditInputCannotSwitchOffAudit(t *testing.T) {
 			t.Errorf("the server failed to write audit events:\n%s", s.Stderr())
 		}
 	})
+}
+
+// readyz returns /readyz's status code and body fields.
+func readyz(t *testing.T, s *e2eServer) (int, map[string]string) {
+	t.Helper()
+	resp, err := http.Get(s.URL() + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body map[string]string
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		t.Fatalf("/readyz body: %v", err)
+	}
+	return resp.StatusCode, body
+}
+
+// TestAuditSurvivesDiskFull (issue 11 §5): the bolt server's data
+// directory on a real tmpfs that fills up. While it is full /readyz says
+// degraded and why, an administrator's action is refused rather than
+// reported without durable audit, and the audit file never holds a torn
+// line; once space is freed the same process audits again, /readyz is ok,
+// a force-release succeeds with its events written, and a restart appends
+// on a line boundary.
+func TestAuditSurvivesDiskFull(t *testing.T) {
+	tmp := testenv.Tmpfs(t, 16<<20)
+	bin := testenv.BuildStarlease(t)
+	dataDir := filepath.Join(tmp, "data")
+	s := startServer(t, bin, newRowRecorder(), "--data-dir", dataDir)
+	admin := s.createKey("admin-full", "administrator", "targets:lease,targets:read,targets:force-release,audit:read",
+		"tenant:*,program:*,target-namespace:*,target:*,actor:*")
+	cl := s.createKey("prn-full", "api_client", "targets:lease",
+		"tenant:tenant-a,program:program-a,target-namespace:*,target:*,actor:*")
+	acquire := func(target string) rawResp {
+		return s.do(t, rawReq{Method: "POST", Path: apiBase + "/acquire", Key: cl.APIKey,
+			Body: acquireBody(identity(target, "usernamegen"), uniqueID("req"))})
+	}
+	forceRelease := func(r rawResp) rawResp {
+		l := leaseOf(t, r, "lease")
+		return s.do(t, rawReq{Method: "POST", Path: apiBase + "/" + l["lease_id"].(string) + "/force-release", Key: admin.APIKey,
+			Body: map[string]any{"lock_identity": l["lock_identity"], "fencing_token": l["fencing_token"],
+				"reason": "disk full drill", "request_id": uniqueID("fr")}})
+	}
+	held := acquire("full-1")
+	if held.Status != 200 {
+		t.Fatalf("acquire before the disk fills: %d %s", held.Status, held.Body)
+	}
+	if code, body := readyz(t, s); code != 200 || body["status"] != "ok" {
+		t.Fatalf("/readyz before the disk fills: %d %v", code, body)
+	}
+
+	filler := filepath.Join(tmp, "filler")
+	testenv.FillDisk(t, filler)
+	degraded := false
+	var statuses []int
+	for i := 0; i < 300 && !degraded; i++ {
+		statuses = append(statuses, acquire(uniqueID("full")).Status)
+		code, body := readyz(t, s)
+		if code == 503 && body["status"] == "degraded" {
+			if !strings.Contains(body["reason"], "durable audit unavailable") || strings.Contains(body["reason"], tmp) {
+				t.Fatalf("/readyz reason %q: want the audit fault, without paths", body["reason"])
+			}
+			degraded = true
+		}
+	}
+	if !degraded {
+		t.Fatalf("/readyz never said degraded while the disk was full (%d acquires answered, the first %v)", len(statuses), statuses[0])
+	}
+	t.Logf("answers while the disk filled up: %v", statuses)
+	fr := forceRelease(held)
+	switch {
+	case fr.Status == 503 && fr.code() == "lease_backend_unavailable":
+		// Refused: the lease must still be active.
+		get := s.do(t, rawReq{Method: "GET", Path: apiBase + "/" + leaseOf(t, held, "lease")["lease_id"].(string), Key: admin.APIKey})
+		if get.Status != 200 || leaseOf(t, get, "lease")["state"] != "active" {
+			t.Fatalf("a refused force-release changed the lease: %d %s", get.Status, get.Body)
+		}
+	case fr.Status == 200:
+		// Its events fitted in the file's last page: they must be there.
+		t.Logf("force-release on a full disk succeeded: its events fitted")
+		held = rawResp{}
+	default:
+		t.Fatalf("force-release on a full disk: %d %s", fr.Status, fr.Body)
+	}
+	if _, err := audit.ReadFile(filepath.Join(dataDir, "audit.jsonl")); err != nil {
+		t.Fatalf("audit file while the disk is full: %v", err)
+	}
+
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := readyz(t, s); code != 200 || body["status"] != "ok" {
+		t.Fatalf("/readyz after space was freed: %d %v", code, body)
+	}
+	if held.JSON == nil {
+		held = acquire("full-2")
+	}
+	leaseID := leaseOf(t, held, "lease")["lease_id"].(string)
+	if fr := forceRelease(held); fr.Status != 200 || fr.code() != "lease_released" {
+		t.Fatalf("force-release after space was freed: %d %s", fr.Status, fr.Body)
+	}
+	after := acquire("full-3")
+	if after.Status != 200 {
+		t.Fatalf("acquire after space was freed: %d %s", after.Status, after.Body)
+	}
+	evs := auditEventsOf(t, s)
+	if got := eventsFor(evs, audit.EventForceRelease, leaseID); len(got) < 2 || got[len(got)-1].ResultCode != lease.CodeForceReleased {
+		t.Fatalf("force-release after recovery audited as %+v", got)
+	}
+	if got := eventsFor(evs, audit.EventAcquire, leaseOf(t, after, "lease")["lease_id"].(string)); len(got) != 1 {
+		t.Fatalf("acquire after recovery: %d events", len(got))
+	}
+
+	// A restart appends on a line boundary (a new server, a new pepper: an
+	// authentication failure is enough to write).
+	if err := s.Stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	before := len(auditEventsOf(t, s))
+	s2 := startServer(t, bin, newRowRecorder(), "--data-dir", dataDir)
+	if r := s2.do(t, rawReq{Method: "GET", Path: apiBase + "/" + leaseID, Key: "star_sk_v1_nope"}); r.Status != 401 {
+		t.Fatalf("bad key after restart: %d", r.Status)
+	}
+	if err := s2.Stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	if n := len(auditEventsOf(t, s2)); n != before+1 {
+		t.Fatalf("%d events after a restart and one request, want %d", n, before+1)
+	}
 }

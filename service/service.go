@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/starintel/starlease/audit"
@@ -70,8 +71,22 @@ func New(store lease.Store, sink audit.Sink, o Options) (*Service, error) {
 // Config returns the effective policy.
 func (s *Service) Config() Config { return s.cfg }
 
-// Health is the backend's health.
-func (s *Service) Health(ctx context.Context) lease.Health { return s.store.Health(ctx) }
+// Health is the backend's health, degraded while durable audit is
+// unavailable (audit.Check of the sink fails): force-release and revoke
+// are refused then, since they need it.
+func (s *Service) Health(ctx context.Context) lease.Health {
+	h := s.store.Health(ctx)
+	err := audit.Check(ctx, s.sink)
+	if err == nil {
+		return h
+	}
+	why := "durable audit unavailable: " + strings.ReplaceAll(err.Error(), "\n", "; ")
+	if h.Status == lease.HealthOK {
+		return lease.Health{Status: lease.HealthDegraded, Reason: why}
+	}
+	h.Reason += "; " + why
+	return h
+}
 
 // op is one request in flight: its audit event and timing.
 type op struct {

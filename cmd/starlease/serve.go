@@ -266,6 +266,10 @@ func serve(ctx context.Context, f serveFlags, stdout io.Writer, log *slog.Logger
 		b.sink.Close()
 		return err
 	}
+	if n := fileSink.TornBytes(); n > 0 {
+		log.Warn("audit: the audit file ended in a torn line (a crash during a write); it was moved aside",
+			"bytes", n, "quarantine", auditFile+".torn")
+	}
 	// Every audit event goes to the local JSON-lines file and to the
 	// backend's own sink, behind one limiter.
 	sink := audit.NewLimiter(audit.Multi(fileSink, b.sink), audit.LimiterOptions{})
