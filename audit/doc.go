@@ -45,6 +45,11 @@
 // and probes for recovery, and the service's health (/readyz) is degraded
 // while any sink's Check fails.
 //
+// A backend's audit store that can be unreachable (the Valkey stream) sits
+// behind a Spool: an event it cannot take is spooled durably on local disk
+// and forwarded later, in order and once each (OnceWriter), so a backend
+// outage costs no event.
+//
 // # Volume
 //
 // Limiter bounds the volume of normal-priority deny and error events so a

@@ -210,6 +210,18 @@ func (s *FileSink) truncateLocked() error {
 	return nil
 }
 
+// truncateTo cuts the file to n bytes, a line boundary (Spool empties its
+// file once everything in it was forwarded).
+func (s *FileSink) truncateTo(n int64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	s.size, s.dirty = n, true
+	return s.truncateLocked()
+}
+
 // fail records a failure for Check and returns it; s.mu is held.
 func (s *FileSink) fail(op string, err error) error {
 	s.failed = fmt.Errorf("%s: %s: %w", filepath.Base(s.path), op, errnoOf(err))

@@ -77,6 +77,8 @@ func (m multi) Close() error {
 }
 
 var (
+	_ Checker = (*Spool)(nil)
+	_ Sink    = (*Spool)(nil)
 	_ Checker = (*FileSink)(nil)
 	_ Checker = (*BoltSink)(nil)
 	_ Checker = (*Limiter)(nil)
