@@ -54,6 +54,9 @@
 //
 // Limiter bounds the volume of normal-priority deny and error events so a
 // failure flood cannot fill storage: beyond its rate they are counted and
-// summarised by one periodic audit_dropped event. High-priority events and
-// successful allowed events are never dropped.
+// summarised by a periodic audit_dropped event. Requests that never
+// authenticated (bad keys) have a budget of their own, so a flood of them
+// cannot crowd out the events of authenticated callers; each aggregate
+// names its budget in reason. High-priority events and successful allowed
+// events are never dropped.
 package audit

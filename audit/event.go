@@ -53,8 +53,15 @@ const (
 // EventDropped is the one event type the audit package writes itself: the
 // Limiter's periodic count of normal-priority deny/error events it did not
 // write individually. It carries only event_id, event_type, timestamp,
-// priority and dropped_count.
+// priority, dropped_count and, as reason, whose events they were
+// (DroppedAuthenticated or DroppedUnauthenticated).
 const EventDropped EventType = "audit_dropped"
+
+// The reasons of an audit_dropped event: the Limiter budget it counts.
+const (
+	DroppedAuthenticated   = "authenticated requests"
+	DroppedUnauthenticated = "unauthenticated requests"
+)
 
 var eventTypes = map[EventType]bool{
 	EventAcquire: true, EventRenew: true, EventRelease: true, EventForceRelease: true,
@@ -470,18 +477,23 @@ func (e *Event) validateDropped() error {
 	if e.Priority != PriorityNormal {
 		return invalid("priority", "audit_dropped is normal priority")
 	}
+	switch e.Reason {
+	case "", DroppedAuthenticated, DroppedUnauthenticated: // "": written before the budgets
+	default:
+		return invalid("reason", "audit_dropped names its budget or nothing")
+	}
 	rest := *e
-	rest.EventID, rest.EventType, rest.Timestamp, rest.Priority, rest.DroppedCount = "", "", lease.Timestamp{}, "", 0
+	rest.EventID, rest.EventType, rest.Timestamp, rest.Priority, rest.DroppedCount, rest.Reason = "", "", lease.Timestamp{}, "", 0, ""
 	if rest != (Event{}) {
-		return invalid("event_type", "audit_dropped carries only event_id, timestamp, priority and dropped_count")
+		return invalid("event_type", "audit_dropped carries only event_id, timestamp, priority, dropped_count and reason")
 	}
 	return nil
 }
 
-// dropped builds the aggregate event.
-func dropped(now time.Time, n int64) Event {
+// dropped builds the aggregate event of one budget.
+func dropped(now time.Time, n int64, reason string) Event {
 	e := NewEvent(EventDropped, now)
-	e.DroppedCount = n
+	e.DroppedCount, e.Reason = n, reason
 	return e
 }
 

@@ -46,7 +46,7 @@ func TestValidate(t *testing.T) {
 			e.SetResult(lease.CodeAccessDenied)
 			return e
 		}, func(e *Event) {}, ""},
-		{"dropped aggregate", func() Event { return dropped(t0, 7) }, func(e *Event) {}, ""},
+		{"dropped aggregate", func() Event { return dropped(t0, 7, DroppedUnauthenticated) }, func(e *Event) {}, ""},
 		{"high priority raised", nil, func(e *Event) { e.Priority = PriorityHigh }, ""},
 
 		// closed type and required fields
@@ -76,8 +76,9 @@ func TestValidate(t *testing.T) {
 		{"missing correlation id", nil, func(e *Event) { e.CorrelationID = "" }, "correlation_id"},
 		{"negative latency", nil, func(e *Event) { e.LatencyMS = -1 }, "latency_ms"},
 		{"dropped count on request event", nil, func(e *Event) { e.DroppedCount = 1 }, "dropped_count"},
-		{"dropped without count", func() Event { return dropped(t0, 1) }, func(e *Event) { e.DroppedCount = 0 }, "dropped_count"},
-		{"dropped with request fields", func() Event { return dropped(t0, 1) }, func(e *Event) { e.TenantID = "tenant-main" }, "event_type"},
+		{"dropped without count", func() Event { return dropped(t0, 1, DroppedAuthenticated) }, func(e *Event) { e.DroppedCount = 0 }, "dropped_count"},
+		{"dropped with request fields", func() Event { return dropped(t0, 1, DroppedAuthenticated) }, func(e *Event) { e.TenantID = "tenant-main" }, "event_type"},
+		{"dropped with another reason", func() Event { return dropped(t0, 1, DroppedAuthenticated) }, func(e *Event) { e.Reason = "because" }, "reason"},
 
 		// identifiers
 		{"request id with space", nil, func(e *Event) { e.RequestID = "req 1" }, "request_id"},
@@ -161,7 +162,7 @@ func TestEveryTypeValidates(t *testing.T) {
 		var e Event
 		switch {
 		case typ == EventDropped:
-			e = dropped(t0, 1)
+			e = dropped(t0, 1, DroppedAuthenticated)
 		case typ.Admin():
 			e = revokeEvent(t0)
 			e.EventType = typ
@@ -265,7 +266,7 @@ func TestEncodingFieldSet(t *testing.T) {
 
 	// Every key of every encoding is documented, and the timestamp has the
 	// contract form.
-	for _, e := range []Event{acquireEvent(t0), denyEvent(t0), dropped(t0, 3)} {
+	for _, e := range []Event{acquireEvent(t0), denyEvent(t0), dropped(t0, 3, "")} {
 		b, err := Marshal(e)
 		if err != nil {
 			t.Fatal(err)
@@ -279,7 +280,7 @@ func TestEncodingFieldSet(t *testing.T) {
 			t.Fatalf("timestamp form: %s", b)
 		}
 	}
-	b, _ = Marshal(dropped(t0, 3))
+	b, _ = Marshal(dropped(t0, 3, ""))
 	if got, want := keySet(t, b), slices.Sorted(slices.Values(append(slices.Clone(always), "dropped_count"))); !slices.Equal(got, want) {
 		t.Fatalf("dropped event keys %v\nwant %v", got, want)
 	}

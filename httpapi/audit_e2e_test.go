@@ -6,11 +6,15 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/starintel/starlease/audit"
 	"github.com/starintel/starlease/auth"
@@ -391,5 +395,95 @@ func TestAuditSurvivesDiskFull(t *testing.T) {
 	}
 	if n := len(auditEventsOf(t, s2)); n != before+1 {
 		t.Fatalf("%d events after a restart and one request, want %d", n, before+1)
+	}
+}
+
+// TestAuditBadKeyFloodSparesAuthenticated (issue 11 §6): over HTTP on
+// bolt, a flood of bad keys exhausts the audit volume budget of
+// unauthenticated failures only: an authenticated principal's own denials
+// during the flood are each written, with the principal, and the
+// aggregate of what was dropped says whose events those were.
+func TestAuditBadKeyFloodSparesAuthenticated(t *testing.T) {
+	bin := testenv.BuildStarlease(t)
+	s := startServer(t, bin, newRowRecorder())
+	cl := s.createKey("prn-flood-victim", "api_client", "targets:lease",
+		"tenant:tenant-a,program:program-a,target-namespace:*,target:*,actor:*")
+	var flooded atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				req, _ := http.NewRequest("GET", s.URL()+apiBase+"/lease_x", nil)
+				req.Header.Set("Authorization", "Bearer star_sk_v1_not-a-key")
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					return
+				}
+				resp.Body.Close()
+				flooded.Add(1)
+			}
+		}()
+	}
+	// Well past the budget's burst before the principal's requests.
+	for flooded.Load() < 400 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	var corrs []string
+	for i := range 5 {
+		corr := uniqueID(fmt.Sprintf("denied-%d", i))
+		corrs = append(corrs, corr)
+		b := acquireBody(lease.Identity{TenantID: "tenant-b", ProgramID: "program-a", TargetNamespace: "starintel-target",
+			TargetID: "flood", ActorName: "usernamegen"}, uniqueID("req"))
+		r := s.do(t, rawReq{Method: "POST", Path: apiBase + "/acquire", Key: cl.APIKey, Body: b,
+			Header: [][2]string{{"X-Correlation-ID", corr}}})
+		if r.Status != 403 {
+			t.Fatalf("out-of-scope acquire: %d %s", r.Status, r.Body)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if err := s.Stop(); err != nil { // Close flushes the aggregate
+		t.Fatalf("stop: %v", err)
+	}
+	evs := auditEventsOf(t, s)
+	byCorr := map[string]audit.Event{}
+	var authFailed, droppedUnauth, droppedAuth int64
+	for _, e := range evs {
+		byCorr[e.CorrelationID] = e
+		switch {
+		case e.EventType == audit.EventAuthFailed:
+			authFailed++
+		case e.EventType == audit.EventDropped && e.Reason == audit.DroppedUnauthenticated:
+			droppedUnauth += e.DroppedCount
+		case e.EventType == audit.EventDropped:
+			droppedAuth += e.DroppedCount
+		}
+	}
+	t.Logf("%d bad keys sent, %d audited, %d aggregated; %d authenticated events aggregated",
+		flooded.Load(), authFailed, droppedUnauth, droppedAuth)
+	if droppedUnauth == 0 || authFailed+droppedUnauth != flooded.Load() {
+		t.Fatalf("the flood of %d bad keys: %d written, %d in unauthenticated aggregates; want every one accounted for, some aggregated",
+			flooded.Load(), authFailed, droppedUnauth)
+	}
+	for i, corr := range corrs {
+		e, ok := byCorr[corr]
+		if !ok {
+			t.Errorf("denial %d of the authenticated principal was not written during the flood", i)
+			continue
+		}
+		if e.ResultCode != lease.CodeAccessDenied || e.PrincipalID != "prn-flood-victim" {
+			t.Errorf("denial %d audited as %+v", i, e)
+		}
+	}
+	if droppedAuth != 0 {
+		t.Errorf("%d authenticated events were aggregated", droppedAuth)
 	}
 }
