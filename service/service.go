@@ -304,7 +304,7 @@ func (s *Service) AuditAuthFailure(ctx context.Context, correlationID, credentia
 	ev := audit.NewEvent(audit.EventAuthFailed, s.now())
 	ev.CorrelationID, ev.CredentialID = correlationID, credentialID
 	ev.SetResult(lease.CodeInvalidCredential)
-	ev.LatencyMS = max(s.now().Sub(start).Milliseconds(), 0)
+	ev.LatencyMS = max(time.Since(start).Milliseconds(), 0)
 	ev.DeadlineClass = audit.DeadlineDefault
 	ev.BackendHealth = lease.HealthOK
 	if err := s.writeAudit(ctx, &ev); err != nil {
