@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -51,9 +52,15 @@ type BoltOptions struct {
 // prunePerWrite deletions each) and by Prune. Safe for concurrent use.
 type BoltSink struct {
 	db     *bbolt.DB
+	path   string
 	opts   BoltOptions
 	mu     sync.RWMutex // guards closed against Close racing a transaction
 	closed bool
+
+	// failed is the last Write's failure (bbolt rolled it back; the next
+	// Write tries again), until a Write or Check succeeds.
+	failMu sync.Mutex
+	failed error
 }
 
 // OpenBolt opens (creating if needed, mode 0600) the bbolt audit file at
@@ -82,7 +89,7 @@ func OpenBolt(path string, o BoltOptions) (*BoltSink, error) {
 		db.Close()
 		return nil, fmt.Errorf("audit: initialize %s: %w", path, err)
 	}
-	return &BoltSink{db: db, opts: o}, nil
+	return &BoltSink{db: db, path: path, opts: o}, nil
 }
 
 // ErrDuplicateEvent is returned when an event id is already stored.
@@ -117,9 +124,40 @@ func (s *BoltSink) Write(ctx context.Context, e Event) error {
 		return setCount(tx, n)
 	})
 	if err != nil && !errors.Is(err, ErrDuplicateEvent) {
+		s.setFailed(fmt.Errorf("%s: write: %w", filepath.Base(s.path), errnoOf(err)))
 		return fmt.Errorf("audit: write: %w", err)
 	}
+	s.setFailed(nil)
 	return err
+}
+
+func (s *BoltSink) setFailed(err error) {
+	s.failMu.Lock()
+	s.failed = err
+	s.failMu.Unlock()
+}
+
+// Check reports whether the sink can write durably now: nil, or the last
+// Write's failure while it lasts. A failed transaction is rolled back by
+// bbolt, so recovery needs only room: after a failure Check writes and
+// fsyncs a scratch file of one maximal event beside the database, and
+// success clears the failure.
+func (s *BoltSink) Check(ctx context.Context) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return ErrClosed
+	}
+	s.failMu.Lock()
+	defer s.failMu.Unlock()
+	if s.failed == nil {
+		return nil
+	}
+	if probeSpace(filepath.Dir(s.path), MaxEventBytes+1) != nil {
+		return s.failed
+	}
+	s.failed = nil
+	return nil
 }
 
 func count(tx *bbolt.Tx) uint64 {

@@ -11,8 +11,13 @@ import (
 )
 
 // Marshal validates e and encodes it as one line of JSON (without the
-// newline). The encoding has exactly the fields of Fields.
+// newline). The encoding has exactly the fields of Fields. Every sink
+// encodes with Marshal, so it is the floor of redaction: a value that may
+// be credential material and was not redacted with a key by the event's
+// builder is replaced by Redacted here, never written and never a reason
+// to refuse the event.
 func Marshal(e Event) ([]byte, error) {
+	(*Redactor)(nil).Event(&e)
 	if err := e.Validate(); err != nil {
 		return nil, err
 	}
@@ -46,6 +51,9 @@ func Unmarshal(b []byte) (Event, error) {
 		return Event{}, errors.New("audit: decode event: trailing data")
 	}
 	if err := e.Validate(); err != nil {
+		return Event{}, err
+	}
+	if err := e.checkStoredSecretFree(); err != nil {
 		return Event{}, err
 	}
 	return e, nil

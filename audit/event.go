@@ -53,8 +53,15 @@ const (
 // EventDropped is the one event type the audit package writes itself: the
 // Limiter's periodic count of normal-priority deny/error events it did not
 // write individually. It carries only event_id, event_type, timestamp,
-// priority and dropped_count.
+// priority, dropped_count and, as reason, whose events they were
+// (DroppedAuthenticated or DroppedUnauthenticated).
 const EventDropped EventType = "audit_dropped"
+
+// The reasons of an audit_dropped event: the Limiter budget it counts.
+const (
+	DroppedAuthenticated   = "authenticated requests"
+	DroppedUnauthenticated = "unauthenticated requests"
+)
 
 var eventTypes = map[EventType]bool{
 	EventAcquire: true, EventRenew: true, EventRelease: true, EventForceRelease: true,
@@ -293,24 +300,13 @@ func (e *Event) strs() []struct{ name, v string } {
 	}
 }
 
-// CheckSecretFree is the redaction guard: it refuses a value that contains
-// an API key prefix ("star_sk_"), a bearer authorization ("Bearer "), both
-// compared without regard to case, or a run of 64 or more hex digits (the
-// form of a key's secret part).
-func CheckSecretFree(field, v string) error {
-	l := strings.ToLower(v)
-	if strings.Contains(l, "star_sk_") || strings.Contains(l, "bearer ") {
-		return invalid(field, "must not contain credential material")
-	}
-	run := 0
-	for i := 0; i < len(v); i++ {
-		c := v[i]
-		if c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F' {
-			if run++; run >= 64 {
-				return invalid(field, "must not contain credential material")
-			}
-		} else {
-			run = 0
+// checkStoredSecretFree refuses a stored event holding a value that may be
+// credential material: Marshal never writes one (it redacts first), so
+// such an event was not written by this package.
+func (e *Event) checkStoredSecretFree() error {
+	for _, f := range e.strs() {
+		if lease.SecretShaped(f.v) {
+			return invalid(f.name, "holds credential material; events are redacted before they are written")
 		}
 	}
 	return nil
@@ -318,13 +314,10 @@ func CheckSecretFree(field, v string) error {
 
 // Validate checks e against the closed schema: the closed type, required
 // fields, identifier rules, bounds, consistency of decision, result code and
-// retryability, the administrator fields, and the redaction guard.
+// retryability, and the administrator fields. It does not look for
+// credential material: that is redacted, never refused (Redactor), so no
+// value a caller chooses can make an event invalid.
 func (e *Event) Validate() error {
-	for _, f := range e.strs() {
-		if err := CheckSecretFree(f.name, f.v); err != nil {
-			return err
-		}
-	}
 	if !e.EventType.Known() {
 		return invalid("event_type", "not a known event type")
 	}
@@ -484,18 +477,23 @@ func (e *Event) validateDropped() error {
 	if e.Priority != PriorityNormal {
 		return invalid("priority", "audit_dropped is normal priority")
 	}
+	switch e.Reason {
+	case "", DroppedAuthenticated, DroppedUnauthenticated: // "": written before the budgets
+	default:
+		return invalid("reason", "audit_dropped names its budget or nothing")
+	}
 	rest := *e
-	rest.EventID, rest.EventType, rest.Timestamp, rest.Priority, rest.DroppedCount = "", "", lease.Timestamp{}, "", 0
+	rest.EventID, rest.EventType, rest.Timestamp, rest.Priority, rest.DroppedCount, rest.Reason = "", "", lease.Timestamp{}, "", 0, ""
 	if rest != (Event{}) {
-		return invalid("event_type", "audit_dropped carries only event_id, timestamp, priority and dropped_count")
+		return invalid("event_type", "audit_dropped carries only event_id, timestamp, priority, dropped_count and reason")
 	}
 	return nil
 }
 
-// dropped builds the aggregate event.
-func dropped(now time.Time, n int64) Event {
+// dropped builds the aggregate event of one budget.
+func dropped(now time.Time, n int64, reason string) Event {
 	e := NewEvent(EventDropped, now)
-	e.DroppedCount = n
+	e.DroppedCount, e.Reason = n, reason
 	return e
 }
 

@@ -14,7 +14,6 @@ import (
 )
 
 func TestValidate(t *testing.T) {
-	key := "star_sk_v1_" + ulid.Make().String() + "_" + strings.Repeat("ab", 32)
 	cases := []struct {
 		name  string
 		base  func() Event
@@ -47,7 +46,7 @@ func TestValidate(t *testing.T) {
 			e.SetResult(lease.CodeAccessDenied)
 			return e
 		}, func(e *Event) {}, ""},
-		{"dropped aggregate", func() Event { return dropped(t0, 7) }, func(e *Event) {}, ""},
+		{"dropped aggregate", func() Event { return dropped(t0, 7, DroppedUnauthenticated) }, func(e *Event) {}, ""},
 		{"high priority raised", nil, func(e *Event) { e.Priority = PriorityHigh }, ""},
 
 		// closed type and required fields
@@ -77,8 +76,9 @@ func TestValidate(t *testing.T) {
 		{"missing correlation id", nil, func(e *Event) { e.CorrelationID = "" }, "correlation_id"},
 		{"negative latency", nil, func(e *Event) { e.LatencyMS = -1 }, "latency_ms"},
 		{"dropped count on request event", nil, func(e *Event) { e.DroppedCount = 1 }, "dropped_count"},
-		{"dropped without count", func() Event { return dropped(t0, 1) }, func(e *Event) { e.DroppedCount = 0 }, "dropped_count"},
-		{"dropped with request fields", func() Event { return dropped(t0, 1) }, func(e *Event) { e.TenantID = "tenant-main" }, "event_type"},
+		{"dropped without count", func() Event { return dropped(t0, 1, DroppedAuthenticated) }, func(e *Event) { e.DroppedCount = 0 }, "dropped_count"},
+		{"dropped with request fields", func() Event { return dropped(t0, 1, DroppedAuthenticated) }, func(e *Event) { e.TenantID = "tenant-main" }, "event_type"},
+		{"dropped with another reason", func() Event { return dropped(t0, 1, DroppedAuthenticated) }, func(e *Event) { e.Reason = "because" }, "reason"},
 
 		// identifiers
 		{"request id with space", nil, func(e *Event) { e.RequestID = "req 1" }, "request_id"},
@@ -93,7 +93,7 @@ func TestValidate(t *testing.T) {
 		{"program with space", nil, func(e *Event) { e.ProgramID = " program-a" }, "program_id"},
 		{"namespace with pattern", nil, func(e *Event) { e.TargetNamespace = "star*" }, "target_namespace"},
 		{"target path", nil, func(e *Event) { e.TargetID = "../etc" }, "target_id"},
-		{"actor too long", nil, func(e *Event) { e.ActorName = strings.Repeat("a", 257) }, "actor_name"},
+		{"actor too long", nil, func(e *Event) { e.ActorName = strings.Repeat("x", 257) }, "actor_name"},
 		{"workflow with control", nil, func(e *Event) { e.WorkflowName = "wf\x00" }, "workflow_name"},
 		{"operation class with slash", nil, func(e *Event) { e.OperationClass = "a/b" }, "operation_class"},
 		{"unknown principal class", nil, func(e *Event) { e.PrincipalClass = "root" }, "principal_class"},
@@ -120,17 +120,6 @@ func TestValidate(t *testing.T) {
 		{"reason too long", func() Event { return revokeEvent(t0) }, func(e *Event) { e.Reason = strings.Repeat("r", 513) }, "reason"},
 		{"reason invalid utf-8", func() Event { return revokeEvent(t0) }, func(e *Event) { e.Reason = "bad \xff" }, "reason"},
 		{"incident id with space", func() Event { return revokeEvent(t0) }, func(e *Event) { e.IncidentID = "inc 1" }, "incident_id"},
-
-		// redaction guard
-		{"api key in reason", func() Event { return revokeEvent(t0) }, func(e *Event) { e.Reason = "leaked " + key }, "reason"},
-		{"api key prefix in request id", nil, func(e *Event) { e.RequestID = "star_sk_v1_x" }, "request_id"},
-		{"api key prefix upper case", nil, func(e *Event) { e.TraceID = "STAR_SK_V1_X" }, "trace_id"},
-		{"api key as job id", nil, func(e *Event) { e.JobID = key }, "job_id"},
-		{"bearer in reason", func() Event { return revokeEvent(t0) }, func(e *Event) { e.Reason = "header was Bearer abc" }, "reason"},
-		{"bearer lower case", func() Event { return revokeEvent(t0) }, func(e *Event) { e.Reason = "bearer abc" }, "reason"},
-		{"bare secret in execution id", nil, func(e *Event) { e.ExecutionID = "x" + strings.Repeat("0f", 32) }, "execution_id"},
-		{"bare secret in reason", func() Event { return revokeEvent(t0) }, func(e *Event) { e.Reason = "s=" + strings.Repeat("AB", 32) }, "reason"},
-		{"63 hex digits pass", nil, func(e *Event) { e.TraceID = strings.Repeat("a", 63) }, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -173,7 +162,7 @@ func TestEveryTypeValidates(t *testing.T) {
 		var e Event
 		switch {
 		case typ == EventDropped:
-			e = dropped(t0, 1)
+			e = dropped(t0, 1, DroppedAuthenticated)
 		case typ.Admin():
 			e = revokeEvent(t0)
 			e.EventType = typ
@@ -277,7 +266,7 @@ func TestEncodingFieldSet(t *testing.T) {
 
 	// Every key of every encoding is documented, and the timestamp has the
 	// contract form.
-	for _, e := range []Event{acquireEvent(t0), denyEvent(t0), dropped(t0, 3)} {
+	for _, e := range []Event{acquireEvent(t0), denyEvent(t0), dropped(t0, 3, "")} {
 		b, err := Marshal(e)
 		if err != nil {
 			t.Fatal(err)
@@ -291,7 +280,7 @@ func TestEncodingFieldSet(t *testing.T) {
 			t.Fatalf("timestamp form: %s", b)
 		}
 	}
-	b, _ = Marshal(dropped(t0, 3))
+	b, _ = Marshal(dropped(t0, 3, ""))
 	if got, want := keySet(t, b), slices.Sorted(slices.Values(append(slices.Clone(always), "dropped_count"))); !slices.Equal(got, want) {
 		t.Fatalf("dropped event keys %v\nwant %v", got, want)
 	}

@@ -1,16 +1,20 @@
 package audit
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 )
 
 // FileSink appends events to a JSON-lines file, one event per line. It is
-// safe for concurrent use.
+// safe for concurrent use, and holds an exclusive lock (flock) on the file
+// while open: it is the file's only writer.
 //
 // Every Write fsyncs before it returns, so every accepted event is durable.
 // That costs one fsync per event; group commit (concurrent writers sharing
@@ -18,41 +22,125 @@ import (
 // without changing the contract of Write, but per-event fsync is the simple,
 // obviously safe choice.
 //
-// After a failed write or fsync the file's tail is unknown (a torn line, or
-// pages the kernel dropped), so the sink fails closed: every later Write
-// fails until the sink is reopened.
+// A failed write or fsync (a full disk, an I/O error) never leaves a
+// partial line and never disables the sink: the file is truncated back to
+// the end of the last durable line at once (and again before the next
+// write, if that failed too), and every later Write tries again, so the
+// sink recovers by itself when the fault clears. An event whose Write
+// failed is not in the file. Check reports the fault until it clears.
+// OpenFile quarantines a torn tail a crash left behind, so appends always
+// start on a line boundary.
 type FileSink struct {
 	mu     sync.Mutex
-	f      *os.File
+	f      file
 	path   string
-	broken error
+	size   int64 // end of the last durable line
+	dirty  bool  // bytes past size may be on disk: truncate before writing
+	failed error // the last write's failure, until a write or Check succeeds
 	closed bool
+	torn   int64 // bytes of a torn tail OpenFile quarantined
+}
+
+// file is what FileSink needs of its *os.File (tests wrap it to inject
+// faults).
+type file interface {
+	io.Writer
+	Sync() error
+	Truncate(size int64) error
+	Close() error
 }
 
 // OpenFile opens (creating if needed) the audit file at path for appending,
 // with mode 0600. An existing file is narrowed to 0600; anything but a
-// regular file is refused.
+// regular file is refused, as is a file another process holds open as an
+// audit file. A torn final line (no newline: a crash in the middle of a
+// write) is moved to path+".torn" and cut off.
 func OpenFile(path string) (*FileSink, error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("audit: open %s: %w", path, err)
 	}
-	fi, err := f.Stat()
-	if err == nil && !fi.Mode().IsRegular() {
-		err = errors.New("not a regular file")
-	}
-	if err == nil && fi.Mode().Perm() != 0o600 {
-		err = f.Chmod(0o600)
-	}
-	if err == nil {
-		// Make the file's directory entry durable too.
-		err = syncDir(filepath.Dir(path))
-	}
+	size, torn, err := openChecks(f, path)
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("audit: open %s: %w", path, err)
 	}
-	return &FileSink{f: f, path: path}, nil
+	return &FileSink{f: f, path: path, size: size, torn: torn}, nil
+}
+
+// openChecks locks and checks an opened audit file, repairs a torn tail,
+// and returns the size to append at and the torn bytes quarantined.
+func openChecks(f *os.File, path string) (size, torn int64, err error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, 0, err
+	}
+	if !fi.Mode().IsRegular() {
+		return 0, 0, errors.New("not a regular file")
+	}
+	// Truncating back after a failure is safe only for the one writer.
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return 0, 0, fmt.Errorf("in use by another process (%v)", err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		if err := f.Chmod(0o600); err != nil {
+			return 0, 0, err
+		}
+	}
+	if size, err = repairTornTail(f, path, fi.Size()); err != nil {
+		return 0, 0, err
+	}
+	// Make the file's directory entry durable too.
+	return size, fi.Size() - size, syncDir(filepath.Dir(path))
+}
+
+// repairTornTail finds the end of the last whole line of f (size bytes)
+// and, if bytes follow it, appends them to path+".torn" (fsynced) and
+// truncates f there. It returns the new size.
+func repairTornTail(f *os.File, path string, size int64) (int64, error) {
+	end, err := lastLineEnd(f, size)
+	if err != nil || end == size {
+		return size, err
+	}
+	tail := make([]byte, size-end)
+	if _, err := f.ReadAt(tail, end); err != nil {
+		return 0, err
+	}
+	q, err := os.OpenFile(path+".torn", os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return 0, fmt.Errorf("quarantine the torn tail: %w", err)
+	}
+	_, err = q.Write(append(tail, '\n'))
+	if err == nil {
+		err = q.Sync()
+	}
+	if cerr := q.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, fmt.Errorf("quarantine the torn tail: %w", err)
+	}
+	if err := f.Truncate(end); err != nil {
+		return 0, err
+	}
+	return end, f.Sync()
+}
+
+// lastLineEnd is the offset just past the last newline of f's first size
+// bytes (0 if there is none), read backwards in chunks.
+func lastLineEnd(f *os.File, size int64) (int64, error) {
+	buf := make([]byte, 64<<10)
+	for off := size; off > 0; {
+		n := min(int64(len(buf)), off)
+		off -= n
+		if _, err := f.ReadAt(buf[:n], off); err != nil {
+			return 0, err
+		}
+		if i := bytes.LastIndexByte(buf[:n], '\n'); i >= 0 {
+			return off + int64(i) + 1, nil
+		}
+	}
+	return 0, nil
 }
 
 func syncDir(dir string) error {
@@ -67,6 +155,10 @@ func syncDir(dir string) error {
 // Path is the file's path.
 func (s *FileSink) Path() string { return s.path }
 
+// TornBytes is the size of the torn tail OpenFile moved to Path()+".torn",
+// zero if the file ended on a line boundary.
+func (s *FileSink) TornBytes() int64 { return s.torn }
+
 // Write validates e, appends it as one line and fsyncs.
 func (s *FileSink) Write(ctx context.Context, e Event) error {
 	if err := ctx.Err(); err != nil {
@@ -79,21 +171,113 @@ func (s *FileSink) Write(ctx context.Context, e Event) error {
 	b = append(b, '\n')
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	if err := s.truncateLocked(); err != nil {
+		return s.fail("truncate", err)
+	}
+	if _, err := s.f.Write(b); err != nil {
+		s.dirty = true
+		_ = s.truncateLocked() // at once: a crash must not find a partial line
+		return s.fail("write", err)
+	}
+	if err := s.f.Sync(); err != nil {
+		// The line may or may not be on disk: it is reported as not
+		// written, so it must not stay.
+		s.dirty = true
+		_ = s.truncateLocked()
+		return s.fail("fsync", err)
+	}
+	s.size += int64(len(b))
+	s.failed = nil
+	return nil
+}
+
+// truncateLocked cuts the file back to the last durable line if a failed
+// write may have left bytes past it; s.mu is held.
+func (s *FileSink) truncateLocked() error {
+	if !s.dirty {
+		return nil
+	}
+	if err := s.f.Truncate(s.size); err != nil {
+		return err
+	}
+	if err := s.f.Sync(); err != nil {
+		return err
+	}
+	s.dirty = false
+	return nil
+}
+
+// truncateTo cuts the file to n bytes, a line boundary (Spool empties its
+// file once everything in it was forwarded).
+func (s *FileSink) truncateTo(n int64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	s.size, s.dirty = n, true
+	return s.truncateLocked()
+}
+
+// fail records a failure for Check and returns it; s.mu is held.
+func (s *FileSink) fail(op string, err error) error {
+	s.failed = fmt.Errorf("%s: %s: %w", filepath.Base(s.path), op, errnoOf(err))
+	return fmt.Errorf("audit: %s %s: %w", op, s.path, err)
+}
+
+// errnoOf is the system error inside err, without the path: Check's
+// reasons are shown by /readyz.
+func errnoOf(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+// Check reports whether the sink can write durably now: nil, or the last
+// failure while it lasts. After a failure it tries to recover without
+// writing an event: the file is cut back to its last durable line and a
+// scratch file of one maximal event is written and fsynced beside it (a
+// full disk fails here). Success clears the failure.
+func (s *FileSink) Check(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	switch {
 	case s.closed:
 		return ErrClosed
-	case s.broken != nil:
-		return s.broken
+	case s.failed == nil:
+		return nil
 	}
-	if _, err := s.f.Write(b); err != nil {
-		s.broken = fmt.Errorf("audit: %s failed earlier (write): reopen required", s.path)
-		return fmt.Errorf("audit: write %s: %w", s.path, err)
+	if err := s.truncateLocked(); err != nil {
+		return s.failed
 	}
-	if err := s.f.Sync(); err != nil {
-		s.broken = fmt.Errorf("audit: %s failed earlier (fsync): reopen required", s.path)
-		return fmt.Errorf("audit: fsync %s: %w", s.path, err)
+	if err := probeSpace(filepath.Dir(s.path), MaxEventBytes+1); err != nil {
+		return s.failed
 	}
+	s.failed = nil
 	return nil
+}
+
+// probeSpace writes and fsyncs n bytes to a scratch file in dir, then
+// removes it.
+func probeSpace(dir string, n int) error {
+	f, err := os.CreateTemp(dir, ".audit-probe-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	_, err = f.Write(make([]byte, n))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // Close closes the file. Later writes fail with ErrClosed.

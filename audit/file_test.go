@@ -125,7 +125,7 @@ func TestFileSinkRefuses(t *testing.T) {
 		t.Fatal(err)
 	}
 	bad := revokeEvent(t0)
-	bad.Reason = "token Bearer abc"
+	bad.Reason = "forged\nline"
 	var ve *ValidationError
 	if err := s.Write(context.Background(), bad); !errors.As(err, &ve) {
 		t.Fatalf("invalid event: %v", err)

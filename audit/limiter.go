@@ -9,11 +9,11 @@ import (
 
 // LimiterOptions configures a Limiter.
 type LimiterOptions struct {
-	// Rate is how many droppable events per second are written
+	// Rate is how many droppable events per second each budget writes
 	// individually, on average. Zero means 50.
 	Rate float64
-	// Burst is how many droppable events may be written at once after a
-	// quiet period. Zero means 200.
+	// Burst is how many droppable events each budget may write at once
+	// after a quiet period. Zero means 200.
 	Burst int
 	// FlushInterval is how often the count of dropped events is written as
 	// one audit_dropped event. Zero means 10 s; negative disables the
@@ -26,23 +26,25 @@ type LimiterOptions struct {
 // Limiter is a Sink that bounds audit volume under failure floods. An event
 // is droppable when it is normal priority and not a success: its decision
 // is deny or its result code is not a success code. Droppable events are
-// written while a token bucket (Rate, Burst) has tokens; beyond that they
-// are only counted, and the count is written periodically as one
-// audit_dropped event. High-priority events and allowed successful events
-// always go through to the next sink.
+// written while their budget's token bucket (Rate, Burst) has tokens;
+// beyond that they are only counted, and each budget's count is written
+// periodically as one audit_dropped event whose reason names the budget.
+// High-priority events and allowed successful events always go through to
+// the next sink.
 //
-// The bucket is global: a flood from one caller also aggregates other
-// callers' denials for a while. That is the bound that keeps storage safe;
-// the aggregate records that it happened, and successful and high-priority
-// events are unaffected.
+// There are two budgets: events of requests that never authenticated (no
+// principal: bad keys, an unavailable credential store) and events of
+// authenticated principals. Anyone can send bad keys, so a flood of them
+// only aggregates its own kind and never an authenticated caller's
+// denials; the storage bound is twice Rate. Within a budget the bucket is
+// shared: one principal's flood aggregates other principals' denials for a
+// while, which the aggregate records.
 type Limiter struct {
 	next Sink
 	opts LimiterOptions
 
 	mu      sync.Mutex
-	tokens  float64
-	last    time.Time
-	dropped int64
+	budgets [2]budget // by budgetOf
 	closed  bool
 
 	stop chan struct{}
@@ -63,8 +65,10 @@ func NewLimiter(next Sink, o LimiterOptions) *Limiter {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	l := &Limiter{next: next, opts: o, tokens: float64(o.Burst), last: o.Now(),
-		stop: make(chan struct{}), done: make(chan struct{})}
+	l := &Limiter{next: next, opts: o, stop: make(chan struct{}), done: make(chan struct{})}
+	for i := range l.budgets {
+		l.budgets[i] = budget{tokens: float64(o.Burst), last: o.Now()}
+	}
 	if o.FlushInterval > 0 {
 		go l.loop()
 	} else {
@@ -95,8 +99,8 @@ func Droppable(e *Event) bool {
 		(e.Decision != DecisionAllow || e.ResultCode != "" && !e.ResultCode.Success())
 }
 
-// Write passes e to the next sink, unless e is droppable and the rate is
-// exhausted: then it is counted and Write returns nil.
+// Write passes e to the next sink, unless e is droppable and its budget
+// is exhausted: then it is counted and Write returns nil.
 func (l *Limiter) Write(ctx context.Context, e Event) error {
 	if Droppable(&e) {
 		if err := e.Validate(); err != nil {
@@ -107,8 +111,8 @@ func (l *Limiter) Write(ctx context.Context, e Event) error {
 			l.mu.Unlock()
 			return ErrClosed
 		}
-		if !l.take() {
-			l.dropped++
+		if b := &l.budgets[budgetOf(&e)]; !b.take(l.opts) {
+			b.dropped++
 			l.mu.Unlock()
 			return nil
 		}
@@ -117,46 +121,78 @@ func (l *Limiter) Write(ctx context.Context, e Event) error {
 	return l.next.Write(ctx, e)
 }
 
-// take refills the bucket and takes one token; l.mu is held.
-func (l *Limiter) take() bool {
-	now := l.opts.Now()
-	if d := now.Sub(l.last); d > 0 {
-		l.tokens = min(float64(l.opts.Burst), l.tokens+d.Seconds()*l.opts.Rate)
-		l.last = now
+// budget is one token bucket and its count of dropped events.
+type budget struct {
+	tokens  float64
+	last    time.Time
+	dropped int64
+}
+
+// The budgets, indexes of Limiter.budgets.
+const (
+	budgetAuthenticated = iota
+	budgetUnauthenticated
+)
+
+// budgetOf is the budget of a droppable event: unauthenticated when no
+// principal was established.
+func budgetOf(e *Event) int {
+	if e.PrincipalID == "" {
+		return budgetUnauthenticated
 	}
-	if l.tokens < 1 {
+	return budgetAuthenticated
+}
+
+// droppedReasons name each budget in its audit_dropped events.
+var droppedReasons = [2]string{budgetAuthenticated: DroppedAuthenticated, budgetUnauthenticated: DroppedUnauthenticated}
+
+// take refills the bucket and takes one token; the Limiter's mu is held.
+func (b *budget) take(o LimiterOptions) bool {
+	now := o.Now()
+	if d := now.Sub(b.last); d > 0 {
+		b.tokens = min(float64(o.Burst), b.tokens+d.Seconds()*o.Rate)
+		b.last = now
+	}
+	if b.tokens < 1 {
 		return false
 	}
-	l.tokens--
+	b.tokens--
 	return true
 }
 
-// Dropped returns the count of dropped events not yet written as an
-// audit_dropped event.
+// Dropped returns the count of dropped events, of both budgets, not yet
+// written as audit_dropped events.
 func (l *Limiter) Dropped() int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.dropped
+	return l.budgets[0].dropped + l.budgets[1].dropped
 }
 
-// Flush writes the pending dropped count, if any, as one audit_dropped
-// event. On failure the count is kept for the next flush.
+// Flush writes each budget's pending dropped count, if any, as one
+// audit_dropped event naming the budget. On failure a count is kept for
+// the next flush.
 func (l *Limiter) Flush(ctx context.Context) error {
-	l.mu.Lock()
-	n := l.dropped
-	l.dropped = 0
-	l.mu.Unlock()
-	if n == 0 {
-		return nil
-	}
-	if err := l.next.Write(ctx, dropped(l.opts.Now(), n)); err != nil {
+	var errs []error
+	for i := range l.budgets {
 		l.mu.Lock()
-		l.dropped += n
+		n := l.budgets[i].dropped
+		l.budgets[i].dropped = 0
 		l.mu.Unlock()
-		return err
+		if n == 0 {
+			continue
+		}
+		if err := l.next.Write(ctx, dropped(l.opts.Now(), n, droppedReasons[i])); err != nil {
+			l.mu.Lock()
+			l.budgets[i].dropped += n
+			l.mu.Unlock()
+			errs = append(errs, err)
+		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
+
+// Check checks the next sink.
+func (l *Limiter) Check(ctx context.Context) error { return Check(ctx, l.next) }
 
 // Close stops the background flush, writes the pending count and closes the
 // next sink.

@@ -17,6 +17,22 @@ type Sink interface {
 	Close() error
 }
 
+// Checker is a Sink that can tell whether it can write durably now. Check
+// returns nil when it can, else why not, in words safe to show operators
+// (no paths or values): /readyz reports it. A sink that recovers from a
+// fault by itself may use Check to try (see FileSink.Check).
+type Checker interface {
+	Check(ctx context.Context) error
+}
+
+// Check is s.Check if s is a Checker, else nil.
+func Check(ctx context.Context, s Sink) error {
+	if c, ok := s.(Checker); ok {
+		return c.Check(ctx)
+	}
+	return nil
+}
+
 // ErrClosed is returned by Write on a closed sink.
 var ErrClosed = errors.New("audit: sink is closed")
 
@@ -39,6 +55,17 @@ func (m multi) Write(ctx context.Context, e Event) error {
 	return errors.Join(errs...)
 }
 
+// Check checks every sink.
+func (m multi) Check(ctx context.Context) error {
+	var errs []error
+	for _, s := range m {
+		if err := Check(ctx, s); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
 func (m multi) Close() error {
 	var errs []error
 	for _, s := range m {
@@ -50,8 +77,14 @@ func (m multi) Close() error {
 }
 
 var (
-	_ Sink = (*FileSink)(nil)
-	_ Sink = (*BoltSink)(nil)
-	_ Sink = (*Limiter)(nil)
-	_ Sink = multi(nil)
+	_ Checker = (*Spool)(nil)
+	_ Sink    = (*Spool)(nil)
+	_ Checker = (*FileSink)(nil)
+	_ Checker = (*BoltSink)(nil)
+	_ Checker = (*Limiter)(nil)
+	_ Checker = multi(nil)
+	_ Sink    = (*FileSink)(nil)
+	_ Sink    = (*BoltSink)(nil)
+	_ Sink    = (*Limiter)(nil)
+	_ Sink    = multi(nil)
 )

@@ -199,26 +199,39 @@ func TestLimiterAggregatesDenyFlood(t *testing.T) {
 		t.Fatal("an allowed success must not be droppable")
 	}
 
-	// One second refills Rate tokens, capped at Burst: 5 more get through.
+	// The flood spent only the unauthenticated budget: an authenticated
+	// principal's denials at the same instant still get the full burst.
+	for range 7 {
+		l.Write(ctx, event(audit.EventRenew, lease.CodeLost, t0))
+	}
+	if rec.Len() != 10 || l.Dropped() != 997 {
+		t.Fatalf("authenticated denials after the flood: written %d, dropped %d; want 10 and 997", rec.Len(), l.Dropped())
+	}
+
+	// One second refills Rate tokens, capped at Burst: 5 more of each
+	// budget get through.
 	mu.Lock()
 	clock = clock.Add(time.Second)
 	mu.Unlock()
 	for range 20 {
 		l.Write(ctx, event(audit.EventRenew, lease.CodeLost, t0))
 	}
-	if rec.Len() != 10 || l.Dropped() != 1010 {
-		t.Fatalf("after refill: written %d, dropped %d; want 10 and 1010", rec.Len(), l.Dropped())
+	if rec.Len() != 15 || l.Dropped() != 1012 {
+		t.Fatalf("after refill: written %d, dropped %d; want 15 and 1012", rec.Len(), l.Dropped())
 	}
 
-	// Flush writes one aggregate; a failed flush keeps the count.
+	// Flush writes one aggregate per budget, naming it; a failed flush
+	// keeps the count.
 	if err := l.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
 	agg := rec.OfType(audit.EventDropped)
-	if len(agg) != 1 || agg[0].DroppedCount != 1010 || l.Dropped() != 0 {
-		t.Fatalf("aggregate %+v, pending %d", agg, l.Dropped())
+	if len(agg) != 2 || l.Dropped() != 0 ||
+		agg[0].Reason != audit.DroppedAuthenticated || agg[0].DroppedCount != 17 ||
+		agg[1].Reason != audit.DroppedUnauthenticated || agg[1].DroppedCount != 995 {
+		t.Fatalf("aggregates %+v, pending %d", agg, l.Dropped())
 	}
-	if err := l.Flush(ctx); err != nil || len(rec.OfType(audit.EventDropped)) != 1 {
+	if err := l.Flush(ctx); err != nil || len(rec.OfType(audit.EventDropped)) != 2 {
 		t.Fatal("an empty flush must write nothing")
 	}
 
@@ -233,7 +246,7 @@ func TestLimiterAggregatesDenyFlood(t *testing.T) {
 
 	// Invalid events are errors, never silent drops.
 	bad := event(audit.EventAcquire, lease.CodeConflict, t0)
-	bad.TraceID = "star_sk_v1_x"
+	bad.TraceID = "a/b"
 	if err := l.Write(ctx, bad); err == nil {
 		t.Fatal("invalid droppable event accepted")
 	}
@@ -247,7 +260,7 @@ func TestLimiterAggregatesDenyFlood(t *testing.T) {
 		t.Fatal(err)
 	}
 	agg = rec.OfType(audit.EventDropped)
-	if pending == 0 || len(agg) != 2 || agg[1].DroppedCount != pending {
+	if pending == 0 || len(agg) != 3 || agg[2].DroppedCount != pending {
 		t.Fatalf("Close flush: pending %d, aggregates %+v", pending, agg)
 	}
 	if err := l.Write(ctx, event(audit.EventAcquire, lease.CodeConflict, t0)); !errors.Is(err, audit.ErrClosed) {

@@ -36,7 +36,6 @@ var openAPIDocument []byte
 type Server struct {
 	svc     *service.Service
 	authn   *auth.Authenticator
-	sink    audit.Sink
 	mux     *http.ServeMux
 	log     *slog.Logger
 	now     func() time.Time
@@ -50,10 +49,12 @@ type Options struct {
 	Logger   *slog.Logger
 }
 
-// New builds the handler. sink receives authentication-failure events (the
-// service audits everything after authentication).
-func New(svc *service.Service, authn *auth.Authenticator, sink audit.Sink, o Options) *Server {
-	s := &Server{svc: svc, authn: authn, sink: sink, mux: http.NewServeMux(), log: o.Logger, now: time.Now}
+// New builds the handler. The audit sink argument is no longer used: the
+// service builds, redacts and writes every event, authentication failures
+// included (service.Service.AuditAuthFailure); it stays for the callers of
+// this signature.
+func New(svc *service.Service, authn *auth.Authenticator, _ audit.Sink, o Options) *Server {
+	s := &Server{svc: svc, authn: authn, mux: http.NewServeMux(), log: o.Logger, now: time.Now}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -264,18 +265,8 @@ func writeUnauthorized(w http.ResponseWriter, corr string) {
 }
 
 func (s *Server) auditAuthFailure(ctx context.Context, corr string, f auth.Failure, start time.Time) {
-	ev := audit.NewEvent(audit.EventAuthFailed, s.now())
-	ev.CorrelationID = corr
-	ev.CredentialID = f.CredentialID
-	ev.SetResult(lease.CodeInvalidCredential)
-	ev.LatencyMS = time.Since(start).Milliseconds()
-	ev.DeadlineClass = audit.DeadlineDefault
-	ev.BackendHealth = lease.HealthOK
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), service.AuditTimeout)
-	defer cancel()
-	if err := s.sink.Write(wctx, ev); err != nil {
-		s.log.Error("audit write failed", "event_type", ev.EventType, "correlation_id", corr)
-	}
+	// The service builds and redacts every event, this one included.
+	s.svc.AuditAuthFailure(ctx, corr, f.CredentialID, start)
 }
 
 func (s *Server) ready(w http.ResponseWriter, r *http.Request) {

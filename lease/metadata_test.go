@@ -148,3 +148,98 @@ func TestCanonicalMetadataDigestForm(t *testing.T) {
 		t.Fatalf("sorted form = %s", got)
 	}
 }
+
+// Issue 11 §6: metadata is stored in records and history, so credential
+// material is refused there with the same rule that redacts audit events
+// (SecretShaped), and so are keys that name a credential.
+func TestValidateMetadataRefusesSecrets(t *testing.T) {
+	key := "star_sk_v1_01J0000000000000000000000A_" + strings.Repeat("ab", 32)
+	refused := map[string]Metadata{
+		"password key":           {"password": "hunter2"},
+		"db_password key":        {"db_password": "x"},
+		"client_secret key":      {"client_secret": "x"},
+		"api_key key":            {"api_key": "x"},
+		"api-key key":            {"api-key": "x"},
+		"apikey key":             {"apikey": "x"},
+		"access_token key":       {"access_token": "x"},
+		"authorization key":      {"authorization": "x"},
+		"x.authorization key":    {"x.authorization": "x"},
+		"private_key key":        {"private_key": "x"},
+		"bearer value":           {"note": "Bearer abc.def"},
+		"bearer lower case":      {"note": "header: bearer abc"},
+		"api key value":          {"note": key},
+		"api key prefix upper":   {"note": "STAR_SK_V1_X"},
+		"bare secret value":      {"note": strings.Repeat("0f", 32)},
+		"secret inside value":    {"note": "s=" + strings.Repeat("AB", 32) + ";"},
+		"secret-shaped key":      {strings.Repeat("ab", 32): "x"},
+		"one bad among good":     {"note": "ok", "job": "build-7", "token": "x"},
+		"number under a bad key": {"password": 1234},
+	}
+	for name, m := range refused {
+		t.Run(name, func(t *testing.T) {
+			err := ValidateMetadata(m)
+			wantErr(t, err, CodeInvalidRequest, "metadata", "")
+			if strings.Contains(err.Error(), "hunter2") || strings.Contains(strings.ToLower(err.Error()), "star_sk_v1_0") ||
+				strings.Contains(err.Error(), "abc") {
+				t.Fatalf("error echoes the value: %v", err)
+			}
+			raw, _ := json.Marshal(m)
+			if _, err := DecodeMetadata(raw); err == nil {
+				t.Fatal("DecodeMetadata accepted it")
+			}
+		})
+	}
+	for name, m := range map[string]Metadata{
+		"63 hex digits":           {"digest_prefix": strings.Repeat("a", 63)},
+		"short hex":               {"commit": "0f3a9c1"},
+		"word bear":               {"note": "bear market"},
+		"value mentioning tokens": {"note": "tokens are not keys"},
+		"credential id":           {"owner": "01J0000000000000000000000A"},
+	} {
+		if err := ValidateMetadata(m); err != nil {
+			t.Errorf("%s refused: %v", name, err)
+		}
+	}
+	// An acquire carrying such metadata is refused before anything is
+	// stored.
+	r := validAcquire()
+	r.Metadata = Metadata{"password": "hunter2"}
+	_, p, err := PrepareAcquire(r, StoreOptions{})
+	wantErr(t, err, CodeInvalidRequest, "metadata", "")
+	if p != (Prepared{}) {
+		t.Fatalf("refused request prepared %+v", p)
+	}
+}
+
+// A record stored before metadata was screened stays readable: refusing
+// it would make its identity unusable without removing anything.
+func TestStoredRecordWithSecretShapedMetadataDecodes(t *testing.T) {
+	r := validRecord()
+	r.Metadata = Metadata{"password": "old"}
+	b, err := r.Encode()
+	if err != nil {
+		t.Fatalf("Encode: %v", err)
+	}
+	if _, err := DecodeRecord(b); err != nil {
+		t.Fatalf("DecodeRecord: %v", err)
+	}
+}
+
+func TestSecretShaped(t *testing.T) {
+	for v, want := range map[string]bool{
+		"":                                    false,
+		"example.com":                         false,
+		strings.Repeat("a", 63):               false,
+		strings.Repeat("a", 64):               true,
+		"x" + strings.Repeat("F", 64):         true,
+		"star_sk_":                            true,
+		"Star_SK_v1":                          true,
+		"Bearer x":                            true,
+		"bearer":                              false,
+		"redacted:" + strings.Repeat("0", 32): false,
+	} {
+		if got := SecretShaped(v); got != want {
+			t.Errorf("SecretShaped(%q) = %v, want %v", v, got, want)
+		}
+	}
+}

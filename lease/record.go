@@ -116,7 +116,9 @@ func ParseTimestamp(s string) (Timestamp, error) {
 
 // Metadata is the bounded, non-secret metadata object: at most 32 keys that
 // follow the identifier rule, scalar values only (string, number, boolean,
-// null), at most 4 KiB encoded.
+// null), at most 4 KiB encoded, and no credential material (see
+// ValidateMetadata). It is stored in records and history and returned to
+// readers of the lease; it never reaches audit events.
 type Metadata map[string]any
 
 // MarshalJSON writes a nil Metadata as the empty object: metadata is always
@@ -463,7 +465,11 @@ func (r *Record) validate() error {
 	if !r.State.Valid() {
 		return Invalid("state", "unknown state")
 	}
-	return ValidateMetadata(r.Metadata)
+	// The shape only: a record stored before metadata was screened for
+	// credential material stays readable (refusing it would make its
+	// identity unusable without removing anything); new requests are
+	// screened by ValidateMetadata.
+	return validateMetadataShape(r.Metadata)
 }
 
 // CheckOpaqueID validates a caller- or server-generated identifier (lease,
@@ -495,8 +501,21 @@ func CheckOpaqueID(field, v string) error {
 	return nil
 }
 
-// ValidateMetadata enforces the metadata rule.
+// ValidateMetadata enforces the metadata rule of a request: the bounded
+// shape (at most 32 canonical keys, scalar values, 4 KiB encoded) and no
+// credential material — no key that names a credential (password, secret,
+// token, api_key, authorization, ...) and no value that SecretShaped
+// refuses. Metadata is for short, non-secret labels; a digest belongs in
+// the lock identity, not here.
 func ValidateMetadata(m Metadata) error {
+	if err := validateMetadataShape(m); err != nil {
+		return err
+	}
+	return checkMetadataSecretFree(m)
+}
+
+// validateMetadataShape is the metadata rule without the secret screen.
+func validateMetadataShape(m Metadata) error {
 	if len(m) > MaxMetadataKeys {
 		return Invalid("metadata", "at most 32 keys")
 	}

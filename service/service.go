@@ -18,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/starintel/starlease/audit"
@@ -29,6 +30,7 @@ import (
 type Service struct {
 	store     lease.Store
 	sink      audit.Sink
+	redactor  *audit.Redactor
 	cfg       Config
 	classes   lease.OperationClasses
 	principal *limiters
@@ -45,6 +47,11 @@ type Options struct {
 	Config           Config
 	OperationClasses lease.OperationClasses
 	Logger           *slog.Logger
+	// Redactor gives values that may be credential material their keyed
+	// redacted form in every event this service builds (key it with
+	// auth.Pepper.DeriveKey(audit.RedactionKeyPurpose)). Nil redacts them
+	// to audit.Redacted alone, which keeps no correlation.
+	Redactor *audit.Redactor
 	// Now is the server clock (deadlines, rate limits); nil is time.Now.
 	// Lease time is always the backend's.
 	Now func() time.Time
@@ -66,7 +73,8 @@ func New(store lease.Store, sink audit.Sink, o Options) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{store: store, sink: sink, cfg: cfg, classes: o.OperationClasses, tokens: tokens, log: o.Logger, now: o.Now,
+	s := &Service{store: store, sink: sink, redactor: o.Redactor, cfg: cfg, classes: o.OperationClasses, tokens: tokens,
+		log: o.Logger, now: o.Now,
 		principal: newLimiters(cfg.PrincipalRate, cfg.PrincipalBurst),
 		target:    newLimiters(cfg.TargetRate, cfg.TargetBurst),
 		admission: make(chan struct{}, cfg.MaxConcurrent)}
@@ -82,8 +90,22 @@ func New(store lease.Store, sink audit.Sink, o Options) (*Service, error) {
 // Config returns the effective policy.
 func (s *Service) Config() Config { return s.cfg }
 
-// Health is the backend's health.
-func (s *Service) Health(ctx context.Context) lease.Health { return s.store.Health(ctx) }
+// Health is the backend's health, degraded while durable audit is
+// unavailable (audit.Check of the sink fails): force-release and revoke
+// are refused then, since they need it.
+func (s *Service) Health(ctx context.Context) lease.Health {
+	h := s.store.Health(ctx)
+	err := audit.Check(ctx, s.sink)
+	if err == nil {
+		return h
+	}
+	why := "durable audit unavailable: " + strings.ReplaceAll(err.Error(), "\n", "; ")
+	if h.Status == lease.HealthOK {
+		return lease.Health{Status: lease.HealthDegraded, Reason: why}
+	}
+	h.Reason += "; " + why
+	return h
+}
 
 // op is one request in flight: its audit event and timing.
 type op struct {
@@ -131,7 +153,7 @@ func (o *op) lease(r *lease.Record) {
 // paths of their own (admin).
 func (o *op) finish(ctx context.Context, err error) error {
 	o.result(err)
-	if werr := o.s.writeAudit(ctx, o.ev); werr != nil {
+	if werr := o.s.writeAudit(ctx, &o.ev); werr != nil {
 		o.s.log.Error("audit write failed", "event_type", o.ev.EventType, "correlation_id", o.ev.CorrelationID)
 	}
 	return err
@@ -247,7 +269,8 @@ func (o *op) readDeadline(parent context.Context) (time.Time, context.Context, c
 
 // safeID is v if it is a well-formed identifier, else empty: an audit
 // event carries only validated values, so a malformed request is still
-// audited (without the malformed value).
+// audited (without the malformed value). A well-formed value that may be
+// credential material is kept here and redacted by writeAudit.
 func safeID(v string) string {
 	if lease.CheckOpaqueID("id", v) != nil {
 		return ""
@@ -255,10 +278,10 @@ func safeID(v string) string {
 	return v
 }
 
-// safeReason is an administrator reason that passes the reason rule and
-// holds no credential material, else empty.
+// safeReason is an administrator reason that passes the reason rule, else
+// empty (the request is then refused as invalid before any change).
 func safeReason(r string) string {
-	if lease.CheckReason(r) != nil || audit.CheckSecretFree("reason", r) != nil {
+	if lease.CheckReason(r) != nil {
 		return ""
 	}
 	return r
@@ -283,8 +306,27 @@ func (s *Service) AuditRejected(ctx context.Context, t audit.EventType, c Call, 
 // request's own cancellation, so a client that gave up is still audited.
 const AuditTimeout = 2 * time.Second
 
-func (s *Service) writeAudit(ctx context.Context, ev audit.Event) error {
+// writeAudit redacts ev in place — the one place every event this service
+// builds passes, so a caller's value never decides whether an event is
+// written — and writes it. Callers log ev's fields only after this.
+func (s *Service) writeAudit(ctx context.Context, ev *audit.Event) error {
+	s.redactor.Event(ev)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), AuditTimeout)
 	defer cancel()
-	return s.sink.Write(ctx, ev)
+	return s.sink.Write(ctx, *ev)
+}
+
+// AuditAuthFailure audits an authentication failure, which happens before
+// any principal exists: the correlation id and, for a well-formed key, the
+// presented credential id.
+func (s *Service) AuditAuthFailure(ctx context.Context, correlationID, credentialID string, start time.Time) {
+	ev := audit.NewEvent(audit.EventAuthFailed, s.now())
+	ev.CorrelationID, ev.CredentialID = correlationID, credentialID
+	ev.SetResult(lease.CodeInvalidCredential)
+	ev.LatencyMS = max(time.Since(start).Milliseconds(), 0)
+	ev.DeadlineClass = audit.DeadlineDefault
+	ev.BackendHealth = lease.HealthOK
+	if err := s.writeAudit(ctx, &ev); err != nil {
+		s.log.Error("audit write failed", "event_type", ev.EventType, "correlation_id", ev.CorrelationID)
+	}
 }

@@ -43,7 +43,39 @@ local function add(keys, args)
   return id
 end
 
+-- addonce appends one event unless the stream already holds it: a marker
+-- key (KEYS 2, kept ARGV 4 ms) records an earlier addonce of the event,
+-- and the entries from the event's time to a minute past it (ARGV 5) are
+-- searched for an earlier add whose reply was lost (add gives the entry its
+-- event's time unless the stream's newest entry is later). Every entry
+-- holds audit.Marshal's bytes, which begin with the event id.
+-- KEYS 1 stream, 2 marker. ARGV 1 event time ms, 2 MAXLEN, 3 event,
+-- 4 marker TTL ms, 5 window end ms, 6 event id.
+local function addonce(keys, args)
+  if redis.call('EXISTS', keys[2]) == 1 then return 'dup' end
+  local t = redis.call('TYPE', keys[1]).ok
+  if t ~= 'none' and t ~= 'stream' then return redis.error_reply('WRONGTYPE audit stream') end
+  local head = '{"event_id":"' .. args[6] .. '"'
+  local start = args[1]
+  while true do
+    local es = redis.call('XRANGE', keys[1], start, args[5], 'COUNT', 256)
+    for _, e in ipairs(es) do
+      local v = e[2][2]
+      if type(v) == 'string' and string.sub(v, 1, #head) == head then
+        redis.call('SET', keys[2], '1', 'PX', args[4])
+        return 'dup'
+      end
+      start = '(' .. e[1]
+    end
+    if #es < 256 then break end
+  end
+  local id = add(keys, args)
+  redis.call('SET', keys[2], '1', 'PX', args[4])
+  return id
+end
+
 redis.register_function(FN .. 'add', add)
+redis.register_function(FN .. 'addonce', addonce)
 `
 
 var auditLibrary = newAuxLibrary("audit", auditLibrarySource)
@@ -66,8 +98,13 @@ type AuditOptions struct {
 	MaxLen int64
 }
 
-// Audit key; see the package documentation.
-func (k layout) audit() string { return k.ns + ":audit" }
+// Audit keys; see the package documentation.
+func (k layout) audit() string              { return k.ns + ":audit" }
+func (k layout) auditOnce(id string) string { return k.ns + ":audit:once:" + id }
+
+// auditOnceTTL is how long WriteOnce remembers an event it added: far
+// longer than a spool takes to forward after a restart.
+const auditOnceTTL = 7 * 24 * time.Hour
 
 // AuditSink is audit.Sink on the lease backend's Valkey server: every event
 // is one XADD to the capped stream ns:audit, its entry holding a single
@@ -87,7 +124,10 @@ type AuditSink struct {
 	closed bool
 }
 
-var _ audit.Sink = (*AuditSink)(nil)
+var (
+	_ audit.Sink       = (*AuditSink)(nil)
+	_ audit.OnceWriter = (*AuditSink)(nil)
+)
 
 // AuditSink returns the audit sink on s's server and namespace, sharing
 // s's connections. Closing it does not close s.
@@ -100,6 +140,10 @@ func (s *Store) AuditSink(o AuditOptions) *AuditSink {
 
 // Write validates e and appends it; see AuditSink.
 func (a *AuditSink) Write(ctx context.Context, e audit.Event) error {
+	return a.write(ctx, e, false)
+}
+
+func (a *AuditSink) write(ctx context.Context, e audit.Event, once bool) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("audit: write: %w", err)
 	}
@@ -124,11 +168,27 @@ func (a *AuditSink) Write(ctx context.Context, e audit.Event) error {
 	if err := a.s.writable(ctx); err != nil {
 		return errors.New("audit: valkey sink: backend durability is not verified")
 	}
-	if _, err := a.s.callAux(ctx, auditLibrary, "add", []string{a.s.keys.audit()},
-		[]string{strconv.FormatUint(id.Time(), 10), strconv.FormatInt(a.maxLen, 10), string(b)}); err != nil {
+	ms := strconv.FormatUint(id.Time(), 10)
+	fn, keys, args := "add", []string{a.s.keys.audit()}, []string{ms, strconv.FormatInt(a.maxLen, 10), string(b)}
+	if once {
+		fn, keys = "addonce", append(keys, a.s.keys.auditOnce(e.EventID))
+		args = append(args, strconv.FormatInt(auditOnceTTL.Milliseconds(), 10),
+			strconv.FormatUint(id.Time()+uint64(auditSeekWindow.Milliseconds()), 10), e.EventID)
+	}
+	if _, err := a.s.callAux(ctx, auditLibrary, fn, keys, args); err != nil {
 		return fmt.Errorf("audit: valkey write failed: %s", classify(err))
 	}
 	return nil
+}
+
+// WriteOnce is Write at most once per event id (audit.OnceWriter): it adds
+// nothing if an earlier WriteOnce added the event (a marker key per event,
+// kept a week), or if an earlier Write did (its entry, looked for from the
+// event's time to a minute past it, as Read does). audit.Spool forwards
+// through it, so an event spooled after a Write whose reply was lost, or
+// forwarded again after a crash, is in the stream once.
+func (a *AuditSink) WriteOnce(ctx context.Context, e audit.Event) error {
+	return a.write(ctx, e, true)
 }
 
 // auditReadBatch is the XRANGE page size of Read.

@@ -31,6 +31,9 @@ import (
 const (
 	credentialsDir = "credentials"
 	auditFile      = "audit.jsonl"
+	// auditSpoolFile holds, with --backend valkey, the events the Valkey
+	// audit stream could not take, until they are forwarded.
+	auditSpoolFile = "audit-spool.jsonl"
 )
 
 // envFlags fills every flag of fs not given on the command line from its
@@ -205,7 +208,8 @@ func (b backend) close() {
 // files in dataDir, credentials as files in dataDir/credentials (shared
 // with the keys command). valkey: leases, credentials and audit on one
 // Valkey server, so several servers in front of it share API keys and
-// audit (valkey.Store.CredentialStore and AuditSink, on its connections).
+// audit (valkey.Store.CredentialStore and AuditSink, on its connections),
+// with a local spool in dataDir for the audit events Valkey cannot take.
 func openBackend(ctx context.Context, f backendFlags, dataDir string, opts lease.StoreOptions) (backend, error) {
 	var b backend
 	switch f.backend {
@@ -232,7 +236,16 @@ func openBackend(ctx context.Context, f backendFlags, dataDir string, opts lease
 		if err != nil {
 			return backend{}, err
 		}
-		b.store, b.creds, b.sink = vs, vs.CredentialStore(), vs.AuditSink(valkey.AuditOptions{})
+		b.store, b.creds = vs, vs.CredentialStore()
+		// Events the stream cannot take (Valkey down: every
+		// lease_backend_unavailable answer) wait in a local spool and are
+		// forwarded, once each and in order, when it answers again.
+		sp, err := audit.OpenSpool(filepath.Join(dataDir, auditSpoolFile), vs.AuditSink(valkey.AuditOptions{}), audit.SpoolOptions{})
+		if err != nil {
+			b.close()
+			return backend{}, err
+		}
+		b.sink = sp
 	default:
 		return backend{}, errors.New("--backend must be bolt or valkey")
 	}
@@ -266,6 +279,10 @@ func serve(ctx context.Context, f serveFlags, stdout io.Writer, log *slog.Logger
 		b.sink.Close()
 		return err
 	}
+	if n := fileSink.TornBytes(); n > 0 {
+		log.Warn("audit: the audit file ended in a torn line (a crash during a write); it was moved aside",
+			"bytes", n, "quarantine", auditFile+".torn")
+	}
 	// Every audit event goes to the local JSON-lines file and to the
 	// backend's own sink, behind one limiter.
 	sink := audit.NewLimiter(audit.Multi(fileSink, b.sink), audit.LimiterOptions{})
@@ -281,12 +298,23 @@ func serve(ctx context.Context, f serveFlags, stdout io.Writer, log *slog.Logger
 	if err != nil {
 		return err
 	}
-	svc, err := service.New(b.store, sink, service.Options{OperationClasses: classes, Logger: log, PageTokenKey: tokenKey, Config: service.Config{
-		MinTTL: f.minTTL, MaxTTL: f.maxTTL, MaxLifetime: f.maxLifetime, MaxDeadline: f.maxDeadline,
-		MaxWait: f.maxWait, PrincipalRate: f.principalRate, TargetRate: f.targetRate,
-		PrincipalBurst: max(int(2*f.principalRate), 1), TargetBurst: max(int(2*f.targetRate), 1),
-		MaxConcurrent: f.maxConcurrent, MaxActivePerPrincipal: f.maxActive,
-	}})
+	// Values that may be secrets are audited as a keyed hash under a key
+	// derived from the pepper: servers sharing a pepper agree on it.
+	redactionKey, err := pepper.DeriveKey(audit.RedactionKeyPurpose)
+	if err != nil {
+		return err
+	}
+	redactor, err := audit.NewRedactor(redactionKey)
+	if err != nil {
+		return err
+	}
+	svc, err := service.New(b.store, sink, service.Options{OperationClasses: classes, Logger: log, PageTokenKey: tokenKey,
+		Redactor: redactor, Config: service.Config{
+			MinTTL: f.minTTL, MaxTTL: f.maxTTL, MaxLifetime: f.maxLifetime, MaxDeadline: f.maxDeadline,
+			MaxWait: f.maxWait, PrincipalRate: f.principalRate, TargetRate: f.targetRate,
+			PrincipalBurst: max(int(2*f.principalRate), 1), TargetBurst: max(int(2*f.targetRate), 1),
+			MaxConcurrent: f.maxConcurrent, MaxActivePerPrincipal: f.maxActive,
+		}})
 	if err != nil {
 		return err
 	}

@@ -95,7 +95,8 @@ type Starlease struct {
 }
 
 // StartStarlease starts "bin serve" on a free 127.0.0.1 port with a new
-// data directory and a new pepper file (mode 0600), plus extraArgs, and
+// data directory (or the one extraArgs name with --data-dir) and a new
+// pepper file (mode 0600), plus extraArgs, and
 // waits for GET /readyz 200. The server is stopped with SIGTERM (SIGKILL
 // after 15 s) and waited for in t.Cleanup, which also logs the tail of its
 // stderr if t failed.
@@ -105,6 +106,9 @@ func StartStarlease(t testing.TB, bin string, extraArgs ...string) *Starlease {
 	s := &Starlease{t: t, bin: bin, dataDir: filepath.Join(dir, "data"), pepperFile: filepath.Join(dir, "pepper"),
 		extraArgs: extraArgs, principals: map[string]string{}}
 	for i := 0; i+1 < len(extraArgs); i += 2 {
+		if extraArgs[i] == "--data-dir" { // e.g. on a tmpfs; the keys commands need it too
+			s.dataDir = extraArgs[i+1]
+		}
 		if extraArgs[i] == "--backend" || strings.HasPrefix(extraArgs[i], "--valkey-") {
 			s.backendArgs = append(s.backendArgs, extraArgs[i], extraArgs[i+1])
 		}

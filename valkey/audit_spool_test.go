@@ -1,0 +1,85 @@
+package valkey
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/starintel/starlease/audit"
+)
+
+// WriteOnce adds an event at most once, as the documented ACL user: not
+// again after an earlier WriteOnce (its marker), nor after an earlier
+// Write (found in the stream near the event's time).
+func TestAuditSinkWriteOnce(t *testing.T) {
+	r, pw := aclServer(t)
+	s := open(t, r, Options{Username: "starlease", PasswordFile: pw, KeyPrefix: "starlease:" + randomPrefix()})
+	sink := s.AuditSink(AuditOptions{})
+	now := time.Now()
+	e1, e2, e3 := auditEvent(audit.EventAcquire, now), auditEvent(audit.EventAcquire, now.Add(time.Millisecond)),
+		auditEvent(audit.EventRevoke, now.Add(2*time.Millisecond))
+	if err := sink.Write(bg, e1); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []audit.Event{e1, e2, e2, e3, e1, e3} {
+		if err := sink.WriteOnce(bg, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := sink.Read(bg, audit.Filter{}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameIDs(t, "stream after repeated WriteOnce", got, []audit.Event{e1, e2, e3})
+}
+
+// Issue 11 §5 on a real server that is stopped and started again: events
+// written through a Spool while Valkey is down reach the stream when it is
+// back, in order, once each, after the events written before the outage.
+func TestSpoolForwardsAfterValkeyRestart(t *testing.T) {
+	r, pw := aclServer(t)
+	s := open(t, r, Options{Username: "starlease", PasswordFile: pw, KeyPrefix: "starlease:" + randomPrefix()})
+	sp, err := audit.OpenSpool(filepath.Join(t.TempDir(), "audit-spool.jsonl"), s.AuditSink(AuditOptions{}),
+		audit.SpoolOptions{RetryInterval: 50 * time.Millisecond, ForwardTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sp.Close()
+	at := time.Now()
+	var want []audit.Event
+	write := func(n int) {
+		t.Helper()
+		for range n {
+			at = at.Add(time.Millisecond)
+			e := auditEvent(audit.EventAcquire, at)
+			if err := sp.Write(bg, e); err != nil {
+				t.Fatalf("spool write: %v", err)
+			}
+			want = append(want, e)
+		}
+	}
+	write(2)
+	if sp.Pending() != 0 {
+		t.Fatalf("pending %d with Valkey up", sp.Pending())
+	}
+	r.Kill9()
+	write(4)
+	if sp.Pending() != 4 {
+		t.Fatalf("pending %d with Valkey down, want 4", sp.Pending())
+	}
+	r.Restart()
+	write(1) // joins the waiting events
+	for limit := time.Now().Add(20 * time.Second); sp.Pending() > 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(limit) {
+			t.Fatalf("%d events still spooled 20 s after Valkey came back", sp.Pending())
+		}
+	}
+	got, err := s.AuditSink(AuditOptions{}).Read(bg, audit.Filter{}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameIDs(t, "stream after the outage", got, want)
+	if err := sp.Check(bg); err != nil {
+		t.Fatalf("Check after draining: %v", err)
+	}
+}
