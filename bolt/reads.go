@@ -206,7 +206,24 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 		if err := marks.Put(markKey, u64(req.FencingToken)); err != nil {
 			return err
 		}
-		c := req.Commit(now, p.Digest)
+		seqs := tx.Bucket(bucketCommitSeq)
+		var seq uint64
+		if v := seqs.Get([]byte(p.LockKey)); v != nil {
+			if len(v) != 8 {
+				opErr = s.quarantine(tx, p.LockKey, p.Identity, "commit sequence is malformed")
+				return nil
+			}
+			seq = binary.BigEndian.Uint64(v)
+		}
+		if seq >= lease.MaxFencingToken {
+			opErr = s.quarantine(tx, p.LockKey, p.Identity, "commit sequence is exhausted")
+			return nil
+		}
+		seq++
+		if err := seqs.Put([]byte(p.LockKey), u64(seq)); err != nil {
+			return err
+		}
+		c := req.Commit(now, seq, p.Digest)
 		b, err := lease.EncodeCommit(c)
 		if err != nil {
 			return err

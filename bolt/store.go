@@ -39,11 +39,12 @@ var (
 	bucketHighWater  = []byte("high_water") // lock key ‖ 0 ‖ sink → uint64, never deleted
 	bucketCommits    = []byte("commits")    // commit scope → accepted commit
 	bucketCommitExp  = []byte("commit_exp") // expiry ms ‖ scope → ∅
+	bucketCommitSeq  = []byte("commit_seq") // lock key → uint64, the last commit seq, never deleted
 	bucketQuarantine = []byte("quarantine") // lock key → reason
 	bucketOutbox     = []byte("outbox")     // seq → outbox entry, in acceptance order
 	bucketOutboxIDs  = []byte("outbox_ids") // message id → seq
 	allBuckets       = [][]byte{bucketMeta, bucketActive, bucketCounters, bucketIdem, bucketIdemExp, bucketHistory,
-		bucketLeases, bucketIndex, bucketHighWater, bucketCommits, bucketCommitExp, bucketQuarantine,
+		bucketLeases, bucketIndex, bucketHighWater, bucketCommits, bucketCommitExp, bucketCommitSeq, bucketQuarantine,
 		bucketOutbox, bucketOutboxIDs}
 
 	keySchema = []byte("schema")

@@ -543,13 +543,13 @@ func (c *Client) AuthorizeCommit(ctx context.Context, req CommitRequest) (*Commi
 	}
 	cm := w.Commit
 	if cm == nil || w.Lease != nil || w.Current != nil || w.Leases != nil || w.History != nil || w.NextPageToken != nil ||
-		cm.AcceptedAt == nil || cm.BackendTime == nil || cm.FencingToken == 0 || cm.LeaseID == "" || cm.Target == "" || cm.JobID == "" {
+		cm.AcceptedAt == nil || cm.BackendTime == nil || cm.FencingToken == 0 || cm.LeaseID == "" || cm.Target == "" || cm.JobID == "" || cm.CommitSeq < 1 {
 		return nil, &Error{Status: http.StatusOK, Code: lease.CodeOutcomeUnknown, Msg: "malformed response: a commit answer needs exactly a commit",
 			CorrelationID: w.CorrelationID, Retryable: true}
 	}
 	return &CommitResult{Code: w.Code, CorrelationID: w.CorrelationID, Replayed: w.Replayed, Commit: Commit{
 		Sink: cm.Sink, CommitID: cm.CommitID, LeaseID: cm.LeaseID, FencingToken: cm.FencingToken,
 		ExecutionID: cm.ExecutionID, JobID: cm.JobID, TraceID: cm.TraceID, Target: cm.Target, PayloadSHA256: cm.PayloadSHA256,
-		AcceptedAt: cm.AcceptedAt.Time(), BackendTime: cm.BackendTime.Time(),
+		CommitSeq: cm.CommitSeq, AcceptedAt: cm.AcceptedAt.Time(), BackendTime: cm.BackendTime.Time(),
 	}}, nil
 }

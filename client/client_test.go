@@ -287,7 +287,7 @@ func TestRoutes(t *testing.T) {
 				return err
 			}},
 		{name: "commit", answer: success("lease_inspected", `,"commit":{"sink":"couchdb","commit_id":"c1","lease_id":"lease_01",`+
-			`"fencing_token":42,"execution_id":"exec-1","job_id":"job-1","target":"doc-1","accepted_at":"2026-08-05T12:00:01.000Z","backend_time":"2026-08-05T12:00:01.000Z"}`),
+			`"fencing_token":42,"execution_id":"exec-1","job_id":"job-1","target":"doc-1","commit_seq":1,"accepted_at":"2026-08-05T12:00:01.000Z","backend_time":"2026-08-05T12:00:01.000Z"}`),
 			method: "POST", path: "/api/v1/target-leases/commits/authorize",
 			bodyKeys: []string{"commit_id", "execution_id", "fencing_token", "job_id", "lease_id", "lock_identity", "service_instance_id", "sink", "target"},
 			run: func(c *client.Client) error {

@@ -319,7 +319,7 @@ func (s *LeaseStore) AuthorizeCommit(ctx context.Context, req lease.CommitReques
 	return lease.CommitResult{Code: lease.CodeCommitAuthorized, Replayed: res.Replayed, BackendTime: lease.At(cm.BackendTime),
 		Commit: lease.Commit{Sink: cm.Sink, CommitID: cm.CommitID, LeaseID: cm.LeaseID, FencingToken: cm.FencingToken,
 			ExecutionID: cm.ExecutionID, JobID: cm.JobID, TraceID: cm.TraceID, Target: cm.Target,
-			PayloadSHA256: cm.PayloadSHA256, AcceptedAt: lease.At(cm.AcceptedAt)}}, nil
+			PayloadSHA256: cm.PayloadSHA256, Seq: cm.CommitSeq, AcceptedAt: lease.At(cm.AcceptedAt)}}, nil
 }
 
 // held is what the adapter knows of a lease the server has just let the

@@ -165,8 +165,10 @@ type Commit struct {
 	TraceID       string
 	Target        string
 	PayloadSHA256 string
-	AcceptedAt    time.Time
-	BackendTime   time.Time
+	// CommitSeq orders the lease's commits: a guard carries it.
+	CommitSeq   uint64
+	AcceptedAt  time.Time
+	BackendTime time.Time
 }
 
 // CommitResult answers AuthorizeCommit.
@@ -241,6 +243,7 @@ type commitWire struct {
 	TraceID       string           `json:"trace_id"`
 	Target        string           `json:"target"`
 	PayloadSHA256 string           `json:"payload_sha256"`
+	CommitSeq     uint64           `json:"commit_seq"`
 	AcceptedAt    *lease.Timestamp `json:"accepted_at"`
 	BackendTime   *lease.Timestamp `json:"backend_time"`
 }

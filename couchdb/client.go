@@ -219,10 +219,16 @@ func statusError(op, docID string, r reply) *Error {
 	switch {
 	case r.status == http.StatusForbidden && strings.HasPrefix(r.reason, fenceReasonPrefix):
 		reason := strings.TrimPrefix(r.reason, fenceReasonPrefix)
-		if !fenceReasons[reason] {
-			reason = "the fence refused the write"
+		switch {
+		case reason == laterCommitReason:
+			// Not a loss: a later commit of the same lease holds the
+			// document (a concurrent write of the holder's own).
+			e = newError(ErrConflict, op, docID, reason)
+		case !fenceReasons[reason]:
+			e = newError(ErrFenceRejected, op, docID, "the fence refused the write")
+		default:
+			e = newError(ErrFenceRejected, op, docID, reason)
 		}
-		e = newError(ErrFenceRejected, op, docID, reason)
 	case r.status == http.StatusUnauthorized || r.status == http.StatusForbidden:
 		e = newError(ErrAccessDenied, op, docID, "couchdb refused the credentials or the operation")
 	case r.status == http.StatusConflict:

@@ -224,7 +224,7 @@ func (w *Writer) bindTyped(t typedWrite, err error) (fence.Binding, error) {
 	if err != nil {
 		return fence.Binding{}, err
 	}
-	return w.Bind(t.doc)
+	return w.bind(t.doc)
 }
 
 // commitTyped is the common path of the helpers' Commit: the guard must

@@ -121,12 +121,13 @@ func TestJobStateIsBoundToTheLeasesJob(t *testing.T) {
 	if _, err := fence.Write(ctx, cx, jobs, "steal-1", victim); code(err) != lease.CodeCommitRejected {
 		t.Fatalf("writing another job's state through the job writer: %v, want commit_rejected", err)
 	}
-	// The raw writer does not know job documents; CouchDB's fence does.
+	// The raw writer writes no typed document (TestValidateRefusesForeign
+	// TypedDocuments: nor does CouchDB's fence admit one bypassing it).
 	body, _ := json.Marshal(map[string]any{"type": couchdb.TypeJob, "job_id": "job-victim", "status": "succeeded",
 		"terminal": true, "lock_identity": x.Identity()})
 	doc := couchdb.Doc{ID: "job:job-victim", Body: body}
-	if _, err := fence.Write(ctx, cx, e.w, "steal-2", doc); !errors.Is(err, couchdb.ErrFenceRejected) {
-		t.Fatalf("writing another job's document through the raw writer: %v, want the fence's refusal", err)
+	if _, err := fence.Write(ctx, cx, e.w, "steal-2", doc); !errors.Is(err, couchdb.ErrInvalid) {
+		t.Fatalf("writing another job's document through the raw writer: %v, want invalid_lease_request", err)
 	}
 	if _, err := e.db.Get(ctx, "job:job-victim"); !errors.Is(err, couchdb.ErrNotFound) {
 		t.Fatalf("the victim's job document exists after the refusals: %v", err)

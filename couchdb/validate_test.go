@@ -59,6 +59,7 @@ func fenceJSON(changes map[string]any) map[string]any {
 		"sink":          "couchdb",
 		"commit_id":     "commit-5",
 		"target":        thisDoc,
+		"commit_seq":    5,
 		"accepted_at":   "2026-08-05T12:00:00.000Z",
 	}
 	for k, v := range changes {
@@ -188,8 +189,16 @@ func TestValidateDocUpdateAgreesWithAdmit(t *testing.T) {
 
 		// Over a stored fence: same lock key, token not lower, one lease
 		// per token.
-		{"same lease again", s5, fenceJSON(map[string]any{"commit_id": "commit-6"}), true},
-		{"same lease, other execution", s5, fenceJSON(map[string]any{"execution_id": "exec-x"}), true},
+		{"same lease, a later commit", s5, fenceJSON(map[string]any{"commit_id": "commit-6", "commit_seq": 6}), true},
+		{"same lease, other execution", s5, fenceJSON(map[string]any{"execution_id": "exec-x", "commit_seq": 6}), true},
+		// A lease's earlier or same commit never lands over its later one.
+		{"same lease, the same commit again", s5, fenceJSON(nil), false},
+		{"same lease, an earlier commit", s5, fenceJSON(map[string]any{"commit_id": "commit-4", "commit_seq": 4}), false},
+		{"commit seq missing", nil, fenceJSON(map[string]any{"commit_seq": absent}), false},
+		{"commit seq 0", nil, fenceJSON(map[string]any{"commit_seq": 0}), false},
+		{"commit seq fractional", nil, fenceJSON(map[string]any{"commit_seq": 1.5}), false},
+		{"commit seq a string", nil, fenceJSON(map[string]any{"commit_seq": "6"}), false},
+		{"commit seq 2^53", nil, fenceJSON(map[string]any{"commit_seq": uint64(max + 1)}), false},
 		{"higher token", s5, fenceJSON(map[string]any{"fencing_token": 6, "lease_id": "lease-6"}), true},
 		{"much higher token", s5, fenceJSON(map[string]any{"fencing_token": max, "lease_id": "lease-max"}), true},
 		{"lower token", s5, fenceJSON(map[string]any{"fencing_token": 4, "lease_id": "lease-4"}), false},
@@ -201,7 +210,7 @@ func TestValidateDocUpdateAgreesWithAdmit(t *testing.T) {
 		{"no fence over a fenced document", s5, absent, false},
 		{"null fence over a fenced document", s5, nil, false},
 		{"malformed fence over a fenced document", s5, fenceJSON(map[string]any{"fencing_token": 0}), false},
-		{"max token again", sMax, fenceJSON(map[string]any{"fencing_token": max, "lease_id": "lease-max"}), true},
+		{"max token again", sMax, fenceJSON(map[string]any{"fencing_token": max, "lease_id": "lease-max", "commit_seq": 6}), true},
 		{"below max token", sMax, fenceJSON(map[string]any{"fencing_token": max - 1, "lease_id": "lease-9"}), false},
 
 		// Over a document written before the fence was installed.
@@ -223,7 +232,7 @@ func TestValidateDocUpdateAgreesWithAdmit(t *testing.T) {
 		t.Fatalf("seed malformed fence: %d %v", code, v)
 	}
 	// A fence from before writes were bound (no target, no job_id).
-	legacy := fenceJSON(map[string]any{"target": absent, "job_id": absent})
+	legacy := fenceJSON(map[string]any{"target": absent, "job_id": absent, "commit_seq": absent})
 	if code, v := raw(t, http.MethodPut, base+"legacy", map[string]any{"n": 0, couchdb.FenceField: legacy}); code != 201 {
 		t.Fatalf("seed legacy fence: %d %v", code, v)
 	}
@@ -237,7 +246,7 @@ func TestValidateDocUpdateAgreesWithAdmit(t *testing.T) {
 		next   any
 		status int
 	}{
-		{fenceJSON(map[string]any{"target": absent, "job_id": absent, "fencing_token": 6, "lease_id": "lease-6"}), 403},
+		{fenceJSON(map[string]any{"target": absent, "job_id": absent, "commit_seq": absent, "fencing_token": 6, "lease_id": "lease-6"}), 403},
 		{at(fenceJSON(map[string]any{"fencing_token": 4, "lease_id": "lease-4"}), "legacy"), 403},
 		{at(fenceJSON(map[string]any{"fencing_token": 6, "lease_id": "lease-6"}), "legacy"), 201},
 	} {
@@ -294,7 +303,7 @@ func TestValidateDocUpdateAgreesWithAdmit(t *testing.T) {
 			t.Fatalf("%s: unexpected answer %d %v", c.name, status, v)
 		}
 		goErr := goVerdict(t, id, at(c.stored, id), at(c.next, id))
-		if goErr != nil && code(goErr) != lease.CodeCommitRejected {
+		if goErr != nil && code(goErr) != lease.CodeCommitRejected && code(goErr) != lease.CodeConflict {
 			t.Fatalf("%s: Admit: %v", c.name, goErr)
 		}
 		goOK := goErr == nil

@@ -60,12 +60,34 @@ func (w *Writer) Name() string { return w.name }
 
 // Bind names the write of doc: its document id and the SHA-256 of the
 // body bytes as given (Doc.Body), which is what a guard for it carries.
+// The ids of the typed documents (target:, result:, schedule:, job:) are
+// refused: those are written only through their typed sinks, which bind
+// them to the lease's identity and job.
 func (w *Writer) Bind(doc Doc) (fence.Binding, error) {
+	if err := checkUntypedDocID(doc.ID); err != nil {
+		return fence.Binding{}, wrapLease(ErrInvalid, "bind", "", err)
+	}
+	return w.bind(doc)
+}
+
+func (w *Writer) bind(doc Doc) (fence.Binding, error) {
 	if err := checkDocID(doc.ID); err != nil {
-		return fence.Binding{}, err
+		return fence.Binding{}, wrapLease(ErrInvalid, "bind", "", err)
 	}
 	sum := sha256.Sum256(doc.Body)
 	return fence.Binding{Target: doc.ID, PayloadSHA256: hex.EncodeToString(sum[:])}, nil
+}
+
+// typedPrefixes are the ids of the typed documents (points.go).
+var typedPrefixes = []string{"target:", "result:", "schedule:", "job:"}
+
+func checkUntypedDocID(id string) *lease.Error {
+	for _, p := range typedPrefixes {
+		if strings.HasPrefix(id, p) {
+			return lease.Invalid("doc_id", "a typed document ("+p+"…) is written through its typed sink")
+		}
+	}
+	return nil
 }
 
 // Commit writes doc conditioned on g:
@@ -90,6 +112,9 @@ func (w *Writer) Bind(doc Doc) (fence.Binding, error) {
 // applied but no answer came; ErrUnavailable when nothing was sent. Errors
 // are *Error; none is retried here.
 func (w *Writer) Commit(ctx context.Context, g fence.Guard, doc Doc) error {
+	if err := checkUntypedDocID(doc.ID); err != nil {
+		return wrapLease(ErrInvalid, "commit", "", err)
+	}
 	return w.commit(ctx, g, doc)
 }
 
@@ -101,9 +126,9 @@ func (w *Writer) commit(ctx context.Context, g fence.Guard, doc Doc) error {
 	if g.Sink != w.name {
 		return newError(ErrFenceRejected, op, doc.ID, "the guard was authorized for another sink")
 	}
-	bound, err := w.Bind(doc)
+	bound, err := w.bind(doc)
 	if err != nil {
-		return wrapLease(ErrInvalid, op, "", lease.AsError(err))
+		return err
 	}
 	fields, berr := bodyFields(doc.Body)
 	if berr != nil {
@@ -202,7 +227,7 @@ func sameGuard(a, b fence.Guard) bool {
 	return a.LockKey == b.LockKey && a.LeaseID == b.LeaseID && a.FencingToken == b.FencingToken &&
 		a.ExecutionID == b.ExecutionID && a.JobID == b.JobID && a.TraceID == b.TraceID && a.Sink == b.Sink &&
 		a.CommitID == b.CommitID && a.Target == b.Target && a.PayloadSHA256 == b.PayloadSHA256 &&
-		a.AcceptedAt.Time().Equal(b.AcceptedAt.Time())
+		a.CommitSeq == b.CommitSeq && a.AcceptedAt.Time().Equal(b.AcceptedAt.Time())
 }
 
 // sameBody compares a stored body with the fields of a write as JSON

@@ -96,7 +96,9 @@ type Authorizer interface {
 // "starintel_fence" object of fenced documents.
 //
 // A guard authorizes exactly one write: Target and PayloadSHA256 (the
-// Binding the backend accepted) name it, JobID the lease's job. Guards
+// Binding the backend accepted) name it, JobID the lease's job, and
+// CommitSeq orders it among the lease's commits, so an object holding a
+// later commit of the lease refuses an earlier (or the same) one. Guards
 // stored before the binding existed lack them; they still order tokens
 // (Validate), but no new write is admitted without them (Admit).
 type Guard struct {
@@ -110,6 +112,7 @@ type Guard struct {
 	CommitID      string          `json:"commit_id"`
 	Target        string          `json:"target,omitempty"`
 	PayloadSHA256 string          `json:"payload_sha256,omitempty"`
+	CommitSeq     uint64          `json:"commit_seq,omitempty"`
 	AcceptedAt    lease.Timestamp `json:"accepted_at"`
 }
 
@@ -117,7 +120,7 @@ type Guard struct {
 func NewGuard(env Envelope, c lease.Commit) Guard {
 	return Guard{LockKey: env.LockKey, LeaseID: c.LeaseID, FencingToken: c.FencingToken,
 		ExecutionID: c.ExecutionID, JobID: c.JobID, TraceID: c.TraceID, Sink: c.Sink, CommitID: c.CommitID,
-		Target: c.Target, PayloadSHA256: c.PayloadSHA256, AcceptedAt: c.AcceptedAt}
+		Target: c.Target, PayloadSHA256: c.PayloadSHA256, CommitSeq: c.Seq, AcceptedAt: c.AcceptedAt}
 }
 
 // Binding is the write g was authorized for.
@@ -130,7 +133,7 @@ func (g Guard) Binding() Binding { return Binding{Target: g.Target, PayloadSHA25
 // at the sink's own linearization point beside Admit.
 func (g Guard) Authorizes(w Binding) error {
 	switch {
-	case g.Target == "" || g.JobID == "":
+	case g.Target == "" || g.JobID == "" || g.CommitSeq < 1:
 		return rejected("the write's fence names no write or job (issued before writes were bound)")
 	case g.Target != w.Target:
 		return rejected("the guard was authorized for another write")
@@ -156,6 +159,8 @@ func (g Guard) Validate() error {
 		return rejected("the write's fence has no accepted_at")
 	case lease.CheckPayloadSHA256(g.PayloadSHA256) != nil:
 		return rejected("the write's fence has a malformed payload digest")
+	case g.CommitSeq > lease.MaxFencingToken:
+		return rejected("the write's fence has a commit seq out of range")
 	}
 	return nil
 }
@@ -165,14 +170,20 @@ func (g Guard) Validate() error {
 // none): next must be a complete guard, bound to a write and a job, for the
 // same lock key with a token not lower than the stored one. One token
 // belongs to one lease, so an equal token with a different lease id is
-// refused too. The error is a *lease.Error with code commit_rejected.
-// CouchDB's validate_doc_update enforces the same rule. Admit does not know
-// which write is made: the sink also checks next.Authorizes(the write).
+// refused too; at an equal token the commit seq must be higher than the
+// stored one, so a lease's earlier (or the same) authorization never lands
+// over its later one: a replay after revoke rolls nothing back. A sink
+// answers the exact repeat of the write it holds (same guard, same
+// payload) itself, as already done. The error is a *lease.Error with code
+// commit_rejected, or lease_conflict for an earlier commit of the same
+// lease (the holder's own concurrent writes, not a loss). CouchDB's validate_doc_update enforces the same rule.
+// Admit does not know which write is made: the sink also checks
+// next.Authorizes(the write).
 func Admit(stored *Guard, next Guard) error {
 	if err := next.Validate(); err != nil {
 		return err
 	}
-	if next.Target == "" || next.JobID == "" {
+	if next.Target == "" || next.JobID == "" || next.CommitSeq < 1 {
 		return rejected("the write's fence names no write or job (issued before writes were bound)")
 	}
 	if stored == nil {
@@ -185,6 +196,10 @@ func Admit(stored *Guard, next Guard) error {
 		return rejected("fencing token is lower than the stored token")
 	case next.FencingToken == stored.FencingToken && next.LeaseID != stored.LeaseID:
 		return rejected("fencing token belongs to another lease")
+	case next.FencingToken == stored.FencingToken && next.CommitSeq <= stored.CommitSeq:
+		// Not a loss (the lease may be live): a lease_conflict, which the
+		// committer's loss handler does not see.
+		return &lease.Error{Code: lease.CodeConflict, Reason: "the object already holds this or a later commit of the lease"}
 	}
 	return nil
 }
@@ -382,7 +397,7 @@ func CheckCommit(env Envelope, commitID string, w Binding, res lease.CommitResul
 	cm := res.Commit
 	if res.Code != lease.CodeCommitAuthorized || cm.LeaseID != env.LeaseID ||
 		cm.FencingToken != env.FencingToken || cm.CommitID != commitID || cm.AcceptedAt.IsZero() ||
-		cm.ExecutionID != env.ExecutionID || cm.JobID != env.JobID || cm.Target == "" ||
+		cm.ExecutionID != env.ExecutionID || cm.JobID != env.JobID || cm.Target == "" || cm.Seq < 1 ||
 		(w != Binding{} && (cm.Target != w.Target || cm.PayloadSHA256 != w.PayloadSHA256)) {
 		return &lease.Error{Code: lease.CodeCorrupt, Reason: "commit authorization does not match the lease"}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -88,7 +89,7 @@ func TestWriteCarriesTheGuard(t *testing.T) {
 	want := fence.Guard{LockKey: rec.LockKey, LeaseID: rec.LeaseID, FencingToken: rec.FencingToken,
 		ExecutionID: rec.ExecutionID, JobID: rec.JobID, TraceID: rec.TraceID, Sink: "results", CommitID: "commit-1",
 		Target: "result-1", PayloadSHA256: "e7a5dcaad5eed263e52941a57b7a93aebad107f3fda0d2d3929839ac989a0db3", // SHA-256 of the body
-		AcceptedAt: g.AcceptedAt}
+		CommitSeq: 1, AcceptedAt: g.AcceptedAt}
 	if g != want || g.AcceptedAt.IsZero() {
 		t.Fatalf("guard %+v, want %+v", g, want)
 	}
@@ -350,11 +351,12 @@ func TestAdmit(t *testing.T) {
 	at := lease.At(time.Now())
 	g := func(key string, token uint64, leaseID string) fence.Guard {
 		return fence.Guard{LockKey: key, LeaseID: leaseID, FencingToken: token, ExecutionID: "e", JobID: "j", Sink: "s",
-			CommitID: "c", Target: "doc", AcceptedAt: at}
+			CommitID: "c", Target: "doc", CommitSeq: 10, AcceptedAt: at}
 	}
+	seq := func(g fence.Guard, n uint64) fence.Guard { g.CommitSeq = n; return g }
 	k1, k2 := fencetest.LockKey("one"), fencetest.LockKey("two")
 	unbound := g(k1, 7, "lease-7")
-	unbound.Target = ""
+	unbound.Target, unbound.CommitSeq = "", 0
 	noJob := g(k1, 7, "lease-7")
 	noJob.JobID = ""
 	badDigest := g(k1, 7, "lease-7")
@@ -367,7 +369,11 @@ func TestAdmit(t *testing.T) {
 		ok     bool
 	}{
 		{"first write", nil, g(k1, 1, "lease-1"), true},
-		{"same lease again", &stored, g(k1, 5, "lease-5"), true},
+		{"same lease, a later commit", &stored, seq(g(k1, 5, "lease-5"), 11), true},
+		{"same lease, the same commit again", &stored, g(k1, 5, "lease-5"), false},
+		{"same lease, an earlier commit", &stored, seq(g(k1, 5, "lease-5"), 9), false},
+		{"higher token, lower commit seq", &stored, seq(g(k1, 6, "lease-6"), 1), true},
+		{"no commit seq", nil, seq(g(k1, 1, "lease-1"), 0), false},
 		{"higher token", &stored, g(k1, 6, "lease-6"), true},
 		{"lower token", &stored, g(k1, 4, "lease-4"), false},
 		{"equal token, other lease", &stored, g(k1, 5, "lease-x"), false},
@@ -380,10 +386,16 @@ func TestAdmit(t *testing.T) {
 		{"unbound guard", &stored, unbound, false},
 		{"guard without job", nil, noJob, false},
 		{"malformed payload digest", nil, badDigest, false},
-		{"after an unbound stored guard", &unbound, g(k1, 7, "lease-7"), true},
+		{"after an unbound stored guard", &unbound, seq(g(k1, 7, "lease-7"), 11), true},
 	} {
 		err := fence.Admit(tc.stored, tc.next)
-		if (err == nil) != tc.ok || (err != nil && code(err) != lease.CodeCommitRejected) {
+		// An earlier (or the same) commit of the stored guard's lease is a
+		// conflict, not a loss; every other refusal is commit_rejected.
+		want := lease.CodeCommitRejected
+		if strings.HasPrefix(tc.name, "same lease,") {
+			want = lease.CodeConflict
+		}
+		if (err == nil) != tc.ok || (err != nil && code(err) != want) {
 			t.Errorf("%s: %v", tc.name, err)
 		}
 	}

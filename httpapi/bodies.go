@@ -133,6 +133,7 @@ type CommitView struct {
 	TraceID       string          `json:"trace_id,omitempty"`
 	Target        string          `json:"target"`
 	PayloadSHA256 string          `json:"payload_sha256,omitempty"`
+	CommitSeq     uint64          `json:"commit_seq"`
 	AcceptedAt    lease.Timestamp `json:"accepted_at"`
 	BackendTime   lease.Timestamp `json:"backend_time"`
 }

@@ -245,7 +245,7 @@ func (s *Server) authorizeCommit(r *http.Request, c service.Call, ok *Success) e
 	cm := res.Commit
 	ok.Commit = &CommitView{Sink: cm.Sink, CommitID: cm.CommitID, LeaseID: cm.LeaseID, FencingToken: cm.FencingToken,
 		ExecutionID: cm.ExecutionID, JobID: cm.JobID, TraceID: cm.TraceID, Target: cm.Target,
-		PayloadSHA256: cm.PayloadSHA256, AcceptedAt: cm.AcceptedAt, BackendTime: res.BackendTime}
+		PayloadSHA256: cm.PayloadSHA256, CommitSeq: cm.Seq, AcceptedAt: cm.AcceptedAt, BackendTime: res.BackendTime}
 	return nil
 }
 

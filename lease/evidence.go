@@ -124,10 +124,13 @@ func (c Commit) validate(version int) error {
 	}
 	switch version {
 	case 1:
-		if c.Target != "" || c.PayloadSHA256 != "" || c.JobID != "" {
+		if c.Target != "" || c.PayloadSHA256 != "" || c.JobID != "" || c.Seq != 0 {
 			return corrupt("invalid evidence")
 		}
 	case CommitVersion:
+		if c.Seq < 1 || c.Seq > MaxFencingToken {
+			return corrupt("invalid evidence")
+		}
 		if err := CheckCommitTarget(c.Target); err != nil {
 			return err
 		}

@@ -194,7 +194,7 @@ func TestHistoryEntryFailsClosed(t *testing.T) {
 func validCommitEvidence() Commit {
 	return Commit{Sink: "couchdb-targets", CommitID: "commit_01", LeaseID: "lease_01", FencingToken: 42,
 		ExecutionID: "execution_01", JobID: "job_01", TraceID: "trace_01", Target: "doc:target_01", PayloadSHA256: digest64,
-		AcceptedAt: UnixMilli(msRenewed), Digest: digest64}
+		Seq: 7, AcceptedAt: UnixMilli(msRenewed), Digest: digest64}
 }
 
 func TestCommitRoundTrip(t *testing.T) {
@@ -205,7 +205,7 @@ func TestCommitRoundTrip(t *testing.T) {
 	}
 	want := `{"commit_version":2,"sink":"couchdb-targets","commit_id":"commit_01","lease_id":"lease_01","fencing_token":42,` +
 		`"execution_id":"execution_01","job_id":"job_01","trace_id":"trace_01","target":"doc:target_01","payload_sha256":"` + digest64 + `",` +
-		`"accepted_at":"2026-08-05T12:00:20.000Z","digest":"` + digest64 + `"}`
+		`"commit_seq":7,"accepted_at":"2026-08-05T12:00:20.000Z","digest":"` + digest64 + `"}`
 	if string(b) != want {
 		t.Fatalf("EncodeCommit =\n%s\nwant\n%s", b, want)
 	}
@@ -241,7 +241,7 @@ func TestCommitRoundTrip(t *testing.T) {
 	v1 := `{"commit_version":1,"sink":"couchdb-targets","commit_id":"commit_01","lease_id":"lease_01","fencing_token":42,` +
 		`"execution_id":"execution_01","trace_id":"trace_01","accepted_at":"2026-08-05T12:00:20.000Z","digest":"` + digest64 + `"}`
 	old := validCommitEvidence()
-	old.JobID, old.Target, old.PayloadSHA256 = "", "", ""
+	old.JobID, old.Target, old.PayloadSHA256, old.Seq = "", "", "", 0
 	if got, err := DecodeCommit([]byte(v1)); err != nil || got != old {
 		t.Fatalf("version 1 evidence: %+v %v", got, err)
 	}
@@ -272,6 +272,8 @@ func TestCommitFailsClosed(t *testing.T) {
 		{"no target", mut(func(m map[string]any) { delete(m, "target") }), "commit: the write this commit is for is required"},
 		{"no job", mut(func(m map[string]any) { delete(m, "job_id") }), "commit: must not be empty"},
 		{"bad payload digest", mut(func(m map[string]any) { m["payload_sha256"] = "AB" }), "commit: must be 64 lower-case hex digits"},
+		{"no commit seq", mut(func(m map[string]any) { delete(m, "commit_seq") }), "commit: invalid evidence"},
+		{"commit seq 2^53", mut(func(m map[string]any) { m["commit_seq"] = json.Number("9007199254740992") }), "commit: invalid evidence"},
 		{"version missing", mut(func(m map[string]any) { delete(m, "commit_version") }), "commit: invalid evidence"},
 		{"token 0", mut(func(m map[string]any) { m["fencing_token"] = 0 }), "commit: invalid evidence"},
 		{"token 2^53", mut(func(m map[string]any) { m["fencing_token"] = json.Number("9007199254740992") }), "commit: invalid evidence"},

@@ -211,11 +211,11 @@ type CommitRequest struct {
 }
 
 // Commit is the accepted-commit evidence of the prepared request r,
-// accepted at backend time at with digest.
-func (r CommitRequest) Commit(at Timestamp, digest string) Commit {
+// accepted at backend time at as the lock key's commit seq, with digest.
+func (r CommitRequest) Commit(at Timestamp, seq uint64, digest string) Commit {
 	return Commit{Sink: r.Sink, CommitID: r.CommitID, LeaseID: r.LeaseID, FencingToken: r.FencingToken,
 		ExecutionID: r.ExecutionID, JobID: r.JobID, TraceID: r.TraceID, Target: r.Target,
-		PayloadSHA256: r.PayloadSHA256, AcceptedAt: at, Digest: digest}
+		PayloadSHA256: r.PayloadSHA256, Seq: seq, AcceptedAt: at, Digest: digest}
 }
 
 // MaxCommitTargetBytes bounds CommitRequest.Target.
@@ -314,10 +314,13 @@ type HistoryResult struct {
 }
 
 // Commit is an accepted commit authorization: the one write (Target,
-// PayloadSHA256) it authorizes under the lease, execution and job.
-// Evidence of version 1 (before the binding existed) has no Target, JobID
-// or PayloadSHA256; its digest never matches a request of today, so a
-// replay of it is idempotency_conflict.
+// PayloadSHA256) it authorizes under the lease, execution and job. Seq
+// orders the commits the backend accepted for one lock key (it strictly
+// increases, whatever the sink): a sink holding a lease's later commit
+// refuses that lease's earlier one, so replaying an old authorization
+// never rolls an object back. Evidence of version 1 (before the binding
+// existed) has no Target, JobID, PayloadSHA256 or Seq; its digest never
+// matches a request of today, so a replay of it is idempotency_conflict.
 type Commit struct {
 	Sink          string    `json:"sink"`
 	CommitID      string    `json:"commit_id"`
@@ -328,6 +331,7 @@ type Commit struct {
 	TraceID       string    `json:"trace_id,omitempty"`
 	Target        string    `json:"target,omitempty"`
 	PayloadSHA256 string    `json:"payload_sha256,omitempty"`
+	Seq           uint64    `json:"commit_seq,omitempty"`
 	AcceptedAt    Timestamp `json:"accepted_at"`
 	Digest        string    `json:"digest"`
 }

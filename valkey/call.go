@@ -51,6 +51,7 @@ func (k layout) active(tag string) string          { return k.of(tag, "active") 
 func (k layout) counter(tag string) string         { return k.of(tag, "counter") }
 func (k layout) history(tag string) string         { return k.of(tag, "history") }
 func (k layout) marks(tag string) string           { return k.of(tag, "marks") }
+func (k layout) commitSeq(tag string) string       { return k.of(tag, "cseq") }
 func (k layout) quarantine(tag string) string      { return k.of(tag, "quarantine") }
 func (k layout) idem(tag, scope string) string     { return k.of(tag, "idem:"+scope) }
 func (k layout) commit(tag, scope string) string   { return k.of(tag, "commit:"+scope) }

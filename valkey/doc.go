@@ -46,6 +46,8 @@
 //	ns:{tag}:history        terminal evidence, newest first, capped at HistoryPerIdentity,
 //	                        TTL HistoryRetention refreshed on every push
 //	ns:{tag}:marks          hash sink → fencing high-water mark; no TTL, never deleted
+//	ns:{tag}:cseq           the last commit seq given (orders a lease's commits for
+//	                        the sinks); no TTL, never deleted
 //	ns:{tag}:commit:<scope> accepted-commit evidence; TTL CommitRetention
 //	ns:{tag}:quarantine     the last corruption found for the identity, for operators
 //	ns:lease:<lease id>     lease id → tag, for inspect by id; TTL covers the lease's

@@ -773,7 +773,10 @@ end
 -- 21 the JSON after it; with a publication, 22 and 23 the outbox entry
 -- JSON around its accepted_at, 24 its message id; 25 execution id, 26 job
 -- id, which must be the lease's own. KEYS 5 accepted-commit record, 8
--- high-water marks, 9 the outbox schedule, 10 the entry's key.
+-- high-water marks, 9 the outbox schedule, 10 the entry's key, 11 the
+-- identity's commit seq (the last one given; it orders a lease's commits
+-- for the sinks). The evidence is 20 .. seq .. ',"accepted_at":"' ..
+-- time .. 21.
 local function commit(keys, args)
   local c = context(keys, args)
   local now = now_ms()
@@ -785,9 +788,10 @@ local function commit(keys, args)
     if why then return corrupt(c, now, 'accepted commit ' .. why) end
     if prior then return { 'evidence', int(now), prior } end
   end
-  local k_marks, k_outbox, k_msg = keys[8], keys[9], keys[10]
+  local k_marks, k_outbox, k_msg, k_seq = keys[8], keys[9], keys[10], keys[11]
   local why = layout_types(c)
-  if not why and (wrong_type(k_marks, 'hash') or wrong_type(k_outbox, 'zset') or wrong_type(k_msg, 'string')) then
+  if not why and (wrong_type(k_marks, 'hash') or wrong_type(k_outbox, 'zset') or wrong_type(k_msg, 'string')
+      or wrong_type(k_seq, 'string')) then
     why = WRONG_TYPE
   end
   if why then return corrupt(c, now, why) end
@@ -798,8 +802,13 @@ local function commit(keys, args)
   local mark = counter_value(redis.call('HGET', k_marks, args[19]) or nil)
   if not mark then return corrupt(c, now, 'high-water mark is malformed') end
   if cur.fencing_token < mark then return { 'rejected', int(now) } end
+  local seq = counter_value(redis.call('GET', k_seq) or nil)
+  if not seq then return corrupt(c, now, 'commit sequence is malformed') end
+  if seq >= MAX_TOKEN then return corrupt(c, now, 'commit sequence is exhausted') end
+  seq = seq + 1
+  redis.call('SET', k_seq, int(seq))
   redis.call('HSET', k_marks, args[19], int(cur.fencing_token))
-  local raw = args[20] .. ts(now) .. args[21]
+  local raw = args[20] .. int(seq) .. ',"accepted_at":"' .. ts(now) .. args[21]
   redis.call('SET', c.k_ev, raw, 'PX', int(c.ev_ret))
   if args[22] ~= '' then
     -- The publication enters the fenced outbox in the same atomic step as

@@ -332,7 +332,8 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 	if err != nil {
 		return lease.CommitResult{}, err
 	}
-	keys := append(s.commonKeys(tag, s.keys.commit(tag, p.Scope)), s.keys.marks(tag), s.keys.outbox(), s.keys.outboxMsg(msgID))
+	keys := append(s.commonKeys(tag, s.keys.commit(tag, p.Scope)), s.keys.marks(tag), s.keys.outbox(), s.keys.outboxMsg(msgID),
+		s.keys.commitSeq(tag))
 	args := append(s.commonArgs(d, p.LockKey, tag, p.Identity, s.opts.CommitRetention),
 		req.LeaseID, utoa(req.FencingToken), req.Caller.PrincipalID, req.ServiceInstanceID, req.Sink, head, tail,
 		obHead, obTail, msgID, req.ExecutionID, req.JobID)
@@ -371,12 +372,22 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 // epochMarker is how accepted_at encodes in the commit template.
 const epochMarker = `"accepted_at":"1970-01-01T00:00:00.000Z"`
 
+// seqMarker is how the commit seq and accepted_at encode in the commit
+// template: the two members are adjacent, and the function fills both.
+const seqMarker = `"commit_seq":1,` + epochMarker
+
 // commitTemplate encodes the accepted-commit evidence with lease's own
-// encoder and splits it around accepted_at, which the function fills with
-// backend time: the stored bytes are exactly lease.EncodeCommit's.
+// encoder and splits it around commit_seq and accepted_at, which the
+// function fills with the identity's next commit seq and backend time: the
+// stored bytes are exactly lease.EncodeCommit's. The head ends with
+// `"commit_seq":`, the tail starts after the accepted_at value.
 func commitTemplate(req lease.CommitRequest, digest string) (string, string, error) {
-	b, err := lease.EncodeCommit(req.Commit(lease.UnixMilli(0), digest))
-	return splitAtAccepted(b, err, "commit_id")
+	b, err := lease.EncodeCommit(req.Commit(lease.UnixMilli(0), 1, digest))
+	i := bytes.Index(b, []byte(seqMarker))
+	if err != nil || i < 0 || bytes.Count(b, []byte(seqMarker)) != 1 {
+		return "", "", lease.Invalid("commit_id", "not encodable")
+	}
+	return string(b[:i+len(`"commit_seq":`)]), string(b[i+len(seqMarker)-1:]), nil
 }
 
 // outboxTemplate is the outbox entry of a commit's publication, split

@@ -105,7 +105,7 @@ var keyKinds = []struct {
 	typ string
 }{
 	{regexp.MustCompile(`^\{[A-Za-z0-9_-]{43}\}:(active|quarantine|idem:[A-Za-z0-9_.:-]+|commit:[A-Za-z0-9_.:-]+)$`), "string"},
-	{regexp.MustCompile(`^\{[A-Za-z0-9_-]{43}\}:counter$`), "counter"},
+	{regexp.MustCompile(`^\{[A-Za-z0-9_-]{43}\}:(counter|cseq)$`), "counter"},
 	{regexp.MustCompile(`^\{[A-Za-z0-9_-]{43}\}:history$`), "list"},
 	{regexp.MustCompile(`^\{[A-Za-z0-9_-]{43}\}:marks$`), "marks"},
 	{regexp.MustCompile(`^(index|expiry|outbox|cred:index)$`), "zset"},

@@ -46,7 +46,9 @@ type StaleHolder[P any] struct {
 	JobBound bool
 }
 
-// Run runs every ending as a subtest.
+// Run runs every ending as a subtest. A holder also writes the same
+// object twice, and replaying its first commit (commit id or guard) must
+// never roll the object back to it.
 func (s StaleHolder[P]) Run(t *testing.T) {
 	for _, end := range []string{"revoke", "force_release", "release", "expiry", "supersession"} {
 		t.Run(end, func(t *testing.T) { s.run(t, end) })
@@ -89,6 +91,11 @@ func (s StaleHolder[P]) run(t *testing.T, end string) {
 	g1, err := fence.Write(ctx, ca, s.Sink, "a-1", s.Payload(a, 0, "a-1"))
 	if err != nil {
 		t.Fatalf("the holder's write: %v", err)
+	}
+	// A later write of the same object: replaying a-1 must never roll it
+	// back.
+	if _, err := fence.Write(ctx, ca, s.Sink, "a-2", s.Payload(a, 0, "a-2")); err != nil {
+		t.Fatalf("the holder's second write: %v", err)
 	}
 	// One more write is authorized while the lease is live, and made only
 	// after it ended (a holder paused between the two steps).
@@ -146,7 +153,10 @@ func (s StaleHolder[P]) run(t *testing.T, end string) {
 	conflict := []lease.Code{lease.CodeIdempotencyConflict}
 	rejected := []lease.Code{lease.CodeCommitRejected}
 	write := func(commitID string, p P) error { _, err := fence.Write(ctx, ca, s.Sink, commitID, p); return err }
+	rollback := []lease.Code{lease.CodeConflict, lease.CodeCommitRejected}
 	attempts := []attempt{
+		{"replayed earlier commit over the later one", write("a-1", s.Payload(a, 0, "a-1")), rollback},
+		{"old guard over the later write", s.Sink.Commit(ctx, g1, s.Payload(a, 0, "a-1")), rollback},
 		{"new commit id", write("a-new", s.Payload(a, 0, "a-new")), lost},
 		{"replayed commit id, another body", write("a-1", s.Payload(a, 0, "a-1-changed")), conflict},
 		{"old guard, another body", s.Sink.Commit(ctx, g1, s.Payload(a, 0, "a-1-changed")), rejected},
@@ -179,7 +189,7 @@ func (s StaleHolder[P]) run(t *testing.T, end string) {
 		t.Errorf("pending write authorized while the lease was live: %v, want it to land", err)
 	}
 
-	want := map[int]string{0: "a-1", other: "a-pending"}
+	want := map[int]string{0: "a-2", other: "a-pending"}
 	if superseded {
 		want = map[int]string{0: "b-0", other: "b-" + string(rune('0'+other))}
 	}

@@ -88,6 +88,9 @@ type env struct {
 	owner    lease.Caller
 	admin    lease.Caller
 	instance string
+	// seqs is the last commit seq seen per lock key: every accepted
+	// commit's is higher.
+	seqs map[string]uint64
 }
 
 func (s *suite) env(t *testing.T) *env { return s.envOn(t, s.shared) }
@@ -432,7 +435,15 @@ func (e *env) mustCommit(r lease.CommitRequest) lease.Commit {
 	c := res.Commit
 	want := lease.Commit{Sink: r.Sink, CommitID: r.CommitID, LeaseID: r.LeaseID, FencingToken: r.FencingToken,
 		ExecutionID: r.ExecutionID, JobID: r.JobID, TraceID: r.TraceID, Target: r.Target, PayloadSHA256: r.PayloadSHA256,
-		AcceptedAt: c.AcceptedAt, Digest: c.Digest}
+		Seq: c.Seq, AcceptedAt: c.AcceptedAt, Digest: c.Digest}
+	_, key, _ := lease.CanonicalLockKey(r.Identity, StoreOptions().OperationClasses)
+	if e.seqs == nil {
+		e.seqs = map[string]uint64{}
+	}
+	if c.Seq <= e.seqs[key] || c.Seq > lease.MaxFencingToken {
+		e.t.Fatalf("commit seq %d after %d: an identity's commit seq must strictly increase", c.Seq, e.seqs[key])
+	}
+	e.seqs[key] = c.Seq
 	if r.Outbox != nil {
 		// A publication is its own write: the message id and the body.
 		want.Target, want.PayloadSHA256 = outboxMessageID(e.t, r), payloadDigest(string(r.Outbox.Body))

@@ -30,6 +30,7 @@ type memStore struct {
 	idem      map[string]*lease.IdempotencyRecord
 	commits   map[string]lease.Commit // commit scope → accepted commit
 	highWater map[string]uint64       // lock key ‖ sink → highest accepted token
+	commitSeq map[string]uint64       // lock key → last commit seq
 	outbox    []lease.OutboxEntry     // accepted publications, in order
 }
 
@@ -52,7 +53,7 @@ func newMemStore(o lease.StoreOptions) *memStore {
 	m := &memStore{opts: o.WithDefaults(), bugs: map[string]bool{},
 		active: map[string]stored{}, counters: map[string]uint64{}, history: map[string][]lease.HistoryEntry{},
 		leases: map[string]string{}, idem: map[string]*lease.IdempotencyRecord{},
-		commits: map[string]lease.Commit{}, highWater: map[string]uint64{}}
+		commits: map[string]lease.Commit{}, highWater: map[string]uint64{}, commitSeq: map[string]uint64{}}
 	for _, b := range strings.Split(os.Getenv("LEASETEST_MEMSTORE_BUGS"), ",") {
 		if b != "" {
 			m.bugs[b] = true
@@ -469,7 +470,10 @@ func (m *memStore) AuthorizeCommit(ctx context.Context, req lease.CommitRequest)
 	if req.FencingToken < m.highWater[hw] && !m.bugs["no_high_water"] {
 		return lease.CommitResult{}, lease.Errorf(lease.CodeCommitRejected, "token below the high-water mark")
 	}
-	c := req.Commit(now, p.Digest)
+	if !m.bugs["reuse_commit_seq"] || m.commitSeq[p.LockKey] == 0 {
+		m.commitSeq[p.LockKey]++
+	}
+	c := req.Commit(now, m.commitSeq[p.LockKey], p.Digest)
 	m.commits[p.Scope] = c
 	m.highWater[hw] = max(m.highWater[hw], req.FencingToken)
 	if req.Outbox != nil {

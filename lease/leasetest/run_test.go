@@ -45,6 +45,7 @@ func TestSuiteCatchesMemStoreBugs(t *testing.T) {
 		"unconditional_cleanup":    "delayed_expiry_cleanup_sees_successor/successor_remains_active",
 		"commit_replay_any_write":  "commit_binds_one_write/replay_with_another_target",
 		"commit_any_job":           "commit_binds_one_write/another_job",
+		"reuse_commit_seq":         "commit_authorization/authorized_commit_read_back",
 	} {
 		t.Run(bug, func(t *testing.T) {
 			t.Parallel()

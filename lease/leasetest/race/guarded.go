@@ -129,8 +129,8 @@ func (g *guardedWrites) write(ctx context.Context, sink string, guard fence.Guar
 	defer g.mu.Unlock()
 	code := lease.CodeOf(err)
 	switch {
-	case err != nil && code != lease.CodeCommitRejected:
-		g.problems = append(g.problems, fmt.Sprintf("sink %s answered a guarded write of %s with %v, not commit_rejected", sink, doc.ID, err))
+	case err != nil && code != lease.CodeCommitRejected && code != lease.CodeConflict:
+		g.problems = append(g.problems, fmt.Sprintf("sink %s answered a guarded write of %s with %v, not commit_rejected or a conflict", sink, doc.ID, err))
 	case misuse && err == nil:
 		g.problems = append(g.problems, fmt.Sprintf("sink %s accepted the guard of commit %s for a write it was not issued for (%s)", sink, guard.CommitID, doc.ID))
 	case misuse:
@@ -153,7 +153,16 @@ func (g *guardedWrites) check() []string {
 	}
 	sort.Strings(names)
 	for _, name := range names {
+		// Per document, accepted writes only move forward: a higher token,
+		// or the same lease's later commit. Nothing rolls a document back.
+		last := map[string]fence.Guard{}
 		for _, w := range g.sinks[name].Accepted() {
+			if p, ok := last[w.ID]; ok && (w.Guard.FencingToken < p.FencingToken ||
+				(w.Guard.FencingToken == p.FencingToken && w.Guard.CommitSeq <= p.CommitSeq)) {
+				problems = append(problems, fmt.Sprintf("sink %s: %s went back from token %d commit %d to token %d commit %d",
+					name, w.ID, p.FencingToken, p.CommitSeq, w.Guard.FencingToken, w.Guard.CommitSeq))
+			}
+			last[w.ID] = w.Guard
 			a, ok := g.auths[name+"\x00"+w.Guard.CommitID]
 			c := a.commit
 			switch {

@@ -228,7 +228,7 @@ func (r Report) Summary(h *History, o Options) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d operations by %d workers on %d identities in %v (seed %d); porcupine %s in %v; "+
 		"%d leases (%d ended explicitly, %d expired or still live), %d renewals (%d capped by the maximum lifetime), "+
-		"%d accepted commits (guarded writes: %d landed, %d refused by a higher token, %d misused guards refused); "+
+		"%d accepted commits (guarded writes: %d landed, %d refused by a higher token or a later commit, %d misused guards refused); "+
 		"%d outcome_unknown resolved by retry; median latency %v",
 		s.Ops, o.Workers, o.Identities, h.Elapsed.Round(time.Millisecond), o.Seed, r.Result,
 		r.CheckTime.Round(time.Millisecond), s.Leases, s.Ended, s.Expired, s.Renewals, s.Capped, s.Commits,
