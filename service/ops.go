@@ -52,7 +52,7 @@ func (s *Service) acquire(ctx context.Context, o *op, in AcquireInput) (lease.Re
 	if _, _, err := lease.PrepareAcquire(req, lease.StoreOptions{OperationClasses: s.classes}); err != nil {
 		return lease.Result{}, err // bad input changes nothing and spends no quota
 	}
-	limit := s.throttle(o.call.Principal, id)
+	limit := s.throttle(o.call.Principal, id, false)
 	if limit == nil {
 		limit = s.checkQuota(ctx, o.call.Principal, m.DeadlineAt)
 	}
@@ -201,7 +201,7 @@ func (s *Service) held(ctx context.Context, o *op, in HeldInput, renew bool) (le
 				return lease.Result{}, err
 			}
 		}
-		if err := s.unlessReplay(ctx, lease.OpRenew, id, m, s.throttle(o.call.Principal, id)); err != nil {
+		if err := s.unlessReplay(ctx, lease.OpRenew, id, m, s.throttle(o.call.Principal, id, true)); err != nil {
 			return lease.Result{}, err
 		}
 	}
