@@ -392,7 +392,9 @@ func (s *Service) list(ctx context.Context, o *op, req lease.ListRequest) (lease
 			}
 			if len(out.Leases) == size {
 				// A visible lease follows: resume after the last one shown.
-				out.NextPageToken = s.tokens.seal(bind, walked.NextPageToken(out.Leases[size-1].LeaseID))
+				if out.NextPageToken, err = s.tokens.seal(bind, walked.NextPageToken(out.Leases[size-1].LeaseID)); err != nil {
+					return lease.ListResult{}, err
+				}
 				return out, nil
 			}
 			out.Leases = append(out.Leases, r)
@@ -401,7 +403,9 @@ func (s *Service) list(ctx context.Context, o *op, req lease.ListRequest) (lease
 		case page.NextPageToken == "":
 			return out, nil // the index ended: no token, so no empty last page
 		case reads >= s.cfg.MaxListReads:
-			out.NextPageToken = s.tokens.seal(bind, page.NextPageToken)
+			if out.NextPageToken, err = s.tokens.seal(bind, page.NextPageToken); err != nil {
+				return lease.ListResult{}, err
+			}
 			return out, nil
 		}
 		walk.PageToken = page.NextPageToken
@@ -459,7 +463,9 @@ func (s *Service) history(ctx context.Context, o *op, leaseID string, pageSize i
 	res, err := s.store.History(ctx, lease.HistoryRequest{Identity: id, PageSize: pageSize, PageToken: cursor,
 		DeadlineAt: deadline, Caller: p.Caller(o.call.CorrelationID)})
 	if err == nil && res.NextPageToken != "" {
-		res.NextPageToken = s.tokens.seal(bind, res.NextPageToken)
+		if res.NextPageToken, err = s.tokens.seal(bind, res.NextPageToken); err != nil {
+			return lease.HistoryResult{}, err
+		}
 	}
 	return res, err
 }
