@@ -165,3 +165,48 @@ func TestZeroDeadlineIsPast(t *testing.T) {
 		t.Errorf("leases of the caller after requests with a past deadline: %s", list.Body)
 	}
 }
+
+// Query parameters are parsed strictly on every GET route: a pair
+// url.ParseQuery cannot parse (a ';', a bad %-escape), which url.Values
+// would silently drop, an unknown parameter and a repeated one are each
+// 400 invalid_lease_request naming the parameter, so "give it once" and
+// "unknown parameter" see every pair the client sent.
+func TestQueryParametersParsedStrictly(t *testing.T) {
+	s, k := startWireServer(t)
+	a := post(t, s, k.client, "/acquire", acquireBody(identity("x-query", "usernamegen"), uniqueID("req")))
+	wantStatus(t, a, 200, "lease_acquired")
+	leaseID := leaseOf(t, a, "lease")["lease_id"].(string)
+	for _, c := range []struct {
+		key         *e2eKey
+		path, field string
+	}{
+		{k.admin, "/?owner_principal_id=prn-wire-client&owner_principal_id=prn-other;x", "owner_principal_id"},
+		{k.admin, "/?owner_principal_id=prn-wire-client&owner_principal_id=%zz", "owner_principal_id"},
+		{k.admin, "/?owner_principal_id=prn-wire-client&bogus;=1", "bogus;"},
+		{k.admin, "/?owner_principal_id=prn-wire-client&page_size=1;page_size=100", "page_size"},
+		{k.admin, "/?owner_principal_id=prn-wire-client&bogus=1", "bogus"},
+		{k.auditor, "/" + leaseID + "/history?page_size=1&page_size=1000", "page_size"},
+		{k.auditor, "/" + leaseID + "/history?page_token=&page_token=forged", "page_token"},
+		{k.auditor, "/" + leaseID + "/history?page_size=1;x", "page_size"},
+		{k.admin, "/" + leaseID + "?;", ";"},
+		{k.admin, "/" + leaseID + "?x=%zz", "x"},
+		{k.admin, "/" + leaseID + "?x=1", "x"},
+	} {
+		r := s.do(t, rawReq{Method: "GET", Path: apiBase + c.path, Key: c.key.APIKey})
+		if r.Status != 400 || r.code() != "invalid_lease_request" || r.str("field") != c.field {
+			t.Errorf("GET %s: want 400 invalid_lease_request on %s, got %d %s", c.path, c.field, r.Status, r.Body)
+		}
+	}
+	for _, c := range []struct {
+		key  *e2eKey
+		path string
+	}{
+		{k.admin, "/?owner_principal_id=prn-wire-client&page_size=1&page_token="},
+		{k.auditor, "/" + leaseID + "/history?page_size=1"},
+		{k.admin, "/" + leaseID},
+	} {
+		if r := s.do(t, rawReq{Method: "GET", Path: apiBase + c.path, Key: c.key.APIKey}); r.Status != 200 {
+			t.Errorf("GET %s: want 200, got %d %s", c.path, r.Status, r.Body)
+		}
+	}
+}
