@@ -123,6 +123,10 @@ func (s *Server) inspectByID(r *http.Request, c service.Call, ok *Success) error
 	if err := noQuery(r); err != nil {
 		return err
 	}
+	c, err := s.readCall(r, c)
+	if err != nil {
+		return err
+	}
 	ok.reached = true
 	res, err := s.svc.Inspect(r.Context(), c, service.InspectInput{LeaseID: r.PathValue("lease_id")})
 	if err != nil {
@@ -141,6 +145,9 @@ func (s *Server) inspect(r *http.Request, c service.Call, ok *Success) error {
 	if err != nil {
 		return err
 	}
+	if c, err = s.readCall(r, c); err != nil {
+		return err
+	}
 	ok.reached = true
 	res, err := s.svc.Inspect(r.Context(), c, service.InspectInput{Identity: id})
 	if err != nil {
@@ -148,6 +155,16 @@ func (s *Server) inspect(r *http.Request, c service.Call, ok *Success) error {
 	}
 	ok.lease(res)
 	return nil
+}
+
+// readCall completes the call of a read (inspect, list, history) with its
+// deadline: X-Request-Timeout-Ms, refused as a mutation's is when it is
+// not one positive integer of milliseconds, capped by the server, and the
+// server's default when absent.
+func (s *Server) readCall(r *http.Request, c service.Call) (service.Call, error) {
+	d, err := s.deadline(r, "")
+	c.DeadlineAt = d
+	return c, err
 }
 
 var listParams = []string{"owner_principal_id", "tenant_id", "program_id", "target_namespace", "target_id",
@@ -174,6 +191,9 @@ func (s *Server) list(r *http.Request, c service.Call, ok *Success) error {
 	if req.PageSize, err = queryInt(q, "page_size"); err != nil {
 		return err
 	}
+	if c, err = s.readCall(r, c); err != nil {
+		return err
+	}
 	ok.reached = true
 	page, err := s.svc.List(r.Context(), c, req)
 	if err != nil {
@@ -195,6 +215,9 @@ func (s *Server) history(r *http.Request, c service.Call, ok *Success) error {
 	}
 	size, err := queryInt(q, "page_size")
 	if err != nil {
+		return err
+	}
+	if c, err = s.readCall(r, c); err != nil {
 		return err
 	}
 	ok.reached = true
