@@ -1,8 +1,11 @@
 package httpapi_test
 
 import (
+	"fmt"
+	"path/filepath"
 	"testing"
 
+	"github.com/starintel/starlease/audit"
 	"github.com/starintel/starlease/internal/testenv"
 )
 
@@ -163,5 +166,104 @@ func TestZeroDeadlineIsPast(t *testing.T) {
 	list := s.do(t, rawReq{Method: "GET", Path: apiBase + "?owner_principal_id=prn-wire-admin", Key: k.admin.APIKey})
 	if leases, _ := list.JSON["leases"].([]any); list.Status != 200 || len(leases) != 1 {
 		t.Errorf("leases of the caller after requests with a past deadline: %s", list.Body)
+	}
+}
+
+// Query parameters are parsed strictly on every GET route: a pair
+// url.ParseQuery cannot parse (a ';', a bad %-escape), which url.Values
+// would silently drop, an unknown parameter and a repeated one are each
+// 400 invalid_lease_request naming the parameter, so "give it once" and
+// "unknown parameter" see every pair the client sent.
+func TestQueryParametersParsedStrictly(t *testing.T) {
+	s, k := startWireServer(t)
+	a := post(t, s, k.client, "/acquire", acquireBody(identity("x-query", "usernamegen"), uniqueID("req")))
+	wantStatus(t, a, 200, "lease_acquired")
+	leaseID := leaseOf(t, a, "lease")["lease_id"].(string)
+	for _, c := range []struct {
+		key         *e2eKey
+		path, field string
+	}{
+		{k.admin, "/?owner_principal_id=prn-wire-client&owner_principal_id=prn-other;x", "owner_principal_id"},
+		{k.admin, "/?owner_principal_id=prn-wire-client&owner_principal_id=%zz", "owner_principal_id"},
+		{k.admin, "/?owner_principal_id=prn-wire-client&bogus;=1", "bogus;"},
+		{k.admin, "/?owner_principal_id=prn-wire-client&page_size=1;page_size=100", "page_size"},
+		{k.admin, "/?owner_principal_id=prn-wire-client&bogus=1", "bogus"},
+		{k.auditor, "/" + leaseID + "/history?page_size=1&page_size=1000", "page_size"},
+		{k.auditor, "/" + leaseID + "/history?page_token=&page_token=forged", "page_token"},
+		{k.auditor, "/" + leaseID + "/history?page_size=1;x", "page_size"},
+		{k.admin, "/" + leaseID + "?;", ";"},
+		{k.admin, "/" + leaseID + "?x=%zz", "x"},
+		{k.admin, "/" + leaseID + "?x=1", "x"},
+	} {
+		r := s.do(t, rawReq{Method: "GET", Path: apiBase + c.path, Key: c.key.APIKey})
+		if r.Status != 400 || r.code() != "invalid_lease_request" || r.str("field") != c.field {
+			t.Errorf("GET %s: want 400 invalid_lease_request on %s, got %d %s", c.path, c.field, r.Status, r.Body)
+		}
+	}
+	for _, c := range []struct {
+		key  *e2eKey
+		path string
+	}{
+		{k.admin, "/?owner_principal_id=prn-wire-client&page_size=1&page_token="},
+		{k.auditor, "/" + leaseID + "/history?page_size=1"},
+		{k.admin, "/" + leaseID},
+	} {
+		if r := s.do(t, rawReq{Method: "GET", Path: apiBase + c.path, Key: c.key.APIKey}); r.Status != 200 {
+			t.Errorf("GET %s: want 200, got %d %s", c.path, r.Status, r.Body)
+		}
+	}
+}
+
+// Reads take X-Request-Timeout-Ms as mutations do: list, inspect (GET and
+// POST /inspect) and history refuse 0, -1 or a value that is not a number
+// with 400 invalid_lease_request on X-Request-Timeout-Ms, and a valid one
+// is the read's deadline (audited as the client's, or capped by the
+// server), not the server's default.
+func TestReadsHonourRequestTimeout(t *testing.T) {
+	s, k := startWireServer(t)
+	id := identity("x-timeout", "usernamegen")
+	a := post(t, s, k.client, "/acquire", acquireBody(id, uniqueID("req")))
+	wantStatus(t, a, 200, "lease_acquired")
+	leaseID := leaseOf(t, a, "lease")["lease_id"].(string)
+	reads := []rawReq{
+		{Method: "GET", Path: apiBase + "/?owner_principal_id=prn-wire-client"},
+		{Method: "GET", Path: apiBase + "/" + leaseID},
+		{Method: "GET", Path: apiBase + "/" + leaseID + "/history"},
+		{Method: "POST", Path: apiBase + "/inspect", Body: map[string]any{"lock_identity": id}},
+	}
+	for _, req := range reads {
+		for _, v := range []string{"0", "-1", "soon"} {
+			req.Key, req.Header = k.admin.APIKey, [][2]string{{"X-Request-Timeout-Ms", v}}
+			r := s.do(t, req)
+			if r.Status != 400 || r.code() != "invalid_lease_request" || r.str("field") != "X-Request-Timeout-Ms" {
+				t.Errorf("%s %s with X-Request-Timeout-Ms %s: want 400 on X-Request-Timeout-Ms, got %d %s", req.Method, req.Path, v, r.Status, r.Body)
+			}
+		}
+	}
+	want := map[string]string{}
+	for i, req := range reads {
+		for v, class := range map[string]string{"5000": audit.DeadlineClient, "86400000": audit.DeadlineCapped} {
+			corr := fmt.Sprintf("corr-read-timeout-%d-%s", i, class)
+			req.Key, req.Header = k.admin.APIKey, [][2]string{{"X-Request-Timeout-Ms", v}, {"X-Correlation-ID", corr}}
+			if r := s.do(t, req); r.Status != 200 {
+				t.Errorf("%s %s with X-Request-Timeout-Ms %s: want 200, got %d %s", req.Method, req.Path, v, r.Status, r.Body)
+			}
+			want[corr] = class
+		}
+	}
+	events, err := audit.ReadFile(filepath.Join(s.DataDir(), "audit.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range events {
+		if class, ok := want[e.CorrelationID]; ok {
+			if e.DeadlineClass != class {
+				t.Errorf("%s %s: deadline class %q, want %q", e.CorrelationID, e.EventType, e.DeadlineClass, class)
+			}
+			delete(want, e.CorrelationID)
+		}
+	}
+	if len(want) != 0 {
+		t.Errorf("reads without an audit event: %v", want)
 	}
 }

@@ -123,6 +123,10 @@ func (s *Server) inspectByID(r *http.Request, c service.Call, ok *Success) error
 	if err := noQuery(r); err != nil {
 		return err
 	}
+	c, err := s.readCall(r, c)
+	if err != nil {
+		return err
+	}
 	ok.reached = true
 	res, err := s.svc.Inspect(r.Context(), c, service.InspectInput{LeaseID: r.PathValue("lease_id")})
 	if err != nil {
@@ -141,6 +145,9 @@ func (s *Server) inspect(r *http.Request, c service.Call, ok *Success) error {
 	if err != nil {
 		return err
 	}
+	if c, err = s.readCall(r, c); err != nil {
+		return err
+	}
 	ok.reached = true
 	res, err := s.svc.Inspect(r.Context(), c, service.InspectInput{Identity: id})
 	if err != nil {
@@ -150,18 +157,23 @@ func (s *Server) inspect(r *http.Request, c service.Call, ok *Success) error {
 	return nil
 }
 
-var listParams = map[string]bool{"owner_principal_id": true, "tenant_id": true, "program_id": true,
-	"target_namespace": true, "target_id": true, "page_size": true, "page_token": true}
+// readCall completes the call of a read (inspect, list, history) with its
+// deadline: X-Request-Timeout-Ms, refused as a mutation's is when it is
+// not one positive integer of milliseconds, capped by the server, and the
+// server's default when absent.
+func (s *Server) readCall(r *http.Request, c service.Call) (service.Call, error) {
+	d, err := s.deadline(r, "")
+	c.DeadlineAt = d
+	return c, err
+}
+
+var listParams = []string{"owner_principal_id", "tenant_id", "program_id", "target_namespace", "target_id",
+	"page_size", "page_token"}
 
 func (s *Server) list(r *http.Request, c service.Call, ok *Success) error {
-	q := r.URL.Query()
-	for k, v := range q {
-		if !listParams[k] {
-			return lease.Invalid(k, "is not a known query parameter")
-		}
-		if len(v) != 1 {
-			return lease.Invalid(k, "give it once")
-		}
+	q, err := strictQuery(r, listParams...)
+	if err != nil {
+		return err
 	}
 	req := lease.ListRequest{OwnerPrincipalID: q.Get("owner_principal_id"), TenantID: q.Get("tenant_id"),
 		ProgramID: q.Get("program_id"), TargetNamespace: q.Get("target_namespace"), TargetID: q.Get("target_id"),
@@ -176,8 +188,10 @@ func (s *Server) list(r *http.Request, c service.Call, ok *Success) error {
 	default:
 		return lease.Invalid("owner_principal_id", "give owner_principal_id, or tenant_id and program_id (and target_namespace and target_id)")
 	}
-	var err error
-	if req.PageSize, err = queryInt(r, "page_size"); err != nil {
+	if req.PageSize, err = queryInt(q, "page_size"); err != nil {
+		return err
+	}
+	if c, err = s.readCall(r, c); err != nil {
 		return err
 	}
 	ok.reached = true
@@ -195,14 +209,15 @@ func (s *Server) list(r *http.Request, c service.Call, ok *Success) error {
 }
 
 func (s *Server) history(r *http.Request, c service.Call, ok *Success) error {
-	q := r.URL.Query()
-	for k := range q {
-		if k != "page_size" && k != "page_token" {
-			return lease.Invalid(k, "is not a known query parameter")
-		}
-	}
-	size, err := queryInt(r, "page_size")
+	q, err := strictQuery(r, "page_size", "page_token")
 	if err != nil {
+		return err
+	}
+	size, err := queryInt(q, "page_size")
+	if err != nil {
+		return err
+	}
+	if c, err = s.readCall(r, c); err != nil {
 		return err
 	}
 	ok.reached = true
@@ -250,8 +265,6 @@ func (s *Server) authorizeCommit(r *http.Request, c service.Call, ok *Success) e
 }
 
 func noQuery(r *http.Request) error {
-	for k := range r.URL.Query() {
-		return lease.Invalid(k, "is not a known query parameter")
-	}
-	return nil
+	_, err := strictQuery(r)
+	return err
 }

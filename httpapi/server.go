@@ -340,15 +340,3 @@ func (ok *Success) lease(res lease.Result) {
 	ok.Code = string(res.Code)
 	ok.Lease, ok.Current, ok.Replayed = viewOf(res.Lease), viewOf(res.Current), res.Replayed
 }
-
-func queryInt(r *http.Request, name string) (int, error) {
-	v := r.URL.Query().Get(name)
-	if v == "" {
-		return 0, nil
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 0 {
-		return 0, lease.Invalid(name, "must be a non-negative integer")
-	}
-	return n, nil
-}

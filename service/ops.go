@@ -52,7 +52,7 @@ func (s *Service) acquire(ctx context.Context, o *op, in AcquireInput) (lease.Re
 	if _, _, err := lease.PrepareAcquire(req, lease.StoreOptions{OperationClasses: s.classes}); err != nil {
 		return lease.Result{}, err // bad input changes nothing and spends no quota
 	}
-	limit := s.throttle(o.call.Principal, id)
+	limit := s.throttle(o.call.Principal, id, false)
 	if limit == nil {
 		limit = s.checkQuota(ctx, o.call.Principal, m.DeadlineAt)
 	}
@@ -201,7 +201,7 @@ func (s *Service) held(ctx context.Context, o *op, in HeldInput, renew bool) (le
 				return lease.Result{}, err
 			}
 		}
-		if err := s.unlessReplay(ctx, lease.OpRenew, id, m, s.throttle(o.call.Principal, id)); err != nil {
+		if err := s.unlessReplay(ctx, lease.OpRenew, id, m, s.throttle(o.call.Principal, id, true)); err != nil {
 			return lease.Result{}, err
 		}
 	}
@@ -392,7 +392,9 @@ func (s *Service) list(ctx context.Context, o *op, req lease.ListRequest) (lease
 			}
 			if len(out.Leases) == size {
 				// A visible lease follows: resume after the last one shown.
-				out.NextPageToken = s.tokens.seal(bind, walked.NextPageToken(out.Leases[size-1].LeaseID))
+				if out.NextPageToken, err = s.tokens.seal(bind, walked.NextPageToken(out.Leases[size-1].LeaseID)); err != nil {
+					return lease.ListResult{}, err
+				}
 				return out, nil
 			}
 			out.Leases = append(out.Leases, r)
@@ -401,7 +403,9 @@ func (s *Service) list(ctx context.Context, o *op, req lease.ListRequest) (lease
 		case page.NextPageToken == "":
 			return out, nil // the index ended: no token, so no empty last page
 		case reads >= s.cfg.MaxListReads:
-			out.NextPageToken = s.tokens.seal(bind, page.NextPageToken)
+			if out.NextPageToken, err = s.tokens.seal(bind, page.NextPageToken); err != nil {
+				return lease.ListResult{}, err
+			}
 			return out, nil
 		}
 		walk.PageToken = page.NextPageToken
@@ -459,7 +463,9 @@ func (s *Service) history(ctx context.Context, o *op, leaseID string, pageSize i
 	res, err := s.store.History(ctx, lease.HistoryRequest{Identity: id, PageSize: pageSize, PageToken: cursor,
 		DeadlineAt: deadline, Caller: p.Caller(o.call.CorrelationID)})
 	if err == nil && res.NextPageToken != "" {
-		res.NextPageToken = s.tokens.seal(bind, res.NextPageToken)
+		if res.NextPageToken, err = s.tokens.seal(bind, res.NextPageToken); err != nil {
+			return lease.HistoryResult{}, err
+		}
 	}
 	return res, err
 }

@@ -31,12 +31,34 @@ import (
 // K is shared by every server of a deployment for as long as its pepper
 // lives, so it must never meet the 2^32-message bound of random 96-bit GCM
 // nonces under one key.
+//
+// Every token has one length, pageTokenLen, whatever it pages and wherever:
+// the plaintext is the cursor's length (two bytes, big-endian), the cursor
+// and zero bytes up to pageTokenPlain. A store cursor's length may depend
+// on more than the caller may see — bolt's history cursor is the decimal
+// form of a sequence shared by every identity on the server, so its length
+// grows with every lease that ever ended anywhere — and a token must not
+// carry it. The version byte is associated data too, so a token cannot be
+// opened as another version. Version 1 tokens (cursor unpadded, handed out
+// before) still open, so pages in progress survive an upgrade.
 
 const (
-	pageTokenVersion = 1
+	pageTokenVersion = 2
 	pageTokenRandom  = 24
 	pageTokenKeyLen  = 32
+	// pageTokenPlain is the padded plaintext's size: the longest store
+	// cursor a token carries is pageTokenPlain-2 bytes (the stores' cursors
+	// are base64url of a small JSON object holding at most a lease id,
+	// under 400 bytes).
+	pageTokenPlain = 512
+	// pageTokenLen is the length of every token the service hands out.
+	pageTokenLen = ((1+pageTokenRandom+pageTokenPlain+16)*4 + 2) / 3
+	// pageTokenLegacy is the version of unpadded tokens, opened only.
+	pageTokenLegacy = 1
 )
+
+// A token must stay within what every decoder accepts.
+var _ [lease.MaxPageTokenBytes - pageTokenLen]struct{}
 
 type pageSealer struct{ key []byte }
 
@@ -69,14 +91,23 @@ func (ps *pageSealer) aead(r []byte) cipher.AEAD {
 	return g
 }
 
-// seal returns the client's token for the store cursor under binding b.
-func (ps *pageSealer) seal(b []byte, cursor string) string {
-	out := make([]byte, 1+pageTokenRandom, 1+pageTokenRandom+len(cursor)+16)
+// seal returns the client's token for the store cursor under binding b,
+// pageTokenLen bytes long whatever the cursor. A cursor too long to pad is
+// the store's fault: lease_backend_unavailable, never a token that leaks
+// its length or exceeds lease.MaxPageTokenBytes.
+func (ps *pageSealer) seal(b []byte, cursor string) (string, error) {
+	if len(cursor) > pageTokenPlain-2 {
+		return "", &lease.Error{Code: lease.CodeBackendUnavailable, Reason: "the store's page cursor is too long to seal"}
+	}
+	plain := make([]byte, pageTokenPlain)
+	binary.BigEndian.PutUint16(plain, uint16(len(cursor)))
+	copy(plain[2:], cursor)
+	out := make([]byte, 1+pageTokenRandom, 1+pageTokenRandom+pageTokenPlain+16)
 	out[0] = pageTokenVersion
 	r := out[1:]
 	rand.Read(r) // never fails (crypto/rand aborts the process instead)
-	out = ps.aead(r[:12]).Seal(out, r[12:], []byte(cursor), b)
-	return base64.RawURLEncoding.EncodeToString(out)
+	out = ps.aead(r[:12]).Seal(out, r[12:], plain, versioned(pageTokenVersion, b))
+	return base64.RawURLEncoding.EncodeToString(out), nil
 }
 
 // open returns the store cursor of a token sealed under binding b; "" is
@@ -89,15 +120,35 @@ func (ps *pageSealer) open(b []byte, token string) (string, error) {
 		return "", lease.Invalid("page_token", "too long")
 	}
 	raw, err := base64.RawURLEncoding.DecodeString(token)
-	if err != nil || len(raw) < 1+pageTokenRandom+16 || raw[0] != pageTokenVersion {
+	if err != nil || len(raw) < 1+pageTokenRandom+16 || raw[0] != pageTokenVersion && raw[0] != pageTokenLegacy {
 		return "", lease.Invalid("page_token", "malformed")
 	}
+	ad := b
+	if raw[0] != pageTokenLegacy {
+		ad = versioned(raw[0], b)
+	}
 	r := raw[1 : 1+pageTokenRandom]
-	cursor, err := ps.aead(r[:12]).Open(nil, r[12:], raw[1+pageTokenRandom:], b)
-	if err != nil || len(cursor) == 0 {
+	plain, err := ps.aead(r[:12]).Open(nil, r[12:], raw[1+pageTokenRandom:], ad)
+	if err != nil {
+		return "", lease.Invalid("page_token", "does not belong to this listing and caller")
+	}
+	cursor := plain
+	if raw[0] != pageTokenLegacy {
+		// Authentic, so well-formed unless this server's key sealed it wrong.
+		if len(plain) != pageTokenPlain || int(binary.BigEndian.Uint16(plain)) > pageTokenPlain-2 {
+			return "", lease.Invalid("page_token", "malformed")
+		}
+		cursor = plain[2 : 2+binary.BigEndian.Uint16(plain)]
+	}
+	if len(cursor) == 0 {
 		return "", lease.Invalid("page_token", "does not belong to this listing and caller")
 	}
 	return string(cursor), nil
+}
+
+// versioned is the associated data of a token of version v under binding b.
+func versioned(v byte, b []byte) []byte {
+	return append([]byte{v}, b...)
 }
 
 // pageBinding is what a token of kind ("list", "history") pages and who

@@ -25,7 +25,19 @@ type Config struct {
 	// RetryMax bound its jittered exponential backoff.
 	MaxWait, RetryBase, RetryMax time.Duration
 	// PrincipalRate/Burst and TargetRate/Burst are token buckets for
-	// acquire and renew, per principal and per target.
+	// acquire and renew. Every acquire and renewal is charged to its
+	// principal's bucket. An acquire is also charged to its target's
+	// bucket, which every principal shares; a renewal instead to a bucket
+	// of its own target and principal (TargetRate/Burst again), so that
+	// nothing another principal sends — acquires that only conflict,
+	// renewals of leases it does not hold — can refuse a holder's renewal
+	// and let its lease expire under it. A principal's renewals are bounded
+	// per target by that bucket and in all by its principal bucket; a
+	// principal spamming renewals spends only its own buckets. The renewal
+	// buckets, keyed by a target the caller names, are bounded like the
+	// others, but when all of them are busy a renewal is admitted (its
+	// principal bucket still charged) rather than refused, so filling the
+	// set cannot refuse another principal's renewal either.
 	PrincipalRate  float64
 	PrincipalBurst int
 	TargetRate     float64
@@ -143,19 +155,23 @@ func (c Config) backoff(n int) time.Duration {
 }
 
 // limiters is a bounded set of token buckets by key. Idle buckets are
-// forgotten so the set cannot grow without bound.
+// forgotten so the set cannot grow without bound. When every bucket is
+// busy a new key is refused, or admitted without a bucket if admitWhenFull
+// (for keys a caller chooses whose refusal must not depend on other
+// callers, see Config.TargetRate).
 type limiters struct {
-	mu      sync.Mutex
-	limit   rate.Limit
-	burst   int
-	buckets map[string]*rate.Limiter
-	swept   time.Time
+	mu            sync.Mutex
+	limit         rate.Limit
+	burst         int
+	buckets       map[string]*rate.Limiter
+	swept         time.Time
+	admitWhenFull bool
 }
 
 const maxBuckets = 100_000
 
-func newLimiters(r float64, burst int) *limiters {
-	return &limiters{limit: rate.Limit(r), burst: burst, buckets: map[string]*rate.Limiter{}}
+func newLimiters(r float64, burst int, admitWhenFull bool) *limiters {
+	return &limiters{limit: rate.Limit(r), burst: burst, buckets: map[string]*rate.Limiter{}, admitWhenFull: admitWhenFull}
 }
 
 // allow takes one token for key; if none is left it returns how long until
@@ -177,6 +193,9 @@ func (l *limiters) allow(key string, now time.Time) (bool, time.Duration) {
 	b, ok := l.buckets[key]
 	if !ok {
 		if len(l.buckets) >= maxBuckets {
+			if l.admitWhenFull {
+				return true, 0 // every bucket busy: admit rather than grow
+			}
 			return false, time.Second // every bucket busy: refuse rather than grow
 		}
 		b = rate.NewLimiter(l.limit, l.burst)

@@ -34,7 +34,8 @@ type Service struct {
 	cfg       Config
 	classes   lease.OperationClasses
 	principal *limiters
-	target    *limiters
+	target    *limiters // acquires, per target: shared by every principal
+	holder    *limiters // renewals, per (target, principal): the caller's own
 	admission chan struct{}
 	active    activeCounts
 	tokens    *pageSealer
@@ -75,8 +76,9 @@ func New(store lease.Store, sink audit.Sink, o Options) (*Service, error) {
 	}
 	s := &Service{store: store, sink: sink, redactor: o.Redactor, cfg: cfg, classes: o.OperationClasses, tokens: tokens,
 		log: o.Logger, now: o.Now,
-		principal: newLimiters(cfg.PrincipalRate, cfg.PrincipalBurst),
-		target:    newLimiters(cfg.TargetRate, cfg.TargetBurst),
+		principal: newLimiters(cfg.PrincipalRate, cfg.PrincipalBurst, false),
+		target:    newLimiters(cfg.TargetRate, cfg.TargetBurst, false),
+		holder:    newLimiters(cfg.TargetRate, cfg.TargetBurst, true),
 		admission: make(chan struct{}, cfg.MaxConcurrent)}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -236,13 +238,25 @@ func (s *Service) admit() (func(), error) {
 	}
 }
 
-// throttle applies the per-principal and per-target token buckets.
-func (s *Service) throttle(p auth.Principal, id lease.Identity) error {
+// throttle applies the token buckets of an acquire (renew false) or a
+// renewal (renew true): the caller's per-principal bucket, then for an
+// acquire the per-target bucket every principal shares, for a renewal the
+// caller's own bucket for the target (see Config.TargetRate). No other
+// principal's traffic can empty a bucket a renewal is charged to, so a
+// holder cannot be starved of renewals by acquires that only conflict.
+func (s *Service) throttle(p auth.Principal, id lease.Identity, renew bool) error {
 	now := s.now()
 	if ok, wait := s.principal.allow(p.ID, now); !ok {
 		return &lease.Error{Code: lease.CodeRateLimited, Reason: "principal rate limit", RetryAfter: wait}
 	}
 	target := id.TenantID + "\x00" + id.ProgramID + "\x00" + id.TargetNamespace + "\x00" + id.TargetID
+	if renew {
+		// A principal id never holds a NUL, so the key is unambiguous.
+		if ok, wait := s.holder.allow(target+"\x00"+p.ID, now); !ok {
+			return &lease.Error{Code: lease.CodeRateLimited, Reason: "renewal rate limit", RetryAfter: wait}
+		}
+		return nil
+	}
 	if ok, wait := s.target.allow(target, now); !ok {
 		return &lease.Error{Code: lease.CodeRateLimited, Reason: "target rate limit", RetryAfter: wait}
 	}

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -287,5 +288,65 @@ func TestBoundedWaitLateRetryIsTheConflict(t *testing.T) {
 	}
 	if late.calls.Load() != 2 {
 		t.Fatalf("%d store calls, want the first and one late retry", late.calls.Load())
+	}
+}
+
+// Renewals are charged to the caller's own bucket for the target, never to
+// the per-target bucket every principal's acquires share: another
+// principal's conflicting acquires and its renewals of leases it does not
+// hold (lease_lost) leave the holder's renewals admitted.
+func TestRenewalsNotStarvedByOtherPrincipals(t *testing.T) {
+	ctx := context.Background()
+	s, _ := newService(t, &audittest.Recorder{}, Config{TargetRate: 1e-3, TargetBurst: 2})
+	holder := principal(t, "prn-holder2", auth.ClassAPIClient, "tenant:*,program:*", auth.CapLease)
+	other := principal(t, "prn-other2", auth.ClassAPIClient, "tenant:*,program:*", auth.CapLease)
+	got, err := s.Acquire(ctx, call(holder), acquireInput(target))
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := HeldInput{Identity: target, LeaseID: got.Lease.LeaseID, FencingToken: got.Lease.FencingToken, ServiceInstanceID: "inst-1"}
+	if _, err := s.Acquire(ctx, call(other), acquireInput(target)); code(err) != lease.CodeConflict {
+		t.Fatalf("conflicting acquire: %v", err)
+	}
+	if _, err := s.Acquire(ctx, call(other), acquireInput(target)); code(err) != lease.CodeRateLimited {
+		t.Fatalf("the shared target bucket (burst 2) is empty now: %v", err)
+	}
+	for range 3 {
+		if _, err := s.Renew(ctx, call(other), held); code(err) != lease.CodeLost && code(err) != lease.CodeRateLimited {
+			t.Fatalf("another principal's renewal of the holder's lease: %v", err)
+		}
+	}
+	for i := range 2 {
+		if _, err := s.Renew(ctx, call(holder), held); err != nil {
+			t.Fatalf("holder's renewal %d: %v", i, err)
+		}
+	}
+	// The holder's own bucket for the target (burst 2) bounds its renewals.
+	if _, err := s.Renew(ctx, call(holder), held); code(err) != lease.CodeRateLimited {
+		t.Fatalf("third renewal within the holder's bucket: %v", err)
+	}
+}
+
+// The renewal buckets are keyed by targets callers name, so their set is
+// bounded; once every bucket is busy a new key is admitted (renewals) or
+// refused (the others), never grown.
+func TestLimitersBoundedWhenFull(t *testing.T) {
+	now := time.Now()
+	for _, admit := range []bool{false, true} {
+		l := newLimiters(1e-6, 1, admit)
+		for i := range maxBuckets {
+			if ok, _ := l.allow(fmt.Sprint("k", i), now); !ok {
+				t.Fatalf("key %d refused before the set was full", i)
+			}
+		}
+		if ok, _ := l.allow("new", now); ok != admit {
+			t.Fatalf("admitWhenFull %v: a new key with every bucket busy allowed=%v", admit, ok)
+		}
+		if len(l.buckets) != maxBuckets {
+			t.Fatalf("the set grew to %d", len(l.buckets))
+		}
+		if ok, _ := l.allow("k0", now); ok {
+			t.Fatal("a busy key's empty bucket admitted")
+		}
 	}
 }

@@ -139,7 +139,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.maxDeadline, "max-deadline", d.MaxDeadline, "policy: cap on every request deadline")
 	fs.DurationVar(&f.maxWait, "max-wait", d.MaxWait, "policy: cap on an acquire's bounded retry")
 	fs.Float64Var(&f.principalRate, "principal-rate", d.PrincipalRate, "policy: acquire+renew per second per principal")
-	fs.Float64Var(&f.targetRate, "target-rate", d.TargetRate, "policy: acquire+renew per second per target")
+	fs.Float64Var(&f.targetRate, "target-rate", d.TargetRate, "policy: acquires per second per target (shared by all principals), and renewals per second per target and principal")
 	fs.IntVar(&f.maxConcurrent, "max-concurrent", d.MaxConcurrent, "policy: concurrent backend operations")
 	fs.IntVar(&f.maxActive, "max-active-per-principal", 100, "policy: active lease quota per principal")
 }
