@@ -5,7 +5,9 @@ import (
 	"encoding/binary"
 	"path/filepath"
 	"testing"
+	"time"
 
+	"github.com/starintel/starlease/lease"
 	bbolt "go.etcd.io/bbolt"
 )
 
@@ -47,4 +49,43 @@ func openTemp(t testing.TB, o Options) *Store {
 	}
 	t.Cleanup(func() { s.Close() })
 	return s
+}
+
+// A malformed commit seq fails the commit closed as corrupt before it
+// writes anything: no high-water mark raised, no evidence kept.
+func TestMalformedCommitSeqFailsClosed(t *testing.T) {
+	s := openTemp(t, Options{})
+	ctx := context.Background()
+	id := lease.Identity{TenantID: "tenant-a", ProgramID: "program-a", TargetNamespace: "web", TargetID: "seq.example",
+		ActorName: "crawler"}
+	res, err := s.Acquire(ctx, lease.AcquireRequest{Identity: id, ServiceInstanceID: "i", TTL: time.Minute,
+		MaximumLifetime: time.Hour, ExecutionID: "e", JobID: "j",
+		Mutation: lease.Mutation{RequestID: "r", DeadlineAt: time.Now().Add(time.Minute), Caller: lease.Caller{
+			PrincipalID: "p", ClientID: "c", CredentialID: "k"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := res.Lease
+	if err := s.db.Update(func(tx *bbolt.Tx) error {
+		return tx.Bucket(bucketCommitSeq).Put([]byte(rec.LockKey), []byte("short"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.AuthorizeCommit(ctx, lease.CommitRequest{Identity: id, LeaseID: rec.LeaseID, FencingToken: rec.FencingToken,
+		ServiceInstanceID: "i", Sink: "couchdb", CommitID: "c-1", ExecutionID: "e", JobID: "j", Target: "doc-1",
+		DeadlineAt: time.Now().Add(time.Minute), Caller: lease.Caller{PrincipalID: "p"}})
+	if lease.CodeOf(err) != lease.CodeCorrupt {
+		t.Fatalf("commit under a malformed commit seq: %v, want lease_corrupt", err)
+	}
+	if err := s.db.View(func(tx *bbolt.Tx) error {
+		if k, _ := tx.Bucket(bucketHighWater).Cursor().First(); k != nil {
+			t.Errorf("a high-water mark was raised: %q", k)
+		}
+		if k, _ := tx.Bucket(bucketCommits).Cursor().First(); k != nil {
+			t.Errorf("commit evidence was kept: %q", k)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -39,13 +39,10 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Re
 		}
 		// Every check that can refuse runs before the first write.
 		counters := tx.Bucket(bucketCounters)
-		var counter uint64
-		if v := counters.Get([]byte(p.LockKey)); v != nil {
-			if len(v) != 8 {
-				opErr = s.quarantine(tx, p.LockKey, p.Identity, "fencing counter is malformed")
-				return nil
-			}
-			counter = binary.BigEndian.Uint64(v)
+		counter, ok := counterAt(counters, []byte(p.LockKey))
+		if !ok {
+			opErr = s.quarantine(tx, p.LockKey, p.Identity, "fencing counter is malformed")
+			return nil
 		}
 		// After a recovery epoch every identity, even one the backup did
 		// not know, continues above the epoch's floor.
@@ -490,4 +487,17 @@ func indexKeys(r *lease.Record) [][]byte {
 
 func indexKey(f lease.ListFilter, leaseID string) []byte {
 	return join(string(f.By), f.Value, leaseID)
+}
+
+// counterAt reads an 8-byte big-endian counter, mark or sequence: 0 when
+// absent; ok is false for a malformed value.
+func counterAt(b *bbolt.Bucket, key []byte) (uint64, bool) {
+	v := b.Get(key)
+	switch {
+	case v == nil:
+		return 0, true
+	case len(v) != 8:
+		return 0, false
+	}
+	return binary.BigEndian.Uint64(v), true
 }

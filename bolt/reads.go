@@ -192,34 +192,31 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 		}
 		marks := tx.Bucket(bucketHighWater)
 		markKey := join(p.LockKey, req.Sink)
-		if v := marks.Get(markKey); v != nil {
-			if len(v) != 8 {
-				opErr = s.quarantine(tx, p.LockKey, p.Identity, "high-water mark is malformed")
-				return nil
-			}
-			if mark := binary.BigEndian.Uint64(v); req.FencingToken < mark {
-				s.log.Error("ALERT commit token below the sink's high-water mark", identityAttrs(p.Identity)...)
-				opErr = &lease.Error{Code: lease.CodeCommitRejected, Reason: "fencing token is below the sink's high-water mark", BackendTime: now.Time()}
-				return nil
-			}
+		mark, ok := counterAt(marks, markKey)
+		if !ok {
+			opErr = s.quarantine(tx, p.LockKey, p.Identity, "high-water mark is malformed")
+			return nil
 		}
-		if err := marks.Put(markKey, u64(req.FencingToken)); err != nil {
-			return err
+		if req.FencingToken < mark {
+			s.log.Error("ALERT commit token below the sink's high-water mark", identityAttrs(p.Identity)...)
+			opErr = &lease.Error{Code: lease.CodeCommitRejected, Reason: "fencing token is below the sink's high-water mark", BackendTime: now.Time()}
+			return nil
 		}
 		seqs := tx.Bucket(bucketCommitSeq)
-		var seq uint64
-		if v := seqs.Get([]byte(p.LockKey)); v != nil {
-			if len(v) != 8 {
-				opErr = s.quarantine(tx, p.LockKey, p.Identity, "commit sequence is malformed")
-				return nil
-			}
-			seq = binary.BigEndian.Uint64(v)
-		}
-		if seq >= lease.MaxFencingToken {
+		seq, ok := counterAt(seqs, []byte(p.LockKey))
+		switch {
+		case !ok:
+			opErr = s.quarantine(tx, p.LockKey, p.Identity, "commit sequence is malformed")
+			return nil
+		case seq >= lease.MaxFencingToken:
 			opErr = s.quarantine(tx, p.LockKey, p.Identity, "commit sequence is exhausted")
 			return nil
 		}
+		// Every check that can refuse has run: the writes follow.
 		seq++
+		if err := marks.Put(markKey, u64(req.FencingToken)); err != nil {
+			return err
+		}
 		if err := seqs.Put([]byte(p.LockKey), u64(seq)); err != nil {
 			return err
 		}

@@ -472,6 +472,19 @@ func TestMalformedCountersFailClosed(t *testing.T) {
 	}
 	_, err = s.AuthorizeCommit(bg, commitReq(held.Lease))
 	mustCode(t, err, lease.CodeCorrupt)
+	// A malformed commit seq likewise: no mark raised, no evidence kept.
+	other, err := s.Acquire(bg, acquireReq(newIdentity()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherTag := tagOf(other.Lease.LockKey)
+	set(s.keys.commitSeq(otherTag), "7x")
+	r := commitReq(other.Lease)
+	_, err = s.AuthorizeCommit(bg, r)
+	mustCode(t, err, lease.CodeCorrupt)
+	if n, err := s.client.Do(bg, s.client.B().Exists().Key(s.keys.marks(otherTag)).Build()).AsInt64(); err != nil || n != 0 {
+		t.Fatalf("a commit under a malformed commit seq raised the high-water mark (%d, %v)", n, err)
+	}
 	set(s.keys.counterFloor(), "1e9")
 	id := newIdentity()
 	_, err = s.Acquire(bg, acquireReq(id))
