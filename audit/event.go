@@ -359,7 +359,10 @@ func (e *Event) Validate() error {
 		if f.v == "" {
 			continue
 		}
-		if err := lease.CheckOpaqueID(f.name, f.v); err != nil {
+		// A value that may be credential material is written redacted
+		// (Marshal's floor at least), never refused: its shape is the
+		// redacted form's. (CheckOpaqueID refuses any star_sk_ id.)
+		if err := lease.CheckOpaqueID(f.name, (*Redactor)(nil).Value(f.v)); err != nil {
 			return invalid(f.name, "must be an opaque identifier (ASCII letters, digits, . _ : -; at most 256 bytes)")
 		}
 	}
