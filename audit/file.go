@@ -52,12 +52,19 @@ type file interface {
 
 // OpenFile opens (creating if needed) the audit file at path for appending,
 // with mode 0600. An existing file is narrowed to 0600; anything but a
-// regular file is refused, as is a file another process holds open as an
-// audit file. A torn final line (no newline: a crash in the middle of a
+// regular file is refused (a symbolic link too: it is not followed), as is
+// a file another process holds open as an audit file. A torn final line (no newline: a crash in the middle of a
 // write) is moved to path+".torn" and cut off.
 func OpenFile(path string) (*FileSink, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o600)
+	// O_NOFOLLOW: a symbolic link at path (whoever can write the data
+	// directory could point it at any file) is refused, never followed:
+	// the server would narrow its target to 0600, cut its last line and
+	// append events to it.
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
+		if errors.Is(err, syscall.ELOOP) {
+			return nil, fmt.Errorf("audit: open %s: a symbolic link, not a regular file", path)
+		}
 		return nil, fmt.Errorf("audit: open %s: %w", path, err)
 	}
 	size, torn, err := openChecks(f, path)
@@ -106,7 +113,7 @@ func repairTornTail(f *os.File, path string, size int64) (int64, error) {
 	if _, err := f.ReadAt(tail, end); err != nil {
 		return 0, err
 	}
-	q, err := os.OpenFile(path+".torn", os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	q, err := os.OpenFile(path+".torn", os.O_WRONLY|os.O_APPEND|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return 0, fmt.Errorf("quarantine the torn tail: %w", err)
 	}

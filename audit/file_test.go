@@ -167,3 +167,30 @@ func TestReadFileStrict(t *testing.T) {
 		t.Fatalf("empty file: %v, %v", got, err)
 	}
 }
+
+// TestOpenFileRefusesSymlink guarantees that OpenFile never follows a
+// symbolic link at the audit path: it is refused, and the file it points at
+// is left exactly as it was (not narrowed, cut or appended to).
+func TestOpenFileRefusesSymlink(t *testing.T) {
+	dir := t.TempDir()
+	victim := filepath.Join(dir, "victim.conf")
+	orig := []byte("keep=1\nlast line without newline")
+	if err := os.WriteFile(victim, orig, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "audit.jsonl")
+	if err := os.Symlink(victim, path); err != nil {
+		t.Fatal(err)
+	}
+	s, err := OpenFile(path)
+	if err == nil {
+		s.Close()
+	}
+	now, _ := os.ReadFile(victim)
+	if !bytes.Equal(now, orig) {
+		t.Fatalf("OpenFile through a symlink modified its target: %q", now)
+	}
+	if err == nil {
+		t.Fatal("OpenFile accepted a symbolic link as the audit file")
+	}
+}
