@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
@@ -39,12 +40,16 @@ type FileSink struct {
 	failed error // the last write's failure, until a write or Check succeeds
 	closed bool
 	torn   int64 // bytes of a torn tail OpenFile quarantined
+
+	reopened int // times the file at path was (re)opened in place of s.f
 }
 
 // file is what FileSink needs of its *os.File (tests wrap it to inject
 // faults).
 type file interface {
 	io.Writer
+	io.ReaderAt
+	Stat() (os.FileInfo, error)
 	Sync() error
 	Truncate(size int64) error
 	Close() error
@@ -56,23 +61,70 @@ type file interface {
 // a file another process holds open as an audit file. A torn final line (no newline: a crash in the middle of a
 // write) is moved to path+".torn" and cut off.
 func OpenFile(path string) (*FileSink, error) {
+	f, size, torn, err := openPath(path)
+	if err != nil {
+		return nil, err
+	}
+	return &FileSink{f: f, path: path, size: size, torn: torn}, nil
+}
+
+var errSymlink = errors.New("a symbolic link, not a regular file")
+
+// openPath opens, locks and checks the audit file at path (OpenFile).
+func openPath(path string) (f *os.File, size, torn int64, err error) {
 	// O_NOFOLLOW: a symbolic link at path (whoever can write the data
 	// directory could point it at any file) is refused, never followed:
 	// the server would narrow its target to 0600, cut its last line and
 	// append events to it.
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
+	f, err = os.OpenFile(path, os.O_RDWR|os.O_APPEND|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		if errors.Is(err, syscall.ELOOP) {
-			return nil, fmt.Errorf("audit: open %s: a symbolic link, not a regular file", path)
+			return nil, 0, 0, fmt.Errorf("audit: open %s: %w", path, errSymlink)
 		}
-		return nil, fmt.Errorf("audit: open %s: %w", path, err)
+		return nil, 0, 0, fmt.Errorf("audit: open %s: %w", path, err)
 	}
-	size, torn, err := openChecks(f, path)
+	size, torn, err = openChecks(f, path)
 	if err != nil {
 		f.Close()
-		return nil, fmt.Errorf("audit: open %s: %w", path, err)
+		return nil, 0, 0, fmt.Errorf("audit: open %s: %w", path, err)
 	}
-	return &FileSink{f: f, path: path, size: size, torn: torn}, nil
+	return f, size, torn, nil
+}
+
+// followPathLocked makes sure the open file is the one at the sink's path:
+// once the audit file is unlinked or renamed away, events written to the
+// open file reach no path an operator reads. If the path names another
+// file, or none, it is opened (created) in its place, as OpenFile does;
+// if that fails the error is returned (the sink is degraded). s.mu is held.
+func (s *FileSink) followPathLocked() error {
+	cur, err := s.f.Stat()
+	if err != nil {
+		return err
+	}
+	at, err := os.Lstat(s.path)
+	switch {
+	case err == nil && os.SameFile(cur, at):
+		return nil
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
+		return err
+	}
+	f, size, torn, err := openPath(s.path)
+	if err != nil {
+		return fmt.Errorf("the audit file was replaced or removed, and reopening it failed: %w", errnoOf(errors.Unwrap(err)))
+	}
+	old := s.f
+	s.f, s.size, s.dirty, s.torn = f, size, false, s.torn+torn
+	s.reopened++
+	_ = old.Close()
+	return nil
+}
+
+// Reopened is how many times the sink found its file unlinked, renamed
+// away or replaced and opened the file at its path instead.
+func (s *FileSink) Reopened() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reopened
 }
 
 // openChecks locks and checks an opened audit file, repairs a torn tail,
@@ -181,6 +233,14 @@ func (s *FileSink) Write(ctx context.Context, e Event) error {
 	if s.closed {
 		return ErrClosed
 	}
+	// A high-priority event (force-release, revoke) is reported durable to
+	// the administrator: it must land in the file at the path, not in one
+	// unlinked or renamed away.
+	if e.Priority == PriorityHigh || PriorityOf(e.EventType) == PriorityHigh {
+		if err := s.followPathLocked(); err != nil {
+			return s.fail("reopen", err)
+		}
+	}
 	if err := s.truncateLocked(); err != nil {
 		return s.fail("truncate", err)
 	}
@@ -246,17 +306,23 @@ func errnoOf(err error) error {
 }
 
 // Check reports whether the sink can write durably now: nil, or the last
-// failure while it lasts. After a failure it tries to recover without
+// failure while it lasts. It first makes sure the open file is still the
+// one at the path (unlinked, renamed away or replaced: the file at the path
+// is opened instead, or Check reports why it cannot be). After a failure it tries to recover without
 // writing an event: the file is cut back to its last durable line and a
 // scratch file of one maximal event is written and fsynced beside it (a
 // full disk fails here). Success clears the failure.
 func (s *FileSink) Check(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch {
-	case s.closed:
+	if s.closed {
 		return ErrClosed
-	case s.failed == nil:
+	}
+	// The file at the path must be the open one (see followPathLocked).
+	if err := s.followPathLocked(); err != nil {
+		return s.fail("reopen", err)
+	}
+	if s.failed == nil {
 		return nil
 	}
 	if err := s.truncateLocked(); err != nil {
