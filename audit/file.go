@@ -187,7 +187,7 @@ func repairTornTail(f *os.File, path string, size int64) (int64, error) {
 
 // lastLineEnd is the offset just past the last newline of f's first size
 // bytes (0 if there is none), read backwards in chunks.
-func lastLineEnd(f *os.File, size int64) (int64, error) {
+func lastLineEnd(f io.ReaderAt, size int64) (int64, error) {
 	buf := make([]byte, 64<<10)
 	for off := size; off > 0; {
 		n := min(int64(len(buf)), off)
@@ -244,6 +244,9 @@ func (s *FileSink) Write(ctx context.Context, e Event) error {
 	if err := s.truncateLocked(); err != nil {
 		return s.fail("truncate", err)
 	}
+	if err := s.shrinkToFileLocked(); err != nil {
+		return s.fail("stat", err)
+	}
 	if _, err := s.f.Write(b); err != nil {
 		s.dirty = true
 		_ = s.truncateLocked() // at once: a crash must not find a partial line
@@ -267,6 +270,11 @@ func (s *FileSink) truncateLocked() error {
 	if !s.dirty {
 		return nil
 	}
+	// Never truncate above the file's real size: that would fill the gap
+	// with NUL bytes (a line no reader gets past).
+	if err := s.shrinkToFileLocked(); err != nil {
+		return err
+	}
 	if err := s.f.Truncate(s.size); err != nil {
 		return err
 	}
@@ -274,6 +282,26 @@ func (s *FileSink) truncateLocked() error {
 		return err
 	}
 	s.dirty = false
+	return nil
+}
+
+// shrinkToFileLocked lowers s.size to the end of the file's last whole line
+// when the file is shorter than s.size: it was cut from outside (logrotate
+// copytruncate), and the end of the last durable line is no longer s.size.
+// Appends (O_APPEND) go to the real end, so a failed write is cut back to
+// where it began. s.mu is held.
+func (s *FileSink) shrinkToFileLocked() error {
+	fi, err := s.f.Stat()
+	if err != nil {
+		return err
+	}
+	if real := fi.Size(); real < s.size {
+		end, err := lastLineEnd(s.f, real)
+		if err != nil {
+			return err
+		}
+		s.size = end
+	}
 	return nil
 }
 
