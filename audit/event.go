@@ -210,6 +210,10 @@ type Event struct {
 
 	// DroppedCount only on EventDropped.
 	DroppedCount int64 `json:"dropped_count,omitempty"`
+
+	// keyed is set once a keyed Redactor gave the event its redacted
+	// forms, so a second pass keeps them (not encoded).
+	keyed bool
 }
 
 // fields is the documented JSON field list, in struct order.
