@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -32,12 +33,15 @@ var (
 	bucketEvents = []byte("events") // event id (ULID text) → event JSON
 	bucketMeta   = []byte("meta")
 	keyCount     = []byte("count") // uint64 number of events
+	keyHigh      = []byte("high")  // uint64 number of high-priority events among them
 )
 
 // BoltOptions configures a BoltSink.
 type BoltOptions struct {
-	// MaxEvents bounds the number of stored events; the oldest go first.
-	// Zero means DefaultMaxEvents.
+	// MaxEvents bounds the number of stored normal-priority events; the
+	// oldest go first. High-priority events (force-release, revoke) are
+	// not counted and go by age (MaxAge) only, so no flood of other
+	// events can prune them. Zero means DefaultMaxEvents.
 	MaxEvents int
 	// MaxAge bounds the age of stored events, by their event id time.
 	// Zero means DefaultMaxAge.
@@ -48,8 +52,9 @@ type BoltOptions struct {
 
 // BoltSink stores events in a bbolt file, keyed by event id, so keys are in
 // time order. Every Write is one committed (fsynced) transaction. Retention
-// is bounded by count and age and enforced on every write (at most
-// prunePerWrite deletions each) and by Prune. Safe for concurrent use.
+// is bounded by count (normal-priority events only) and age (every event)
+// and enforced on every write (at most prunePerWrite deletions each) and by
+// Prune. Safe for concurrent use.
 type BoltSink struct {
 	db     *bbolt.DB
 	path   string
@@ -119,9 +124,12 @@ func (s *BoltSink) Write(ctx context.Context, e Event) error {
 		if err := ev.Put(key, b); err != nil {
 			return err
 		}
-		n := count(tx) + 1
-		n, _ = s.prune(tx, n, prunePerWrite)
-		return setCount(tx, n)
+		n, high := count(tx, keyCount)+1, count(tx, keyHigh)
+		if highPriority(b) {
+			high++
+		}
+		n, high, _ = s.prune(tx, n, high, prunePerWrite)
+		return setCounts(tx, n, high)
 	})
 	if err != nil && !errors.Is(err, ErrDuplicateEvent) {
 		s.setFailed(fmt.Errorf("%s: write: %w", filepath.Base(s.path), errnoOf(err)))
@@ -160,38 +168,72 @@ func (s *BoltSink) Check(ctx context.Context) error {
 	return nil
 }
 
-func count(tx *bbolt.Tx) uint64 {
-	if v := tx.Bucket(bucketMeta).Get(keyCount); len(v) == 8 {
+func count(tx *bbolt.Tx, key []byte) uint64 {
+	if v := tx.Bucket(bucketMeta).Get(key); len(v) == 8 {
 		return binary.BigEndian.Uint64(v)
 	}
 	return 0
 }
 
-func setCount(tx *bbolt.Tx, n uint64) error {
-	return tx.Bucket(bucketMeta).Put(keyCount, binary.BigEndian.AppendUint64(nil, n))
+func setCounts(tx *bbolt.Tx, n, high uint64) error {
+	m := tx.Bucket(bucketMeta)
+	if err := m.Put(keyCount, binary.BigEndian.AppendUint64(nil, n)); err != nil {
+		return err
+	}
+	return m.Put(keyHigh, binary.BigEndian.AppendUint64(nil, high))
 }
 
-// prune deletes the oldest events while there are more than MaxEvents or
-// the oldest is older than MaxAge, at most max deletions. It returns the new
-// count and whether it stopped early.
-func (s *BoltSink) prune(tx *bbolt.Tx, n uint64, max int) (uint64, bool) {
+// highPriority reports whether a stored event (Marshal's bytes) is high
+// priority. The field appears unescaped only as the event's own: a string
+// value's quotes are escaped.
+func highPriority(v []byte) bool {
+	return bytes.Contains(v, []byte(`"priority":"high"`))
+}
+
+// prune deletes, oldest first, events older than MaxAge, and normal-priority
+// events while more than MaxEvents of them are stored, at most max
+// deletions; high-priority events are kept until they are older than
+// MaxAge. It takes and returns the counts of all events and of
+// high-priority ones, and whether it stopped early. (A database written
+// before the high-priority count existed counts its older high-priority
+// events as normal until they age out: fewer normal events are kept
+// meanwhile, never more.)
+func (s *BoltSink) prune(tx *bbolt.Tx, n, high uint64, max int) (uint64, uint64, bool) {
 	cutoff := ulid.Timestamp(s.opts.Now().Add(-s.opts.MaxAge))
 	c := tx.Bucket(bucketEvents).Cursor()
-	for i := 0; ; i++ {
-		k, _ := c.First() // re-seek: Next after Delete skips a key in bbolt
+	skipped := false
+	deleted := 0
+	for k, v := c.First(); ; {
 		if k == nil {
-			return 0, false
+			if !skipped { // every event was looked at and none is left
+				return 0, 0, false
+			}
+			return n, high, false
 		}
-		if n <= uint64(s.opts.MaxEvents) && keyTime(k) >= cutoff {
-			return n, false
+		isHigh := highPriority(v)
+		if keyTime(k) >= cutoff { // no later event is older
+			if n-min(high, n) <= uint64(s.opts.MaxEvents) {
+				return n, high, false
+			}
+			if isHigh { // counted out of MaxEvents: only age prunes it
+				skipped = true
+				k, v = c.Next()
+				continue
+			}
 		}
-		if i == max {
-			return n, true
+		if deleted == max {
+			return n, high, true
 		}
+		key := append([]byte(nil), k...)
 		if c.Delete() != nil {
-			return n, true
+			return n, high, true
 		}
+		deleted++
 		n--
+		if isHigh && high > 0 {
+			high--
+		}
+		k, v = c.Seek(key) // re-seek: Next after Delete skips a key in bbolt
 	}
 }
 
@@ -216,9 +258,9 @@ func (s *BoltSink) Prune(ctx context.Context) error {
 			return err
 		}
 		if err := s.db.Update(func(tx *bbolt.Tx) error {
-			var n uint64
-			n, more = s.prune(tx, count(tx), 10*prunePerWrite)
-			return setCount(tx, n)
+			var n, high uint64
+			n, high, more = s.prune(tx, count(tx, keyCount), count(tx, keyHigh), 10*prunePerWrite)
+			return setCounts(tx, n, high)
 		}); err != nil {
 			return fmt.Errorf("audit: prune: %w", err)
 		}
@@ -234,7 +276,7 @@ func (s *BoltSink) Count(ctx context.Context) (int, error) {
 		return 0, ErrClosed
 	}
 	var n uint64
-	err := s.db.View(func(tx *bbolt.Tx) error { n = count(tx); return nil })
+	err := s.db.View(func(tx *bbolt.Tx) error { n = count(tx, keyCount); return nil })
 	return int(n), err
 }
 

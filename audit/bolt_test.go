@@ -230,3 +230,93 @@ func TestBoltConcurrent(t *testing.T) {
 		t.Fatalf("count %d, want 80", n)
 	}
 }
+
+// TestBoltRetentionKeepsHighPriorityAgainstCount guarantees that a flood of
+// allowed normal-priority events (never rate limited) cannot prune a
+// high-priority revoke event from the bolt audit store: count retention
+// (MaxEvents) applies to normal-priority events only.
+func TestBoltRetentionKeepsHighPriorityAgainstCount(t *testing.T) {
+	ctx := context.Background()
+	s, err := OpenBolt(filepath.Join(t.TempDir(), "audit.db"), BoltOptions{MaxEvents: 50, Now: func() time.Time { return t0.Add(time.Hour) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Write(ctx, revokeEvent(t0)); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 60; i++ { // an authenticated reader's allowed list/inspect flood
+		if err := s.Write(ctx, acquireEvent(t0.Add(time.Duration(i)*time.Millisecond))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := s.Read(ctx, Filter{EventType: EventRevoke}, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) == 0 {
+		t.Fatal("a high-priority revoke event was pruned by a flood of allowed normal-priority events")
+	}
+}
+
+// TestBoltRetentionPrunesHighPriorityByAgeOnly guarantees that high-priority
+// events are kept against the count bound, which still holds for the
+// normal-priority ones (the oldest go), and are pruned once older than
+// MaxAge; the count of stored events stays right throughout.
+func TestBoltRetentionPrunesHighPriorityByAgeOnly(t *testing.T) {
+	ctx := context.Background()
+	clock := newClock(t0)
+	s, err := OpenBolt(filepath.Join(t.TempDir(), "audit.db"), BoltOptions{MaxEvents: 5, MaxAge: time.Hour, Now: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	at := t0
+	write := func(e Event) {
+		t.Helper()
+		if err := s.Write(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < 3; i++ {
+		at = at.Add(time.Millisecond)
+		write(revokeEvent(at))
+		at = at.Add(time.Millisecond)
+		write(acquireEvent(at))
+	}
+	for i := 0; i < 10; i++ {
+		at = at.Add(time.Millisecond)
+		write(acquireEvent(at))
+	}
+	n, err := s.Count(ctx)
+	if err != nil || n != 8 {
+		t.Fatalf("Count = %d (%v), want 5 normal + 3 high", n, err)
+	}
+	all, err := s.Read(ctx, Filter{}, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var high, normal []Event
+	for _, e := range all {
+		if e.Priority == PriorityHigh {
+			high = append(high, e)
+		} else {
+			normal = append(normal, e)
+		}
+	}
+	if len(high) != 3 || len(normal) != 5 || !normal[0].Timestamp.Time().Equal(at.Add(-4*time.Millisecond)) {
+		t.Fatalf("kept %d high and %d normal events (oldest normal %v), want 3 and the newest 5", len(high), len(normal), normal[0].Timestamp)
+	}
+	// Past MaxAge, high-priority events go too.
+	clock.Add(2 * time.Hour)
+	if err := s.Prune(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Count(ctx); err != nil || n != 0 {
+		t.Fatalf("Count after MaxAge = %d (%v), want 0", n, err)
+	}
+	write(revokeEvent(clock.Now()))
+	if got, _ := s.Read(ctx, Filter{EventType: EventRevoke}, 10); len(got) != 1 {
+		t.Fatalf("%d revoke events after a fresh write, want 1", len(got))
+	}
+}

@@ -308,3 +308,43 @@ func TestBoltSinkDiskFullRecovers(t *testing.T) {
 		t.Fatalf("count %d, %v; want %d", n, err, written)
 	}
 }
+
+// TestFileSinkExternalTruncateThenFaultLeavesNoNULs guarantees that the sink
+// never truncates the file up to a size it remembers: after the file was cut
+// from outside (logrotate copytruncate), a failed fsync is cut back to the
+// real end of the file, not extended with NUL bytes, and the file stays
+// readable.
+func TestFileSinkExternalTruncateThenFaultLeavesNoNULs(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	s, err := OpenFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for i := 0; i < 20; i++ {
+		if err := s.Write(ctx, acquireEvent(t0.Add(time.Duration(i)*time.Millisecond))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Truncate(path, 0); err != nil { // copytruncate
+		t.Fatal(err)
+	}
+	ff := &faultyFile{File: s.f.(*os.File)}
+	s.f = ff
+	ff.failSync = true
+	_ = s.Write(ctx, acquireEvent(t0.Add(time.Second)))
+	ff.failSync = false
+	if err := s.Write(ctx, acquireEvent(t0.Add(2*time.Second))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadFile(path); err != nil {
+		data, _ := os.ReadFile(path)
+		t.Fatalf("after an external truncate and one failed fsync the audit file is unreadable (%d bytes, %d NULs): %v",
+			len(data), bytes.Count(data, []byte{0}), err)
+	}
+	// The event whose fsync failed was cut back; only the later one stays.
+	if got, _ := ReadFile(path); len(got) != 1 || !got[0].Timestamp.Time().Equal(t0.Add(2*time.Second)) {
+		t.Fatalf("the file holds %d events, want only the one written after the fault", len(got))
+	}
+}

@@ -56,7 +56,11 @@
 // failure flood cannot fill storage: beyond its rate they are counted and
 // summarised by a periodic audit_dropped event. Requests that never
 // authenticated (bad keys) have a budget of their own, so a flood of them
-// cannot crowd out the events of authenticated callers; each aggregate
-// names its budget in reason. High-priority events and successful allowed
-// events are never dropped.
+// cannot crowd out the events of authenticated callers, and so does each
+// authenticated principal (up to a bound, then a shared one; all capped
+// together), so one caller cannot hide another's denials; each aggregate
+// names its budget in reason, and its principal in principal_id. High-priority
+// events and successful allowed events are never dropped. BoltSink's count
+// bound (MaxEvents) applies to normal-priority events only: high-priority
+// events are pruned by age alone.
 package audit

@@ -54,7 +54,8 @@ const (
 // Limiter's periodic count of normal-priority deny/error events it did not
 // write individually. It carries only event_id, event_type, timestamp,
 // priority, dropped_count and, as reason, whose events they were
-// (DroppedAuthenticated or DroppedUnauthenticated).
+// (DroppedAuthenticated or DroppedUnauthenticated), with principal_id when
+// they were one authenticated principal's.
 const EventDropped EventType = "audit_dropped"
 
 // The reasons of an audit_dropped event: the Limiter budget it counts.
@@ -210,6 +211,10 @@ type Event struct {
 
 	// DroppedCount only on EventDropped.
 	DroppedCount int64 `json:"dropped_count,omitempty"`
+
+	// keyed is set once a keyed Redactor gave the event its redacted
+	// forms, so a second pass keeps them (not encoded).
+	keyed bool
 }
 
 // fields is the documented JSON field list, in struct order.
@@ -359,7 +364,10 @@ func (e *Event) Validate() error {
 		if f.v == "" {
 			continue
 		}
-		if err := lease.CheckOpaqueID(f.name, f.v); err != nil {
+		// A value that may be credential material is written redacted
+		// (Marshal's floor at least), never refused: its shape is the
+		// redacted form's. (CheckOpaqueID refuses any star_sk_ id.)
+		if err := lease.CheckOpaqueID(f.name, (*Redactor)(nil).Value(f.v)); err != nil {
 			return invalid(f.name, "must be an opaque identifier (ASCII letters, digits, . _ : -; at most 256 bytes)")
 		}
 	}
@@ -482,10 +490,20 @@ func (e *Event) validateDropped() error {
 	default:
 		return invalid("reason", "audit_dropped names its budget or nothing")
 	}
+	// principal_id: whose events an authenticated budget dropped.
+	if e.PrincipalID != "" {
+		if e.Reason != DroppedAuthenticated {
+			return invalid("principal_id", "only on an audit_dropped of authenticated requests")
+		}
+		if err := lease.CheckOpaqueID("principal_id", (*Redactor)(nil).Value(e.PrincipalID)); err != nil {
+			return invalid("principal_id", "must be an opaque identifier (ASCII letters, digits, . _ : -; at most 256 bytes)")
+		}
+	}
 	rest := *e
-	rest.EventID, rest.EventType, rest.Timestamp, rest.Priority, rest.DroppedCount, rest.Reason = "", "", lease.Timestamp{}, "", 0, ""
+	rest.EventID, rest.EventType, rest.Timestamp, rest.Priority, rest.DroppedCount, rest.Reason, rest.PrincipalID = "", "", lease.Timestamp{}, "", 0, "", ""
+	rest.keyed = false
 	if rest != (Event{}) {
-		return invalid("event_type", "audit_dropped carries only event_id, timestamp, priority, dropped_count and reason")
+		return invalid("event_type", "audit_dropped carries only event_id, timestamp, priority, dropped_count, reason and principal_id")
 	}
 	return nil
 }

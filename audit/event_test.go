@@ -47,6 +47,7 @@ func TestValidate(t *testing.T) {
 			return e
 		}, func(e *Event) {}, ""},
 		{"dropped aggregate", func() Event { return dropped(t0, 7, DroppedUnauthenticated) }, func(e *Event) {}, ""},
+		{"dropped aggregate of one principal", func() Event { return dropped(t0, 7, DroppedAuthenticated) }, func(e *Event) { e.PrincipalID = "prn-a" }, ""},
 		{"high priority raised", nil, func(e *Event) { e.Priority = PriorityHigh }, ""},
 
 		// closed type and required fields
@@ -79,6 +80,8 @@ func TestValidate(t *testing.T) {
 		{"dropped without count", func() Event { return dropped(t0, 1, DroppedAuthenticated) }, func(e *Event) { e.DroppedCount = 0 }, "dropped_count"},
 		{"dropped with request fields", func() Event { return dropped(t0, 1, DroppedAuthenticated) }, func(e *Event) { e.TenantID = "tenant-main" }, "event_type"},
 		{"dropped with another reason", func() Event { return dropped(t0, 1, DroppedAuthenticated) }, func(e *Event) { e.Reason = "because" }, "reason"},
+		{"dropped unauthenticated naming a principal", func() Event { return dropped(t0, 1, DroppedUnauthenticated) }, func(e *Event) { e.PrincipalID = "prn-a" }, "principal_id"},
+		{"dropped naming a bad principal id", func() Event { return dropped(t0, 1, DroppedAuthenticated) }, func(e *Event) { e.PrincipalID = "a b" }, "principal_id"},
 
 		// identifiers
 		{"request id with space", nil, func(e *Event) { e.RequestID = "req 1" }, "request_id"},

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
@@ -39,12 +40,16 @@ type FileSink struct {
 	failed error // the last write's failure, until a write or Check succeeds
 	closed bool
 	torn   int64 // bytes of a torn tail OpenFile quarantined
+
+	reopened int // times the file at path was (re)opened in place of s.f
 }
 
 // file is what FileSink needs of its *os.File (tests wrap it to inject
 // faults).
 type file interface {
 	io.Writer
+	io.ReaderAt
+	Stat() (os.FileInfo, error)
 	Sync() error
 	Truncate(size int64) error
 	Close() error
@@ -52,20 +57,74 @@ type file interface {
 
 // OpenFile opens (creating if needed) the audit file at path for appending,
 // with mode 0600. An existing file is narrowed to 0600; anything but a
-// regular file is refused, as is a file another process holds open as an
-// audit file. A torn final line (no newline: a crash in the middle of a
+// regular file is refused (a symbolic link too: it is not followed), as is
+// a file another process holds open as an audit file. A torn final line (no newline: a crash in the middle of a
 // write) is moved to path+".torn" and cut off.
 func OpenFile(path string) (*FileSink, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o600)
+	f, size, torn, err := openPath(path)
 	if err != nil {
-		return nil, fmt.Errorf("audit: open %s: %w", path, err)
-	}
-	size, torn, err := openChecks(f, path)
-	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("audit: open %s: %w", path, err)
+		return nil, err
 	}
 	return &FileSink{f: f, path: path, size: size, torn: torn}, nil
+}
+
+var errSymlink = errors.New("a symbolic link, not a regular file")
+
+// openPath opens, locks and checks the audit file at path (OpenFile).
+func openPath(path string) (f *os.File, size, torn int64, err error) {
+	// O_NOFOLLOW: a symbolic link at path (whoever can write the data
+	// directory could point it at any file) is refused, never followed:
+	// the server would narrow its target to 0600, cut its last line and
+	// append events to it.
+	f, err = os.OpenFile(path, os.O_RDWR|os.O_APPEND|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		if errors.Is(err, syscall.ELOOP) {
+			return nil, 0, 0, fmt.Errorf("audit: open %s: %w", path, errSymlink)
+		}
+		return nil, 0, 0, fmt.Errorf("audit: open %s: %w", path, err)
+	}
+	size, torn, err = openChecks(f, path)
+	if err != nil {
+		f.Close()
+		return nil, 0, 0, fmt.Errorf("audit: open %s: %w", path, err)
+	}
+	return f, size, torn, nil
+}
+
+// followPathLocked makes sure the open file is the one at the sink's path:
+// once the audit file is unlinked or renamed away, events written to the
+// open file reach no path an operator reads. If the path names another
+// file, or none, it is opened (created) in its place, as OpenFile does;
+// if that fails the error is returned (the sink is degraded). s.mu is held.
+func (s *FileSink) followPathLocked() error {
+	cur, err := s.f.Stat()
+	if err != nil {
+		return err
+	}
+	at, err := os.Lstat(s.path)
+	switch {
+	case err == nil && os.SameFile(cur, at):
+		return nil
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
+		return err
+	}
+	f, size, torn, err := openPath(s.path)
+	if err != nil {
+		return fmt.Errorf("the audit file was replaced or removed, and reopening it failed: %w", errnoOf(errors.Unwrap(err)))
+	}
+	old := s.f
+	s.f, s.size, s.dirty, s.torn = f, size, false, s.torn+torn
+	s.reopened++
+	_ = old.Close()
+	return nil
+}
+
+// Reopened is how many times the sink found its file unlinked, renamed
+// away or replaced and opened the file at its path instead.
+func (s *FileSink) Reopened() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reopened
 }
 
 // openChecks locks and checks an opened audit file, repairs a torn tail,
@@ -106,7 +165,7 @@ func repairTornTail(f *os.File, path string, size int64) (int64, error) {
 	if _, err := f.ReadAt(tail, end); err != nil {
 		return 0, err
 	}
-	q, err := os.OpenFile(path+".torn", os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	q, err := os.OpenFile(path+".torn", os.O_WRONLY|os.O_APPEND|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return 0, fmt.Errorf("quarantine the torn tail: %w", err)
 	}
@@ -128,7 +187,7 @@ func repairTornTail(f *os.File, path string, size int64) (int64, error) {
 
 // lastLineEnd is the offset just past the last newline of f's first size
 // bytes (0 if there is none), read backwards in chunks.
-func lastLineEnd(f *os.File, size int64) (int64, error) {
+func lastLineEnd(f io.ReaderAt, size int64) (int64, error) {
 	buf := make([]byte, 64<<10)
 	for off := size; off > 0; {
 		n := min(int64(len(buf)), off)
@@ -174,8 +233,19 @@ func (s *FileSink) Write(ctx context.Context, e Event) error {
 	if s.closed {
 		return ErrClosed
 	}
+	// A high-priority event (force-release, revoke) is reported durable to
+	// the administrator: it must land in the file at the path, not in one
+	// unlinked or renamed away.
+	if e.Priority == PriorityHigh || PriorityOf(e.EventType) == PriorityHigh {
+		if err := s.followPathLocked(); err != nil {
+			return s.fail("reopen", err)
+		}
+	}
 	if err := s.truncateLocked(); err != nil {
 		return s.fail("truncate", err)
+	}
+	if err := s.shrinkToFileLocked(); err != nil {
+		return s.fail("stat", err)
 	}
 	if _, err := s.f.Write(b); err != nil {
 		s.dirty = true
@@ -200,6 +270,11 @@ func (s *FileSink) truncateLocked() error {
 	if !s.dirty {
 		return nil
 	}
+	// Never truncate above the file's real size: that would fill the gap
+	// with NUL bytes (a line no reader gets past).
+	if err := s.shrinkToFileLocked(); err != nil {
+		return err
+	}
 	if err := s.f.Truncate(s.size); err != nil {
 		return err
 	}
@@ -207,6 +282,26 @@ func (s *FileSink) truncateLocked() error {
 		return err
 	}
 	s.dirty = false
+	return nil
+}
+
+// shrinkToFileLocked lowers s.size to the end of the file's last whole line
+// when the file is shorter than s.size: it was cut from outside (logrotate
+// copytruncate), and the end of the last durable line is no longer s.size.
+// Appends (O_APPEND) go to the real end, so a failed write is cut back to
+// where it began. s.mu is held.
+func (s *FileSink) shrinkToFileLocked() error {
+	fi, err := s.f.Stat()
+	if err != nil {
+		return err
+	}
+	if real := fi.Size(); real < s.size {
+		end, err := lastLineEnd(s.f, real)
+		if err != nil {
+			return err
+		}
+		s.size = end
+	}
 	return nil
 }
 
@@ -239,17 +334,23 @@ func errnoOf(err error) error {
 }
 
 // Check reports whether the sink can write durably now: nil, or the last
-// failure while it lasts. After a failure it tries to recover without
+// failure while it lasts. It first makes sure the open file is still the
+// one at the path (unlinked, renamed away or replaced: the file at the path
+// is opened instead, or Check reports why it cannot be). After a failure it tries to recover without
 // writing an event: the file is cut back to its last durable line and a
 // scratch file of one maximal event is written and fsynced beside it (a
 // full disk fails here). Success clears the failure.
 func (s *FileSink) Check(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch {
-	case s.closed:
+	if s.closed {
 		return ErrClosed
-	case s.failed == nil:
+	}
+	// The file at the path must be the open one (see followPathLocked).
+	if err := s.followPathLocked(); err != nil {
+		return s.fail("reopen", err)
+	}
+	if s.failed == nil {
 		return nil
 	}
 	if err := s.truncateLocked(); err != nil {

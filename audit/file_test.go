@@ -167,3 +167,126 @@ func TestReadFileStrict(t *testing.T) {
 		t.Fatalf("empty file: %v, %v", got, err)
 	}
 }
+
+// TestOpenFileRefusesSymlink guarantees that OpenFile never follows a
+// symbolic link at the audit path: it is refused, and the file it points at
+// is left exactly as it was (not narrowed, cut or appended to).
+func TestOpenFileRefusesSymlink(t *testing.T) {
+	dir := t.TempDir()
+	victim := filepath.Join(dir, "victim.conf")
+	orig := []byte("keep=1\nlast line without newline")
+	if err := os.WriteFile(victim, orig, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "audit.jsonl")
+	if err := os.Symlink(victim, path); err != nil {
+		t.Fatal(err)
+	}
+	s, err := OpenFile(path)
+	if err == nil {
+		s.Close()
+	}
+	now, _ := os.ReadFile(victim)
+	if !bytes.Equal(now, orig) {
+		t.Fatalf("OpenFile through a symlink modified its target: %q", now)
+	}
+	if err == nil {
+		t.Fatal("OpenFile accepted a symbolic link as the audit file")
+	}
+}
+
+// TestFileSinkUnlinkedFileIsReopenedBeforeHighPriority guarantees that once
+// the audit file is unlinked under a running server, a high-priority event
+// (revoke) is not accepted as durable into the unlinked inode: the sink
+// opens a file at the path first and the event is readable there.
+func TestFileSinkUnlinkedFileIsReopenedBeforeHighPriority(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	s, err := OpenFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	werr := s.Write(ctx, revokeEvent(t0))
+	cerr := s.Check(ctx)
+	if _, err := os.Stat(path); os.IsNotExist(err) && werr == nil && cerr == nil {
+		t.Fatal("a high-priority event was accepted as durable into an unlinked audit file, and Check reports healthy")
+	}
+	if werr != nil || cerr != nil {
+		t.Fatalf("write %v, check %v: the sink should have opened a file at the path", werr, cerr)
+	}
+	got, err := ReadFile(path)
+	if err != nil || len(got) != 1 || got[0].EventType != EventRevoke {
+		t.Fatalf("the file at the path holds %d events (%v), want the revoke", len(got), err)
+	}
+	if s.Reopened() != 1 {
+		t.Fatalf("Reopened = %d, want 1", s.Reopened())
+	}
+}
+
+// TestFileSinkCheckFollowsRenamedFile guarantees that Check notices the
+// audit file was renamed away (logrotate without copytruncate) and opens
+// the file at the path, so later events are written where operators read.
+func TestFileSinkCheckFollowsRenamedFile(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "audit.jsonl")
+	s, err := OpenFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Write(ctx, acquireEvent(t0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path, path+".1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Check(ctx); err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	if err := s.Write(ctx, acquireEvent(t0.Add(time.Millisecond))); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]int{path: 1, path + ".1": 1} {
+		if got, err := ReadFile(name); err != nil || len(got) != want {
+			t.Fatalf("%s holds %d events (%v), want %d", name, len(got), err, want)
+		}
+	}
+}
+
+// TestFileSinkReplacedBySymlinkIsDegraded guarantees that when the audit
+// path is replaced by something that cannot be opened as the audit file (a
+// symbolic link), high-priority writes are refused and Check reports it.
+func TestFileSinkReplacedBySymlinkIsDegraded(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "audit.jsonl")
+	s, err := OpenFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	victim := filepath.Join(dir, "victim")
+	if err := os.WriteFile(victim, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, path); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Write(ctx, revokeEvent(t0)); err == nil {
+		t.Fatal("a revoke event was accepted though the audit path is a symbolic link")
+	}
+	if err := s.Check(ctx); err == nil || !strings.Contains(err.Error(), "symbolic link") {
+		t.Fatalf("Check: %v, want the symbolic link reported", err)
+	}
+	if b, _ := os.ReadFile(victim); len(b) != 0 {
+		t.Fatalf("the link's target was written: %q", b)
+	}
+}

@@ -3,6 +3,7 @@ package audit
 import (
 	"context"
 	"errors"
+	"sort"
 	"sync"
 	"time"
 )
@@ -19,6 +20,16 @@ type LimiterOptions struct {
 	// one audit_dropped event. Zero means 10 s; negative disables the
 	// background flush (Flush and Close still write it).
 	FlushInterval time.Duration
+	// MaxPrincipals bounds how many authenticated principals have a budget
+	// of their own at once. Zero means 256. A principal beyond it, while
+	// the others' budgets are in use, shares one fallback budget (Rate,
+	// Burst) with every other such principal.
+	MaxPrincipals int
+	// GlobalRate and GlobalBurst bound what all authenticated budgets
+	// together write individually (the storage bound). Zero means 8 times
+	// Rate and Burst: several principals must flood at once to reach it.
+	GlobalRate  float64
+	GlobalBurst int
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -32,20 +43,25 @@ type LimiterOptions struct {
 // High-priority events and allowed successful events always go through to
 // the next sink.
 //
-// There are two budgets: events of requests that never authenticated (no
-// principal: bad keys, an unavailable credential store) and events of
-// authenticated principals. Anyone can send bad keys, so a flood of them
-// only aggregates its own kind and never an authenticated caller's
-// denials; the storage bound is twice Rate. Within a budget the bucket is
-// shared: one principal's flood aggregates other principals' denials for a
-// while, which the aggregate records.
+// Events of requests that never authenticated (no principal: bad keys, an
+// unavailable credential store) have one budget: anyone can send bad keys,
+// so a flood of them only aggregates its own kind. Each authenticated
+// principal has a budget of its own (up to MaxPrincipals at once; beyond
+// that, a shared fallback budget), so one principal's flood cannot fold
+// another principal's denials into a count; all authenticated budgets
+// together are also capped by a global bucket (GlobalRate, GlobalBurst),
+// which bounds storage. Each principal's dropped count is written as its
+// own audit_dropped event naming the principal (principal_id), so at most
+// MaxPrincipals+2 aggregates are written per flush.
 type Limiter struct {
 	next Sink
 	opts LimiterOptions
 
-	mu      sync.Mutex
-	budgets [2]budget // by budgetOf
-	closed  bool
+	mu         sync.Mutex
+	budgets    [2]budget          // the shared ones, by budgetOf
+	principals map[string]*budget // an authenticated principal's own
+	global     budget             // the cap of all authenticated budgets
+	closed     bool
 
 	stop chan struct{}
 	done chan struct{}
@@ -65,10 +81,21 @@ func NewLimiter(next Sink, o LimiterOptions) *Limiter {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	l := &Limiter{next: next, opts: o, stop: make(chan struct{}), done: make(chan struct{})}
+	if o.MaxPrincipals <= 0 {
+		o.MaxPrincipals = 256
+	}
+	if o.GlobalRate <= 0 {
+		o.GlobalRate = 8 * o.Rate
+	}
+	if o.GlobalBurst <= 0 {
+		o.GlobalBurst = 8 * o.Burst
+	}
+	l := &Limiter{next: next, opts: o, principals: map[string]*budget{},
+		stop: make(chan struct{}), done: make(chan struct{})}
 	for i := range l.budgets {
 		l.budgets[i] = budget{tokens: float64(o.Burst), last: o.Now()}
 	}
+	l.global = budget{tokens: float64(o.GlobalBurst), last: o.Now()}
 	if o.FlushInterval > 0 {
 		go l.loop()
 	} else {
@@ -111,7 +138,12 @@ func (l *Limiter) Write(ctx context.Context, e Event) error {
 			l.mu.Unlock()
 			return ErrClosed
 		}
-		if b := &l.budgets[budgetOf(&e)]; !b.take(l.opts) {
+		b := l.budgetLocked(&e)
+		ok := b.take(l.opts.Now(), l.opts.Rate, l.opts.Burst)
+		if ok && e.PrincipalID != "" {
+			ok = l.global.take(l.opts.Now(), l.opts.GlobalRate, l.opts.GlobalBurst)
+		}
+		if !ok {
 			b.dropped++
 			l.mu.Unlock()
 			return nil
@@ -119,6 +151,25 @@ func (l *Limiter) Write(ctx context.Context, e Event) error {
 		l.mu.Unlock()
 	}
 	return l.next.Write(ctx, e)
+}
+
+// budgetLocked is the budget of a droppable event: the unauthenticated one
+// without a principal, else the principal's own (made on first use while
+// fewer than MaxPrincipals exist), else the shared authenticated one. The
+// Limiter's mu is held.
+func (l *Limiter) budgetLocked(e *Event) *budget {
+	if e.PrincipalID == "" {
+		return &l.budgets[budgetUnauthenticated]
+	}
+	if b, ok := l.principals[e.PrincipalID]; ok {
+		return b
+	}
+	if len(l.principals) >= l.opts.MaxPrincipals {
+		return &l.budgets[budgetAuthenticated]
+	}
+	b := &budget{tokens: float64(l.opts.Burst), last: l.opts.Now()}
+	l.principals[e.PrincipalID] = b
+	return b
 }
 
 // budget is one token bucket and its count of dropped events.
@@ -146,13 +197,17 @@ func budgetOf(e *Event) int {
 // droppedReasons name each budget in its audit_dropped events.
 var droppedReasons = [2]string{budgetAuthenticated: DroppedAuthenticated, budgetUnauthenticated: DroppedUnauthenticated}
 
-// take refills the bucket and takes one token; the Limiter's mu is held.
-func (b *budget) take(o LimiterOptions) bool {
-	now := o.Now()
+// refill adds what rate earned since the last refill, capped at burst.
+func (b *budget) refill(now time.Time, rate float64, burst int) {
 	if d := now.Sub(b.last); d > 0 {
-		b.tokens = min(float64(o.Burst), b.tokens+d.Seconds()*o.Rate)
+		b.tokens = min(float64(burst), b.tokens+d.Seconds()*rate)
 		b.last = now
 	}
+}
+
+// take refills the bucket and takes one token; the Limiter's mu is held.
+func (b *budget) take(now time.Time, rate float64, burst int) bool {
+	b.refill(now, rate, burst)
 	if b.tokens < 1 {
 		return false
 	}
@@ -160,19 +215,59 @@ func (b *budget) take(o LimiterOptions) bool {
 	return true
 }
 
-// Dropped returns the count of dropped events, of both budgets, not yet
+// Dropped returns the count of dropped events, of every budget, not yet
 // written as audit_dropped events.
 func (l *Limiter) Dropped() int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.budgets[0].dropped + l.budgets[1].dropped
+	n := l.budgets[0].dropped + l.budgets[1].dropped
+	for _, b := range l.principals {
+		n += b.dropped
+	}
+	return n
 }
 
 // Flush writes each budget's pending dropped count, if any, as one
-// audit_dropped event naming the budget. On failure a count is kept for
-// the next flush.
+// audit_dropped event: a principal's own (naming the principal, in
+// principal order), the shared authenticated one, the unauthenticated one.
+// On failure a count is kept for the next flush. A principal's budget that
+// is full again and has nothing pending is forgotten, so the map holds the
+// principals in use.
 func (l *Limiter) Flush(ctx context.Context) error {
 	var errs []error
+	type pending struct {
+		principal string
+		n         int64
+	}
+	var own []pending
+	l.mu.Lock()
+	now := l.opts.Now()
+	for p, b := range l.principals {
+		if b.dropped > 0 {
+			own = append(own, pending{p, b.dropped})
+			b.dropped = 0
+			continue
+		}
+		if b.refill(now, l.opts.Rate, l.opts.Burst); b.tokens >= float64(l.opts.Burst) {
+			delete(l.principals, p)
+		}
+	}
+	l.mu.Unlock()
+	sort.Slice(own, func(i, j int) bool { return own[i].principal < own[j].principal })
+	for _, p := range own {
+		e := dropped(l.opts.Now(), p.n, DroppedAuthenticated)
+		e.PrincipalID = p.principal
+		if err := l.next.Write(ctx, e); err != nil {
+			l.mu.Lock()
+			if b, ok := l.principals[p.principal]; ok {
+				b.dropped += p.n
+			} else {
+				l.budgets[budgetAuthenticated].dropped += p.n
+			}
+			l.mu.Unlock()
+			errs = append(errs, err)
+		}
+	}
 	for i := range l.budgets {
 		l.mu.Lock()
 		n := l.budgets[i].dropped

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"strings"
 
 	"github.com/starintel/starlease/lease"
 )
@@ -52,10 +53,14 @@ func NewRedactor(key []byte) (*Redactor, error) {
 	return &Redactor{key: append([]byte(nil), key...)}, nil
 }
 
-// Value returns v, or its redacted form when lease.SecretShaped(v). A nil
-// Redactor has no key and gives Redacted alone.
+// Value returns v, or its redacted form when lease.SecretShaped(v) or when
+// v already has a redacted form ("redacted" or "redacted:" and 32 hex
+// digits, in any case): a caller's literal of that form is a value like any
+// other, hashed, so it can never pass for a redaction (forge an event that
+// reads as concerning another value). A nil Redactor has no key and gives
+// Redacted alone.
 func (r *Redactor) Value(v string) string {
-	if !lease.SecretShaped(v) {
+	if !lease.SecretShaped(v) && !redactedForm(v) {
 		return v
 	}
 	if r == nil {
@@ -66,14 +71,55 @@ func (r *Redactor) Value(v string) string {
 	return Redacted + ":" + hex.EncodeToString(m.Sum(nil))[:redactedHexLen]
 }
 
-// Event redacts every string field of e in place (see Value).
+// redactedForm reports whether v reads as a redaction: "redacted", or
+// "redacted:" and 32 hex digits, without regard to case.
+func redactedForm(v string) bool {
+	if strings.EqualFold(v, Redacted) {
+		return true
+	}
+	p := len(Redacted) + 1
+	if len(v) != p+redactedHexLen || !strings.EqualFold(v[:p], Redacted+":") {
+		return false
+	}
+	for i := p; i < len(v); i++ {
+		c := v[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F') {
+			return false
+		}
+	}
+	return true
+}
+
+// Event redacts every string field of e in place (see Value). It is done
+// once: an event a keyed Redactor already redacted keeps its forms (its
+// own "redacted:…" values are not hashed again).
 func (r *Redactor) Event(e *Event) {
-	for _, p := range []*string{
+	if e.keyed {
+		return
+	}
+	for _, p := range e.strPtrs() {
+		*p = r.Value(*p)
+	}
+	e.keyed = r != nil
+}
+
+// floorRedact is Marshal's floor: a value that may be credential material
+// becomes Redacted. Values already in a redacted form are left as they are
+// (a keyed Redactor, or the event's earlier encoding, gave them), so an
+// event read back and written again keeps them.
+func floorRedact(e *Event) {
+	for _, p := range e.strPtrs() {
+		if lease.SecretShaped(*p) {
+			*p = Redacted
+		}
+	}
+}
+
+func (e *Event) strPtrs() []*string {
+	return []*string{
 		&e.EventID, &e.RequestID, &e.CorrelationID, &e.TraceID, &e.ExecutionID, &e.JobID,
 		&e.PrincipalClass, &e.PrincipalID, &e.CredentialID, &e.ServiceInstanceID,
 		&e.TenantID, &e.ProgramID, &e.TargetNamespace, &e.TargetID, &e.ActorName, &e.WorkflowName,
 		&e.OperationClass, &e.LeaseID, &e.DeadlineClass, &e.Reason, &e.IncidentID,
-	} {
-		*p = r.Value(*p)
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/oklog/ulid/v2"
+
+	"github.com/starintel/starlease/lease"
 )
 
 var redactedRE = regexp.MustCompile(`^redacted:[0-9a-f]{32}$`)
@@ -112,5 +114,72 @@ func TestRedactionNeverRefuses(t *testing.T) {
 	}
 	if _, err := NewRedactor(make([]byte, 31)); err == nil {
 		t.Fatal("a short redaction key was accepted")
+	}
+}
+
+// TestRedactedFormLiteralIsHashedNotKept guarantees that a caller cannot
+// forge a redaction: a literal value of the redacted form ("redacted:" and
+// 32 hex, or "redacted") is hashed like any value that may be credential
+// material, so it never reads as the redacted form of another value.
+func TestRedactedFormLiteralIsHashedNotKept(t *testing.T) {
+	r, err := NewRedactor(bytes.Repeat([]byte{7}, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	real := strings.Repeat("0f", 32) // a target id that is a SHA-256
+	forged := r.Value(real)          // the form an operator report shows
+	if _, err := lease.NormalizeIdentifier("target_id", forged); err != nil {
+		t.Skipf("redacted form is not a valid identifier: %v", err)
+	}
+	a, b := acquireEvent(t0), acquireEvent(t0)
+	a.TargetID, b.TargetID = real, forged
+	r.Event(&a)
+	r.Event(&b)
+	if a.TargetID == b.TargetID {
+		t.Fatalf("a literal target id %q is audited exactly like the redacted 64-hex target: indistinguishable", forged)
+	}
+}
+
+// TestRedactedLiteralFormsAreHashedOnceAndKeptByMarshal guarantees that a
+// literal "redacted" or "redacted:<32 hex>" (any case) is replaced by its
+// keyed hash; that a keyed Redactor's own forms are kept by a second pass
+// and by Marshal's floor, and survive a round trip through the encoding.
+func TestRedactedLiteralFormsAreHashedOnceAndKeptByMarshal(t *testing.T) {
+	r, err := NewRedactor(bytes.Repeat([]byte{7}, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, lit := range []string{"redacted", "REDACTED", "redacted:" + strings.Repeat("ab", 16), "Redacted:" + strings.Repeat("AB", 16)} {
+		e := revokeEvent(t0)
+		e.RequestID, e.IncidentID, e.Reason = lit, lit, lit
+		r.Event(&e)
+		want := r.Value(lit)
+		if want == lit || !redactedRE.MatchString(want) {
+			t.Fatalf("Value(%q) = %q, want a keyed hash", lit, want)
+		}
+		if e.RequestID != want || e.IncidentID != want || e.Reason != want {
+			t.Fatalf("%q: event holds %q %q %q, want %q", lit, e.RequestID, e.IncidentID, e.Reason, want)
+		}
+		r.Event(&e) // a second pass keeps the forms
+		if e.RequestID != want {
+			t.Fatalf("a second Redactor pass changed %q to %q", want, e.RequestID)
+		}
+		b, err := Marshal(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := Unmarshal(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if back.RequestID != want || back.Reason != want {
+			t.Fatalf("the encoding changed %q to %q", want, back.RequestID)
+		}
+	}
+	// Not of the form: kept.
+	for _, v := range []string{"redacted:" + strings.Repeat("ab", 15), "redacted-1", "not-redacted"} {
+		if got := r.Value(v); got != v {
+			t.Fatalf("Value(%q) = %q, want it kept", v, got)
+		}
 	}
 }

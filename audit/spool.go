@@ -2,12 +2,14 @@ package audit
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -49,11 +51,12 @@ type Spool struct {
 	local *FileSink
 	opts  SpoolOptions
 
-	mu      sync.RWMutex // Lock: appends to and bookkeeping of the spool
-	pending int          // spooled events not yet forwarded
-	offset  int64        // bytes of the spool already forwarded
-	fwdErr  error        // the last forwarding failure, while events wait
-	closed  bool
+	mu       sync.RWMutex // Lock: appends to and bookkeeping of the spool
+	pending  int          // spooled events not yet forwarded
+	badLines int          // unreadable lines moved to the .bad file
+	offset   int64        // bytes of the spool already forwarded
+	fwdErr   error        // the last forwarding failure, while events wait
+	closed   bool
 
 	kick      chan struct{}
 	stop      chan struct{}
@@ -75,12 +78,15 @@ func OpenSpool(path string, next Sink, o SpoolOptions) (*Spool, error) {
 	if err != nil {
 		return nil, err
 	}
-	waiting, err := ReadFile(path)
+	// Count the spooled lines without decoding them: a damaged line is
+	// moved aside when the forwarder reaches it, it does not stop startup.
+	// (OpenFile cut off a torn tail, so every line ends with a newline.)
+	waiting, err := countLines(path)
 	if err != nil {
 		local.Close()
 		return nil, fmt.Errorf("audit: spool %s: %w", path, err)
 	}
-	s := &Spool{next: next, local: local, opts: o, pending: len(waiting),
+	s := &Spool{next: next, local: local, opts: o, pending: waiting,
 		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	go s.loop()
 	s.poke()
@@ -155,8 +161,16 @@ func (s *Spool) loop() {
 func (s *Spool) Forward(ctx context.Context) error {
 	for {
 		e, n, err := s.head()
-		if err != nil || n == 0 {
+		if err != nil {
+			// The forwarder cannot get past the head: record it, so Check
+			// (and /readyz) reports the events waiting behind it.
+			s.mu.Lock()
+			s.fwdErr = err
+			s.mu.Unlock()
 			return err
+		}
+		if n == 0 {
+			return nil
 		}
 		wctx, cancel := context.WithTimeout(ctx, s.opts.ForwardTimeout)
 		if ow, ok := s.next.(OnceWriter); ok {
@@ -185,27 +199,120 @@ func (s *Spool) Forward(ctx context.Context) error {
 }
 
 // head reads the oldest spooled event not yet forwarded and its line's
-// length (0 if none waits). Under the lock, so no append is half done.
+// length (0 if none waits). Under the lock, so no append is half done. A
+// line that is not one readable event (bit rot, a bad sector, a line too
+// long) is appended to the spool path+".bad" (fsynced), counted, and
+// skipped, so the events behind it are still forwarded; only a failure to
+// read the spool or to move such a line aside stops forwarding (Forward
+// records it for Check).
 func (s *Spool) head() (Event, int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed || s.pending == 0 {
-		return Event{}, 0, nil
+	for {
+		if s.closed || s.pending == 0 {
+			return Event{}, 0, nil
+		}
+		e, n, err := s.readHeadLocked()
+		if err != nil || n > 0 {
+			return e, n, err
+		}
 	}
+}
+
+// readHeadLocked reads the line at s.offset: the event and the line's
+// length, or (after moving an unreadable line aside) a zero length, to be
+// called again. s.mu is held.
+func (s *Spool) readHeadLocked() (Event, int64, error) {
 	f, err := os.Open(s.local.Path())
 	if err != nil {
 		return Event{}, 0, err
 	}
 	defer f.Close()
 	line, err := bufio.NewReaderSize(io.NewSectionReader(f, s.offset, MaxEventBytes+1), MaxEventBytes+1).ReadSlice('\n')
-	if err != nil {
+	switch {
+	case err == nil:
+		if e, uerr := Unmarshal(line[:len(line)-1]); uerr == nil {
+			return e, int64(len(line)), nil
+		}
+	case errors.Is(err, bufio.ErrBufferFull), errors.Is(err, io.EOF) && len(line) > MaxEventBytes:
+		// Longer than any event: unreadable too.
+	default:
 		return Event{}, 0, fmt.Errorf("audit: spool: reading the next event: %w", err)
 	}
-	e, err := Unmarshal(line[:len(line)-1])
+	n, err := quarantineLine(f, s.offset, s.local.Path()+".bad")
 	if err != nil {
-		return Event{}, 0, fmt.Errorf("audit: spool: %w", err)
+		return Event{}, 0, fmt.Errorf("audit: spool: moving an unreadable event aside: %w", err)
 	}
-	return e, int64(len(line)), nil
+	s.offset += n
+	s.pending--
+	s.badLines++
+	if s.pending == 0 {
+		if terr := s.local.truncateTo(0); terr == nil {
+			s.offset = 0
+		}
+	}
+	return Event{}, 0, nil
+}
+
+// quarantineLine appends the line of f starting at off (through its
+// newline) to the file at q, fsynced, and returns the line's length.
+func quarantineLine(f *os.File, off int64, q string) (int64, error) {
+	r := bufio.NewReader(io.NewSectionReader(f, off, 1<<62))
+	var line []byte
+	for {
+		chunk, err := r.ReadSlice('\n')
+		line = append(line, chunk...)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, bufio.ErrBufferFull) {
+			return 0, fmt.Errorf("no end of line: %w", err)
+		}
+	}
+	qf, err := os.OpenFile(q, os.O_WRONLY|os.O_APPEND|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return 0, err
+	}
+	_, err = qf.Write(line)
+	if err == nil {
+		err = qf.Sync()
+	}
+	if cerr := qf.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, err
+	}
+	return int64(len(line)), nil
+}
+
+// countLines counts the newline-terminated lines of the file at path.
+func countLines(path string) (int, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	buf := make([]byte, 64<<10)
+	n := 0
+	for {
+		k, err := f.Read(buf)
+		n += bytes.Count(buf[:k], []byte{'\n'})
+		if err == io.EOF {
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+	}
+}
+
+// BadLines is the number of unreadable spooled lines moved to the spool's
+// path+".bad" file (not forwarded) since OpenSpool.
+func (s *Spool) BadLines() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.badLines
 }
 
 // Check reports a spool file that cannot take events, or spooled events the

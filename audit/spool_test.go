@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -174,5 +175,147 @@ func TestSpoolFailsOnlyWhenBothFail(t *testing.T) {
 	}
 	if sp.Pending() != 0 {
 		t.Fatalf("pending %d after a failed spool write", sp.Pending())
+	}
+}
+
+// TestSpoolMovesUnreadableLineAsideAndKeepsForwarding guarantees that a
+// spooled line the forwarder cannot read (bit rot, a bad sector) does not
+// stall forwarding while Check says all is well: the line is moved to the
+// spool's .bad file and the events behind it (and new ones) reach the
+// backend; if any stay pending, Check reports it.
+func TestSpoolMovesUnreadableLineAsideAndKeepsForwarding(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "audit-spool.jsonl")
+	b := &backendSink{}
+	b.set(true, false)
+	sp, err := OpenSpool(path, b, SpoolOptions{RetryInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sp.Close()
+	for i, n := range []string{"e1", "e2", "e3"} {
+		e := acquireEvent(t0.Add(time.Duration(i) * time.Millisecond))
+		e.RequestID = n
+		if err := sp.Write(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the outage to be reported", func() bool { return sp.Check(ctx) != nil })
+	// Damage line 2 in place (same length): bit rot, a bad sector.
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := bytes.IndexByte(data, '\n')
+	data[first+5] = '#'
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b.set(false, false)
+	waitFor(t, "e1 forwarded", func() bool { return len(b.ids()) >= 1 })
+	time.Sleep(100 * time.Millisecond)
+	e := acquireEvent(t0.Add(time.Second))
+	e.RequestID = "e4"
+	if err := sp.Write(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if sp.Pending() > 0 && sp.Check(ctx) == nil {
+		t.Fatalf("forwarding is stuck (%d events pending, backend holds %v) but Check reports healthy", sp.Pending(), b.ids())
+	}
+}
+
+// TestOpenSpoolStartsPastDamagedMiddleLine guarantees that a damaged line in
+// the middle of a spool left by an earlier run does not stop startup: the
+// events around it are forwarded, the damaged line is kept in path+".bad".
+func TestOpenSpoolStartsPastDamagedMiddleLine(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "audit-spool.jsonl")
+	b := &backendSink{}
+	b.set(true, false)
+	sp, err := OpenSpool(path, b, SpoolOptions{RetryInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, n := range []string{"e1", "e2", "e3"} {
+		e := acquireEvent(t0.Add(time.Duration(i) * time.Millisecond))
+		e.RequestID = n
+		if err := sp.Write(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sp.Close()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(string(data), "\n")
+	damaged := strings.Replace(lines[1], "{", "#", 1)
+	data = []byte(lines[0] + damaged + lines[2])
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b.set(false, false)
+	sp, err = OpenSpool(path, b, SpoolOptions{RetryInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatalf("a damaged middle line stops startup: %v", err)
+	}
+	defer sp.Close()
+	waitFor(t, "the readable events forwarded", func() bool { return sp.Pending() == 0 })
+	if got := strings.Join(b.ids(), ","); got != "e1,e3" {
+		t.Fatalf("backend holds %s, want e1,e3", got)
+	}
+	if sp.BadLines() != 1 {
+		t.Fatalf("BadLines = %d, want 1", sp.BadLines())
+	}
+	bad, err := os.ReadFile(path + ".bad")
+	if err != nil || string(bad) != damaged {
+		t.Fatalf(".bad holds %q (%v), want the damaged line", bad, err)
+	}
+	if err := sp.Check(ctx); err != nil {
+		t.Fatalf("Check after forwarding: %v", err)
+	}
+}
+
+// TestSpoolReportsLineItCannotMoveAside guarantees that when the forwarder
+// can neither read the head line nor move it aside, the failure is recorded:
+// Check (and so /readyz) reports the events waiting behind it.
+func TestSpoolReportsLineItCannotMoveAside(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "audit-spool.jsonl")
+	if err := os.Mkdir(path+".bad", 0o700); err != nil { // cannot be appended to
+		t.Fatal(err)
+	}
+	b := &backendSink{}
+	b.set(true, false)
+	sp, err := OpenSpool(path, b, SpoolOptions{RetryInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sp.Close()
+	for i, n := range []string{"e1", "e2"} {
+		e := acquireEvent(t0.Add(time.Duration(i) * time.Millisecond))
+		e.RequestID = n
+		if err := sp.Write(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Damage both lines: the forwarder may have read e1 before the damage.
+	data[1] = '#'
+	data[bytes.IndexByte(data, '\n')+2] = '#'
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b.set(false, false)
+	if err := sp.Forward(ctx); err == nil {
+		t.Fatal("Forward reports no failure at a head it can neither read nor move aside")
+	}
+	if sp.Pending() == 0 || sp.Check(ctx) == nil {
+		t.Fatalf("pending %d, Check %v: a stalled spool must be reported", sp.Pending(), sp.Check(ctx))
 	}
 }

@@ -194,6 +194,16 @@ func TestAuditInputCannotSwitchOffAudit(t *testing.T) {
 					}
 					r := s.do(t, rawReq{Method: "POST", Path: apiBase + "/" + leaseID + "/" + op.path, Key: admin.APIKey,
 						Body: body, Header: [][2]string{{"X-Correlation-ID", corr}}})
+					if hostile == "reason" || hostile == "incident_id" {
+						// Stored in the record and returned by history: a value
+						// that may be credential material is refused there, as in
+						// metadata (lease.SecretShaped), and never echoed.
+						if r.Status != 400 || r.code() != "invalid_lease_request" || !strings.Contains(string(r.Body), `"field":"`+hostile+`"`) ||
+							strings.Contains(string(r.Body), v) {
+							t.Fatalf("%s with a 64-hex %s: %d %s, want 400 invalid_lease_request on %s", op.path, hostile, r.Status, r.Body, hostile)
+						}
+						return
+					}
 					if r.Status != 200 || r.code() != op.code {
 						t.Fatalf("%s with a 64-hex %s: %d %s", op.path, hostile, r.Status, r.Body)
 					}

@@ -227,9 +227,19 @@ func PrepareAdmin(op Op, req AdminRequest, o StoreOptions) (AdminRequest, Prepar
 	if err := CheckReason(req.Reason); err != nil {
 		return req, Prepared{}, err
 	}
+	// The reason and incident id are stored in the terminal record and
+	// returned by history: like metadata, they must not hold what may be
+	// credential material (the one rule, SecretShaped). The error names
+	// the field only, never the value.
+	if SecretShaped(req.Reason) {
+		return req, Prepared{}, Invalid("reason", "must not hold credentials or secrets: it looks like credential material (star_sk_, bearer, or 64 hex digits)")
+	}
 	if req.IncidentID != "" {
 		if err := CheckOpaqueID("incident_id", req.IncidentID); err != nil {
 			return req, Prepared{}, err
+		}
+		if SecretShaped(req.IncidentID) {
+			return req, Prepared{}, Invalid("incident_id", "must not hold credentials or secrets: it looks like credential material (star_sk_ or 64 hex digits)")
 		}
 	}
 	h := (&fieldHasher{}).add("op", string(op)).add("lock_key", key).

@@ -422,6 +422,17 @@ func TestPrepareAdmin(t *testing.T) {
 		{"reason blank", func(r *AdminRequest) { r.Reason = "   " }, "reason", "must not be blank"},
 		{"incident id invalid", func(r *AdminRequest) { r.IncidentID = "INC 42" }, "incident_id", ""},
 		{"incident id only and invalid", func(r *AdminRequest) { r.Reason, r.IncidentID = "", "-1" }, "incident_id", ""},
+		// Reason and incident id are stored in the record and returned by
+		// history: credential material is refused, by the one rule.
+		{"reason holds an API key", func(r *AdminRequest) {
+			r.Reason = "leaked: star_sk_v1_01J00000000000000000000000_" + strings.Repeat("ab", 32)
+		}, "reason", ""},
+		{"reason holds a bearer header", func(r *AdminRequest) { r.Reason = "sent Bearer abc" }, "reason", ""},
+		{"reason holds 64 hex", func(r *AdminRequest) { r.Reason = "secret " + strings.Repeat("0f", 32) }, "reason", ""},
+		{"incident id holds an API key", func(r *AdminRequest) {
+			r.IncidentID = "star_sk_v1_01J00000000000000000000000_" + strings.Repeat("ab", 32)
+		}, "incident_id", ""},
+		{"incident id holds 64 hex", func(r *AdminRequest) { r.IncidentID = "inc-" + strings.Repeat("0f", 32) }, "incident_id", ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

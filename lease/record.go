@@ -498,6 +498,11 @@ func CheckOpaqueID(field, v string) error {
 	if strings.Contains(v, "..") {
 		return Invalid(field, "must not contain ..")
 	}
+	// The charset admits a whole API key (star_sk_v1_<ULID>_<64 hex>);
+	// opaque ids are stored, audited and returned, so none may carry one.
+	if strings.Contains(strings.ToLower(v), "star_sk_") {
+		return Invalid(field, "must not hold an API key (star_sk_)")
+	}
 	return nil
 }
 

@@ -502,6 +502,9 @@ func TestCheckOpaqueID(t *testing.T) {
 		{"caf\u00e9", "may contain only ASCII letters, digits and . _ : - and must start with a letter or digit"},
 		{"a\x00", "may contain only ASCII letters, digits and . _ : - and must start with a letter or digit"},
 		{"a*", "may contain only ASCII letters, digits and . _ : - and must start with a letter or digit"},
+		// A whole API key fits the charset; no opaque id may carry one.
+		{"star_sk_v1_01J00000000000000000000000_" + strings.Repeat("ab", 32), "must not hold an API key (star_sk_)"},
+		{"req-STAR_SK_v1_x", "must not hold an API key (star_sk_)"},
 	}
 	for _, tc := range cases {
 		wantErr(t, CheckOpaqueID("job_id", tc.in), CodeInvalidRequest, "job_id", tc.reason)

@@ -20,12 +20,16 @@ import (
 const auditLibrarySource = `#!lua name=__LIBRARY__
 local FN = '__FN__'
 
--- add appends one event to the capped stream. The entry id's time is the
--- event's time (ARGV 1) when that keeps the stream ordered, else the time
--- of the newest entry: max(event time, newest entry's time), so an entry's
--- id time is never before its event's, and is after it only by the
--- writers' disorder (latency, clock skew), never by the server's clock.
--- KEYS 1 stream. ARGV 1 event time ms, 2 MAXLEN (approximate), 3 event.
+-- add appends one event to the capped stream and, in the same atomic
+-- step, sets the event's marker key (KEYS 2, kept ARGV 4 ms), so addonce
+-- knows the event is there whatever the entry's id time. The entry id's
+-- time is the event's time (ARGV 1) when that keeps the stream ordered,
+-- else the time of the newest entry: max(event time, newest entry's time),
+-- so an entry's id time is never before its event's, and is after it only
+-- by the writers' disorder (latency, clock skew), never by the server's
+-- clock.
+-- KEYS 1 stream, 2 marker. ARGV 1 event time ms, 2 MAXLEN (approximate),
+-- 3 event, 4 marker TTL ms.
 local function add(keys, args)
   local t = redis.call('TYPE', keys[1]).ok
   if t ~= 'none' and t ~= 'stream' then return redis.error_reply('WRONGTYPE audit stream') end
@@ -40,38 +44,17 @@ local function add(keys, args)
   if type(id) == 'table' and id.err then
     id = redis.call('XADD', keys[1], 'MAXLEN', '~', args[2], '*', 'e', args[3])
   end
+  redis.call('SET', keys[2], '1', 'PX', args[4])
   return id
 end
 
--- addonce appends one event unless the stream already holds it: a marker
--- key (KEYS 2, kept ARGV 4 ms) records an earlier addonce of the event,
--- and the entries from the event's time to a minute past it (ARGV 5) are
--- searched for an earlier add whose reply was lost (add gives the entry its
--- event's time unless the stream's newest entry is later). Every entry
--- holds audit.Marshal's bytes, which begin with the event id.
--- KEYS 1 stream, 2 marker. ARGV 1 event time ms, 2 MAXLEN, 3 event,
--- 4 marker TTL ms, 5 window end ms, 6 event id.
+-- addonce appends one event unless its marker key (KEYS 2) shows an
+-- earlier add of it (one whose reply was lost included): the marker is set
+-- with the entry, atomically, so the check depends on no clock.
+-- KEYS and ARGV as add.
 local function addonce(keys, args)
   if redis.call('EXISTS', keys[2]) == 1 then return 'dup' end
-  local t = redis.call('TYPE', keys[1]).ok
-  if t ~= 'none' and t ~= 'stream' then return redis.error_reply('WRONGTYPE audit stream') end
-  local head = '{"event_id":"' .. args[6] .. '"'
-  local start = args[1]
-  while true do
-    local es = redis.call('XRANGE', keys[1], start, args[5], 'COUNT', 256)
-    for _, e in ipairs(es) do
-      local v = e[2][2]
-      if type(v) == 'string' and string.sub(v, 1, #head) == head then
-        redis.call('SET', keys[2], '1', 'PX', args[4])
-        return 'dup'
-      end
-      start = '(' .. e[1]
-    end
-    if #es < 256 then break end
-  end
-  local id = add(keys, args)
-  redis.call('SET', keys[2], '1', 'PX', args[4])
-  return id
+  return add(keys, args)
 end
 
 redis.register_function(FN .. 'add', add)
@@ -102,8 +85,9 @@ type AuditOptions struct {
 func (k layout) audit() string              { return k.ns + ":audit" }
 func (k layout) auditOnce(id string) string { return k.ns + ":audit:once:" + id }
 
-// auditOnceTTL is how long WriteOnce remembers an event it added: far
-// longer than a spool takes to forward after a restart.
+// auditOnceTTL is how long the sink remembers an event it added (Write or
+// WriteOnce; one small key per event): far longer than a spool takes to
+// forward after a restart.
 const auditOnceTTL = 7 * 24 * time.Hour
 
 // AuditSink is audit.Sink on the lease backend's Valkey server: every event
@@ -169,12 +153,12 @@ func (a *AuditSink) write(ctx context.Context, e audit.Event, once bool) error {
 		return errors.New("audit: valkey sink: backend durability is not verified")
 	}
 	ms := strconv.FormatUint(id.Time(), 10)
-	fn, keys, args := "add", []string{a.s.keys.audit()}, []string{ms, strconv.FormatInt(a.maxLen, 10), string(b)}
+	fn := "add"
 	if once {
-		fn, keys = "addonce", append(keys, a.s.keys.auditOnce(e.EventID))
-		args = append(args, strconv.FormatInt(auditOnceTTL.Milliseconds(), 10),
-			strconv.FormatUint(id.Time()+uint64(auditSeekWindow.Milliseconds()), 10), e.EventID)
+		fn = "addonce"
 	}
+	keys := []string{a.s.keys.audit(), a.s.keys.auditOnce(e.EventID)}
+	args := []string{ms, strconv.FormatInt(a.maxLen, 10), string(b), strconv.FormatInt(auditOnceTTL.Milliseconds(), 10)}
 	if _, err := a.s.callAux(ctx, auditLibrary, fn, keys, args); err != nil {
 		return fmt.Errorf("audit: valkey write failed: %s", classify(err))
 	}
@@ -182,11 +166,12 @@ func (a *AuditSink) write(ctx context.Context, e audit.Event, once bool) error {
 }
 
 // WriteOnce is Write at most once per event id (audit.OnceWriter): it adds
-// nothing if an earlier WriteOnce added the event (a marker key per event,
-// kept a week), or if an earlier Write did (its entry, looked for from the
-// event's time to a minute past it, as Read does). audit.Spool forwards
-// through it, so an event spooled after a Write whose reply was lost, or
-// forwarded again after a crash, is in the stream once.
+// nothing if an earlier Write or WriteOnce added the event. Every add sets
+// a marker key per event (kept a week) atomically with its XADD, and
+// WriteOnce checks only the marker, so no writer's clock matters.
+// audit.Spool forwards through it, so an event spooled after a Write whose
+// reply was lost, or forwarded again after a crash, is in the stream once.
+// (An entry added before markers were set with every add is not found.)
 func (a *AuditSink) WriteOnce(ctx context.Context, e audit.Event) error {
 	return a.write(ctx, e, true)
 }

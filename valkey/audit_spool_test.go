@@ -9,8 +9,7 @@ import (
 )
 
 // WriteOnce adds an event at most once, as the documented ACL user: not
-// again after an earlier WriteOnce (its marker), nor after an earlier
-// Write (found in the stream near the event's time).
+// again after an earlier WriteOnce or Write (the marker every add sets).
 func TestAuditSinkWriteOnce(t *testing.T) {
 	r, pw := aclServer(t)
 	s := open(t, r, Options{Username: "starlease", PasswordFile: pw, KeyPrefix: "starlease:" + randomPrefix()})
@@ -81,5 +80,36 @@ func TestSpoolForwardsAfterValkeyRestart(t *testing.T) {
 	sameIDs(t, "stream after the outage", got, want)
 	if err := sp.Check(bg); err != nil {
 		t.Fatalf("Check after draining: %v", err)
+	}
+}
+
+// TestAuditSinkWriteOnceAfterLostReplyDespiteClockSkew guarantees that
+// WriteOnce's dedupe depends on no clock: after another server whose clock
+// runs ahead has added an entry (so later entries are filed at its time), a
+// Write whose reply was lost and whose event the Spool then forwards with
+// WriteOnce is in the stream once (add sets the event's marker with the
+// XADD).
+func TestAuditSinkWriteOnceAfterLostReplyDespiteClockSkew(t *testing.T) {
+	r, pw := aclServer(t)
+	s := open(t, r, Options{Username: "starlease", PasswordFile: pw, KeyPrefix: "starlease:" + randomPrefix()})
+	sink := s.AuditSink(AuditOptions{})
+	now := time.Now()
+	skewed := auditEvent(audit.EventAcquire, now.Add(2*time.Minute)) // a server whose clock is ahead
+	if err := sink.Write(bg, skewed); err != nil {
+		t.Fatal(err)
+	}
+	e := auditEvent(audit.EventRevoke, now)
+	if err := sink.Write(bg, e); err != nil { // reached the stream; say its reply was lost
+		t.Fatal(err)
+	}
+	if err := sink.WriteOnce(bg, e); err != nil { // the Spool forwards it
+		t.Fatal(err)
+	}
+	got, err := sink.Read(bg, audit.Filter{EventType: audit.EventRevoke}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 {
+		t.Fatalf("the revoke event is in the stream %d times", len(got))
 	}
 }

@@ -98,9 +98,9 @@
 // library and loaded the same way: create (SET NX plus the index entry)
 // and swap (a compare-and-set of a record, optionally creating the
 // rotation's new credential) for credentials; add (XADD, the entry id's
-// time the event's or, to keep the stream ordered, the newest entry's) and
-// addonce (add unless a marker or an entry near the event's time shows the
-// event is there already: EXISTS, XRANGE, SET PX) for audit. Writes to both are refused while durability is not verified: a
+// time the event's or, to keep the stream ordered, the newest entry's,
+// and the event's marker key set with it: SET PX) and addonce (add unless
+// the marker shows the event is there already: EXISTS) for audit. Writes to both are refused while durability is not verified: a
 // revocation and an administrator's audit event must survive a crash.
 //
 // Namespaces sharing a server must not nest (e.g. "starlease" and
@@ -161,8 +161,8 @@
 // the functions call, which Valkey checks against the caller's ACL, so the
 // key pattern must cover the whole namespace. The last line is for
 // ActiveLeases (ZCARD of the schedule) and the audit sink (XADD and
-// XREVRANGE in its library, and XRANGE, EXISTS and SET in addonce; XRANGE
-// in AuditSink.Read); the credential store
+// XREVRANGE and SET in its library, and EXISTS in addonce; XRANGE in
+// AuditSink.Read); the credential store
 // needs nothing beyond the lines before it (GET, ZRANGEBYLEX, and SET,
 // EXISTS, TYPE, ZADD inside its functions). The conformance suites run
 // under exactly this ACL (TestConformance, TestCredentialStoreConformance),
