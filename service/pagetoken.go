@@ -39,8 +39,8 @@ import (
 // form of a sequence shared by every identity on the server, so its length
 // grows with every lease that ever ended anywhere — and a token must not
 // carry it. The version byte is associated data too, so a token cannot be
-// opened as another version. Version 1 tokens (cursor unpadded, handed out
-// before) still open, so pages in progress survive an upgrade.
+// opened as another version. (Version 1, an unpadded form, was never
+// released; it does not open.)
 
 const (
 	pageTokenVersion = 2
@@ -53,8 +53,6 @@ const (
 	pageTokenPlain = 512
 	// pageTokenLen is the length of every token the service hands out.
 	pageTokenLen = ((1+pageTokenRandom+pageTokenPlain+16)*4 + 2) / 3
-	// pageTokenLegacy is the version of unpadded tokens, opened only.
-	pageTokenLegacy = 1
 )
 
 // A token must stay within what every decoder accepts.
@@ -120,26 +118,19 @@ func (ps *pageSealer) open(b []byte, token string) (string, error) {
 		return "", lease.Invalid("page_token", "too long")
 	}
 	raw, err := base64.RawURLEncoding.DecodeString(token)
-	if err != nil || len(raw) < 1+pageTokenRandom+16 || raw[0] != pageTokenVersion && raw[0] != pageTokenLegacy {
+	if err != nil || len(raw) < 1+pageTokenRandom+16 || raw[0] != pageTokenVersion {
 		return "", lease.Invalid("page_token", "malformed")
 	}
-	ad := b
-	if raw[0] != pageTokenLegacy {
-		ad = versioned(raw[0], b)
-	}
 	r := raw[1 : 1+pageTokenRandom]
-	plain, err := ps.aead(r[:12]).Open(nil, r[12:], raw[1+pageTokenRandom:], ad)
+	plain, err := ps.aead(r[:12]).Open(nil, r[12:], raw[1+pageTokenRandom:], versioned(raw[0], b))
 	if err != nil {
 		return "", lease.Invalid("page_token", "does not belong to this listing and caller")
 	}
-	cursor := plain
-	if raw[0] != pageTokenLegacy {
-		// Authentic, so well-formed unless this server's key sealed it wrong.
-		if len(plain) != pageTokenPlain || int(binary.BigEndian.Uint16(plain)) > pageTokenPlain-2 {
-			return "", lease.Invalid("page_token", "malformed")
-		}
-		cursor = plain[2 : 2+binary.BigEndian.Uint16(plain)]
+	// Authentic, so well-formed unless this server's key sealed it wrong.
+	if len(plain) != pageTokenPlain || int(binary.BigEndian.Uint16(plain)) > pageTokenPlain-2 {
+		return "", lease.Invalid("page_token", "malformed")
 	}
+	cursor := plain[2 : 2+binary.BigEndian.Uint16(plain)]
 	if len(cursor) == 0 {
 		return "", lease.Invalid("page_token", "does not belong to this listing and caller")
 	}

@@ -64,8 +64,8 @@ func TestHistoryTokenLengthIndependentOfOtherTenants(t *testing.T) {
 // Every token the service seals, list or history, has one length whatever
 // its cursor, within lease.MaxPageTokenBytes, and opens to that cursor
 // under its own binding only. A cursor too long to pad is refused, not
-// sealed. Unpadded version 1 tokens still open; a token relabelled with
-// the other version does not.
+// sealed. An unpadded token, or one relabelled with another version, does
+// not open.
 func TestPageTokensHaveOneLength(t *testing.T) {
 	ps, err := newPageSealer(make([]byte, 32))
 	if err != nil {
@@ -90,25 +90,24 @@ func TestPageTokensHaveOneLength(t *testing.T) {
 		t.Fatalf("a cursor too long to pad: %v", err)
 	}
 
-	// A version 1 token, as sealed before padding: no version in the
-	// associated data, the cursor as it is.
-	legacy := func(version byte) string {
+	// An unpadded token (the cursor sealed as it is) and a token under
+	// another version byte are refused: every token is one length.
+	unpadded := func(version byte, ad []byte) string {
 		out := make([]byte, 1+pageTokenRandom)
 		out[0] = version
 		r := out[1:]
-		out = ps.aead(r[:12]).Seal(out, r[12:], []byte("cursor-1"), bind)
+		out = ps.aead(r[:12]).Seal(out, r[12:], []byte("cursor-1"), ad)
 		return base64.RawURLEncoding.EncodeToString(out)
 	}
-	if got, err := ps.open(bind, legacy(pageTokenLegacy)); err != nil || got != "cursor-1" {
-		t.Fatalf("version 1 token: %q %v", got, err)
-	}
-	if _, err := ps.open(bind, legacy(pageTokenVersion)); code(err) != lease.CodeInvalidRequest {
-		t.Fatalf("version 1 token relabelled as version 2 opened: %v", err)
+	for _, tok := range []string{unpadded(pageTokenVersion, versioned(pageTokenVersion, bind)), unpadded(1, bind)} {
+		if _, err := ps.open(bind, tok); code(err) != lease.CodeInvalidRequest {
+			t.Fatalf("an unpadded or other-version token opened: %v", err)
+		}
 	}
 	tok, _ := ps.seal(bind, "cursor-2")
 	raw, _ := base64.RawURLEncoding.DecodeString(tok)
-	raw[0] = pageTokenLegacy
+	raw[0] = 1
 	if _, err := ps.open(bind, base64.RawURLEncoding.EncodeToString(raw)); code(err) != lease.CodeInvalidRequest {
-		t.Fatalf("version 2 token relabelled as version 1 opened: %v", err)
+		t.Fatalf("a token relabelled with another version opened: %v", err)
 	}
 }
