@@ -58,7 +58,7 @@ type Limiter struct {
 	opts LimiterOptions
 
 	mu         sync.Mutex
-	budgets    [2]budget          // the shared ones, by budgetOf
+	budgets    [2]budget          // the shared ones: authenticated, unauthenticated
 	principals map[string]*budget // an authenticated principal's own
 	global     budget             // the cap of all authenticated budgets
 	closed     bool
@@ -184,15 +184,6 @@ const (
 	budgetAuthenticated = iota
 	budgetUnauthenticated
 )
-
-// budgetOf is the budget of a droppable event: unauthenticated when no
-// principal was established.
-func budgetOf(e *Event) int {
-	if e.PrincipalID == "" {
-		return budgetUnauthenticated
-	}
-	return budgetAuthenticated
-}
 
 // droppedReasons name each budget in its audit_dropped events.
 var droppedReasons = [2]string{budgetAuthenticated: DroppedAuthenticated, budgetUnauthenticated: DroppedUnauthenticated}
