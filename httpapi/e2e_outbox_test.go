@@ -98,7 +98,9 @@ func TestE2EFencedPublication(t *testing.T) {
 	if r := post(t, s, k, "/commits/authorize", commit); r.Status != 200 || r.JSON["replayed"] != true {
 		t.Fatalf("raw replay %d %s", r.Status, r.Body)
 	}
-	outboxWith := func(kv ...any) map[string]any { return with(commit, "outbox", with(commit["outbox"].(map[string]any), kv...)) }
+	outboxWith := func(kv ...any) map[string]any {
+		return with(commit, "outbox", with(commit["outbox"].(map[string]any), kv...))
+	}
 	wantStatus(t, post(t, s, k, "/commits/authorize", outboxWith("body", base64.StdEncoding.EncodeToString([]byte("hullo")))), 409, "idempotency_conflict")
 	wantStatus(t, post(t, s, k, "/commits/authorize", outboxWith("content_type", "text/html")), 409, "idempotency_conflict")
 	wantStatus(t, post(t, s, k, "/commits/authorize", outboxWith("exchange", "documents")), 409, "idempotency_conflict")
