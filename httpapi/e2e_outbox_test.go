@@ -13,6 +13,7 @@ import (
 
 	"github.com/starintel/starlease/bolt"
 	"github.com/starintel/starlease/client"
+	"github.com/starintel/starlease/executor"
 	"github.com/starintel/starlease/fence"
 	"github.com/starintel/starlease/internal/testenv"
 	"github.com/starintel/starlease/lease"
@@ -77,6 +78,19 @@ func TestE2EFencedPublication(t *testing.T) {
 	p2, err := pub.Publish(ctx, committer, "commit-2", lease.OutboxMessage{RoutingKey: "documents.big", Body: big})
 	if err != nil {
 		t.Fatalf("64 KiB publication: %v", err)
+	}
+
+	// The executor over HTTP: its lease's committer publishes.
+	var p3 rabbitmq.Publication
+	err = executor.Run(ctx, store, executor.Spec{Identity: identity(uniqueID("pub-exec"), "usernamegen"), ServiceInstanceID: "inst-exec",
+		ExecutionID: "exec-x", JobID: "job-x", Caller: lease.Caller{PrincipalID: k.Principal}, TTL: 10 * time.Second},
+		func(ctx context.Context, l *executor.Lease) error {
+			var err error
+			p3, err = pub.Publish(ctx, l.Committer(), "exec-commit", lease.OutboxMessage{RoutingKey: "documents.exec", Body: []byte("from the executor")})
+			return err
+		})
+	if err != nil || p3.MessageID == "" {
+		t.Fatalf("executor publication over HTTP: %+v, %v", p3, err)
 	}
 
 	// 2. Raw wire: the outbox object, its refusals and replays.
@@ -167,6 +181,10 @@ func TestE2EFencedPublication(t *testing.T) {
 			if !bytes.Equal(e.Message.Body, big) {
 				t.Error("the 64 KiB body did not survive the round trip")
 			}
+		case p3.MessageID:
+			if string(e.Message.Body) != "from the executor" || e.ExecutionID != "exec-x" {
+				t.Errorf("executor outbox entry %+v", e)
+			}
 		case rawID:
 			if string(e.Message.Body) != "hello" || e.Message.RoutingKey != "q-raw" || e.Message.ContentType != "text/plain" {
 				t.Errorf("raw outbox entry %+v", e)
@@ -175,8 +193,8 @@ func TestE2EFencedPublication(t *testing.T) {
 			t.Errorf("unexpected outbox entry %s (%s)", e.MessageID, e.Message.RoutingKey)
 		}
 	}
-	if len(pending) != 3 {
-		t.Fatalf("outbox holds %v, want exactly the three accepted publications", got)
+	if len(pending) != 4 {
+		t.Fatalf("outbox holds %v, want exactly the four accepted publications", got)
 	}
 }
 
