@@ -187,7 +187,10 @@ func (r *LeasedRelay) Status() LeasedRelayStatus {
 // relays while it holds it, and starts over when the lease is lost. It
 // returns when ctx ends, releasing the lease.
 func (r *LeasedRelay) Run(ctx context.Context) error {
-	go r.monitor(ctx)
+	mctx, stopMonitor := context.WithCancel(ctx)
+	monitored := make(chan struct{})
+	go func() { defer close(monitored); r.monitor(mctx) }()
+	defer func() { stopMonitor(); <-monitored }()
 	spec := executor.Spec{Identity: r.o.Identity, ServiceInstanceID: r.o.ServiceInstanceID, Caller: r.o.Caller,
 		TTL: r.o.TTL, RenewMargin: r.o.TTL / 2, AcquireWait: r.o.TTL, Logger: r.o.Logger}
 	bo := backoff{min: r.relay.o.MinBackoff, max: r.relay.o.MaxBackoff}
