@@ -140,7 +140,10 @@ func TestE2ERelayBrokerOutage(t *testing.T) {
 	// publishes mandatory, so nothing is dropped as unroutable meanwhile.
 	broker.DeclareQueues(t, queue)
 	stopConsumer = got.consume(t, broker.URL(), queue)
-	for got.distinct() < 20+200 {
+	for limit := time.Now().Add(60 * time.Second); got.distinct() < 20+200; {
+		if time.Now().After(limit) {
+			t.Fatalf("only %d deliveries within 60s of the broker's restart", got.distinct())
+		}
 		time.Sleep(2 * time.Millisecond)
 	}
 	stopConsumer()
