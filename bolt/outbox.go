@@ -64,3 +64,13 @@ func (s *Store) OutboxDone(ctx context.Context, messageID string) error {
 		return ids.Delete([]byte(messageID))
 	})
 }
+
+// OutboxLen counts the pending entries (for the relay's backlog metric).
+func (s *Store) OutboxLen(ctx context.Context) (int64, error) {
+	var n int64
+	err := s.view(ctx, func(tx *bbolt.Tx) error {
+		n = int64(tx.Bucket(bucketOutbox).Stats().KeyN)
+		return nil
+	})
+	return n, err
+}

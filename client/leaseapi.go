@@ -2,7 +2,10 @@ package client
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -28,10 +31,11 @@ import (
 // as deadline_at (zero: the context's deadline, as X-Request-Timeout-Ms).
 // Inspect and AuthorizeCommit carry no deadline in their bodies: their
 // DeadlineAt bounds the call's context, and so its X-Request-Timeout-Ms.
-// The context bounds how long any call waits for its answer. AuthorizeCommit with an Outbox message is refused
-// (invalid_lease_request) without a request: the HTTP API has no fenced
-// outbox, and authorizing without appending would break the atomicity the
-// outbox promises.
+// The context bounds how long any call waits for its answer. AuthorizeCommit
+// with an Outbox message sends it as the request's outbox object: the
+// server appends it to its backend's fenced outbox in the same atomic step
+// as the lease check, so rabbitmq.Publisher works over HTTP; the answer
+// must name the message's body digest (payload_sha256) and a message id.
 //
 // # Results
 //
@@ -79,7 +83,7 @@ import (
 // lease_backend_unavailable for reads. An answer the adapter cannot map to a
 // record (a non-canonical identity) or that answers another request (a
 // commit of another sink) is lease_corrupt. Invalid input the adapter can
-// see (no request id, a sub-millisecond duration, an outbox message) is
+// see (no request id, a sub-millisecond duration) is
 // invalid_lease_request and nothing is sent.
 //
 // A LeaseStore is safe for concurrent use.
@@ -299,21 +303,33 @@ func (s *LeaseStore) Inspect(ctx context.Context, req lease.InspectRequest) (lea
 // AuthorizeCommit asks the fenced-write boundary to accept a commit
 // (POST /commits/authorize).
 func (s *LeaseStore) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (lease.CommitResult, error) {
-	if req.Outbox != nil {
-		return lease.CommitResult{}, lease.Invalid("outbox", "the HTTP API has no fenced outbox; publish through a store that has one")
+	var outbox *Outbox
+	target, payload := req.Target, req.PayloadSHA256
+	if m := req.Outbox; m != nil {
+		if target != "" || payload != "" {
+			return lease.CommitResult{}, lease.Invalid("target", "a publication is its own target: give target and payload_sha256 only without outbox")
+		}
+		// The message is the write: the backend binds the commit to its
+		// message id and the SHA-256 of its body.
+		outbox = &Outbox{Exchange: m.Exchange, RoutingKey: m.RoutingKey, ContentType: m.ContentType, Body: m.Body}
+		sum := sha256.Sum256(m.Body)
+		payload = hex.EncodeToString(sum[:])
 	}
 	ctx, cancel := withDeadline(withCorrelation(ctx, req.Caller), req.DeadlineAt)
 	defer cancel()
 	res, err := s.c.AuthorizeCommit(ctx, CommitRequest{LockIdentity: req.Identity, LeaseID: req.LeaseID,
 		FencingToken: req.FencingToken, ServiceInstanceID: req.ServiceInstanceID, Sink: req.Sink,
 		CommitID: req.CommitID, ExecutionID: req.ExecutionID, JobID: req.JobID, TraceID: req.TraceID,
-		Target: req.Target, PayloadSHA256: req.PayloadSHA256})
+		Target: req.Target, PayloadSHA256: req.PayloadSHA256, Outbox: outbox})
 	if err != nil {
 		return lease.CommitResult{}, leaseErr(err, true)
 	}
 	cm := res.Commit
+	if outbox != nil && strings.HasPrefix(cm.Target, "msg_") {
+		target = cm.Target // the message id, derived by the backend from the commit
+	}
 	if cm.LeaseID != req.LeaseID || cm.FencingToken != req.FencingToken || cm.CommitID != req.CommitID || cm.Sink != req.Sink ||
-		cm.ExecutionID != req.ExecutionID || cm.JobID != req.JobID || cm.Target != req.Target || cm.PayloadSHA256 != req.PayloadSHA256 {
+		cm.ExecutionID != req.ExecutionID || cm.JobID != req.JobID || cm.Target != target || cm.PayloadSHA256 != payload {
 		return lease.CommitResult{}, corrupt("commit answer does not match the request")
 	}
 	return lease.CommitResult{Code: lease.CodeCommitAuthorized, Replayed: res.Replayed, BackendTime: lease.At(cm.BackendTime),

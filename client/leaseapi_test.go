@@ -3,6 +3,9 @@ package client
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io"
@@ -408,14 +411,39 @@ func TestLeaseStoreAuthorizeCommit(t *testing.T) {
 	if _, err := st.AuthorizeCommit(t.Context(), other); lease.CodeOf(err) != lease.CodeCorrupt {
 		t.Fatalf("mismatched commit answer: %v", err)
 	}
-	// No outbox over HTTP: refused without a request.
+	// A publication with its own target is refused without a request.
 	n := s.count()
-	req.Outbox = &lease.OutboxMessage{RoutingKey: "q", Body: []byte("x")}
+	req.Outbox = &lease.OutboxMessage{Exchange: "documents", RoutingKey: "q", ContentType: "application/json", Body: []byte("x\x00\xff")}
 	if _, err := st.AuthorizeCommit(t.Context(), req); lease.CodeOf(err) != lease.CodeInvalidRequest {
-		t.Fatalf("outbox commit: %v", err)
+		t.Fatalf("outbox commit with a target: %v", err)
 	}
 	if s.count() != n {
-		t.Fatal("an outbox commit was sent")
+		t.Fatal("an outbox commit with a target was sent")
+	}
+	// A publication travels as the outbox object, its body in base64; the
+	// answer names the message id and the body's digest.
+	sum := sha256.Sum256(req.Outbox.Body)
+	digest := hex.EncodeToString(sum[:])
+	s.on("POST /commits/authorize", 200, okBody("lease_inspected", strings.NewReplacer("doc-1", "msg_abc", strings.Repeat("a", 64), digest).Replace(commit)))
+	req.Target, req.PayloadSHA256 = "", ""
+	res, err = st.AuthorizeCommit(t.Context(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g = s.last(t)
+	ob, _ := g.Body["outbox"].(map[string]any)
+	if keysOf(g.Body) != "commit_id,execution_id,fencing_token,job_id,lease_id,lock_identity,outbox,service_instance_id,sink,trace_id" ||
+		ob["body"] != base64.StdEncoding.EncodeToString(req.Outbox.Body) || ob["exchange"] != "documents" || ob["routing_key"] != "q" ||
+		ob["content_type"] != "application/json" {
+		t.Fatalf("outbox commit body %v", g.Body)
+	}
+	if res.Commit.Target != "msg_abc" || res.Commit.PayloadSHA256 != digest {
+		t.Fatalf("outbox commit result %+v", res)
+	}
+	// An answer bound to another body is not this publication's.
+	req.Outbox.Body = []byte("y")
+	if _, err := st.AuthorizeCommit(t.Context(), req); lease.CodeOf(err) != lease.CodeCorrupt {
+		t.Fatalf("outbox answer for another body: %v", err)
 	}
 }
 

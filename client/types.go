@@ -93,8 +93,24 @@ type CommitRequest struct {
 	TraceID           string         `json:"trace_id,omitempty"`
 	// Target and PayloadSHA256 name the one write authorized: the object
 	// it changes in the sink and the SHA-256 (hex) of what it writes.
-	Target        string `json:"target"`
+	Target        string `json:"target,omitempty"`
 	PayloadSHA256 string `json:"payload_sha256,omitempty"`
+	// Outbox, when set, is a fenced publication: the server appends it to
+	// its backend's outbox in the same atomic step as the lease check, and
+	// its relay publishes it. The message is then the write: Target and
+	// PayloadSHA256 stay empty and the answer names the message id and the
+	// body's SHA-256.
+	Outbox *Outbox `json:"outbox,omitempty"`
+}
+
+// Outbox is a publication (POST /commits/authorize's outbox object).
+// Body travels as standard base64 (encoding/json's form of []byte), at
+// most lease.MaxOutboxBody bytes before encoding.
+type Outbox struct {
+	Exchange    string `json:"exchange"`
+	RoutingKey  string `json:"routing_key"`
+	ContentType string `json:"content_type,omitempty"`
+	Body        []byte `json:"body"`
 }
 
 // Lease is the contract's success shape of a lease.

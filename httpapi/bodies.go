@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"time"
 
@@ -66,6 +67,37 @@ type commitBody struct {
 	TraceID           string          `json:"trace_id"`
 	Target            string          `json:"target"`
 	PayloadSHA256     string          `json:"payload_sha256"`
+	Outbox            *outboxBody     `json:"outbox"`
+}
+
+// outboxBody is a fenced publication: the message the authorization
+// appends to the backend's outbox. Body is the payload bytes in standard
+// base64 (padded): a publication's body is bytes, not text (payload_sha256
+// is over those exact bytes, and a JSON string cannot carry every byte
+// sequence), and base64 bounds the wire size at 4/3 of the body, where
+// JSON string escapes could take up to 6 bytes per byte.
+type outboxBody struct {
+	Exchange    string `json:"exchange"`
+	RoutingKey  string `json:"routing_key"`
+	ContentType string `json:"content_type"`
+	Body        string `json:"body"`
+}
+
+// message decodes the publication. The body must be canonical standard
+// base64: padded, no line breaks, zero padding bits, so one body has one
+// encoding.
+func (o *outboxBody) message() (*lease.OutboxMessage, error) {
+	if o == nil {
+		return nil, nil
+	}
+	if len(o.Body) > base64.StdEncoding.EncodedLen(lease.MaxOutboxBody) {
+		return nil, lease.Invalid("outbox.body", "must be at most 64 KiB (before base64)")
+	}
+	b, err := base64.StdEncoding.Strict().DecodeString(o.Body)
+	if err != nil || base64.StdEncoding.EncodeToString(b) != o.Body {
+		return nil, lease.Invalid("outbox.body", "must be standard base64 (padded, no line breaks)")
+	}
+	return &lease.OutboxMessage{Exchange: o.Exchange, RoutingKey: o.RoutingKey, ContentType: o.ContentType, Body: b}, nil
 }
 
 // Response shapes: only authorized, non-secret fields.

@@ -236,10 +236,14 @@ func (s *Server) history(r *http.Request, c service.Call, ok *Success) error {
 
 func (s *Server) authorizeCommit(r *http.Request, c service.Call, ok *Success) error {
 	var b commitBody
-	if err := decodeBody(r, &b); err != nil {
+	if err := decodeBodyLimit(r, &b, MaxCommitBodyBytes); err != nil {
 		return err
 	}
 	id, err := identityOf(b.LockIdentity)
+	if err != nil {
+		return err
+	}
+	msg, err := b.Outbox.message()
 	if err != nil {
 		return err
 	}
@@ -251,7 +255,8 @@ func (s *Server) authorizeCommit(r *http.Request, c service.Call, ok *Success) e
 	ok.reached = true
 	res, err := s.svc.AuthorizeCommit(r.Context(), c, service.CommitInput{Identity: id, LeaseID: b.LeaseID,
 		FencingToken: b.FencingToken, ServiceInstanceID: b.ServiceInstanceID, Sink: b.Sink, CommitID: b.CommitID,
-		ExecutionID: b.ExecutionID, JobID: b.JobID, TraceID: b.TraceID, Target: b.Target, PayloadSHA256: b.PayloadSHA256})
+		ExecutionID: b.ExecutionID, JobID: b.JobID, TraceID: b.TraceID, Target: b.Target, PayloadSHA256: b.PayloadSHA256,
+		Outbox: msg})
 	if err != nil {
 		return err
 	}

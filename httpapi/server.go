@@ -40,6 +40,7 @@ type Server struct {
 	log     *slog.Logger
 	now     func() time.Time
 	metrics *metrics
+	comps   map[string]func(context.Context) ComponentHealth
 }
 
 // Options configure a Server.
@@ -47,6 +48,19 @@ type Options struct {
 	// Registry receives the metrics; nil uses a private registry.
 	Registry *prometheus.Registry
 	Logger   *slog.Logger
+	// Components report the health of parts of the server besides the
+	// lease backend (the outbox relay) on /readyz, by name.
+	Components map[string]func(context.Context) ComponentHealth
+}
+
+// ComponentHealth is a component's /readyz report. Status is "ok" or
+// "degraded"; a degraded component makes /readyz's status "degraded" but
+// keeps it 200 while the backend is ok: the lease API still serves, and
+// taking the server out of rotation would not help the component.
+type ComponentHealth struct {
+	Status string         `json:"status"`
+	Reason string         `json:"reason,omitempty"`
+	Detail map[string]any `json:"detail,omitempty"`
 }
 
 // New builds the handler. The audit sink argument is no longer used: the
@@ -54,7 +68,8 @@ type Options struct {
 // included (service.Service.AuditAuthFailure); it stays for the callers of
 // this signature.
 func New(svc *service.Service, authn *auth.Authenticator, _ audit.Sink, o Options) *Server {
-	s := &Server{svc: svc, authn: authn, mux: http.NewServeMux(), log: o.Logger, now: time.Now}
+	s := &Server{svc: svc, authn: authn, mux: http.NewServeMux(), log: o.Logger, now: time.Now,
+		comps: o.Components}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -277,7 +292,19 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 	if h.Status != lease.HealthOK {
 		status = http.StatusServiceUnavailable
 	}
-	writeJSON(w, status, map[string]string{"status": string(h.Status), "reason": h.Reason, "correlation_id": corr})
+	body := map[string]any{"status": string(h.Status), "reason": h.Reason, "correlation_id": corr}
+	if len(s.comps) > 0 {
+		comps := map[string]ComponentHealth{}
+		for name, f := range s.comps {
+			c := f(r.Context())
+			comps[name] = c
+			if c.Status != string(lease.HealthOK) && h.Status == lease.HealthOK {
+				body["status"], body["reason"] = string(lease.HealthDegraded), c.Reason
+			}
+		}
+		body["components"] = comps
+	}
+	writeJSON(w, status, body)
 }
 
 // mutationCall completes c with the request id (body or Idempotency-Key,

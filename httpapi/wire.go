@@ -19,8 +19,14 @@ import (
 	"github.com/starintel/starlease/lease"
 )
 
-// MaxBodyBytes bounds every request body.
+// MaxBodyBytes bounds every request body but a commit authorization's.
 const MaxBodyBytes = 64 << 10
+
+// MaxCommitBodyBytes bounds a commit authorization's body: it may carry a
+// publication of up to lease.MaxOutboxBody (64 KiB) bytes, base64-encoded
+// (87,384 bytes), beside the commit's own fields (identity, ids, target:
+// well under 16 KiB). It is still a fixed bound, read before decoding.
+const MaxCommitBodyBytes = 128 << 10
 
 // wireCode maps a typed code to the contract's wire table, which is closed:
 // codes the table does not name travel as the row whose meaning they have.
@@ -137,15 +143,18 @@ func correlationID(r *http.Request) string {
 
 // decodeBody strictly decodes a JSON body into v: a JSON content type, at
 // most MaxBodyBytes, one object, no unknown fields, no trailing data.
-func decodeBody(r *http.Request, v any) error {
+func decodeBody(r *http.Request, v any) error { return decodeBodyLimit(r, v, MaxBodyBytes) }
+
+// decodeBodyLimit is decodeBody with a body of at most limit bytes.
+func decodeBodyLimit(r *http.Request, v any, limit int64) error {
 	if err := checkContentType(r.Header.Values("Content-Type")); err != nil {
 		return err
 	}
-	b, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, MaxBodyBytes))
+	b, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, limit))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return lease.Invalid("body", fmt.Sprintf("must be at most %d bytes", MaxBodyBytes))
+			return lease.Invalid("body", fmt.Sprintf("must be at most %d bytes", limit))
 		}
 		return lease.Invalid("body", "could not be read")
 	}

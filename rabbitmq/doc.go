@@ -43,4 +43,10 @@
 // lease.Outbox), so the publication is as durable as the lease decision that
 // accepted it. One relay per outbox is the intended deployment; two relays
 // on one outbox are safe but publish duplicates, which consumers drop.
+// LeasedRelay keeps it to one: it publishes only while it holds a starlease
+// lease on the outbox (RelayIdentity), and `starlease serve
+// --rabbitmq-url-file` runs one in every server, so with several servers on
+// one backend one publishes and another takes over when it dies. Step 1 is
+// also reachable over HTTP: the client's LeaseStore sends CommitRequest.Outbox
+// as the outbox object of POST /commits/authorize.
 package rabbitmq

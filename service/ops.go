@@ -502,6 +502,6 @@ func (s *Service) commit(ctx context.Context, o *op, in CommitInput) (lease.Comm
 	defer done()
 	return s.store.AuthorizeCommit(ctx, lease.CommitRequest{Identity: id, LeaseID: in.LeaseID, FencingToken: in.FencingToken,
 		ServiceInstanceID: in.ServiceInstanceID, Sink: in.Sink, CommitID: in.CommitID, ExecutionID: in.ExecutionID,
-		JobID: in.JobID, TraceID: in.TraceID, Target: in.Target, PayloadSHA256: in.PayloadSHA256,
+		JobID: in.JobID, TraceID: in.TraceID, Target: in.Target, PayloadSHA256: in.PayloadSHA256, Outbox: in.Outbox,
 		DeadlineAt: deadline, Caller: o.call.Principal.Caller(o.call.CorrelationID)})
 }

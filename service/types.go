@@ -77,4 +77,8 @@ type CommitInput struct {
 	// (lease.CommitRequest).
 	Target        string
 	PayloadSHA256 string
+	// Outbox, when set, is a publication the authorization appends to the
+	// store's fenced outbox in the same atomic step as the lease check
+	// (lease.CommitRequest.Outbox); Target and PayloadSHA256 are then empty.
+	Outbox *lease.OutboxMessage
 }

@@ -59,3 +59,16 @@ func (s *Store) OutboxDone(ctx context.Context, messageID string) error {
 	}
 	return err
 }
+
+// OutboxLen counts the pending publications (for the relay's backlog
+// metric).
+func (s *Store) OutboxLen(ctx context.Context) (int64, error) {
+	if s.closed.Load() {
+		return 0, lease.Errorf(lease.CodeBackendUnavailable, "store is closed")
+	}
+	n, err := s.client.Do(ctx, s.client.B().Zcard().Key(s.keys.outbox()).Build()).AsInt64()
+	if err != nil {
+		return 0, s.failure(call{fn: "outbox_len"}, err)
+	}
+	return n, nil
+}

@@ -119,6 +119,7 @@ func (f *backendFlags) keysFlags() string {
 
 type serveFlags struct {
 	backendFlags
+	relay                                    relayFlags
 	dataDir, pepperFile, listen, classes     string
 	minTTL, maxTTL, maxLifetime, maxDeadline time.Duration
 	maxWait                                  time.Duration
@@ -132,6 +133,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:8080", "HOST:PORT to serve HTTP on")
 	fs.StringVar(&f.classes, "operation-classes", lease.DefaultComponent, "configured closed set of operation classes, comma-separated")
 	f.backendFlags.register(fs)
+	f.relay.register(fs)
 	d := service.DefaultConfig()
 	fs.DurationVar(&f.minTTL, "min-ttl", d.MinTTL, "policy: ttl must be greater than this")
 	fs.DurationVar(&f.maxTTL, "max-ttl", d.MaxTTL, "policy: ttl must be at most this")
@@ -318,7 +320,15 @@ func serve(ctx context.Context, f serveFlags, stdout io.Writer, log *slog.Logger
 	if err != nil {
 		return err
 	}
-	handler := httpapi.New(svc, authn, sink, httpapi.Options{Registry: prometheus.NewRegistry(), Logger: log})
+	reg := prometheus.NewRegistry()
+	// The outbox relay (--rabbitmq-url-file): stopped, with its batch
+	// settled and its lease released, before the store closes.
+	comps, stopRelay, err := startRelay(ctx, f.relay, f.backendFlags, b.store, reg, log)
+	if err != nil {
+		return err
+	}
+	defer stopRelay()
+	handler := httpapi.New(svc, authn, sink, httpapi.Options{Registry: reg, Logger: log, Components: comps})
 	ln, err := net.Listen("tcp", f.listen)
 	if err != nil {
 		return fmt.Errorf("cannot listen on %s: %v", f.listen, err)

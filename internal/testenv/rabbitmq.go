@@ -421,6 +421,24 @@ func liveGroupMembers(pgid int) []int {
 // t.Cleanup calls it; calling it again is a no-op.
 func (r *RabbitMQ) Stop() { r.kill() }
 
+// Kill9 SIGKILLs the broker (a crash: nothing is flushed beyond what the
+// broker had made durable) and its epmd, and waits until they are gone.
+func (r *RabbitMQ) Kill9() { r.kill() }
+
+// Restart starts a killed or stopped broker again: the same node, data
+// directory (durable queues and persistent messages it had confirmed
+// survive) and ports. It fails the test if the broker does not come up.
+func (r *RabbitMQ) Restart() {
+	r.t.Helper()
+	r.kill()
+	start := time.Now()
+	if err := r.start(); err != nil {
+		r.kill()
+		r.t.Fatalf("testenv: rabbitmq-server did not restart: %v", err)
+	}
+	r.t.Logf("testenv: rabbitmq %s on %s restarted in %v", r.node, r.Addr(), time.Since(start).Round(10*time.Millisecond))
+}
+
 // DeclareQueues declares durable queues on the broker's default exchange
 // (each bound by its own name).
 func (r *RabbitMQ) DeclareQueues(t testing.TB, queues ...string) {
