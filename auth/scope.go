@@ -111,6 +111,9 @@ func (sc *Scope) add(d Dimension, value string) error {
 			return fmt.Errorf("auth: scope grant %s: %s", d, lease.AsError(err).Reason)
 		}
 		value = n
+		if i == 0 && value == lease.InternalTenant {
+			return fmt.Errorf("auth: scope grant tenant:%s: reserved for the server's own leases", value)
+		}
 	}
 	cur := sc.grants[i]
 	switch {
@@ -210,6 +213,9 @@ func (sc Scope) grantsValue(i int, v string) bool {
 // values and requires the ownership dimensions among the rest to hold at
 // least one grant.
 func (sc Scope) allowsPrefix(values ...string) bool {
+	if len(values) > 0 && values[0] == lease.InternalTenant {
+		return false // the server's own leases: no scope reaches them
+	}
 	for i, v := range values {
 		if n, err := lease.NormalizeIdentifier(fieldOf[i], v); err != nil || n != v {
 			return false

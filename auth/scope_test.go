@@ -192,3 +192,28 @@ func TestScopeJSON(t *testing.T) {
 		}
 	}
 }
+
+// The reserved tenant of the server's own leases is never granted and
+// never reached, not even by a wildcard.
+func TestInternalTenantIsOutOfEveryScope(t *testing.T) {
+	if _, err := ParseScope("tenant:" + lease.InternalTenant + ",program:*"); err == nil {
+		t.Fatal("a scope granting the internal tenant was accepted")
+	}
+	if _, err := ParseScope("tenant:StarLease,program:*"); err == nil {
+		t.Fatal("a scope granting the internal tenant in another case was accepted")
+	}
+	sc, err := ParseScope("tenant:*,program:*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := lease.Identity{TenantID: lease.InternalTenant, ProgramID: "relay", TargetNamespace: "outbox", TargetID: "bolt",
+		ActorName: "relay", WorkflowName: "default", OperationClass: "default"}
+	if sc.Allows(id) || sc.AllowsTenant(lease.InternalTenant) || sc.AllowsProgram(lease.InternalTenant, "relay") ||
+		sc.CoversProgram(lease.InternalTenant, "relay") || sc.CoversTarget(lease.InternalTenant, "relay", "outbox", "bolt") {
+		t.Fatal("a wildcard scope reaches the internal tenant")
+	}
+	id.TenantID = "starlease-tenant"
+	if !sc.Allows(id) {
+		t.Fatal("a tenant that only starts like the internal one is not reached")
+	}
+}

@@ -14,6 +14,12 @@ import (
 // KeyPrefix prefixes every canonical lock key.
 const KeyPrefix = "starintel:target-lease:v1:"
 
+// InternalTenant is the tenant of the server's own leases (the outbox
+// relay's, rabbitmq.RelayIdentity). No API key reaches it, whatever its
+// scope, and no key can be granted it: a caller who could hold or end
+// those leases could stop every tenant's publications.
+const InternalTenant = "starlease"
+
 // MaxIdentifierBytes bounds every identifier after normalization.
 const MaxIdentifierBytes = 256
 

@@ -535,6 +535,14 @@ func checkOutboxMessage(m *OutboxMessage) error {
 	if err := CheckOpaqueID("outbox.routing_key", m.RoutingKey); err != nil {
 		return err
 	}
+	// AMQP carries both as short strings: an entry that could never be
+	// published would wait at the head of the outbox forever.
+	if len(m.Exchange) > MaxAMQPShortString {
+		return Invalid("outbox.exchange", "must be at most 255 bytes")
+	}
+	if len(m.RoutingKey) > MaxAMQPShortString {
+		return Invalid("outbox.routing_key", "must be at most 255 bytes")
+	}
 	if len(m.ContentType) > 128 || strings.IndexFunc(m.ContentType, func(r rune) bool { return r < 0x20 || r > 0x7e }) >= 0 {
 		return Invalid("outbox.content_type", "must be at most 128 printable ASCII bytes")
 	}

@@ -221,6 +221,9 @@ func (r CommitRequest) Commit(at Timestamp, seq uint64, digest string) Commit {
 // MaxCommitTargetBytes bounds CommitRequest.Target.
 const MaxCommitTargetBytes = 2048
 
+// MaxAMQPShortString bounds an outbox message's exchange and routing key.
+const MaxAMQPShortString = 255
+
 // MaxOutboxBody bounds an outbox message body.
 const MaxOutboxBody = 64 << 10
 

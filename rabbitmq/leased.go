@@ -25,7 +25,7 @@ const (
 // target outboxName (the backend's outbox, e.g. "bolt" or
 // "valkey.starlease"), actor "relay".
 func RelayIdentity(outboxName string) lease.Identity {
-	return lease.Identity{TenantID: "starlease", ProgramID: "relay", TargetNamespace: "outbox",
+	return lease.Identity{TenantID: lease.InternalTenant, ProgramID: "relay", TargetNamespace: "outbox",
 		TargetID: outboxName, ActorName: "relay"}
 }
 

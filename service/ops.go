@@ -493,6 +493,14 @@ func (s *Service) commit(ctx context.Context, o *op, in CommitInput) (lease.Comm
 	if err != nil {
 		return lease.CommitResult{}, err
 	}
+	if in.Outbox != nil {
+		// A publication stores up to 64 KiB in the outbox: it is charged to
+		// the principal's bucket like an acquire. A 429 is retryable, and
+		// a retry with the same commit id replays.
+		if ok, wait := s.principal.allow(o.call.Principal.ID, s.now()); !ok {
+			return lease.CommitResult{}, &lease.Error{Code: lease.CodeRateLimited, Reason: "principal rate limit", RetryAfter: wait}
+		}
+	}
 	deadline, ctx, cancel := o.readDeadline(ctx)
 	defer cancel()
 	done, err := s.admit()

@@ -2,6 +2,7 @@ package leasetest
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 
 	"github.com/starintel/starlease/lease"
@@ -121,6 +122,13 @@ func (s *suite) fencedOutbox(t *testing.T) {
 		r.Outbox = &lease.OutboxMessage{RoutingKey: "a b"}
 		_, err = e.st.AuthorizeCommit(bg, r)
 		mustInvalid(e.t, err, "outbox.routing_key")
+		// AMQP's short strings: 256 bytes could never be published.
+		r.Outbox = &lease.OutboxMessage{RoutingKey: strings.Repeat("k", lease.MaxAMQPShortString+1)}
+		_, err = e.st.AuthorizeCommit(bg, r)
+		mustInvalid(e.t, err, "outbox.routing_key")
+		r.Outbox = &lease.OutboxMessage{Exchange: strings.Repeat("x", lease.MaxAMQPShortString+1), RoutingKey: "k"}
+		_, err = e.st.AuthorizeCommit(bg, r)
+		mustInvalid(e.t, err, "outbox.exchange")
 		if got := e.outboxOf(e.key); len(got) != 0 {
 			e.t.Fatalf("invalid publications must change nothing: %s", js(got))
 		}
