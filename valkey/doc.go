@@ -57,7 +57,10 @@
 //	                        ZRANGEBYLEX over a filter's prefix pages in lease-id order
 //	ns:expiry               expiry schedule (score expires_at) for the reaper;
 //	                        one entry per active record (ActiveLeases is its ZCARD)
-//	ns:outbox               fenced outbox schedule: score accepted_at, member message id
+//	ns:outbox               fenced outbox schedule: score the entry's outbox sequence
+//	                        (ns:outbox_seq), member message id: exact acceptance order
+//	ns:outbox_seq           the last outbox sequence given, incremented by the commit
+//	                        function in the lease check's step; no TTL, never deleted
 //	ns:outbox:<message id>  an accepted publication (lease.EncodeOutboxEntry's bytes),
 //	                        written by the commit function in the lease check's step,
 //	                        removed by the relay after the broker's confirm
