@@ -64,6 +64,11 @@
 //	ns:outbox:<message id>  an accepted publication (lease.EncodeOutboxEntry's bytes),
 //	                        written by the commit function in the lease check's step,
 //	                        removed by the relay after the broker's confirm
+//	                        (or, if dead-lettered, kept until an operator removes it)
+//	ns:outbox_dead          dead letters: poison publications the relay set aside
+//	                        (score backend time, member message id; at most
+//	                        lease.MaxOutboxDeadLetters, never expired or trimmed)
+//	ns:outbox_dead:<message id>  a dead letter's {"reason","dead_at"} (JSON)
 //	ns:cred:<credential id> an API-key credential: exactly auth.EncodeCredential's
 //	                        bytes, no TTL (CredentialStore)
 //	ns:cred:index           credential List index: sorted set, score 0, member the id

@@ -847,6 +847,29 @@ local function outbox_done(keys, args)
   return { 'ok', int(now_ms()) }
 end
 
+-- outbox_dead sets a poison publication aside (the broker refuses it for a
+-- reason retrying will not cure): its message id moves from the outbox
+-- schedule to the dead-letter schedule (score backend time), its entry key
+-- stays, and its reason is kept, so the relay goes on with later entries.
+-- Nothing is dropped: with ARGV 3 dead letters held it refuses ('full')
+-- and the entry stays pending. KEYS 1 the outbox schedule, 2 the entry's
+-- key, 3 the dead-letter schedule, 4 the dead letter's reason key, 5 the
+-- gate; ARGV 1 its message id, 2 the reason as a JSON string, 3 the bound.
+local function outbox_dead(keys, args)
+  local now = now_ms()
+  local shut = closed(keys[5], now)
+  if shut then return shut end
+  if wrong_type(keys[1], 'zset') or wrong_type(keys[2], 'string') or wrong_type(keys[3], 'zset')
+      or wrong_type(keys[4], 'string') then
+    return { 'wrongtype', int(now) }
+  end
+  if redis.call('ZCARD', keys[3]) >= tonumber(args[3]) then return { 'full', int(now) } end
+  if redis.call('ZREM', keys[1], args[1]) == 0 then return { 'ok', int(now) } end
+  redis.call('ZADD', keys[3], int(now), args[1])
+  redis.call('SET', keys[4], '{"reason":' .. args[2] .. ',"dead_at":"' .. ts(now) .. '"}')
+  return { 'ok', int(now) }
+end
+
 -- expire is the delayed expiry cleanup of one lease: it archives the
 -- active record only if it still has this lease id and token and is
 -- expired at backend time, so a late cleanup never touches a successor.
@@ -1070,6 +1093,7 @@ redis.register_function(FN .. 'commit', commit)
 redis.register_function(FN .. 'expire', expire)
 redis.register_function(FN .. 'probe', probe)
 redis.register_function(FN .. 'outbox_done', outbox_done)
+redis.register_function(FN .. 'outbox_dead', outbox_dead)
 redis.register_function(FN .. 'recover_raise', recover_raise)
 redis.register_function(FN .. 'recover_end', recover_end)
 redis.register_function(FN .. 'reopen', reopen)
