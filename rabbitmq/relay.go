@@ -120,7 +120,8 @@ type RelayStats struct {
 	// Removed counts entries removed from the outbox after their ack.
 	Removed uint64
 	// Failed counts publications that were nacked, returned, not confirmed
-	// in time or not sent; each stays in the outbox.
+	// in time or not sent; each stays in the outbox unless it was
+	// dead-lettered (DeadLettered).
 	Failed uint64
 	// Connects counts connections opened to the broker.
 	Connects uint64
