@@ -63,7 +63,7 @@ func (s *Store) Backup(ctx context.Context, w io.Writer, sections ...backupfile.
 	defer tx.Rollback()
 	counts := map[string]int64{}
 	for _, b := range [][]byte{bucketCounters, bucketIdem, bucketActive, bucketHistory, bucketLeases,
-		bucketHighWater, bucketCommits, bucketOutbox} {
+		bucketHighWater, bucketCommits, bucketOutbox, bucketOutboxDead} {
 		counts[string(b)] = int64(tx.Bucket(b).Stats().KeyN)
 	}
 	m, err := backupfile.Write(w, Manifest{Backend: BackendName, CreatedAt: s.now().UTC(), Counts: counts},

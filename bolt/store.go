@@ -29,23 +29,24 @@ const schemaVersion = "1"
 
 var (
 	bucketMeta       = []byte("meta")
-	bucketActive     = []byte("active")     // lock key → record v1
-	bucketCounters   = []byte("counters")   // lock key → uint64, never deleted
-	bucketIdem       = []byte("idem")       // idempotency scope → evidence
-	bucketIdemExp    = []byte("idem_exp")   // expiry ms ‖ scope → ∅
-	bucketHistory    = []byte("history")    // lock key ‖ 0 ‖ seq → terminal evidence
-	bucketLeases     = []byte("leases")     // lease id → lock key ‖ 0 ‖ state ‖ 0 ‖ ended ms
-	bucketIndex      = []byte("index")      // by ‖ 0 ‖ value ‖ 0 ‖ lease id → lock key
-	bucketHighWater  = []byte("high_water") // lock key ‖ 0 ‖ sink → uint64, never deleted
-	bucketCommits    = []byte("commits")    // commit scope → accepted commit
-	bucketCommitExp  = []byte("commit_exp") // expiry ms ‖ scope → ∅
-	bucketCommitSeq  = []byte("commit_seq") // lock key → uint64, the last commit seq, never deleted
-	bucketQuarantine = []byte("quarantine") // lock key → reason
-	bucketOutbox     = []byte("outbox")     // seq → outbox entry, in acceptance order
-	bucketOutboxIDs  = []byte("outbox_ids") // message id → seq
+	bucketActive     = []byte("active")      // lock key → record v1
+	bucketCounters   = []byte("counters")    // lock key → uint64, never deleted
+	bucketIdem       = []byte("idem")        // idempotency scope → evidence
+	bucketIdemExp    = []byte("idem_exp")    // expiry ms ‖ scope → ∅
+	bucketHistory    = []byte("history")     // lock key ‖ 0 ‖ seq → terminal evidence
+	bucketLeases     = []byte("leases")      // lease id → lock key ‖ 0 ‖ state ‖ 0 ‖ ended ms
+	bucketIndex      = []byte("index")       // by ‖ 0 ‖ value ‖ 0 ‖ lease id → lock key
+	bucketHighWater  = []byte("high_water")  // lock key ‖ 0 ‖ sink → uint64, never deleted
+	bucketCommits    = []byte("commits")     // commit scope → accepted commit
+	bucketCommitExp  = []byte("commit_exp")  // expiry ms ‖ scope → ∅
+	bucketCommitSeq  = []byte("commit_seq")  // lock key → uint64, the last commit seq, never deleted
+	bucketQuarantine = []byte("quarantine")  // lock key → reason
+	bucketOutbox     = []byte("outbox")      // seq → outbox entry, in acceptance order
+	bucketOutboxIDs  = []byte("outbox_ids")  // message id → seq
+	bucketOutboxDead = []byte("outbox_dead") // seq → dead letter (JSON: entry, reason, dead_at), oldest first
 	allBuckets       = [][]byte{bucketMeta, bucketActive, bucketCounters, bucketIdem, bucketIdemExp, bucketHistory,
 		bucketLeases, bucketIndex, bucketHighWater, bucketCommits, bucketCommitExp, bucketCommitSeq, bucketQuarantine,
-		bucketOutbox, bucketOutboxIDs}
+		bucketOutbox, bucketOutboxIDs, bucketOutboxDead}
 
 	keySchema = []byte("schema")
 	keyClock  = []byte("clock_ms")

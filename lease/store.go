@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"time"
+	"unicode/utf8"
 )
 
 // Store is the lease-store protocol. Every method is one atomic backend
@@ -261,6 +262,53 @@ type Outbox interface {
 	// OutboxDone removes an entry after the broker confirmed it. Removing
 	// an entry that is gone is not an error.
 	OutboxDone(ctx context.Context, messageID string) error
+}
+
+// MaxOutboxDeadLetters bounds an outbox's dead letters. Once it holds this
+// many, OutboxDeadLetter refuses (the entry stays pending and blocks the
+// relay, loudly) rather than dropping anything: dead letters are removed
+// only by an operator.
+const MaxOutboxDeadLetters = 10000
+
+// MaxDeadLetterReason bounds the reason kept with a dead letter (longer
+// ones are cut).
+const MaxDeadLetterReason = 512
+
+// OutboxDeadLetters is an outbox that can set aside a poison entry: one the
+// broker refuses for a reason retrying will not cure (an exchange that does
+// not exist, access refused, repeated nacks or returns). bolt and valkey
+// implement it.
+type OutboxDeadLetters interface {
+	// OutboxDeadLetter moves a pending entry out of the pending outbox into
+	// its dead letters, kept with reason and the time, so later entries are
+	// relayed. An entry that is not pending is not an error. With
+	// MaxOutboxDeadLetters held it refuses (CodeBackendUnavailable) and the
+	// entry stays pending.
+	OutboxDeadLetter(ctx context.Context, messageID, reason string) error
+	// OutboxDeadLetters returns up to limit dead letters, oldest first.
+	OutboxDeadLetters(ctx context.Context, limit int) ([]DeadLetter, error)
+	// OutboxDeadLen counts the dead letters.
+	OutboxDeadLen(ctx context.Context) (int64, error)
+}
+
+// DeadLetter is an outbox entry set aside as undeliverable.
+type DeadLetter struct {
+	Entry  OutboxEntry `json:"entry"`
+	Reason string      `json:"reason"`
+	DeadAt Timestamp   `json:"dead_at"`
+}
+
+// CutDeadLetterReason bounds a dead letter's reason to MaxDeadLetterReason
+// bytes (at a rune boundary).
+func CutDeadLetterReason(reason string) string {
+	if len(reason) <= MaxDeadLetterReason {
+		return reason
+	}
+	cut := MaxDeadLetterReason
+	for cut > 0 && !utf8.RuneStart(reason[cut]) {
+		cut--
+	}
+	return reason[:cut]
 }
 
 // LookupRequest names a mutation by its idempotency scope.

@@ -25,7 +25,14 @@
 //     others), and removes the entry only after the broker acknowledged it.
 //     A nack, a return (with RelayOptions.Mandatory), a confirm timeout, a
 //     lost connection or a store error keeps the entry; it is retried with
-//     bounded backoff. Delivery is at-least-once: a relay that crashes
+//     bounded backoff. A poison entry, one the broker refuses for a reason
+//     retrying will not cure (its publish closes the channel with 404
+//     NOT_FOUND or 403 ACCESS_REFUSED; nacked, or returned, PoisonAttempts
+//     times in a row), is moved to the outbox's dead letters
+//     (lease.OutboxDeadLetters: kept with its reason, counted, bounded,
+//     never deleted by the relay) so it does not stall every later entry;
+//     transient failures (a lost connection, a broker that is down) never
+//     dead-letter anything. Delivery is at-least-once: a relay that crashes
 //     between the broker's ack and OutboxDone publishes the entry again, with
 //     the same message id, when it (or another relay) restarts.
 //

@@ -112,6 +112,9 @@ type LeasedRelayStatus struct {
 	Terms uint64
 	// Backlog is the number of pending entries (-1: not measured).
 	Backlog int64
+	// DeadLetters is the number of entries set aside as undeliverable
+	// (lease.OutboxDeadLetters; -1: not measured or not kept).
+	DeadLetters int64
 	// OldestAge is how long ago the oldest pending entry was accepted
 	// (zero with an empty outbox).
 	OldestAge time.Duration
@@ -159,13 +162,17 @@ func NewLeasedRelay(store executor.LeaseAPI, outbox lease.Outbox, amqpURL string
 		o.Relay.Logger = o.Logger
 	}
 	f := &fencedOutbox{inner: outbox, window: o.Relay.ConfirmTimeout}
-	r, err := NewRelay(f, amqpURL, o.Relay)
+	var relayed lease.Outbox = f
+	if d, ok := outbox.(lease.OutboxDeadLetters); ok {
+		relayed = fencedDeadLetters{f, d}
+	}
+	r, err := NewRelay(relayed, amqpURL, o.Relay)
 	if err != nil {
 		return nil, err
 	}
 	lr := &LeasedRelay{store: store, outbox: outbox, relay: r, fenced: f, o: o,
 		log: o.Logger.With("component", "rabbitmq_leased_relay", "lock_target", o.Identity.TargetID)}
-	lr.status.Backlog = -1
+	lr.status.Backlog, lr.status.DeadLetters = -1, -1
 	return lr, nil
 }
 
@@ -247,7 +254,7 @@ type outboxLen interface {
 func (r *LeasedRelay) measure(ctx context.Context) {
 	cctx, cancel := context.WithTimeout(ctx, r.o.MonitorInterval+time.Second)
 	defer cancel()
-	st := LeasedRelayStatus{Backlog: -1, CheckedAt: time.Now()}
+	st := LeasedRelayStatus{Backlog: -1, DeadLetters: -1, CheckedAt: time.Now()}
 	head, err := r.outbox.OutboxPending(cctx, 1)
 	if err == nil && len(head) > 0 {
 		st.OldestAge = max(0, time.Since(head[0].AcceptedAt.Time()))
@@ -258,6 +265,9 @@ func (r *LeasedRelay) measure(ctx context.Context) {
 		} else if len(head) == 0 {
 			st.Backlog = 0
 		}
+	}
+	if d, ok := r.outbox.(lease.OutboxDeadLetters); ok && err == nil {
+		st.DeadLetters, err = d.OutboxDeadLen(cctx)
 	}
 	switch {
 	case ctx.Err() != nil:
@@ -309,4 +319,28 @@ func (f *fencedOutbox) OutboxDone(ctx context.Context, messageID string) error {
 		return errNotHolder
 	}
 	return f.inner.OutboxDone(ctx, messageID)
+}
+
+// fencedDeadLetters is the fenced outbox of a backend with dead letters.
+type fencedDeadLetters struct {
+	*fencedOutbox
+	dead lease.OutboxDeadLetters
+}
+
+// OutboxDeadLetter sets an entry aside unless the term was lost (as
+// OutboxDone: a successor publishes it again and decides for itself).
+func (f fencedDeadLetters) OutboxDeadLetter(ctx context.Context, messageID, reason string) error {
+	t := f.cur.Load()
+	if t == nil || executor.LeaseLoss(context.Cause(t.ctx)) {
+		return errNotHolder
+	}
+	return f.dead.OutboxDeadLetter(ctx, messageID, reason)
+}
+
+func (f fencedDeadLetters) OutboxDeadLetters(ctx context.Context, limit int) ([]lease.DeadLetter, error) {
+	return f.dead.OutboxDeadLetters(ctx, limit)
+}
+
+func (f fencedDeadLetters) OutboxDeadLen(ctx context.Context) (int64, error) {
+	return f.dead.OutboxDeadLen(ctx)
 }

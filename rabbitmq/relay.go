@@ -29,6 +29,7 @@ const (
 	DefaultHeartbeat      = 10 * time.Second
 	DefaultStoreTimeout   = 5 * time.Second
 	DefaultConnectionName = "starlease-relay"
+	DefaultPoisonAttempts = 10
 )
 
 // RelayOptions configures a Relay. Zero values mean the defaults.
@@ -60,12 +61,17 @@ type RelayOptions struct {
 	StoreTimeout time.Duration
 	// Mandatory publishes with the mandatory flag: a message the broker
 	// cannot route to any queue is returned, and the relay keeps it in the
-	// outbox and retries it every round until a queue is bound for it.
-	// Unroutable entries stay at the head of the outbox: once BatchSize of
-	// them are pending, nothing newer is published (loudly logged) until
-	// they route. Without Mandatory the broker acknowledges and drops an
+	// outbox and retries it, PoisonAttempts times in a row, then sets it
+	// aside as a dead letter (see Relay) so it does not hold back later
+	// entries. Without Mandatory the broker acknowledges and drops an
 	// unroutable message, and the relay removes it from the outbox.
 	Mandatory bool
+	// PoisonAttempts is how many times in a row one entry may be nacked
+	// (or, with Mandatory, returned) before the relay dead-letters it. Zero
+	// means DefaultPoisonAttempts. (A publish the broker refuses by closing
+	// the channel with 404 NOT_FOUND or 403 ACCESS_REFUSED is dead-lettered
+	// at once, once it was published alone.)
+	PoisonAttempts int
 	// TLS configures amqps:// connections; nil means the library default.
 	TLS *tls.Config
 	// ConnectionName is the connection name the broker shows.
@@ -97,6 +103,9 @@ func (o RelayOptions) withDefaults() RelayOptions {
 	if o.ConnectionName == "" {
 		o.ConnectionName = DefaultConnectionName
 	}
+	if o.PoisonAttempts <= 0 {
+		o.PoisonAttempts = DefaultPoisonAttempts
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -111,10 +120,14 @@ type RelayStats struct {
 	// Removed counts entries removed from the outbox after their ack.
 	Removed uint64
 	// Failed counts publications that were nacked, returned, not confirmed
-	// in time or not sent; each stays in the outbox.
+	// in time or not sent; each stays in the outbox unless it was
+	// dead-lettered (DeadLettered).
 	Failed uint64
 	// Connects counts connections opened to the broker.
 	Connects uint64
+	// DeadLettered counts entries this relay set aside as dead letters
+	// (lease.OutboxDeadLetters); the outbox's own count is OutboxDeadLen.
+	DeadLettered uint64
 }
 
 // Relay publishes the entries of a fenced outbox to RabbitMQ and removes
@@ -133,6 +146,31 @@ type RelayStats struct {
 // failed entry can arrive after later ones; a consumer's Deduper then drops
 // it if a higher token of its lock key was already processed.
 //
+// # Poison entries
+//
+// An entry the broker refuses for a reason retrying will not cure would
+// stay at the head of the outbox and hold back every later entry, of every
+// tenant. If the outbox implements lease.OutboxDeadLetters (bolt and
+// valkey do), the relay moves such an entry into the outbox's dead letters
+// (kept with its reason, counted, bounded by lease.MaxOutboxDeadLetters,
+// never deleted by the relay) and goes on with the next entries:
+//
+//   - the broker closed the channel with 404 NOT_FOUND (no such exchange)
+//     or 403 ACCESS_REFUSED for its publish: the channel's close names no
+//     publish, so the relay first publishes the batch's unconfirmed entries
+//     one at a time, and dead-letters the one whose lone publish closes the
+//     channel with that code;
+//   - it was nacked PoisonAttempts times in a row (a queue length limit
+//     with reject-publish, for example);
+//   - with Mandatory, it was returned as unroutable PoisonAttempts times in
+//     a row.
+//
+// Anything else (a lost connection, a broker that is down, a confirm
+// timeout, a channel or connection closed for another reason, a store
+// error) is transient: the entry stays pending, in order, and is retried,
+// so a broker outage loses nothing. With the dead letters full the entry
+// stays pending too (and blocks, loudly logged) rather than being dropped.
+//
 // Delivery is at-least-once: a relay that stops (crash, kill, lost
 // connection, store error) after the broker acknowledged an entry but
 // before OutboxDone publishes it again later with the same message id.
@@ -145,7 +183,16 @@ type Relay struct {
 	wake   chan struct{}
 
 	running atomic.Bool
-	stats   struct{ confirmed, removed, failed, connects atomic.Uint64 }
+	stats   struct{ confirmed, removed, failed, connects, dead atomic.Uint64 }
+
+	// deadOut is the outbox's dead letters, nil if it has none.
+	deadOut lease.OutboxDeadLetters
+	// strikes counts, per message id, the nacks or returns in a row
+	// (only Run's goroutine touches it).
+	strikes map[string]int
+	// isolate is how many more entries are to be published one at a time
+	// to find which one made the broker close the channel (404 or 403).
+	isolate int
 
 	// beforeDone, if set (tests only), runs after the broker acknowledged
 	// an entry and before OutboxDone; an error ends Run with that error,
@@ -165,9 +212,12 @@ func NewRelay(outbox lease.Outbox, amqpURL string, opts RelayOptions) (*Relay, e
 		return nil, errors.New("rabbitmq: invalid AMQP URL")
 	}
 	o := opts.withDefaults()
-	return &Relay{outbox: outbox, url: amqpURL, o: o,
-		log:  o.Logger.With("component", "rabbitmq_relay", "broker", net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port))),
-		wake: make(chan struct{}, 1)}, nil
+	r := &Relay{outbox: outbox, url: amqpURL, o: o,
+		log:     o.Logger.With("component", "rabbitmq_relay", "broker", net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port))),
+		wake:    make(chan struct{}, 1),
+		strikes: map[string]int{}}
+	r.deadOut, _ = outbox.(lease.OutboxDeadLetters)
+	return r, nil
 }
 
 // Wake makes a relay waiting on an empty outbox look again at once (for
@@ -182,7 +232,7 @@ func (r *Relay) Wake() {
 // Stats returns the relay's counters.
 func (r *Relay) Stats() RelayStats {
 	return RelayStats{Confirmed: r.stats.confirmed.Load(), Removed: r.stats.removed.Load(),
-		Failed: r.stats.failed.Load(), Connects: r.stats.connects.Load()}
+		Failed: r.stats.failed.Load(), Connects: r.stats.connects.Load(), DeadLettered: r.stats.dead.Load()}
 }
 
 // errRunning reports a second concurrent Run of one relay.
@@ -221,7 +271,11 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.stats.connects.Add(1)
 			r.log.Info("relay connected to the broker")
 		}
-		entries, err := r.outbox.OutboxPending(ctx, r.o.BatchSize)
+		limit := r.o.BatchSize
+		if r.isolate > 0 {
+			limit = 1
+		}
+		entries, err := r.outbox.OutboxPending(ctx, limit)
 		if err != nil {
 			if ctx.Err() == nil {
 				r.log.Error("relay cannot read the outbox; retrying", "code", lease.CodeOf(err), "err", err)
@@ -296,6 +350,7 @@ func (r *Relay) relayBatch(ctx context.Context, s *session, entries []lease.Outb
 	waitCtx, cancelWait := context.WithTimeout(context.WithoutCancel(ctx), r.o.ConfirmTimeout)
 	defer cancelWait()
 	acked := make([]bool, len(confs))
+	nacked := make([]bool, len(confs)) // settled without an ack
 	var waitErr error
 	for i, dc := range confs {
 		ok, werr := dc.WaitContext(waitCtx)
@@ -304,11 +359,26 @@ func (r *Relay) relayBatch(ctx context.Context, s *session, entries []lease.Outb
 			s.markBroken()
 			break
 		}
-		acked[i] = ok
+		acked[i], nacked[i] = ok, !ok
 	}
 	returned := s.drainReturns()
+	chErr := s.channelError()
 	if s.ch.IsClosed() {
 		s.markBroken()
+	}
+	// refused: the broker closed the channel over a publish (not the
+	// connection): no such exchange, or no right to publish to it.
+	refused := chErr != nil && (chErr.Code == amqp.NotFound || chErr.Code == amqp.AccessRefused) && !s.conn.IsClosed()
+	if len(entries) > 1 && r.isolate == 0 && refused {
+		r.isolate = len(entries) - countTrue(acked)
+		r.log.Warn("broker closed the channel over a publication; publishing the unconfirmed ones one at a time to find it",
+			"code", chErr.Code, "reason", chErr.Reason, "entries", r.isolate)
+	}
+	if r.isolate > 0 && len(entries) == 1 && (len(confs) == 1 && (acked[0] || refused)) {
+		r.isolate--
+	}
+	if len(r.strikes) > 4*r.o.BatchSize+1024 {
+		clear(r.strikes) // entries relayed by another relay, or gone: forget
 	}
 
 	failed := len(entries) - len(confs)
@@ -316,16 +386,30 @@ func (r *Relay) relayBatch(ctx context.Context, s *session, entries []lease.Outb
 	for i := range confs {
 		e := entries[i]
 		switch {
+		case !acked[i] && refused && len(entries) == 1:
+			// Published alone, so this publish is the one refused.
+			failed++
+			r.deadLetter(ctx, e, fmt.Sprintf("broker closed the channel on its publish: %d %s", chErr.Code, chErr.Reason))
+			continue
+		case nacked[i] && !s.ch.IsClosed():
+			// A nack on an open channel (a closing channel nacks whatever
+			// it had pending): the broker refused this message.
+			failed++
+			r.strike(ctx, e, "nacked by the broker")
+			continue
 		case !acked[i]:
 			failed++
 			continue
-		case returned[e.MessageID]:
+		case returned[e.MessageID] != nil:
 			r.stats.confirmed.Add(1)
 			failed++
+			ret := returned[e.MessageID]
 			r.log.Warn("broker returned an unroutable publication; kept in the outbox",
-				"message_id", e.MessageID, "fencing_token", e.FencingToken)
+				"message_id", e.MessageID, "fencing_token", e.FencingToken, "reply_code", ret.ReplyCode, "reply_text", ret.ReplyText)
+			r.strike(ctx, e, fmt.Sprintf("returned by the broker as unroutable (%d %s)", ret.ReplyCode, ret.ReplyText))
 			continue
 		}
+		delete(r.strikes, e.MessageID)
 		r.stats.confirmed.Add(1)
 		if r.beforeDone != nil {
 			if err := r.beforeDone(e); err != nil {
@@ -354,6 +438,47 @@ func (r *Relay) relayBatch(ctx context.Context, s *session, entries []lease.Outb
 	return nil, nil
 }
 
+// strike counts a nack or return of e; the PoisonAttempts-th in a row
+// dead-letters it.
+func (r *Relay) strike(ctx context.Context, e lease.OutboxEntry, why string) {
+	r.strikes[e.MessageID]++
+	if n := r.strikes[e.MessageID]; n >= r.o.PoisonAttempts {
+		r.deadLetter(ctx, e, fmt.Sprintf("%s %d times in a row", why, n))
+	}
+}
+
+// deadLetter moves e out of the pending outbox into its dead letters, if
+// the outbox has them; on failure e stays pending (and is retried).
+func (r *Relay) deadLetter(ctx context.Context, e lease.OutboxEntry, reason string) {
+	attrs := []any{"message_id", e.MessageID, "fencing_token", e.FencingToken, "lease_id", e.LeaseID,
+		"exchange", e.Message.Exchange, "routing_key", e.Message.RoutingKey, "reason", reason}
+	if r.deadOut == nil {
+		r.log.Error("undeliverable publication blocks the outbox (the outbox keeps no dead letters)", attrs...)
+		return
+	}
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.o.StoreTimeout)
+	err := r.deadOut.OutboxDeadLetter(dctx, e.MessageID, reason)
+	cancel()
+	if err != nil {
+		r.log.Error("undeliverable publication cannot be dead-lettered; it stays pending and blocks the outbox",
+			append(attrs, "code", lease.CodeOf(err), "err", err)...)
+		return
+	}
+	delete(r.strikes, e.MessageID)
+	r.stats.dead.Add(1)
+	r.log.Error("ALERT undeliverable publication moved to the outbox's dead letters", attrs...)
+}
+
+func countTrue(v []bool) int {
+	n := 0
+	for _, b := range v {
+		if b {
+			n++
+		}
+	}
+	return n
+}
+
 func errorIf(cond bool, msg string) error {
 	if !cond {
 		return nil
@@ -368,6 +493,8 @@ type session struct {
 	raw        atomic.Pointer[net.Conn]
 	returns    chan amqp.Return
 	connClosed chan *amqp.Error
+	chClosed   chan *amqp.Error
+	chErr      *amqp.Error
 	isBroken   atomic.Bool
 }
 
@@ -402,6 +529,7 @@ func (r *Relay) connect() (*session, error) {
 		return nil, fmt.Errorf("enable publisher confirms: %w", err)
 	}
 	s.ch = ch
+	s.chClosed = ch.NotifyClose(make(chan *amqp.Error, 1))
 	// Buffered for a whole batch: the library's dispatcher must never
 	// block on it (a return precedes its message's ack).
 	s.returns = ch.NotifyReturn(make(chan amqp.Return, r.o.BatchSize+1))
@@ -416,10 +544,10 @@ func redact(err error, url string) error {
 	return err
 }
 
-// drainReturns empties the return channel and reports the returned
-// message ids.
-func (s *session) drainReturns() map[string]bool {
-	var ids map[string]bool
+// drainReturns empties the return channel and reports the returns by
+// message id.
+func (s *session) drainReturns() map[string]*amqp.Return {
+	var ids map[string]*amqp.Return
 	for {
 		select {
 		case ret, ok := <-s.returns:
@@ -427,13 +555,28 @@ func (s *session) drainReturns() map[string]bool {
 				return ids
 			}
 			if ids == nil {
-				ids = map[string]bool{}
+				ids = map[string]*amqp.Return{}
 			}
-			ids[ret.MessageId] = true
+			ids[ret.MessageId] = &ret
 		default:
 			return ids
 		}
 	}
+}
+
+// channelError is the error the channel was closed with, if it was closed
+// by the broker.
+func (s *session) channelError() *amqp.Error {
+	if s.chErr == nil {
+		select {
+		case e, ok := <-s.chClosed:
+			if ok {
+				s.chErr = e
+			}
+		default:
+		}
+	}
+	return s.chErr
 }
 
 func (s *session) markBroken() { s.isBroken.Store(true) }

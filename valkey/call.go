@@ -61,6 +61,9 @@ func (k layout) leaseLookup(leaseID string) string { return k.ns + ":lease:" + l
 func (k layout) probe() string                     { return k.ns + ":probe" }
 func (k layout) outbox() string                    { return k.ns + ":outbox" }
 func (k layout) outboxMsg(id string) string        { return k.ns + ":outbox:" + id }
+func (k layout) outboxSeq() string                 { return k.ns + ":outbox_seq" }
+func (k layout) outboxDead() string                { return k.ns + ":outbox_dead" }
+func (k layout) outboxDeadWhy(id string) string    { return k.ns + ":outbox_dead:" + id }
 func (k layout) gate() string                      { return k.ns + ":gate" }
 func (k layout) counterFloor() string              { return k.ns + ":counter_floor" }
 func (k layout) epoch() string                     { return k.ns + ":epoch" }

@@ -57,10 +57,18 @@
 //	                        ZRANGEBYLEX over a filter's prefix pages in lease-id order
 //	ns:expiry               expiry schedule (score expires_at) for the reaper;
 //	                        one entry per active record (ActiveLeases is its ZCARD)
-//	ns:outbox               fenced outbox schedule: score accepted_at, member message id
+//	ns:outbox               fenced outbox schedule: score the entry's outbox sequence
+//	                        (ns:outbox_seq), member message id: exact acceptance order
+//	ns:outbox_seq           the last outbox sequence given, incremented by the commit
+//	                        function in the lease check's step; no TTL, never deleted
 //	ns:outbox:<message id>  an accepted publication (lease.EncodeOutboxEntry's bytes),
 //	                        written by the commit function in the lease check's step,
 //	                        removed by the relay after the broker's confirm
+//	                        (or, if dead-lettered, kept until an operator removes it)
+//	ns:outbox_dead          dead letters: poison publications the relay set aside
+//	                        (score backend time, member message id; at most
+//	                        lease.MaxOutboxDeadLetters, never expired or trimmed)
+//	ns:outbox_dead:<message id>  a dead letter's {"reason","dead_at"} (JSON)
 //	ns:cred:<credential id> an API-key credential: exactly auth.EncodeCredential's
 //	                        bytes, no TTL (CredentialStore)
 //	ns:cred:index           credential List index: sorted set, score 0, member the id

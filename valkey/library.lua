@@ -775,8 +775,10 @@ end
 -- id, which must be the lease's own. KEYS 5 accepted-commit record, 8
 -- high-water marks, 9 the outbox schedule, 10 the entry's key, 11 the
 -- identity's commit seq (the last one given; it orders a lease's commits
--- for the sinks). The evidence is 20 .. seq .. ',"accepted_at":"' ..
--- time .. 21.
+-- for the sinks), 12 the namespace's outbox sequence (the last one given;
+-- it scores the outbox schedule, so the relay reads entries in exact
+-- acceptance order, not in message-id order within a millisecond). The
+-- evidence is 20 .. seq .. ',"accepted_at":"' .. time .. 21.
 local function commit(keys, args)
   local c = context(keys, args)
   local now = now_ms()
@@ -788,10 +790,10 @@ local function commit(keys, args)
     if why then return corrupt(c, now, 'accepted commit ' .. why) end
     if prior then return { 'evidence', int(now), prior } end
   end
-  local k_marks, k_outbox, k_msg, k_seq = keys[8], keys[9], keys[10], keys[11]
+  local k_marks, k_outbox, k_msg, k_seq, k_oseq = keys[8], keys[9], keys[10], keys[11], keys[12]
   local why = layout_types(c)
   if not why and (wrong_type(k_marks, 'hash') or wrong_type(k_outbox, 'zset') or wrong_type(k_msg, 'string')
-      or wrong_type(k_seq, 'string')) then
+      or wrong_type(k_seq, 'string') or wrong_type(k_oseq, 'string')) then
     why = WRONG_TYPE
   end
   if why then return corrupt(c, now, why) end
@@ -805,6 +807,21 @@ local function commit(keys, args)
   local seq = counter_value(redis.call('GET', k_seq) or nil)
   if not seq then return corrupt(c, now, 'commit sequence is malformed') end
   if seq >= MAX_TOKEN then return corrupt(c, now, 'commit sequence is exhausted') end
+  local oseq
+  if args[22] ~= '' then
+    local v = redis.call('GET', k_oseq)
+    if v then
+      oseq = counter_value(v)
+      if not oseq then return corrupt(c, now, 'outbox sequence is malformed') end
+    else
+      -- First publication under sequence scoring: start at backend time
+      -- in ms, above every score an older version gave (it scored by
+      -- accepted_at), so the order never goes backwards.
+      oseq = now
+    end
+    if oseq >= MAX_TOKEN then return corrupt(c, now, 'outbox sequence is exhausted') end
+    oseq = oseq + 1
+  end
   seq = seq + 1
   redis.call('SET', k_seq, int(seq))
   redis.call('HSET', k_marks, args[19], int(cur.fencing_token))
@@ -814,7 +831,8 @@ local function commit(keys, args)
     -- The publication enters the fenced outbox in the same atomic step as
     -- the lease check; the relay removes it after the broker's confirm.
     redis.call('SET', k_msg, args[22] .. ts(now) .. args[23])
-    redis.call('ZADD', k_outbox, int(now), args[24])
+    redis.call('SET', k_oseq, int(oseq))
+    redis.call('ZADD', k_outbox, int(oseq), args[24])
   end
   return { 'ok', int(now), raw }
 end
@@ -827,6 +845,29 @@ local function outbox_done(keys, args)
   redis.call('ZREM', keys[1], args[1])
   redis.call('DEL', keys[2])
   return { 'ok', int(now_ms()) }
+end
+
+-- outbox_dead sets a poison publication aside (the broker refuses it for a
+-- reason retrying will not cure): its message id moves from the outbox
+-- schedule to the dead-letter schedule (score backend time), its entry key
+-- stays, and its reason is kept, so the relay goes on with later entries.
+-- Nothing is dropped: with ARGV 3 dead letters held it refuses ('full')
+-- and the entry stays pending. KEYS 1 the outbox schedule, 2 the entry's
+-- key, 3 the dead-letter schedule, 4 the dead letter's reason key, 5 the
+-- gate; ARGV 1 its message id, 2 the reason as a JSON string, 3 the bound.
+local function outbox_dead(keys, args)
+  local now = now_ms()
+  local shut = closed(keys[5], now)
+  if shut then return shut end
+  if wrong_type(keys[1], 'zset') or wrong_type(keys[2], 'string') or wrong_type(keys[3], 'zset')
+      or wrong_type(keys[4], 'string') then
+    return { 'wrongtype', int(now) }
+  end
+  if redis.call('ZCARD', keys[3]) >= tonumber(args[3]) then return { 'full', int(now) } end
+  if redis.call('ZREM', keys[1], args[1]) == 0 then return { 'ok', int(now) } end
+  redis.call('ZADD', keys[3], int(now), args[1])
+  redis.call('SET', keys[4], '{"reason":' .. args[2] .. ',"dead_at":"' .. ts(now) .. '"}')
+  return { 'ok', int(now) }
 end
 
 -- expire is the delayed expiry cleanup of one lease: it archives the
@@ -1052,6 +1093,7 @@ redis.register_function(FN .. 'commit', commit)
 redis.register_function(FN .. 'expire', expire)
 redis.register_function(FN .. 'probe', probe)
 redis.register_function(FN .. 'outbox_done', outbox_done)
+redis.register_function(FN .. 'outbox_dead', outbox_dead)
 redis.register_function(FN .. 'recover_raise', recover_raise)
 redis.register_function(FN .. 'recover_end', recover_end)
 redis.register_function(FN .. 'reopen', reopen)

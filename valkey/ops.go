@@ -333,7 +333,7 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 		return lease.CommitResult{}, err
 	}
 	keys := append(s.commonKeys(tag, s.keys.commit(tag, p.Scope)), s.keys.marks(tag), s.keys.outbox(), s.keys.outboxMsg(msgID),
-		s.keys.commitSeq(tag))
+		s.keys.commitSeq(tag), s.keys.outboxSeq())
 	args := append(s.commonArgs(d, p.LockKey, tag, p.Identity, s.opts.CommitRetention),
 		req.LeaseID, utoa(req.FencingToken), req.Caller.PrincipalID, req.ServiceInstanceID, req.Sink, head, tail,
 		obHead, obTail, msgID, req.ExecutionID, req.JobID)

@@ -2,13 +2,18 @@ package valkey
 
 import (
 	"context"
+	"encoding/json"
+	"strconv"
 
 	vk "github.com/valkey-io/valkey-go"
 
 	"github.com/starintel/starlease/lease"
 )
 
-var _ lease.Outbox = (*Store)(nil)
+var (
+	_ lease.Outbox            = (*Store)(nil)
+	_ lease.OutboxDeadLetters = (*Store)(nil)
+)
 
 // OutboxPending returns up to limit publications, oldest accepted first.
 // Entries are written only by the commit function, in the same atomic step
@@ -69,6 +74,87 @@ func (s *Store) OutboxLen(ctx context.Context) (int64, error) {
 	n, err := s.client.Do(ctx, s.client.B().Zcard().Key(s.keys.outbox()).Build()).AsInt64()
 	if err != nil {
 		return 0, s.failure(call{fn: "outbox_len"}, err)
+	}
+	return n, nil
+}
+
+// OutboxDeadLetter moves a pending entry to the dead letters (ns:outbox_dead)
+// with its reason, in one function call. Nothing is dropped: with
+// MaxOutboxDeadLetters held it refuses and the entry stays pending.
+func (s *Store) OutboxDeadLetter(ctx context.Context, messageID, reason string) error {
+	if err := lease.CheckOpaqueID("message_id", messageID); err != nil {
+		return err
+	}
+	if err := s.writable(ctx); err != nil {
+		return err
+	}
+	why, err := json.Marshal(lease.CutDeadLetterReason(reason))
+	if err != nil {
+		return err
+	}
+	rep, err := s.fcall(ctx, call{fn: "outbox_dead", mutation: true,
+		keys: []string{s.keys.outbox(), s.keys.outboxMsg(messageID), s.keys.outboxDead(), s.keys.outboxDeadWhy(messageID), s.keys.gate()},
+		args: []string{messageID, string(why), strconv.Itoa(lease.MaxOutboxDeadLetters)}})
+	if err != nil {
+		return err
+	}
+	switch rep.status {
+	case "ok":
+		return nil
+	case "closed":
+		return s.closedNamespace(rep)
+	case "full":
+		return lease.Errorf(lease.CodeBackendUnavailable, "the outbox holds %d dead letters (the bound); an operator must clear them", lease.MaxOutboxDeadLetters)
+	default:
+		return &lease.Error{Code: lease.CodeCorrupt, Reason: "outbox dead-letter keys hold the wrong type; failing closed"}
+	}
+}
+
+// OutboxDeadLetters returns up to limit dead letters, oldest first.
+func (s *Store) OutboxDeadLetters(ctx context.Context, limit int) ([]lease.DeadLetter, error) {
+	if limit <= 0 || limit > s.opts.MaxPageSize {
+		limit = s.opts.MaxPageSize
+	}
+	if s.closed.Load() {
+		return nil, lease.Errorf(lease.CodeBackendUnavailable, "store is closed")
+	}
+	ids, err := s.client.Do(ctx, s.client.B().Zrangebyscore().Key(s.keys.outboxDead()).Min("-inf").Max("+inf").
+		Limit(0, int64(limit)).Build()).AsStrSlice()
+	if err != nil {
+		return nil, s.failure(call{fn: "outbox_dead_letters"}, err)
+	}
+	out := make([]lease.DeadLetter, 0, len(ids))
+	for _, id := range ids {
+		raw, err := s.client.Do(ctx, s.client.B().Get().Key(s.keys.outboxMsg(id)).Build()).ToString()
+		if vk.IsValkeyNil(err) {
+			continue
+		}
+		if err != nil {
+			return nil, s.failure(call{fn: "outbox_dead_letters"}, err)
+		}
+		why, err := s.client.Do(ctx, s.client.B().Get().Key(s.keys.outboxDeadWhy(id)).Build()).ToString()
+		if err != nil && !vk.IsValkeyNil(err) {
+			return nil, s.failure(call{fn: "outbox_dead_letters"}, err)
+		}
+		var d lease.DeadLetter
+		e, derr := lease.DecodeOutboxEntry([]byte(raw))
+		if derr != nil || e.MessageID != id || (why != "" && json.Unmarshal([]byte(why), &d) != nil) {
+			return nil, &lease.Error{Code: lease.CodeCorrupt, Reason: "outbox dead letter is corrupt; failing closed"}
+		}
+		d.Entry = e
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// OutboxDeadLen counts the dead letters.
+func (s *Store) OutboxDeadLen(ctx context.Context) (int64, error) {
+	if s.closed.Load() {
+		return 0, lease.Errorf(lease.CodeBackendUnavailable, "store is closed")
+	}
+	n, err := s.client.Do(ctx, s.client.B().Zcard().Key(s.keys.outboxDead()).Build()).AsInt64()
+	if err != nil {
+		return 0, s.failure(call{fn: "outbox_dead_len"}, err)
 	}
 	return n, nil
 }

@@ -108,9 +108,9 @@ var keyKinds = []struct {
 	{regexp.MustCompile(`^\{[A-Za-z0-9_-]{43}\}:(counter|cseq)$`), "counter"},
 	{regexp.MustCompile(`^\{[A-Za-z0-9_-]{43}\}:history$`), "list"},
 	{regexp.MustCompile(`^\{[A-Za-z0-9_-]{43}\}:marks$`), "marks"},
-	{regexp.MustCompile(`^(index|expiry|outbox|cred:index)$`), "zset"},
-	{regexp.MustCompile(`^(lease|outbox|cred):[A-Za-z0-9_.:-]+$`), "string"},
-	{regexp.MustCompile(`^(counter_floor|epoch)$`), "counter"},
+	{regexp.MustCompile(`^(index|expiry|outbox|outbox_dead|cred:index)$`), "zset"},
+	{regexp.MustCompile(`^(lease|outbox|outbox_dead|cred):[A-Za-z0-9_.:-]+$`), "string"},
+	{regexp.MustCompile(`^(counter_floor|epoch|outbox_seq)$`), "counter"},
 	{regexp.MustCompile(`^last_recovery$`), "string"},
 }
 

@@ -144,7 +144,8 @@ func startRelay(ctx context.Context, rf relayFlags, bf backendFlags, store lease
 	comps := map[string]func(context.Context) httpapi.ComponentHealth{"relay": func(context.Context) httpapi.ComponentHealth {
 		st := lr.Status()
 		h := httpapi.ComponentHealth{Status: "ok", Detail: map[string]any{"active": st.Active, "backlog": st.Backlog,
-			"oldest_pending_age_ms": st.OldestAge.Milliseconds(), "confirmed": st.Stats.Confirmed, "failed": st.Stats.Failed}}
+			"dead_letters": st.DeadLetters, "oldest_pending_age_ms": st.OldestAge.Milliseconds(),
+			"confirmed": st.Stats.Confirmed, "failed": st.Stats.Failed}}
 		if st.Degraded {
 			h.Status, h.Reason = "degraded", st.Reason
 		}
@@ -180,6 +181,10 @@ func registerRelayMetrics(reg *prometheus.Registry, lr *rabbitmq.LeasedRelay) {
 			func(s rabbitmq.LeasedRelayStatus) float64 { return b(s.Active) }),
 		gauge("starlease_relay_backlog_entries", "Publications pending in the outbox (-1: not measured).",
 			func(s rabbitmq.LeasedRelayStatus) float64 { return float64(s.Backlog) }),
+		gauge("starlease_relay_dead_letters", "Publications set aside as undeliverable (404/403 on publish, repeated nacks or returns), kept in the outbox's dead letters for an operator (-1: not measured).",
+			func(s rabbitmq.LeasedRelayStatus) float64 { return float64(s.DeadLetters) }),
+		counter("starlease_relay_dead_lettered_total", "Publications this server's relay moved to the outbox's dead letters.",
+			func(s rabbitmq.LeasedRelayStatus) uint64 { return s.Stats.DeadLettered }),
 		gauge("starlease_relay_oldest_pending_age_seconds", "Age of the oldest pending publication (relay lag); 0 when the outbox is empty.",
 			func(s rabbitmq.LeasedRelayStatus) float64 { return s.OldestAge.Seconds() }),
 		gauge("starlease_relay_degraded", "1 when the oldest pending publication is older than --relay-stale-after or the backlog cannot be measured.",
@@ -188,7 +193,7 @@ func registerRelayMetrics(reg *prometheus.Registry, lr *rabbitmq.LeasedRelay) {
 			func(s rabbitmq.LeasedRelayStatus) uint64 { return s.Stats.Confirmed }),
 		counter("starlease_relay_removed_total", "Publications removed from the outbox after their ack.",
 			func(s rabbitmq.LeasedRelayStatus) uint64 { return s.Stats.Removed }),
-		counter("starlease_relay_failures_total", "Publications nacked, returned, unconfirmed in time or not sent (each stays in the outbox).",
+		counter("starlease_relay_failures_total", "Publications nacked, returned, unconfirmed in time or not sent (each stays in the outbox unless dead-lettered).",
 			func(s rabbitmq.LeasedRelayStatus) uint64 { return s.Stats.Failed }),
 		counter("starlease_relay_connects_total", "Connections the relay opened to the broker.",
 			func(s rabbitmq.LeasedRelayStatus) uint64 { return s.Stats.Connects }),
