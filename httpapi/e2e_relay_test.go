@@ -38,7 +38,8 @@ func TestE2ERelayBrokerOutage(t *testing.T) {
 	urlFile := writeURLFile(t, broker.URL())
 	rows := newRowRecorder()
 	s := startServer(t, bin, rows, "--rabbitmq-url-file", urlFile, "--relay-lease-ttl", "3s",
-		"--relay-stale-after", "1500ms", "--relay-poll-interval", "50ms", "--relay-mandatory")
+		"--relay-stale-after", "1500ms", "--relay-poll-interval", "50ms", "--relay-mandatory",
+		"--principal-rate", "100000") // 3000 publications as fast as they go: the relay is measured, not the rate limit
 	k := s.createKey("prn-relay", "api_client", "targets:lease", "tenant:tenant-a,program:program-a")
 	adm := s.createKey("prn-relay-admin", "administrator", "targets:lease,targets:force-release", "tenant:tenant-a,program:program-a")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
