@@ -4,11 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -89,10 +87,14 @@ func TestE2ERelayBrokerOutage(t *testing.T) {
 		}
 	}
 
-	got := newDeliveries()
-	stopConsumer := got.consume(t, broker.URL(), queue)
+	got := testenv.NewDeliveries(func(m amqp.Delivery) bool {
+		// persistent, with its fence headers
+		return m.DeliveryMode == amqp.Persistent && m.Headers[rabbitmq.HeaderFencingToken] != nil &&
+			m.Headers[rabbitmq.HeaderLockKey] != nil && m.Headers[rabbitmq.HeaderCommitID] != nil
+	})
+	stopConsumer := got.Consume(t, broker.URL(), queue)
 	publish(0, 20, 1)
-	got.waitFor(t, accepted, 30*time.Second)
+	got.WaitFor(t, accepted, 30*time.Second)
 	if st := readyState(t, s.URL()); st.Status != "ok" || st.Components["relay"].Detail["active"] != true {
 		t.Fatalf("/readyz with the relay running: %+v", st)
 	}
@@ -140,16 +142,16 @@ func TestE2ERelayBrokerOutage(t *testing.T) {
 	// broker's metadata store; declaring is idempotent, and the relay
 	// publishes mandatory, so nothing is dropped as unroutable meanwhile.
 	broker.DeclareQueues(t, queue)
-	stopConsumer = got.consume(t, broker.URL(), queue)
-	for limit := time.Now().Add(60 * time.Second); got.distinct() < 20+200; {
+	stopConsumer = got.Consume(t, broker.URL(), queue)
+	for limit := time.Now().Add(60 * time.Second); got.Distinct() < 20+200; {
 		if time.Now().After(limit) {
-			t.Fatalf("only %d deliveries within 60s of the broker's restart", got.distinct())
+			t.Fatalf("only %d deliveries within 60s of the broker's restart", got.Distinct())
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
 	stopConsumer()
 	broker.Kill9()
-	mid := got.distinct()
+	mid := got.Distinct()
 	t.Logf("broker killed mid-backlog: %d of %d publications delivered", mid, len(accepted))
 	if mid >= len(accepted) {
 		t.Fatal("the backlog drained before the broker was killed: the test did not kill it mid-backlog")
@@ -159,11 +161,11 @@ func TestE2ERelayBrokerOutage(t *testing.T) {
 	broker.Restart()
 	broker.DeclareQueues(t, queue)
 	restarted := time.Now()
-	got.consume(t, broker.URL(), queue)
-	got.waitFor(t, accepted, 90*time.Second)
+	got.Consume(t, broker.URL(), queue)
+	got.WaitFor(t, accepted, 90*time.Second)
 	t.Logf("backlog of %d delivered %v after the broker was up again", len(accepted)-mid, time.Since(restarted).Round(time.Millisecond))
 	time.Sleep(time.Second) // late duplicates, or a refused publication, would arrive now
-	got.check(t, accepted, []string{refusedID})
+	got.Check(t, accepted, []string{refusedID})
 	deadline = time.Now().Add(20 * time.Second)
 	for {
 		m = scrape(t, s.URL())
@@ -190,111 +192,6 @@ func writeURLFile(t *testing.T, url string) string {
 		t.Fatal(err)
 	}
 	return f
-}
-
-// deliveries records what consumers received, by message id.
-type deliveries struct {
-	mu    sync.Mutex
-	count map[string]int
-	bad   []string
-}
-
-func newDeliveries() *deliveries { return &deliveries{count: map[string]int{}} }
-
-// consume reads queue into d until the connection ends or stop is called.
-// Each delivery is acknowledged after it is recorded, so one the consumer
-// never saw (in flight when its connection closed, or the broker died) is
-// delivered again rather than lost to the test.
-func (d *deliveries) consume(t *testing.T, url, queue string) (stop func()) {
-	t.Helper()
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	msgs, err := ch.Consume(queue, "", false, false, false, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for m := range msgs {
-			d.mu.Lock()
-			d.count[m.MessageId]++
-			if m.DeliveryMode != amqp.Persistent || m.Headers[rabbitmq.HeaderFencingToken] == nil ||
-				m.Headers[rabbitmq.HeaderLockKey] == nil || m.Headers[rabbitmq.HeaderCommitID] == nil {
-				d.bad = append(d.bad, m.MessageId)
-			}
-			d.mu.Unlock()
-			_ = m.Ack(false)
-		}
-	}()
-	stop = func() { _ = conn.Close(); <-done }
-	t.Cleanup(stop)
-	return stop
-}
-
-func (d *deliveries) distinct() int { d.mu.Lock(); defer d.mu.Unlock(); return len(d.count) }
-
-// waitFor waits until every id was delivered.
-func (d *deliveries) waitFor(t *testing.T, ids []string, within time.Duration) {
-	t.Helper()
-	limit := time.Now().Add(within)
-	for {
-		d.mu.Lock()
-		missing := 0
-		for _, id := range ids {
-			if d.count[id] == 0 {
-				missing++
-			}
-		}
-		d.mu.Unlock()
-		if missing == 0 {
-			return
-		}
-		if time.Now().After(limit) {
-			t.Fatalf("%d of %d publications not delivered within %v", missing, len(ids), within)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// check: every accepted id delivered (duplicates by message id are
-// counted and logged: delivery is at-least-once), no refused or unknown
-// id, every delivery persistent with its fence headers.
-func (d *deliveries) check(t *testing.T, accepted, refused []string) {
-	t.Helper()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	want := map[string]bool{}
-	for _, id := range accepted {
-		want[id] = true
-	}
-	dups := 0
-	for id, n := range d.count {
-		if !want[id] {
-			t.Errorf("delivered %s, which was never accepted", id)
-		}
-		dups += n - 1
-	}
-	for _, id := range refused {
-		if d.count[id] > 0 {
-			t.Errorf("the refused publication %s was delivered", id)
-		}
-	}
-	for id := range want {
-		if d.count[id] == 0 {
-			t.Errorf("accepted publication %s never delivered", id)
-		}
-	}
-	if len(d.bad) > 0 {
-		t.Errorf("deliveries without persistent mode or fence headers: %v", d.bad)
-	}
-	t.Logf("%d accepted publications, %d distinct delivered, %d duplicate deliveries (dropped by message id)", len(accepted), len(d.count), dups)
 }
 
 // readiness is /readyz's answer.
@@ -327,21 +224,9 @@ func readyState(t *testing.T, base string) readiness {
 // scrape returns the starlease_relay_* samples of /metrics.
 func scrape(t *testing.T, base string) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get(base + "/metrics")
+	m, err := testenv.Metrics(base, "starlease_relay_")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	out := map[string]float64{}
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "starlease_relay_") {
-			var name string
-			var v float64
-			if _, err := fmt.Sscanf(line, "%s %g", &name, &v); err == nil {
-				out[name] = v
-			}
-		}
-	}
-	return out
+	return m
 }

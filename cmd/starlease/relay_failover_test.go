@@ -5,18 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/starintel/starlease/client"
 	"github.com/starintel/starlease/fence"
@@ -113,9 +107,10 @@ func TestValkeyRelayFailover(t *testing.T) {
 			accepted = append(accepted, p.MessageID)
 		}
 	}
-	got := consumeIDs(t, broker.URL(), queue)
+	got := testenv.NewDeliveries(nil)
+	got.Consume(t, broker.URL(), queue)
 	publish(0, 100)
-	got.waitFor(t, accepted, 30*time.Second)
+	got.WaitFor(t, accepted, 30*time.Second)
 	m1, m2 := relayMetrics(s1), relayMetrics(s2)
 	if m1["starlease_relay_active"] != 1 || m2["starlease_relay_active"] != 0 || m2["starlease_relay_confirmed_total"] != 0 ||
 		m1["starlease_relay_confirmed_total"] < 100 {
@@ -132,7 +127,7 @@ func TestValkeyRelayFailover(t *testing.T) {
 	publish(100, 150) // accepted while no relay holds the lease
 	waitActive(t, s2, 2*ttl+5*time.Second)
 	takeover := time.Since(killed)
-	got.waitFor(t, accepted, 30*time.Second)
+	got.WaitFor(t, accepted, 30*time.Second)
 	delivered := time.Since(killed)
 	t.Logf("server 2's relay took over %v after server 1 was killed (lease TTL %v); the backlog was delivered after %v",
 		takeover.Round(time.Millisecond), ttl, delivered.Round(time.Millisecond))
@@ -145,7 +140,7 @@ func TestValkeyRelayFailover(t *testing.T) {
 	if n := both.Load(); n > 0 {
 		t.Errorf("both relays reported active in %d samples", n)
 	}
-	got.check(t, accepted)
+	got.Check(t, accepted, nil)
 	// The confirms settle just after the deliveries.
 	for limit := time.Now().Add(10 * time.Second); ; {
 		m := relayMetrics(s2)
@@ -176,100 +171,9 @@ func waitActive(t *testing.T, s *server, within time.Duration) {
 // relayMetrics returns the starlease_relay_* samples of s's /metrics
 // (empty if it does not answer).
 func relayMetrics(s *server) map[string]float64 {
-	out := map[string]float64{}
-	resp, err := http.Get(s.base + "/metrics")
+	m, err := testenv.Metrics(s.base, "starlease_relay_")
 	if err != nil {
-		return out
+		return map[string]float64{}
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "starlease_relay_") {
-			var name string
-			var v float64
-			if _, err := fmt.Sscanf(line, "%s %g", &name, &v); err == nil {
-				out[name] = v
-			}
-		}
-	}
-	return out
-}
-
-// idSet records deliveries by message id.
-type idSet struct {
-	mu    sync.Mutex
-	count map[string]int
-}
-
-// consumeIDs consumes queue (acknowledging each delivery after recording
-// it) for the rest of the test.
-func consumeIDs(t *testing.T, url, queue string) *idSet {
-	t.Helper()
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	msgs, err := ch.Consume(queue, "", false, false, false, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &idSet{count: map[string]int{}}
-	go func() {
-		for m := range msgs {
-			s.mu.Lock()
-			s.count[m.MessageId]++
-			s.mu.Unlock()
-			_ = m.Ack(false)
-		}
-	}()
-	return s
-}
-
-func (s *idSet) waitFor(t *testing.T, ids []string, within time.Duration) {
-	t.Helper()
-	for limit := time.Now().Add(within); ; {
-		s.mu.Lock()
-		missing := 0
-		for _, id := range ids {
-			if s.count[id] == 0 {
-				missing++
-			}
-		}
-		s.mu.Unlock()
-		if missing == 0 {
-			return
-		}
-		if time.Now().After(limit) {
-			t.Fatalf("%d of %d publications not delivered within %v", missing, len(ids), within)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// check: exactly the accepted ids were delivered; duplicates (at-least-once)
-// are logged.
-func (s *idSet) check(t *testing.T, accepted []string) {
-	t.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	want := map[string]bool{}
-	for _, id := range accepted {
-		want[id] = true
-	}
-	dups := 0
-	for id, n := range s.count {
-		if !want[id] {
-			t.Errorf("delivered %s, never accepted", id)
-		}
-		dups += n - 1
-	}
-	if len(s.count) != len(want) {
-		t.Errorf("%d distinct deliveries, %d accepted", len(s.count), len(want))
-	}
-	t.Logf("%d accepted, %d distinct delivered, %d duplicates", len(want), len(s.count), dups)
+	return m
 }
