@@ -2,8 +2,6 @@ package client
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"strings"
 	"sync"
@@ -312,8 +310,7 @@ func (s *LeaseStore) AuthorizeCommit(ctx context.Context, req lease.CommitReques
 		// The message is the write: the backend binds the commit to its
 		// message id and the SHA-256 of its body.
 		outbox = &Outbox{Exchange: m.Exchange, RoutingKey: m.RoutingKey, ContentType: m.ContentType, Body: m.Body}
-		sum := sha256.Sum256(m.Body)
-		payload = hex.EncodeToString(sum[:])
+		payload = lease.PayloadSHA256(m.Body)
 	}
 	ctx, cancel := withDeadline(withCorrelation(ctx, req.Caller), req.DeadlineAt)
 	defer cancel()

@@ -3,8 +3,6 @@ package couchdb
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"net/http"
 	"reflect"
@@ -74,8 +72,7 @@ func (w *Writer) bind(doc Doc) (fence.Binding, error) {
 	if err := checkDocID(doc.ID); err != nil {
 		return fence.Binding{}, wrapLease(ErrInvalid, "bind", "", err)
 	}
-	sum := sha256.Sum256(doc.Body)
-	return fence.Binding{Target: doc.ID, PayloadSHA256: hex.EncodeToString(sum[:])}, nil
+	return fence.Binding{Target: doc.ID, PayloadSHA256: lease.PayloadSHA256(doc.Body)}, nil
 }
 
 // typedPrefixes are the ids of the typed documents (points.go).

@@ -471,8 +471,7 @@ func PrepareCommit(req CommitRequest, o StoreOptions) (CommitRequest, PreparedCo
 		if req.Target != "" || req.PayloadSHA256 != "" {
 			return req, PreparedCommit{}, Invalid("target", "a publication is its own target: give target and payload_sha256 only without outbox")
 		}
-		sum := sha256.Sum256(m.Body)
-		req.Target, req.PayloadSHA256 = OutboxMessageID(scope), hex.EncodeToString(sum[:])
+		req.Target, req.PayloadSHA256 = OutboxMessageID(scope), PayloadSHA256(m.Body)
 		outbox = string((&fieldHasher{}).add("exchange", m.Exchange).add("routing_key", m.RoutingKey).
 			add("content_type", m.ContentType).add("body_sha256", req.PayloadSHA256).buf)
 	}
@@ -509,6 +508,13 @@ func CheckCommitTarget(t string) error {
 		}
 	}
 	return nil
+}
+
+// PayloadSHA256 is the payload digest of body: the hex SHA-256 of its
+// bytes, as every sink and the outbox compute it.
+func PayloadSHA256(body []byte) string {
+	sum := sha256.Sum256(body)
+	return hex.EncodeToString(sum[:])
 }
 
 // CheckPayloadSHA256 validates a payload digest: empty (the sink cannot

@@ -2,8 +2,6 @@ package rabbitmq
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"time"
 
 	"github.com/starintel/starlease/fence"
@@ -143,7 +141,7 @@ func (p *Publisher) Publish(ctx context.Context, c *fence.Committer, commitID st
 	}
 	// The publication is the write: the backend binds the commit to this
 	// message id and body, and an answer bound to anything else is refused.
-	if err := fence.CheckCommit(env, commitID, fence.Binding{Target: id, PayloadSHA256: bodySHA256(msg.Body)}, res); err != nil {
+	if err := fence.CheckCommit(env, commitID, fence.Binding{Target: id, PayloadSHA256: lease.PayloadSHA256(msg.Body)}, res); err != nil {
 		return Publication{}, err
 	}
 	return Publication{MessageID: id, Guard: fence.NewGuard(env, res.Commit), Replayed: res.Replayed}, nil
@@ -204,10 +202,4 @@ func messageID(req lease.CommitRequest) (string, error) {
 		return "", err
 	}
 	return lease.OutboxMessageID(p.Scope), nil
-}
-
-// bodySHA256 is the payload digest the backend binds a publication to.
-func bodySHA256(body []byte) string {
-	sum := sha256.Sum256(body)
-	return hex.EncodeToString(sum[:])
 }

@@ -3,8 +3,6 @@ package fencetest
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"sort"
 	"sync"
 
@@ -69,8 +67,7 @@ func (s *MemorySink) Bind(doc Doc) (fence.Binding, error) {
 	if doc.ID == "" {
 		return fence.Binding{}, lease.Invalid("id", "must not be empty")
 	}
-	sum := sha256.Sum256([]byte(doc.Body))
-	return fence.Binding{Target: doc.ID, PayloadSHA256: hex.EncodeToString(sum[:])}, nil
+	return fence.Binding{Target: doc.ID, PayloadSHA256: lease.PayloadSHA256([]byte(doc.Body))}, nil
 }
 
 // Commit writes doc conditioned on g: g must have been issued for exactly
