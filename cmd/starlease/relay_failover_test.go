@@ -111,10 +111,18 @@ func TestValkeyRelayFailover(t *testing.T) {
 	got.Consume(t, broker.URL(), queue)
 	publish(0, 100)
 	got.WaitFor(t, accepted, 30*time.Second)
-	m1, m2 := relayMetrics(s1), relayMetrics(s2)
-	if m1["starlease_relay_active"] != 1 || m2["starlease_relay_active"] != 0 || m2["starlease_relay_confirmed_total"] != 0 ||
-		m1["starlease_relay_confirmed_total"] < 100 {
-		t.Fatalf("before the kill: server 1 %v, server 2 %v; want exactly server 1 publishing", m1, m2)
+	// The deliveries can arrive before the relay has counted their
+	// confirms, so wait for the count to settle rather than read it once.
+	for limit := time.Now().Add(10 * time.Second); ; {
+		m1, m2 := relayMetrics(s1), relayMetrics(s2)
+		if m1["starlease_relay_active"] == 1 && m2["starlease_relay_active"] == 0 && m2["starlease_relay_confirmed_total"] == 0 &&
+			m1["starlease_relay_confirmed_total"] >= 100 {
+			break
+		}
+		if m2["starlease_relay_confirmed_total"] != 0 || time.Now().After(limit) {
+			t.Fatalf("before the kill: server 1 %v, server 2 %v; want exactly server 1 publishing", m1, m2)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 
 	// SIGKILL the holder: its lease stays until it expires.
