@@ -798,3 +798,31 @@ func TestOpValid(t *testing.T) {
 		t.Fatal("Op set")
 	}
 }
+
+// The commit digest is stored with every idempotency record: a change to
+// its encoding would turn the replay of an existing commit into
+// idempotency_conflict. These values were computed by the code as it was
+// before outbox headers existed; a header-less commit must keep them.
+func TestCommitDigestPinned(t *testing.T) {
+	outbox := validCommit()
+	outbox.Sink = "rabbitmq"
+	outbox.Target, outbox.PayloadSHA256 = "", ""
+	outbox.Outbox = &OutboxMessage{Exchange: "starintel.results", RoutingKey: "target.result",
+		ContentType: "application/json", Body: []byte(`{"open_ports":[22,443]}`)}
+	minimal := outbox
+	minimal.Outbox = &OutboxMessage{RoutingKey: "q"}
+	for _, tc := range []struct {
+		name          string
+		req           CommitRequest
+		scope, digest string
+	}{
+		{"outbox", outbox, "Hccli-58a65cJYfyQ1iBBV-NgtzPppdBko5ULoIzhLc", "91df0918334b5b427ae1d8fe162a777f73be1fbded3e6b1bb244c502c6293815"},
+		{"minimal outbox", minimal, "Hccli-58a65cJYfyQ1iBBV-NgtzPppdBko5ULoIzhLc", "551e9ac27b836c54674e34b19d90573ca968e0399728d6f6978f3a49578ac008"},
+		{"no outbox", validCommit(), "tgc9GdQitxHUBl-5btD2jo2N4UvDk646QdkU7qCp-NA", "068718c9d69ae6946a20fb3dbef0648564314d9602d59a97ed804802c7812f8a"},
+	} {
+		_, pc, err := PrepareCommit(tc.req, StoreOptions{})
+		if err != nil || pc.Scope != tc.scope || pc.Digest != tc.digest {
+			t.Errorf("%s: scope %s digest %s (%v), want the stored %s %s", tc.name, pc.Scope, pc.Digest, err, tc.scope, tc.digest)
+		}
+	}
+}
