@@ -6,6 +6,8 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -472,8 +474,14 @@ func PrepareCommit(req CommitRequest, o StoreOptions) (CommitRequest, PreparedCo
 			return req, PreparedCommit{}, Invalid("target", "a publication is its own target: give target and payload_sha256 only without outbox")
 		}
 		req.Target, req.PayloadSHA256 = OutboxMessageID(scope), PayloadSHA256(m.Body)
-		outbox = string((&fieldHasher{}).add("exchange", m.Exchange).add("routing_key", m.RoutingKey).
-			add("content_type", m.ContentType).add("body_sha256", req.PayloadSHA256).buf)
+		oh := (&fieldHasher{}).add("exchange", m.Exchange).add("routing_key", m.RoutingKey).
+			add("content_type", m.ContentType).add("body_sha256", req.PayloadSHA256)
+		if len(m.Headers) > 0 {
+			// Only when present: the digest of a header-less publication,
+			// stored in existing idempotency records, stays what it was.
+			oh.add("headers", string(headersDigestInput(m.Headers)))
+		}
+		outbox = string(oh.buf)
 	}
 	if err := CheckCommitTarget(req.Target); err != nil {
 		return req, PreparedCommit{}, err
@@ -555,7 +563,51 @@ func checkOutboxMessage(m *OutboxMessage) error {
 	if len(m.Body) > MaxOutboxBody {
 		return Invalid("outbox.body", "must be at most 64 KiB")
 	}
+	return checkOutboxHeaders(m.Headers)
+}
+
+// checkOutboxHeaders bounds application headers: at most MaxOutboxHeaders,
+// names of 1..128 printable ASCII bytes outside ReservedHeaderPrefix,
+// values of valid UTF-8 without control characters but tab, at most 4096
+// bytes, and at most 16 KiB of names and values together. Names are
+// checked in sorted order so the same headers always get the same answer.
+func checkOutboxHeaders(h map[string]string) error {
+	const field = "outbox.headers"
+	if len(h) > MaxOutboxHeaders {
+		return Invalid(field, "at most 32 headers")
+	}
+	total := 0
+	for _, name := range slices.Sorted(maps.Keys(h)) {
+		v := h[name]
+		if len(name) < 1 || len(name) > MaxOutboxHeaderNameBytes ||
+			strings.IndexFunc(name, func(r rune) bool { return r < 0x21 || r > 0x7e }) >= 0 {
+			return Invalid(field, "a header name must be 1 to 128 printable ASCII bytes without spaces")
+		}
+		if len(name) >= len(ReservedHeaderPrefix) && strings.EqualFold(name[:len(ReservedHeaderPrefix)], ReservedHeaderPrefix) {
+			return Invalid(field, "header names starting with "+ReservedHeaderPrefix+" are reserved for the fence headers")
+		}
+		if len(v) > MaxOutboxHeaderValueBytes {
+			return Invalid(field, "a header value must be at most 4096 bytes")
+		}
+		if !utf8.ValidString(v) || strings.IndexFunc(v, func(r rune) bool { return r != '\t' && unicode.IsControl(r) }) >= 0 {
+			return Invalid(field, "a header value must be UTF-8 without control characters (tab allowed)")
+		}
+		total += len(name) + len(v)
+	}
+	if total > MaxOutboxHeadersBytes {
+		return Invalid(field, "header names and values must total at most 16384 bytes")
+	}
 	return nil
+}
+
+// headersDigestInput is the canonical encoding of headers for the commit
+// digest: each name and value length-prefixed, in sorted name order.
+func headersDigestInput(h map[string]string) []byte {
+	d := &fieldHasher{}
+	for _, name := range slices.Sorted(maps.Keys(h)) {
+		d.add(name, h[name])
+	}
+	return d.buf
 }
 
 // OutboxMessageID is the stable message id of the publication of an

@@ -2,6 +2,8 @@ package lease
 
 import (
 	"encoding/json"
+	"fmt"
+	"maps"
 	"regexp"
 	"strings"
 	"testing"
@@ -819,10 +821,148 @@ func TestCommitDigestPinned(t *testing.T) {
 		{"outbox", outbox, "Hccli-58a65cJYfyQ1iBBV-NgtzPppdBko5ULoIzhLc", "91df0918334b5b427ae1d8fe162a777f73be1fbded3e6b1bb244c502c6293815"},
 		{"minimal outbox", minimal, "Hccli-58a65cJYfyQ1iBBV-NgtzPppdBko5ULoIzhLc", "551e9ac27b836c54674e34b19d90573ca968e0399728d6f6978f3a49578ac008"},
 		{"no outbox", validCommit(), "tgc9GdQitxHUBl-5btD2jo2N4UvDk646QdkU7qCp-NA", "068718c9d69ae6946a20fb3dbef0648564314d9602d59a97ed804802c7812f8a"},
+		// Empty headers are no headers: the digest is the header-less one.
+		{"outbox with empty headers", withHeaders(outbox, map[string]string{}), "Hccli-58a65cJYfyQ1iBBV-NgtzPppdBko5ULoIzhLc", "91df0918334b5b427ae1d8fe162a777f73be1fbded3e6b1bb244c502c6293815"},
 	} {
 		_, pc, err := PrepareCommit(tc.req, StoreOptions{})
 		if err != nil || pc.Scope != tc.scope || pc.Digest != tc.digest {
 			t.Errorf("%s: scope %s digest %s (%v), want the stored %s %s", tc.name, pc.Scope, pc.Digest, err, tc.scope, tc.digest)
 		}
+	}
+}
+
+// withHeaders is r with a copy of its outbox message carrying h.
+func withHeaders(r CommitRequest, h map[string]string) CommitRequest {
+	m := *r.Outbox
+	m.Headers = h
+	r.Outbox = &m
+	return r
+}
+
+func publicationCommit() CommitRequest {
+	r := validCommit()
+	r.Sink = "rabbitmq"
+	r.Target, r.PayloadSHA256 = "", ""
+	r.Outbox = &OutboxMessage{Exchange: "starintel.results", RoutingKey: "target.result", ContentType: "application/json",
+		Body: []byte(`{}`), Headers: map[string]string{"x-schema": "port-scan/v2", "Tenant-Hint": "a\tb é"}}
+	return r
+}
+
+func TestOutboxHeaders(t *testing.T) {
+	if _, _, err := PrepareCommit(publicationCommit(), StoreOptions{}); err != nil {
+		t.Fatalf("valid headers: %v", err)
+	}
+	many := map[string]string{}
+	for i := range MaxOutboxHeaders {
+		many[fmt.Sprintf("h-%02d", i)] = "v"
+	}
+	// At the bounds: 32 headers; a 128-byte name; a 4096-byte value; 16 KiB
+	// of names and values in all.
+	full := map[string]string{}
+	for i := range 4 {
+		full[fmt.Sprintf("%0128d", i)] = strings.Repeat("v", MaxOutboxHeaderValueBytes-MaxOutboxHeaderNameBytes)
+	}
+	for name, h := range map[string]map[string]string{"32 headers": many, "16 KiB": full,
+		"printable name": {"!~#": ""}, "empty value": {"e": ""}, "reserved prefix inside": {"my-x-starintel-x": "v"}} {
+		if _, _, err := PrepareCommit(withHeaders(publicationCommit(), h), StoreOptions{}); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	with := func(h map[string]string, k, v string) map[string]string {
+		out := maps.Clone(h)
+		out[k] = v
+		return out
+	}
+	for _, tc := range []struct {
+		name    string
+		headers map[string]string
+		reason  string
+	}{
+		{"33 headers", with(many, "h-32", "v"), "at most 32 headers"},
+		{"empty name", map[string]string{"": "v"}, "a header name must be 1 to 128 printable ASCII bytes without spaces"},
+		{"129-byte name", map[string]string{strings.Repeat("n", 129): "v"}, "a header name must be 1 to 128 printable ASCII bytes without spaces"},
+		{"space in name", map[string]string{"a b": "v"}, "a header name must be 1 to 128 printable ASCII bytes without spaces"},
+		{"non-ASCII name", map[string]string{"é": "v"}, "a header name must be 1 to 128 printable ASCII bytes without spaces"},
+		{"DEL in name", map[string]string{"a\x7f": "v"}, "a header name must be 1 to 128 printable ASCII bytes without spaces"},
+		{"reserved name", map[string]string{"x-starintel-fencing-token": "1"}, "header names starting with x-starintel- are reserved for the fence headers"},
+		{"reserved name, mixed case", map[string]string{"X-StarIntel-Fencing-Token": "1"}, "header names starting with x-starintel- are reserved for the fence headers"},
+		{"reserved prefix alone", map[string]string{"X-STARINTEL-": "1"}, "header names starting with x-starintel- are reserved for the fence headers"},
+		{"newline in value", map[string]string{"a": "x\ny"}, "a header value must be UTF-8 without control characters (tab allowed)"},
+		{"NUL in value", map[string]string{"a": "\x00"}, "a header value must be UTF-8 without control characters (tab allowed)"},
+		{"C1 control in value", map[string]string{"a": "\u0085"}, "a header value must be UTF-8 without control characters (tab allowed)"},
+		{"value not UTF-8", map[string]string{"a": "\xff"}, "a header value must be UTF-8 without control characters (tab allowed)"},
+		{"4097-byte value", map[string]string{"a": strings.Repeat("v", 4097)}, "a header value must be at most 4096 bytes"},
+		{"over 16 KiB", with(full, "z", ""), "header names and values must total at most 16384 bytes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, pc, err := PrepareCommit(withHeaders(publicationCommit(), tc.headers), StoreOptions{})
+			if pc != (PreparedCommit{}) {
+				t.Errorf("prepared %+v", pc)
+			}
+			wantErr(t, err, CodeInvalidRequest, "outbox.headers", tc.reason)
+		})
+	}
+	prep := func(r CommitRequest) (Prepared, error) {
+		_, pc, err := PrepareCommit(r, StoreOptions{})
+		return Prepared{Scope: pc.Scope, Digest: pc.Digest}, err
+	}
+	h := func(r *CommitRequest, kv ...string) {
+		m := map[string]string{}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		*r = withHeaders(*r, m)
+	}
+	runDigestCases(t, publicationCommit, prep, []digestCase[CommitRequest]{
+		{"same headers, built in another order", func(r *CommitRequest) { h(r, "Tenant-Hint", "a\tb é", "x-schema", "port-scan/v2") }, false, false},
+		{"a value", func(r *CommitRequest) { h(r, "x-schema", "port-scan/v3", "Tenant-Hint", "a\tb é") }, true, false},
+		{"a name's case", func(r *CommitRequest) { h(r, "X-Schema", "port-scan/v2", "Tenant-Hint", "a\tb é") }, true, false},
+		{"one header fewer", func(r *CommitRequest) { h(r, "x-schema", "port-scan/v2") }, true, false},
+		{"no headers", func(r *CommitRequest) { h(r) }, true, false},
+		{"the boundary between name and value", func(r *CommitRequest) { h(r, "x-schemap", "ort-scan/v2", "Tenant-Hint", "a\tb é") }, true, false},
+	})
+}
+
+func TestOutboxEntryHeaders(t *testing.T) {
+	e := OutboxEntry{MessageID: "msg_1", Identity: contractIdentity(), LockKey: goldenContractKey, LeaseID: "lease_01",
+		FencingToken: 42, ExecutionID: "execution_01", Sink: "rabbitmq", CommitID: "commit_01", AcceptedAt: UnixMilli(1),
+		Message: OutboxMessage{RoutingKey: "q", Body: []byte("x"), Headers: map[string]string{"b": "2", "a": "1\t\""}}}
+	b, err := EncodeOutboxEntry(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"headers":{"a":"1\t\"","b":"2"}`) {
+		t.Fatalf("stored entry %s", b)
+	}
+	got, err := DecodeOutboxEntry(b)
+	if err != nil || !maps.Equal(got.Message.Headers, e.Message.Headers) {
+		t.Fatalf("decoded %+v, %v", got.Message, err)
+	}
+	// An entry stored before headers existed has no headers key: it
+	// decodes, without headers, and encodes to the same bytes.
+	old := e
+	old.Message.Headers = nil
+	ob, _ := EncodeOutboxEntry(old)
+	if strings.Contains(string(ob), "headers") {
+		t.Fatalf("a header-less entry encodes headers: %s", ob)
+	}
+	if got, err := DecodeOutboxEntry(ob); err != nil || got.Message.Headers != nil {
+		t.Fatalf("header-less entry: %+v, %v", got.Message, err)
+	}
+	// Stored headers are held to the request's bounds, and decoded strictly.
+	for name, raw := range map[string]string{
+		"reserved name":   strings.Replace(string(b), `"b":"2"`, `"X-Starintel-Lease-Id":"2"`, 1),
+		"number value":    strings.Replace(string(b), `"b":"2"`, `"b":2`, 1),
+		"duplicate name":  strings.Replace(string(b), `"b":"2"`, `"a":"2"`, 1),
+		"headers not map": strings.Replace(string(b), `{"a":"1\t\"","b":"2"}`, `["a"]`, 1),
+	} {
+		if _, err := DecodeOutboxEntry([]byte(raw)); CodeOf(err) != CodeCorrupt {
+			t.Errorf("%s: decoded (%v) %s", name, err, raw)
+		}
+	}
+	bad := e
+	bad.Message.Headers = map[string]string{"x-starintel-sink": "forged"}
+	if _, err := EncodeOutboxEntry(bad); CodeOf(err) != CodeCorrupt {
+		t.Errorf("encoded an entry with a reserved header: %v", err)
 	}
 }

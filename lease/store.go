@@ -228,13 +228,31 @@ const MaxAMQPShortString = 255
 // MaxOutboxBody bounds an outbox message body.
 const MaxOutboxBody = 64 << 10
 
+// Bounds of an outbox message's application headers.
+const (
+	MaxOutboxHeaders          = 32
+	MaxOutboxHeaderNameBytes  = 128
+	MaxOutboxHeaderValueBytes = 4096
+	// MaxOutboxHeadersBytes bounds the names and values together.
+	MaxOutboxHeadersBytes = 16 << 10
+)
+
+// ReservedHeaderPrefix starts the names of the fence headers the relay sets
+// on every publication (package rabbitmq). An application header under it
+// is refused, in any case, so a caller can neither forge nor shadow a
+// fence header.
+const ReservedHeaderPrefix = "x-starintel-"
+
 // OutboxMessage is a publication that becomes visible only through the
-// fenced outbox. Exchange may be empty (the default exchange).
+// fenced outbox. Exchange may be empty (the default exchange). Headers are
+// application headers the relay publishes as string values beside the
+// fence headers; nil and empty are the same (no headers).
 type OutboxMessage struct {
-	Exchange    string `json:"exchange"`
-	RoutingKey  string `json:"routing_key"`
-	ContentType string `json:"content_type"`
-	Body        []byte `json:"body"`
+	Exchange    string            `json:"exchange"`
+	RoutingKey  string            `json:"routing_key"`
+	ContentType string            `json:"content_type"`
+	Body        []byte            `json:"body"`
+	Headers     map[string]string `json:"headers,omitempty"`
 }
 
 // OutboxEntry is an accepted publication waiting for its relay. MessageID is
