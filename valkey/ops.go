@@ -402,11 +402,14 @@ func outboxTemplate(req lease.CommitRequest, p lease.PreparedCommit, msgID strin
 	return splitAtAccepted(b, err, "outbox")
 }
 
-// splitAtAccepted splits encoded evidence around its one accepted_at value,
-// which the function fills with backend time.
+// splitAtAccepted splits an encoded outbox entry around its accepted_at
+// value, which the function fills with backend time. The entry's own
+// member is the first occurrence: it encodes before the message, whose
+// headers are the only caller text that can spell the marker verbatim (a
+// header named accepted_at), so a marker after "message" is never it.
 func splitAtAccepted(b []byte, err error, field string) (string, string, error) {
 	i := bytes.Index(b, []byte(epochMarker))
-	if err != nil || i < 0 || bytes.Count(b, []byte(epochMarker)) != 1 {
+	if err != nil || i < 0 || bytes.Contains(b[:i], []byte(`"message":`)) {
 		return "", "", lease.Invalid(field, "not encodable")
 	}
 	cut := i + len(`"accepted_at":"`)
