@@ -21,8 +21,10 @@
 //  2. Relay (Relay.Run). A relay reads the outbox (lease.Outbox), publishes
 //     every entry with publisher confirms, delivery mode persistent, a
 //     stable message id (derived from the commit, so a republished entry
-//     has the same id) and the fence in headers (HeaderLockKey and the
-//     others), and removes the entry only after the broker acknowledged it.
+//     has the same id), the message's application headers and the fence in
+//     headers (HeaderLockKey and the others, set last so they always win;
+//     the store refuses application headers under lease.ReservedHeaderPrefix),
+//     and removes the entry only after the broker acknowledged it.
 //     A nack, a return (with RelayOptions.Mandatory), a confirm timeout, a
 //     lost connection or a store error keeps the entry; it is retried with
 //     bounded backoff. A poison entry, one the broker refuses for a reason

@@ -41,19 +41,26 @@ type Fence struct {
 
 // publishing is the AMQP message of an outbox entry: persistent, with the
 // entry's stable message id, content type and body, its acceptance time as
-// the timestamp and the fence in headers.
+// the timestamp, and in headers the message's application headers (as
+// strings) and the fence. The fence is set last, so it always wins; the
+// store already refuses application headers under
+// lease.ReservedHeaderPrefix, which every fence header name starts with.
 func publishing(e lease.OutboxEntry) amqp.Publishing {
-	h := amqp.Table{
-		HeaderLockKey:      e.LockKey,
-		HeaderLeaseID:      e.LeaseID,
-		HeaderFencingToken: int64(e.FencingToken), // at most 2^53-1
-		HeaderExecutionID:  e.ExecutionID,
-		HeaderAcceptedAt:   e.AcceptedAt.String(),
-		HeaderSink:         e.Sink,
-		HeaderCommitID:     e.CommitID,
+	h := make(amqp.Table, len(e.Message.Headers)+8)
+	for name, v := range e.Message.Headers {
+		h[name] = v
 	}
+	h[HeaderLockKey] = e.LockKey
+	h[HeaderLeaseID] = e.LeaseID
+	h[HeaderFencingToken] = int64(e.FencingToken) // at most 2^53-1
+	h[HeaderExecutionID] = e.ExecutionID
+	h[HeaderAcceptedAt] = e.AcceptedAt.String()
+	h[HeaderSink] = e.Sink
+	h[HeaderCommitID] = e.CommitID
 	if e.TraceID != "" {
 		h[HeaderTraceID] = e.TraceID
+	} else {
+		delete(h, HeaderTraceID) // no trace: no trace header, whatever the entry held
 	}
 	return amqp.Publishing{
 		Headers:      h,
