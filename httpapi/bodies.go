@@ -76,11 +76,16 @@ type commitBody struct {
 // is over those exact bytes, and a JSON string cannot carry every byte
 // sequence), and base64 bounds the wire size at 4/3 of the body, where
 // JSON string escapes could take up to 6 bytes per byte.
+//
+// Headers are application headers published with the message. Each value
+// stays raw until message() checks it is a JSON string: decoding into
+// string would take null as "".
 type outboxBody struct {
-	Exchange    string `json:"exchange"`
-	RoutingKey  string `json:"routing_key"`
-	ContentType string `json:"content_type"`
-	Body        string `json:"body"`
+	Exchange    string                     `json:"exchange"`
+	RoutingKey  string                     `json:"routing_key"`
+	ContentType string                     `json:"content_type"`
+	Body        string                     `json:"body"`
+	Headers     map[string]json.RawMessage `json:"headers"`
 }
 
 // message decodes the publication. The body must be canonical standard
@@ -97,7 +102,20 @@ func (o *outboxBody) message() (*lease.OutboxMessage, error) {
 	if err != nil || base64.StdEncoding.EncodeToString(b) != o.Body {
 		return nil, lease.Invalid("outbox.body", "must be standard base64 (padded, no line breaks)")
 	}
-	return &lease.OutboxMessage{Exchange: o.Exchange, RoutingKey: o.RoutingKey, ContentType: o.ContentType, Body: b}, nil
+	var headers map[string]string
+	if len(o.Headers) > 0 {
+		headers = make(map[string]string, len(o.Headers))
+		for name, raw := range o.Headers {
+			var v string
+			if len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &v) != nil {
+				return nil, lease.Invalid("outbox.headers", "header values must be JSON strings")
+			}
+			headers[name] = v
+		}
+	}
+	// The store checks the headers' bounds and reserved names.
+	return &lease.OutboxMessage{Exchange: o.Exchange, RoutingKey: o.RoutingKey, ContentType: o.ContentType, Body: b,
+		Headers: headers}, nil
 }
 
 // Response shapes: only authorized, non-secret fields.

@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/starintel/starlease/client"
 	"github.com/starintel/starlease/executor"
 	"github.com/starintel/starlease/fence"
+	"github.com/starintel/starlease/httpapi"
 	"github.com/starintel/starlease/internal/testenv"
 	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/rabbitmq"
@@ -125,7 +127,8 @@ func TestE2EFencedPublication(t *testing.T) {
 		"base64 with a newline": with(outboxWith("body", "aGVs\nbG8="), "commit_id", "raw-2"),
 		"url-safe base64":       with(outboxWith("body", "-_8="), "commit_id", "raw-2"),
 		"body over 64 KiB":      with(outboxWith("body", base64.StdEncoding.EncodeToString(make([]byte, lease.MaxOutboxBody+1))), "commit_id", "raw-2"),
-		"unknown outbox field":  with(outboxWith("headers", map[string]any{}), "commit_id", "raw-2"),
+		"unknown outbox field":  with(outboxWith("priority", 5), "commit_id", "raw-2"),
+		"non-string header":     with(outboxWith("headers", map[string]any{"x-n": 5}), "commit_id", "raw-2"),
 		"no routing key":        with(outboxWith("routing_key", ""), "commit_id", "raw-2"),
 	} {
 		r := post(t, s, k, "/commits/authorize", body)
@@ -134,8 +137,8 @@ func TestE2EFencedPublication(t *testing.T) {
 		}
 	}
 	// The commit route's body stays bounded; other routes keep 64 KiB.
-	huge := with(commit, "commit_id", "raw-3", "trace_id", strings.Repeat("a", 128<<10))
-	if r := post(t, s, k, "/commits/authorize", huge); r.Status != 400 || !bytes.Contains(r.Body, []byte("131072")) {
+	huge := with(commit, "commit_id", "raw-3", "trace_id", strings.Repeat("a", httpapi.MaxCommitBodyBytes))
+	if r := post(t, s, k, "/commits/authorize", huge); r.Status != 400 || !bytes.Contains(r.Body, []byte(strconv.Itoa(httpapi.MaxCommitBodyBytes))) {
 		t.Fatalf("oversized commit body: %d %s", r.Status, r.Body)
 	}
 	if r := post(t, s, k, "/acquire", with(acquireBody(raw, uniqueID("req")), "trace_id", strings.Repeat("a", 70<<10))); r.Status != 400 || !bytes.Contains(r.Body, []byte("65536")) {

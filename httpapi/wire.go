@@ -24,9 +24,14 @@ const MaxBodyBytes = 64 << 10
 
 // MaxCommitBodyBytes bounds a commit authorization's body: it may carry a
 // publication of up to lease.MaxOutboxBody (64 KiB) bytes, base64-encoded
-// (87,384 bytes), beside the commit's own fields (identity, ids, target:
-// well under 16 KiB). It is still a fixed bound, read before decoding.
-const MaxCommitBodyBytes = 128 << 10
+// (87,384 bytes), with up to lease.MaxOutboxHeadersBytes (16 KiB) of header
+// names and values, which a JSON encoder may escape to 6 bytes per byte
+// (encoding/json writes '<' as \u003c; others write non-ASCII as \uXXXX):
+// 98,304 bytes and 6 per header of quotes and separators, beside the
+// commit's own fields (identity, ids, target: well under 16 KiB). That is
+// at most about 198 KiB; the bound leaves room and is still fixed, read
+// before decoding.
+const MaxCommitBodyBytes = 256 << 10
 
 // wireCode maps a typed code to the contract's wire table, which is closed:
 // codes the table does not name travel as the row whose meaning they have.
