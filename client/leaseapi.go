@@ -309,7 +309,8 @@ func (s *LeaseStore) AuthorizeCommit(ctx context.Context, req lease.CommitReques
 		}
 		// The message is the write: the backend binds the commit to its
 		// message id and the SHA-256 of its body.
-		outbox = &Outbox{Exchange: m.Exchange, RoutingKey: m.RoutingKey, ContentType: m.ContentType, Body: m.Body}
+		outbox = &Outbox{Exchange: m.Exchange, RoutingKey: m.RoutingKey, ContentType: m.ContentType, Body: m.Body,
+			Headers: m.Headers}
 		payload = lease.PayloadSHA256(m.Body)
 	}
 	ctx, cancel := withDeadline(withCorrelation(ctx, req.Caller), req.DeadlineAt)

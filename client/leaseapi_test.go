@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -413,7 +414,8 @@ func TestLeaseStoreAuthorizeCommit(t *testing.T) {
 	}
 	// A publication with its own target is refused without a request.
 	n := s.count()
-	req.Outbox = &lease.OutboxMessage{Exchange: "documents", RoutingKey: "q", ContentType: "application/json", Body: []byte("x\x00\xff")}
+	req.Outbox = &lease.OutboxMessage{Exchange: "documents", RoutingKey: "q", ContentType: "application/json", Body: []byte("x\x00\xff"),
+		Headers: map[string]string{"x-schema": "port-scan/v2", "note": "a\tb"}}
 	if _, err := st.AuthorizeCommit(t.Context(), req); lease.CodeOf(err) != lease.CodeInvalidRequest {
 		t.Fatalf("outbox commit with a target: %v", err)
 	}
@@ -434,7 +436,7 @@ func TestLeaseStoreAuthorizeCommit(t *testing.T) {
 	ob, _ := g.Body["outbox"].(map[string]any)
 	if keysOf(g.Body) != "commit_id,execution_id,fencing_token,job_id,lease_id,lock_identity,outbox,service_instance_id,sink,trace_id" ||
 		ob["body"] != base64.StdEncoding.EncodeToString(req.Outbox.Body) || ob["exchange"] != "documents" || ob["routing_key"] != "q" ||
-		ob["content_type"] != "application/json" {
+		ob["content_type"] != "application/json" || !reflect.DeepEqual(ob["headers"], map[string]any{"x-schema": "port-scan/v2", "note": "a\tb"}) {
 		t.Fatalf("outbox commit body %v", g.Body)
 	}
 	if res.Commit.Target != "msg_abc" || res.Commit.PayloadSHA256 != digest {

@@ -105,12 +105,16 @@ type CommitRequest struct {
 
 // Outbox is a publication (POST /commits/authorize's outbox object).
 // Body travels as standard base64 (encoding/json's form of []byte), at
-// most lease.MaxOutboxBody bytes before encoding.
+// most lease.MaxOutboxBody bytes before encoding. Headers are application
+// headers the relay publishes with the message (bounds in
+// lease.MaxOutboxHeaders and beside it; names under
+// lease.ReservedHeaderPrefix are refused).
 type Outbox struct {
-	Exchange    string `json:"exchange"`
-	RoutingKey  string `json:"routing_key"`
-	ContentType string `json:"content_type,omitempty"`
-	Body        []byte `json:"body"`
+	Exchange    string            `json:"exchange"`
+	RoutingKey  string            `json:"routing_key"`
+	ContentType string            `json:"content_type,omitempty"`
+	Body        []byte            `json:"body"`
+	Headers     map[string]string `json:"headers,omitempty"`
 }
 
 // Lease is the contract's success shape of a lease.

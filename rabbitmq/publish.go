@@ -2,6 +2,7 @@ package rabbitmq
 
 import (
 	"context"
+	"maps"
 	"time"
 
 	"github.com/starintel/starlease/fence"
@@ -121,8 +122,10 @@ func (p *Publisher) Publish(ctx context.Context, c *fence.Committer, commitID st
 		caller.PrincipalID = env.OwnerPrincipalID
 	}
 	// The request's Outbox points at a private copy: the caller's body
-	// slice may change after Publish returns, a stored entry must not.
+	// slice and headers map may change after Publish returns (or between
+	// its attempts), a stored entry must not.
 	msg.Body = append([]byte(nil), msg.Body...)
+	msg.Headers = maps.Clone(msg.Headers)
 	// The message id is a function of the commit; deriving it validates
 	// the request locally before anything is sent.
 	probe := env.CommitRequest(p.sink, commitID, fence.Binding{}, p.retry.Now().Add(p.retry.CallTimeout), caller)
