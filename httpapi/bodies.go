@@ -172,8 +172,12 @@ type HistoryView struct {
 
 // CommitView is an accepted commit authorization: the one write (target,
 // payload_sha256) it authorizes under the lease, execution and job. A
-// remote writer stores these fields as its guard.
+// remote writer stores these fields as its guard. LockKey is the canonical
+// lock key of the request's identity, which the guard carries: clients in
+// other languages take it from here rather than reimplement the key
+// function. It discloses nothing the caller did not send.
 type CommitView struct {
+	LockKey       string          `json:"lock_key"`
 	Sink          string          `json:"sink"`
 	CommitID      string          `json:"commit_id"`
 	LeaseID       string          `json:"lease_id"`

@@ -260,10 +260,16 @@ func (s *Server) authorizeCommit(r *http.Request, c service.Call, ok *Success) e
 	if err != nil {
 		return err
 	}
+	// The service accepted this identity under the same operation
+	// classes, so this cannot fail; if it did, no answer is given.
+	key, err := s.svc.LockKey(id)
+	if err != nil {
+		return err
+	}
 	ok.Code = string(res.Code)
 	ok.Replayed = res.Replayed
 	cm := res.Commit
-	ok.Commit = &CommitView{Sink: cm.Sink, CommitID: cm.CommitID, LeaseID: cm.LeaseID, FencingToken: cm.FencingToken,
+	ok.Commit = &CommitView{LockKey: key, Sink: cm.Sink, CommitID: cm.CommitID, LeaseID: cm.LeaseID, FencingToken: cm.FencingToken,
 		ExecutionID: cm.ExecutionID, JobID: cm.JobID, TraceID: cm.TraceID, Target: cm.Target,
 		PayloadSHA256: cm.PayloadSHA256, CommitSeq: cm.Seq, AcceptedAt: cm.AcceptedAt, BackendTime: res.BackendTime}
 	return nil

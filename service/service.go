@@ -227,6 +227,14 @@ func (s *Service) canonical(id lease.Identity) (lease.Identity, error) {
 	return n, err
 }
 
+// LockKey is the canonical lock key of an identity under the configured
+// operation classes. A commit answer names it so a remote writer's guard
+// carries it without the client deriving it in another language.
+func (s *Service) LockKey(id lease.Identity) (string, error) {
+	_, key, err := lease.CanonicalLockKey(id, s.classes)
+	return key, err
+}
+
 // admit applies the concurrent-operation cap: excess work is refused, not
 // queued. release must be called when admitted.
 func (s *Service) admit() (func(), error) {
