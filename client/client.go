@@ -533,7 +533,9 @@ func (c *Client) History(ctx context.Context, leaseID string, pageSize int, page
 
 // AuthorizeCommit asks the fenced-write boundary to accept a commit under
 // a held lease (POST /commits/authorize). It records the accepted commit,
-// so a failure after sending is outcome-unknown like a mutation's.
+// so a failure after sending is outcome-unknown like a mutation's. The
+// answer's lock_key must be the canonical lock key of req.LockIdentity
+// (Commit.LockKey, what a guard carries); any other is a malformed answer.
 func (c *Client) AuthorizeCommit(ctx context.Context, req CommitRequest) (*CommitResult, error) {
 	cl := call{method: http.MethodPost, path: "/commits/authorize", body: req, mutation: true,
 		accept: codes(lease.CodeInspected)}
@@ -547,9 +549,30 @@ func (c *Client) AuthorizeCommit(ctx context.Context, req CommitRequest) (*Commi
 		return nil, &Error{Status: http.StatusOK, Code: lease.CodeOutcomeUnknown, Msg: "malformed response: a commit answer needs exactly a commit",
 			CorrelationID: w.CorrelationID, Retryable: true}
 	}
+	// A guard carries the lock key: one that is not the identity's own
+	// would guard another lease's writes, so the answer is refused.
+	if key, err := lockKeyOf(req.LockIdentity); err != nil || cm.LockKey != key {
+		return nil, &Error{Status: http.StatusOK, Code: lease.CodeOutcomeUnknown, Msg: "malformed response: the commit's lock_key is not the requested identity's",
+			CorrelationID: w.CorrelationID, Retryable: true}
+	}
 	return &CommitResult{Code: w.Code, CorrelationID: w.CorrelationID, Replayed: w.Replayed, Commit: Commit{
-		Sink: cm.Sink, CommitID: cm.CommitID, LeaseID: cm.LeaseID, FencingToken: cm.FencingToken,
+		LockKey: cm.LockKey, Sink: cm.Sink, CommitID: cm.CommitID, LeaseID: cm.LeaseID, FencingToken: cm.FencingToken,
 		ExecutionID: cm.ExecutionID, JobID: cm.JobID, TraceID: cm.TraceID, Target: cm.Target, PayloadSHA256: cm.PayloadSHA256,
 		CommitSeq: cm.CommitSeq, AcceptedAt: cm.AcceptedAt.Time(), BackendTime: cm.BackendTime.Time(),
 	}}, nil
+}
+
+// lockKeyOf is the canonical lock key of an identity the client sent, by
+// the server's own key function. The server checked the operation class
+// against its configured set, which the client does not know: here the set
+// holds just that class.
+func lockKeyOf(id lease.Identity) (string, error) {
+	classes := lease.DefaultOperationClasses()
+	if oc, err := lease.NormalizeIdentifier("operation_class", id.OperationClass); err == nil {
+		if c, err := lease.NewOperationClasses(oc); err == nil {
+			classes = c
+		}
+	}
+	_, key, err := lease.CanonicalLockKey(id, classes)
+	return key, err
 }

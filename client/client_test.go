@@ -36,6 +36,19 @@ const leaseJSON = `{"lock_identity":{"tenant_id":"tenant-a","program_id":"progra
 	`"lease_id":"lease_01","fencing_token":42,"acquired_at":"2026-08-05T12:00:00.000Z",` +
 	`"renewed_at":"2026-08-05T12:00:00.000Z","expires_at":"2026-08-05T12:00:30.000Z","ttl_ms":30000,"state":"active"}`
 
+// lockKeyOf is the canonical lock key of id, as a server answers it.
+func lockKeyOf(id lease.Identity) string {
+	classes := lease.DefaultOperationClasses()
+	if id.OperationClass != "" {
+		classes, _ = lease.NewOperationClasses(id.OperationClass)
+	}
+	_, key, err := lease.CanonicalLockKey(id, classes)
+	if err != nil {
+		panic(err)
+	}
+	return key
+}
+
 func success(code string, extra string) string {
 	return `{"status":"success","code":"` + code + `","correlation_id":"corr_1"` + extra + `}`
 }
@@ -286,7 +299,7 @@ func TestRoutes(t *testing.T) {
 				}
 				return err
 			}},
-		{name: "commit", answer: success("lease_inspected", `,"commit":{"sink":"couchdb","commit_id":"c1","lease_id":"lease_01",`+
+		{name: "commit", answer: success("lease_inspected", `,"commit":{"lock_key":"`+lockKeyOf(ident)+`","sink":"couchdb","commit_id":"c1","lease_id":"lease_01",`+
 			`"fencing_token":42,"execution_id":"exec-1","job_id":"job-1","target":"doc-1","commit_seq":1,"accepted_at":"2026-08-05T12:00:01.000Z","backend_time":"2026-08-05T12:00:01.000Z"}`),
 			method: "POST", path: "/api/v1/target-leases/commits/authorize",
 			bodyKeys: []string{"commit_id", "execution_id", "fencing_token", "job_id", "lease_id", "lock_identity", "service_instance_id", "sink", "target"},
@@ -294,7 +307,7 @@ func TestRoutes(t *testing.T) {
 				res, err := c.AuthorizeCommit(ctx, client.CommitRequest{LockIdentity: ident, LeaseID: "lease_01", FencingToken: 42,
 					ServiceInstanceID: "inst-1", Sink: "couchdb", CommitID: "c1", ExecutionID: "exec-1", JobID: "job-1", Target: "doc-1"})
 				if err == nil && (res.Commit.FencingToken != 42 || res.Commit.Sink != "couchdb" || res.Commit.AcceptedAt.IsZero() ||
-					res.Commit.Target != "doc-1" || res.Commit.JobID != "job-1") {
+					res.Commit.Target != "doc-1" || res.Commit.JobID != "job-1" || res.Commit.LockKey != lockKeyOf(ident)) {
 					err = fmt.Errorf("commit result %+v", res)
 				}
 				return err
@@ -732,4 +745,69 @@ func TestTimeoutHeaderLeavesAMargin(t *testing.T) {
 			t.Errorf("context of %v: X-Request-Timeout-Ms %d, want %d..%d", tc.ctx, ms, tc.min, tc.max)
 		}
 	}
+}
+
+// The commit answer's lock_key must be the canonical lock key of the
+// identity the client sent: a missing or different one is a malformed
+// answer (a guard with another lock key would guard another lease's
+// writes), so AuthorizeCommit fails closed.
+func TestCommitLockKeyChecked(t *testing.T) {
+	commit := func(key string) string {
+		return success("lease_inspected", `,"commit":{"lock_key":"`+key+`","sink":"couchdb","commit_id":"c1","lease_id":"lease_01",`+
+			`"fencing_token":42,"execution_id":"exec-1","job_id":"job-1","trace_id":"","target":"doc-1","payload_sha256":"",`+
+			`"commit_seq":1,"accepted_at":"2026-08-05T12:00:01.000Z","backend_time":"2026-08-05T12:00:01.000Z"}`)
+	}
+	other := ident
+	other.TargetID = "target-2"
+	// The server normalizes the identity sent (case, operation class):
+	// its key is the canonical identity's.
+	raw := ident
+	raw.TenantID, raw.OperationClass = " Tenant-A ", "SCAN"
+	canonical := ident
+	canonical.OperationClass = "scan"
+	req := func(id lease.Identity) client.CommitRequest {
+		return client.CommitRequest{LockIdentity: id, LeaseID: "lease_01", FencingToken: 42, ServiceInstanceID: "inst-1",
+			Sink: "couchdb", CommitID: "c1", ExecutionID: "exec-1", JobID: "job-1", Target: "doc-1"}
+	}
+	for _, tc := range []struct {
+		name   string
+		sent   lease.Identity
+		answer string
+		ok     bool
+	}{
+		{"own key", ident, commit(lockKeyOf(ident)), true},
+		{"normalized identity", raw, commit(lockKeyOf(canonical)), true},
+		{"another identity's key", ident, commit(lockKeyOf(other)), false},
+		{"key of the identity without its operation class", raw, commit(lockKeyOf(ident)), false},
+		{"empty key", ident, commit(""), false},
+		{"no key", ident, strings.Replace(commit(""), `"lock_key":"",`, "", 1), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFake(t, answer(200, tc.answer))
+			res, err := newClient(t, f.srv.URL).AuthorizeCommit(context.Background(), req(tc.sent))
+			if tc.ok {
+				if err != nil || res.Commit.LockKey != lockKeyOf(canonicalOf(tc.sent)) {
+					t.Fatalf("commit %+v, %v", res, err)
+				}
+				return
+			}
+			ce := asError(t, err)
+			if res != nil || ce.Code != lease.CodeOutcomeUnknown || !ce.Retryable || !strings.Contains(ce.Msg, "malformed response") {
+				t.Fatalf("answer accepted or misclassified: %+v, %#v", res, ce)
+			}
+		})
+	}
+}
+
+// canonicalOf normalizes id with its own operation class allowed.
+func canonicalOf(id lease.Identity) lease.Identity {
+	classes := lease.DefaultOperationClasses()
+	if oc, err := lease.NormalizeIdentifier("operation_class", id.OperationClass); err == nil {
+		classes, _ = lease.NewOperationClasses(oc)
+	}
+	n, err := id.Normalize(classes)
+	if err != nil {
+		panic(err)
+	}
+	return n
 }

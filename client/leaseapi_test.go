@@ -383,7 +383,8 @@ func TestLeaseStoreMaximumLifetime(t *testing.T) {
 
 func TestLeaseStoreAuthorizeCommit(t *testing.T) {
 	s := newStub(t)
-	commit := `,"commit":{"sink":"results","commit_id":"c-1","lease_id":"lease_01","fencing_token":7,"execution_id":"exec-1",` +
+	_, key, _ := lease.CanonicalLockKey(storeIdent, lease.DefaultOperationClasses())
+	commit := `,"commit":{"lock_key":"` + key + `","sink":"results","commit_id":"c-1","lease_id":"lease_01","fencing_token":7,"execution_id":"exec-1",` +
 		`"job_id":"job-1","trace_id":"trace-1","target":"doc-1","payload_sha256":"` + strings.Repeat("a", 64) + `","commit_seq":3,` +
 		`"accepted_at":"2026-08-05T12:00:01.000Z","backend_time":"2026-08-05T12:00:01.000Z"}`
 	s.on("POST /commits/authorize", 200, okBody("lease_inspected", commit))

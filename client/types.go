@@ -176,6 +176,10 @@ type HistoryResult struct {
 
 // Commit is an accepted commit authorization of one write.
 type Commit struct {
+	// LockKey is the canonical lock key of the request's identity, as the
+	// server answered it; AuthorizeCommit checks it against the client's
+	// own (lease.CanonicalLockKey) and refuses an answer that differs.
+	LockKey       string
 	Sink          string
 	CommitID      string
 	LeaseID       string
@@ -254,6 +258,7 @@ type historyWire struct {
 }
 
 type commitWire struct {
+	LockKey       string           `json:"lock_key"`
 	Sink          string           `json:"sink"`
 	CommitID      string           `json:"commit_id"`
 	LeaseID       string           `json:"lease_id"`
