@@ -252,6 +252,13 @@ class HeldLease:
             self._on_lost(self)
 
 
+def _release_quietly(client: Client, lease: Lease, service_instance_id: str) -> None:
+    try:
+        client.release(lease, service_instance_id=service_instance_id)
+    except E.StarleaseError:
+        pass
+
+
 def _commit_id() -> str:
     return "cmt_" + new_request_id()[4:]
 
@@ -273,7 +280,18 @@ def lease(client: Client, identity: LockIdentity, *, ttl: float, service_instanc
     sent = time.monotonic()
     res = client.acquire(identity, ttl=ttl, service_instance_id=service_instance_id, execution_id=execution_id,
                          job_id=job_id, trace_id=trace_id, metadata=metadata, wait=wait)
-    held = HeldLease(client, res.lease, service_instance_id=service_instance_id, execution_id=execution_id,
+    lease_now = res.lease
+    if time.monotonic() - sent > lease_now.ttl / 4:
+        # The lease began somewhere between sending and the answer (an
+        # acquire that waited for the identity): anchor the assumed end at
+        # a renewal sent now, rather than give most of the TTL away.
+        sent = time.monotonic()
+        try:
+            lease_now = client.renew(lease_now, service_instance_id=service_instance_id).lease
+        except E.StarleaseError:
+            _release_quietly(client, lease_now, service_instance_id)
+            raise
+    held = HeldLease(client, lease_now, service_instance_id=service_instance_id, execution_id=execution_id,
                      job_id=job_id, trace_id=trace_id, margin=margin, on_lost=on_lost, sent_at=sent)
     held._start()
     try:
