@@ -390,15 +390,23 @@ class Client:
         passes, always with the same body and request (or commit) id."""
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         delay = 0.05
+        unknown: Optional[E.OutcomeUnknown] = None
         while True:
             try:
                 return self._do(c, None, deadline)
-            except (E.OutcomeUnknown, E.BackendUnavailable, E.RateLimited) as err:
+            except (E.OutcomeUnknown, E.BackendUnavailable, E.RateLimited, E.DeadlineExceeded) as err:
+                if isinstance(err, E.OutcomeUnknown):
+                    unknown = err
+                # Once one attempt may have acted, a later attempt that did
+                # nothing does not make the outcome known.
+                final = unknown if unknown is not None else err
+                if isinstance(err, E.DeadlineExceeded):
+                    raise final from None
                 wait = delay * (0.5 + random.random())
                 if isinstance(err, E.RateLimited) and err.retry_after:
                     wait = max(wait, err.retry_after)
                 if time.monotonic() + wait >= deadline - 0.01:
-                    raise
+                    raise final from None
                 time.sleep(wait)
                 delay = min(delay * 2, 1.0)
 
