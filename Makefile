@@ -5,7 +5,10 @@ GO       ?= go
 FUZZTIME ?= 15s
 FUZZ_TARGETS := FuzzNormalizeIdentifier FuzzCanonicalLockKey FuzzDecodeRecord
 
-.PHONY: build test vet fmt-check bench fuzz demo ci
+STATICCHECK_VERSION ?= v0.8.2
+STATICCHECK := $(or $(STARLEASE_CACHE_DIR),/var/cache/starlease)/staticcheck-$(STATICCHECK_VERSION)/staticcheck
+
+.PHONY: build test vet staticcheck fmt-check bench fuzz demo ci
 
 build:
 	$(GO) build -o bin/starlease ./cmd/starlease
@@ -15,6 +18,10 @@ test:
 
 vet:
 	$(GO) vet ./...
+
+staticcheck:
+	@test -x $(STATICCHECK) || GOBIN=$(dir $(STATICCHECK)) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	$(STATICCHECK) ./...
 
 fmt-check:
 	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -12,6 +12,8 @@
 #                    $STARLEASE_CACHE_DIR/pouchdb-server-4.2.0 (default
 #                    /var/cache/starlease), outside the repository so reruns
 #                    are fast
+#   python3, python3-pytest, python3-pika, nim
+#                    apt, if missing: the Python and Nim client suites
 #   @redocly/cli     npm, version 2.77.0, if missing, into
 #                    $STARLEASE_CACHE_DIR/redocly-cli-2.77.0: the OpenAPI
 #                    linter httpapi's TestOpenAPILint runs
@@ -57,6 +59,12 @@ missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 [[ -x $RABBITMQ_BIN && -x /usr/bin/epmd ]] || missing+=(rabbitmq-server)
 command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
+# The client suites (package clients): Debian's python3 with pytest and
+# pika, and the Nim compiler.
+[[ -x /usr/bin/python3 ]] || missing+=(python3)
+/usr/bin/python3 -c 'import pytest' >/dev/null 2>&1 || missing+=(python3-pytest)
+/usr/bin/python3 -c 'import pika' >/dev/null 2>&1 || missing+=(python3-pika)
+command -v nim >/dev/null 2>&1 || missing+=(nim)
 
 # Leaves the rabbitmq-server system service stopped and disabled: the
 # package enables it (systemd unit and SysV links) and its postinst starts

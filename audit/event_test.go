@@ -301,7 +301,7 @@ func TestNewEvent(t *testing.T) {
 	if e.Timestamp.String() != "2026-08-05T12:00:00.001Z" {
 		t.Fatalf("timestamp %s", e.Timestamp)
 	}
-	if NewEvent(EventAcquire, t0).EventID == NewEvent(EventAcquire, t0).EventID {
+	if a, b := NewEvent(EventAcquire, t0), NewEvent(EventAcquire, t0); a.EventID == b.EventID {
 		t.Fatal("event ids repeat")
 	}
 	var ev Event

@@ -23,9 +23,6 @@ const (
 	KeyLen = len(KeyPrefix) + CredentialIDLen + 1 + 2*SecretLen
 )
 
-// crockford is the ULID alphabet as oklog/ulid prints it.
-const crockford = ulid.Encoding
-
 // ErrMalformedKey reports a string that is not an API key of the v1 format.
 // It never carries the input.
 var ErrMalformedKey = errors.New("auth: malformed API key")

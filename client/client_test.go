@@ -243,13 +243,12 @@ func TestRequestIDKeptAndDeadlines(t *testing.T) {
 
 func TestRoutes(t *testing.T) {
 	type tc struct {
-		name           string
-		answer         string
-		run            func(c *client.Client) error
-		method, path   string
-		query          string
-		bodyKeys       []string
-		correlationHdr bool
+		name         string
+		answer       string
+		run          func(c *client.Client) error
+		method, path string
+		query        string
+		bodyKeys     []string
 	}
 	ctx := client.ContextWithCorrelationID(context.Background(), "my-corr-1")
 	leaseAns := func(code string) string { return success(code, `,"lease":`+leaseJSON) }

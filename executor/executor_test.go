@@ -173,7 +173,7 @@ func TestPausedHolderIsFencedOut(t *testing.T) {
 				detached := context.WithoutCancel(ctx)
 				_, o.writeErr = fence.Write(detached, l.Committer(), sink, "a-2", fencetest.Doc{ID: "target", Body: "late from a"})
 				o.replayErr = sink.Commit(detached, o.guard, fencetest.Doc{ID: "target", Body: "replayed by a"})
-				o.cause, _ = causeOfCtx(ctx)
+				_, o.cause = causeOfCtx(ctx)
 				resA <- o
 				return nil
 			})
@@ -237,7 +237,7 @@ func TestRevokeReachesWorkAtNextRenewal(t *testing.T) {
 				return err
 			}
 			revokedAt = time.Now()
-			cause, cancelledAt = causeOfCtx(ctx)
+			cancelledAt, cause = causeOfCtx(ctx)
 			return ctx.Err()
 		})
 		if !errors.Is(err, context.Canceled) || !errors.Is(err, ErrRevoked) {
@@ -323,7 +323,7 @@ func TestBackendUnavailableCancelsBeforeExpiry(t *testing.T) {
 		var cancelledAt time.Time
 		var atCancel *lease.Record
 		err := Run(context.Background(), sp, specFor(t, "instance-a"), func(ctx context.Context, l *Lease) error {
-			cause, cancelledAt = causeOfCtx(ctx)
+			cancelledAt, cause = causeOfCtx(ctx)
 			atCancel = inspectByID(t, store, l.LeaseID())
 			return nil
 		})
@@ -418,7 +418,7 @@ func TestLateRenewalReplyNotConfirmed(t *testing.T) {
 		var cause error
 		err := Run(context.Background(), sp, specFor(t, "instance-a"), func(ctx context.Context, l *Lease) error {
 			rec.Store(l.Record())
-			cause, _ = causeOfCtx(ctx)
+			_, cause = causeOfCtx(ctx)
 			return nil
 		})
 		if err != nil {
@@ -516,7 +516,7 @@ func TestMaximumLifetimeExpiresLocally(t *testing.T) {
 		var cancelledAt time.Time
 		var rec *lease.Record
 		err := Run(context.Background(), store, spec, func(ctx context.Context, l *Lease) error {
-			cause, cancelledAt = causeOfCtx(ctx)
+			cancelledAt, cause = causeOfCtx(ctx)
 			rec = inspectByID(t, store, l.LeaseID())
 			return nil
 		})
@@ -682,7 +682,7 @@ func TestRenewalRejected(t *testing.T) {
 		}}
 		var cause error
 		err := Run(context.Background(), sp, specFor(t, "instance-a"), func(ctx context.Context, l *Lease) error {
-			cause, _ = causeOfCtx(ctx)
+			_, cause = causeOfCtx(ctx)
 			return nil
 		})
 		if err != nil {

@@ -121,7 +121,7 @@ func inspectByID(t *testing.T, s lease.Store, leaseID string) *lease.Record {
 }
 
 // causeOfCtx waits for ctx to end and returns its cause and when it ended.
-func causeOfCtx(ctx context.Context) (error, time.Time) {
+func causeOfCtx(ctx context.Context) (time.Time, error) {
 	<-ctx.Done()
-	return context.Cause(ctx), time.Now()
+	return time.Now(), context.Cause(ctx)
 }

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -105,6 +106,12 @@ func Run(t *testing.T, open func(t *testing.T) auth.Store) {
 		for i := 1; i < len(all); i++ {
 			if all[i-1].ID >= all[i].ID {
 				t.Fatal("List is not in id order")
+			}
+		}
+		slices.Sort(ids)
+		for i, c := range all {
+			if c.ID != ids[i] {
+				t.Fatalf("List returned %s at %d; issued were %v", c.ID, i, ids)
 			}
 		}
 		var paged []string

@@ -1,0 +1,119 @@
+"""The keeper: renewal, and every way a held lease is lost."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+
+import pytest
+
+import starlease
+from conftest import Server, identity, unique
+
+INST = "inst-py"
+
+
+def test_keeper_renews_and_releases(client: starlease.Client) -> None:
+    ident = identity()
+    with starlease.lease(client, ident, ttl=1.5, service_instance_id=INST, job_id="job-k") as h:
+        first = h.lease
+        time.sleep(3.5)  # more than two TTLs
+        assert not h.lost.is_set(), h.cause
+        now = client.get(first.lease_id).lease
+        assert now.state == "active" and now.fencing_token == first.fencing_token
+        assert now.renewed_at > first.renewed_at and now.expires_at > dt.datetime.now(dt.timezone.utc)
+    assert client.get(first.lease_id).lease.state == "released"
+    with pytest.raises(starlease.LeaseNotFound):
+        client.inspect(ident)
+
+
+def test_keeper_releases_on_exception(client: starlease.Client) -> None:
+    ident = identity()
+    with pytest.raises(RuntimeError):
+        with starlease.lease(client, ident, ttl=5, service_instance_id=INST, job_id="job-k") as h:
+            lease_id = h.lease.lease_id
+            raise RuntimeError("work failed")
+    assert client.get(lease_id).lease.state == "released"
+
+
+@pytest.mark.parametrize("action,cause", [("revoke", starlease.REVOKED), ("force_release", starlease.FORCE_RELEASED)])
+def test_loss_by_an_administrator(client: starlease.Client, admin: starlease.Client, action: str,
+                                  cause: str) -> None:
+    seen = []
+    with starlease.lease(client, identity(), ttl=1.5, service_instance_id=INST, job_id="job-k",
+                         on_lost=lambda h: seen.append(h.cause)) as h:
+        getattr(admin, action)(h.lease, reason="test: " + action)
+        assert h.lost.wait(5), "the keeper did not notice within a few renewals"
+        assert h.cause == cause and seen == [cause]
+        with pytest.raises(starlease.LeaseLost) as e:
+            h.check()
+        assert e.value.cause == cause
+
+
+def test_expiry_under_a_paused_keeper(client: starlease.Client) -> None:
+    # The keeper's renewals hang (a stalled thread, a black-holed network):
+    # it must give the lease up before the server's expiry, on its own
+    # clock, and the server must refuse the holder after the expiry.
+    h_ctx = starlease.lease(client, identity(), ttl=2, service_instance_id=INST, job_id="job-k", margin=0.4)
+    h = h_ctx.__enter__()
+    try:
+        hang = threading.Event()
+        real = h.client
+        h.client = _Hanging(real, hang)
+        expires = h.lease.expires_at
+        assert h.lost.wait(5)
+        lost_at = dt.datetime.now(dt.timezone.utc)
+        assert h.cause == starlease.EXPIRED
+        assert lost_at < expires, "the keeper gave up after the lease's end"
+        h.client = real
+        time.sleep(max(0.0, (expires - dt.datetime.now(dt.timezone.utc)).total_seconds()) + 0.2)
+        with pytest.raises(starlease.LeaseLost):
+            real.authorize_commit(h.lease, service_instance_id=INST, execution_id=h.execution_id, job_id=h.job_id,
+                                  sink="couchdb", commit_id=unique("c"), target="doc-x")
+        hang.set()
+    finally:
+        h_ctx.__exit__(None, None, None)
+
+
+class _Hanging:
+    """A client whose renew never answers."""
+
+    def __init__(self, real: starlease.Client, release: threading.Event) -> None:
+        self._real, self._release = real, release
+
+    def renew(self, *a, **kw):
+        self._release.wait(30)
+        raise starlease.BackendUnavailable("hung")
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def test_server_killed_and_restarted(own_server: Server) -> None:
+    key = own_server.create_key("prn-py-restart")
+    c = own_server.client(key, timeout=1.0)
+    with starlease.lease(c, identity(), ttl=6, service_instance_id=INST, job_id="job-k", margin=1.2) as h:
+        before = h.lease
+        own_server.kill()
+        time.sleep(1.5)
+        own_server.start()  # same data, same port
+        limit = time.monotonic() + 6
+        while h.lease.renewed_at == before.renewed_at and time.monotonic() < limit:
+            time.sleep(0.1)
+        assert not h.lost.is_set(), h.cause
+        assert h.lease.renewed_at > before.renewed_at and h.lease.fencing_token == before.fencing_token
+    assert c.get(before.lease_id).lease.state == "released"
+
+
+def test_server_down_past_the_margin(own_server: Server) -> None:
+    key = own_server.create_key("prn-py-down")
+    c = own_server.client(key, timeout=0.5)
+    with starlease.lease(c, identity(), ttl=2, service_instance_id=INST, job_id="job-k", margin=0.5) as h:
+        expires = h.lease.expires_at
+        own_server.kill()
+        assert h.lost.wait(5)
+        assert h.cause == starlease.BACKEND_UNAVAILABLE
+        assert dt.datetime.now(dt.timezone.utc) < expires
+        with pytest.raises(starlease.LeaseLost):
+            h.publish("q", b"never")
