@@ -164,6 +164,16 @@ def test_publish_through_the_outbox(client: starlease.Client, admin: starlease.C
             assert hd["x-starintel-lease-id"] == h.lease.lease_id and hd["x-starintel-commit-id"] == "pub-1"
             assert hd["x-starintel-lock-key"] == p.commit.lock_key
 
+            # Application headers travel with the message; the fence's own
+            # names cannot be set by a caller.
+            ph = h.publish(q.name, b"with headers", headers={"x-dtype": "enrichment", "trace": "t-1"})
+            dh = q.wait_for(lambda d: d["message_id"] == ph.message_id)["headers"]
+            assert (dh["x-dtype"], dh["trace"]) == ("enrichment", "t-1")
+            assert dh["x-starintel-fencing-token"] == h.lease.fencing_token
+            with pytest.raises(starlease.InvalidRequest) as e:
+                h.publish(q.name, b"forged", headers={"X-StarIntel-Fencing-Token": "999"})
+            assert e.value.field == "outbox.headers" and e.value.status == 400
+
             admin.revoke(h.lease, reason="test: publication after revoke")
             with pytest.raises(starlease.LeaseLost):
                 h.publish(q.name, b"refused")
@@ -173,7 +183,7 @@ def test_publish_through_the_outbox(client: starlease.Client, admin: starlease.C
             p2 = h2.publish(q.name, b"sentinel")
         q.wait_for(lambda d: d["message_id"] == p2.message_id)
         time.sleep(0.3)
-        assert [d for d in q.got if d["body"] == b"refused"] == []
+        assert [d for d in q.got if d["body"] in (b"refused", b"forged")] == []
         # The consumer-side filter: the delivery seen twice is a duplicate.
         dd = starlease.Deduper()
         first = q.got[0]
