@@ -108,8 +108,15 @@ if ((${#missing[@]} > 0)); then
 		own_policy=1
 		trap 'rm -f /usr/sbin/policy-rc.d' EXIT
 	fi
-	apt-get update -qq
-	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+	# apt and debconf are chatty on stderr ("delaying package
+	# configuration", ...): their output goes to a log, shown on failure.
+	aptlog=$(mktemp)
+	if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >"$aptlog" 2>&1; then
+		cat "$aptlog" >&2
+		rm -f "$aptlog"
+		exit 1
+	fi
+	rm -f "$aptlog"
 	if [[ -n $own_policy ]]; then
 		rm -f /usr/sbin/policy-rc.d
 		trap - EXIT
