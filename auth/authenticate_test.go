@@ -288,7 +288,7 @@ func TestDifferentPepperCannotVerify(t *testing.T) {
 
 func TestRotateRevokeNextRequest(t *testing.T) {
 	ctx := context.Background()
-	for name, s := range map[string]Store{"memory": NewMemoryStore(), "bolt": openBolt(t)} {
+	for name, s := range map[string]Store{"memory": NewMemoryStore(), "file": openFileStore(t)} {
 		t.Run(name, func(t *testing.T) {
 			a := newAuth(t, s, nil)
 			key, c := issueT(t, s, IssueRequest{Scope: mustScope(t, everything), TTL: time.Hour, Label: "rot"})

@@ -12,16 +12,6 @@ func TestMemoryStoreConformance(t *testing.T) {
 	authtest.Run(t, func(t *testing.T) auth.Store { return auth.NewMemoryStore() })
 }
 
-func TestBoltStoreConformance(t *testing.T) {
-	authtest.Run(t, func(t *testing.T) auth.Store {
-		s, err := auth.OpenBoltStore(filepath.Join(t.TempDir(), "credentials.db"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	})
-}
-
 func TestFileStoreConformance(t *testing.T) {
 	authtest.Run(t, func(t *testing.T) auth.Store {
 		s, err := auth.OpenFileStore(filepath.Join(t.TempDir(), "credentials"))

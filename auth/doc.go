@@ -1,7 +1,8 @@
 // Package auth is starlease's authentication and authorization vocabulary:
 // API keys and their verifiers, the server pepper, principals with a class,
 // a closed list of capabilities, scope grants, the credential store protocol
-// (with an embedded bbolt implementation and an in-memory one) and the
+// (with a file-per-credential implementation, FileStore, and an in-memory
+// one; the Valkey backend keeps credentials in Valkey) and the
 // authorization helpers the service applies before any backend work.
 //
 // # Keys

@@ -12,7 +12,7 @@ import (
 func Example() {
 	ctx := context.Background()
 	pepper, _ := auth.NewPepper([]byte(strings.Repeat("p", 32))) // LoadPepper(path) in a server
-	store := auth.NewMemoryStore()                               // OpenBoltStore(DIR/credentials.db)
+	store := auth.NewMemoryStore()                               // OpenFileStore(DIR/credentials)
 
 	scope, _ := auth.ParseScope("tenant:tenant-main,program:program-a,target-namespace:*,target:*,actor:*")
 	key, cred, err := auth.Issue(ctx, store, pepper, auth.IssueRequest{

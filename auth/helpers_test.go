@@ -49,9 +49,9 @@ func newAuth(t *testing.T, s Store, now func() time.Time) *Authenticator {
 
 func bearer(key string) []string { return []string{"Bearer " + key} }
 
-func openBolt(t *testing.T) *BoltStore {
+func openFileStore(t *testing.T) *FileStore {
 	t.Helper()
-	s, err := OpenBoltStore(filepath.Join(t.TempDir(), "credentials.db"))
+	s, err := OpenFileStore(filepath.Join(t.TempDir(), "credentials"))
 	if err != nil {
 		t.Fatal(err)
 	}
