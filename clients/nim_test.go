@@ -1,0 +1,228 @@
+package clients_test
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/starintel/starlease/fence"
+	"github.com/starintel/starlease/internal/testenv"
+	"github.com/starintel/starlease/lease"
+	"github.com/starintel/starlease/rabbitmq"
+)
+
+// nimPublication is what the Nim suite reports of a publication it made
+// (published) or that the server refused (refused): enough to derive its
+// message id and to check its fence headers and body on the broker.
+type nimPublication struct {
+	MessageID         string         `json:"message_id"`
+	CommitID          string         `json:"commit_id"`
+	Sink              string         `json:"sink"`
+	BodyB64           string         `json:"body_b64"`
+	ContentType       string         `json:"content_type"`
+	PayloadSHA256     string         `json:"payload_sha256"`
+	LeaseID           string         `json:"lease_id"`
+	FencingToken      uint64         `json:"fencing_token"`
+	ExecutionID       string         `json:"execution_id"`
+	JobID             string         `json:"job_id"`
+	TraceID           string         `json:"trace_id"`
+	ServiceInstanceID string         `json:"service_instance_id"`
+	LockIdentity      lease.Identity `json:"lock_identity"`
+
+	body    []byte
+	lockKey string
+}
+
+// TestNimClient runs the Nim client's suite (clients/nim/tests) against
+// "starlease serve" with its outbox relay and a real broker, then checks on
+// the broker what the suite reported: every publication it made was
+// delivered with its exact body, content type and fence headers (the
+// suite's lease id, fencing token, lock key, execution, commit and trace
+// ids), under the message id the Go publisher derives for the same commit;
+// and no publication the server refused (after release, after revoke) was
+// delivered, under its message id or with its body.
+func TestNimClient(t *testing.T) {
+	nimc := nim(t) // fails, never skips, without the compiler
+	s := startStack(t)
+	const queue = "nim-client"
+	s.broker.DeclareQueues(t, queue)
+	urlFile := filepath.Join(t.TempDir(), "rabbitmq-url")
+	if err := os.WriteFile(urlFile, []byte(s.broker.URL()+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := testenv.StartStarlease(t, s.bin, "--rabbitmq-url-file", urlFile, "--relay-poll-interval", "50ms")
+	const principal = "prn-nim-actor"
+	const scope = "tenant:tenant-a,program:program-a"
+	actorKey, _ := srv.CreateKey(principal, "api_client", "targets:lease", scope)
+	adminKey, _ := srv.CreateKey("prn-nim-admin", "administrator", "targets:lease,targets:force-release", scope)
+
+	// The bodies the suite publishes, with their SHA-256 (the Nim standard
+	// library has none): text with non-ASCII characters, and every byte
+	// value (base64 with padding).
+	text := []byte(fmt.Sprintf("fediwatch result %s – naïve ✓", rand.Text()))
+	binary := make([]byte, 256)
+	for i := range binary {
+		binary[i] = byte(i)
+	}
+	var bodies []map[string]string
+	for _, b := range []struct {
+		body        []byte
+		contentType string
+	}{{text, "text/plain; charset=utf-8"}, {binary, "application/octet-stream"}} {
+		sum := sha256.Sum256(b.body)
+		bodies = append(bodies, map[string]string{"b64": base64.StdEncoding.EncodeToString(b.body),
+			"sha256": hex.EncodeToString(sum[:]), "content_type": b.contentType})
+	}
+	bodiesJSON, err := json.Marshal(bodies)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	results := filepath.Join(t.TempDir(), "results.json")
+	cache := t.TempDir()
+	runSuite(t, "nim", s.env(
+		"STARLEASE_NIM_URL="+srv.URL(),
+		"STARLEASE_NIM_ACTOR_KEY="+actorKey,
+		"STARLEASE_NIM_ADMIN_KEY="+adminKey,
+		"STARLEASE_NIM_QUEUE="+queue,
+		"STARLEASE_NIM_BODIES="+string(bodiesJSON),
+		"STARLEASE_NIM_RESULTS="+results,
+	), 5*time.Minute, nimc, "c", "-r", "--hints:off", "--nimcache:"+cache,
+		"-o:"+filepath.Join(cache, "test_starlease"), "tests/test_starlease.nim")
+
+	raw, err := os.ReadFile(results)
+	if err != nil {
+		t.Fatalf("the Nim suite wrote no results: %v", err)
+	}
+	var report struct {
+		Published []*nimPublication `json:"published"`
+		Refused   []*nimPublication `json:"refused"`
+	}
+	if err := json.Unmarshal(raw, &report); err != nil {
+		t.Fatalf("results do not decode: %v", err)
+	}
+	// Two bodies on one lease and one through the answer-dropping proxy;
+	// refused after release and after revoke.
+	if len(report.Published) < 3 || len(report.Refused) < 2 {
+		t.Fatalf("the suite reported %d publications and %d refusals; want at least 3 and 2",
+			len(report.Published), len(report.Refused))
+	}
+	revoked := false
+	for _, r := range report.Refused {
+		revoked = revoked || strings.HasPrefix(r.CommitID, "c-after-revoke-")
+	}
+	if !revoked {
+		t.Fatal("the suite reported no publication refused after revoke")
+	}
+
+	// Every reported publication: its body, its digest as the server
+	// answered it, and its message id as the Go publisher derives it.
+	want := map[string]*nimPublication{}
+	var accepted, refusedIDs []string
+	var staleBodies [][]byte
+	for _, set := range []struct {
+		name string
+		pubs []*nimPublication
+	}{{"published", report.Published}, {"refused", report.Refused}} {
+		for _, p := range set.pubs {
+			if p.body, err = base64.StdEncoding.DecodeString(p.BodyB64); err != nil {
+				t.Fatalf("%s %s: body: %v", set.name, p.CommitID, err)
+			}
+			_, key, err := lease.CanonicalLockKey(p.LockIdentity, lease.DefaultOperationClasses())
+			if err != nil {
+				t.Fatalf("%s %s: lock identity %+v: %v", set.name, p.CommitID, p.LockIdentity, err)
+			}
+			p.lockKey = key
+			id, err := rabbitmq.MessageID(fence.Envelope{LockKey: key, Identity: p.LockIdentity, LeaseID: p.LeaseID,
+				FencingToken: p.FencingToken, ExecutionID: p.ExecutionID, JobID: p.JobID, TraceID: p.TraceID,
+				ServiceInstanceID: p.ServiceInstanceID, OwnerPrincipalID: principal}, p.Sink, p.CommitID)
+			if err != nil {
+				t.Fatalf("%s %s: message id: %v", set.name, p.CommitID, err)
+			}
+			if set.name == "refused" {
+				refusedIDs = append(refusedIDs, id)
+				staleBodies = append(staleBodies, p.body)
+				continue
+			}
+			if p.MessageID != id {
+				t.Errorf("published %s: the server answered message id %s, the Go publisher derives %s", p.CommitID, p.MessageID, id)
+			}
+			if got := lease.PayloadSHA256(p.body); p.PayloadSHA256 != got {
+				t.Errorf("published %s: payload_sha256 %s, the body's SHA-256 is %s", p.CommitID, p.PayloadSHA256, got)
+			}
+			if p.FencingToken < 1 || !strings.HasPrefix(p.MessageID, "msg_") {
+				t.Errorf("published %s: token %d, message id %q", p.CommitID, p.FencingToken, p.MessageID)
+			}
+			if want[p.MessageID] == nil {
+				accepted = append(accepted, p.MessageID)
+			}
+			want[p.MessageID] = p
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	// On the broker: each accepted message id delivered, persistent, with
+	// exactly its body and fence; nothing refused, and no refused body.
+	got := testenv.NewDeliveries(func(m amqp.Delivery) bool {
+		for _, stale := range staleBodies {
+			if bytes.Equal(m.Body, stale) {
+				t.Errorf("delivery %s carries the body of a refused publication", m.MessageId)
+				return false
+			}
+		}
+		p := want[m.MessageId]
+		if p == nil {
+			return false // Check reports it as never accepted
+		}
+		f, err := rabbitmq.FenceOf(m)
+		if err != nil {
+			t.Errorf("delivery %s: %v", m.MessageId, err)
+			return false
+		}
+		wantFence := rabbitmq.Fence{MessageID: p.MessageID, LockKey: p.lockKey, LeaseID: p.LeaseID,
+			FencingToken: p.FencingToken, ExecutionID: p.ExecutionID, TraceID: p.TraceID, Sink: p.Sink,
+			CommitID: p.CommitID, AcceptedAt: f.AcceptedAt}
+		ok := true
+		if f != wantFence || f.AcceptedAt.IsZero() {
+			t.Errorf("delivery %s: fence %+v, want %+v", m.MessageId, f, wantFence)
+			ok = false
+		}
+		if tok, isInt := m.Headers[rabbitmq.HeaderFencingToken].(int64); !isInt || tok != int64(p.FencingToken) {
+			t.Errorf("delivery %s: %s = %#v, want int64 %d", m.MessageId, rabbitmq.HeaderFencingToken,
+				m.Headers[rabbitmq.HeaderFencingToken], p.FencingToken)
+			ok = false
+		}
+		if !bytes.Equal(m.Body, p.body) {
+			t.Errorf("delivery %s: body %q, want %q", m.MessageId, m.Body, p.body)
+			ok = false
+		}
+		if m.ContentType != p.ContentType || m.DeliveryMode != amqp.Persistent || m.Exchange != "" || m.RoutingKey != queue {
+			t.Errorf("delivery %s: content type %q, mode %d, exchange %q, routing key %q", m.MessageId,
+				m.ContentType, m.DeliveryMode, m.Exchange, m.RoutingKey)
+			ok = false
+		}
+		return ok
+	})
+	got.Consume(t, s.broker.URL(), queue)
+	got.WaitFor(t, accepted, 30*time.Second)
+	time.Sleep(time.Second) // a refused or duplicate publication would arrive now
+	got.Check(t, accepted, refusedIDs)
+	if n := got.Distinct(); n != len(accepted) {
+		t.Errorf("%d distinct message ids delivered, want %d", n, len(accepted))
+	}
+	t.Logf("on the broker: %d publications of the Nim suite delivered with their fence; %d refused ones absent",
+		len(accepted), len(refusedIDs))
+}
