@@ -26,19 +26,20 @@ import (
 // (published) or that the server refused (refused): enough to derive its
 // message id and to check its fence headers and body on the broker.
 type nimPublication struct {
-	MessageID         string         `json:"message_id"`
-	CommitID          string         `json:"commit_id"`
-	Sink              string         `json:"sink"`
-	BodyB64           string         `json:"body_b64"`
-	ContentType       string         `json:"content_type"`
-	PayloadSHA256     string         `json:"payload_sha256"`
-	LeaseID           string         `json:"lease_id"`
-	FencingToken      uint64         `json:"fencing_token"`
-	ExecutionID       string         `json:"execution_id"`
-	JobID             string         `json:"job_id"`
-	TraceID           string         `json:"trace_id"`
-	ServiceInstanceID string         `json:"service_instance_id"`
-	LockIdentity      lease.Identity `json:"lock_identity"`
+	MessageID         string            `json:"message_id"`
+	CommitID          string            `json:"commit_id"`
+	Sink              string            `json:"sink"`
+	BodyB64           string            `json:"body_b64"`
+	ContentType       string            `json:"content_type"`
+	PayloadSHA256     string            `json:"payload_sha256"`
+	LeaseID           string            `json:"lease_id"`
+	FencingToken      uint64            `json:"fencing_token"`
+	ExecutionID       string            `json:"execution_id"`
+	JobID             string            `json:"job_id"`
+	TraceID           string            `json:"trace_id"`
+	ServiceInstanceID string            `json:"service_instance_id"`
+	LockIdentity      lease.Identity    `json:"lock_identity"`
+	Headers           map[string]string `json:"headers"`
 
 	body    []byte
 	lockKey string
@@ -131,6 +132,7 @@ func TestNimClient(t *testing.T) {
 	want := map[string]*nimPublication{}
 	var accepted, refusedIDs []string
 	var staleBodies [][]byte
+	withHeaders := 0
 	for _, set := range []struct {
 		name string
 		pubs []*nimPublication
@@ -166,9 +168,15 @@ func TestNimClient(t *testing.T) {
 			}
 			if want[p.MessageID] == nil {
 				accepted = append(accepted, p.MessageID)
+				if len(p.Headers) > 0 {
+					withHeaders++
+				}
 			}
 			want[p.MessageID] = p
 		}
+	}
+	if withHeaders == 0 {
+		t.Error("no publication of the suite carried application headers")
 	}
 	if t.Failed() {
 		t.FailNow()
@@ -204,6 +212,12 @@ func TestNimClient(t *testing.T) {
 			t.Errorf("delivery %s: %s = %#v, want int64 %d", m.MessageId, rabbitmq.HeaderFencingToken,
 				m.Headers[rabbitmq.HeaderFencingToken], p.FencingToken)
 			ok = false
+		}
+		for k, v := range p.Headers {
+			if got, isStr := m.Headers[k].(string); !isStr || got != v {
+				t.Errorf("delivery %s: application header %s = %#v, want %q", m.MessageId, k, m.Headers[k], v)
+				ok = false
+			}
 		}
 		if !bytes.Equal(m.Body, p.body) {
 			t.Errorf("delivery %s: body %q, want %q", m.MessageId, m.Body, p.body)

@@ -170,8 +170,8 @@ type
     contentType*: string
     body*: seq[byte]          ## at most `MaxOutboxBody` bytes; sent as padded base64
     headers*: seq[(string, string)]
-      ## Application headers. This version of the server refuses the field:
-      ## it is sent only when non-empty, so leave it empty for now.
+      ## Application headers (at most 32; names starting `x-starintel-` are
+      ## the relay's fence headers and refused). Sent only when non-empty.
 
   Commit* = object
     ## An accepted commit authorization of one write.
@@ -815,7 +815,7 @@ proc inspect*(c: Client, identity: LockIdentity, timeoutMs = 0,
 
 proc toJson*(p: Publication): JsonNode =
   ## The `outbox` object of p: the body in standard padded base64, empty
-  ## optional fields left out (headers too: see `Publication`).
+  ## optional fields left out.
   result = newJObject()
   if p.exchange.len > 0: result["exchange"] = %p.exchange
   result["routing_key"] = %p.routingKey

@@ -136,10 +136,12 @@ proc loadBodies(): seq[Body] =
                     contentType: n["content_type"].getStr)
 
 proc record(h: Held, commitId: string, body: Body, messageId = "",
-            payloadSha256 = ""): JsonNode =
+            payloadSha256 = "", headers: seq[(string, string)] = @[]): JsonNode =
   ## What the Go test needs to find (or not find) a publication on the
-  ## broker and check its fence headers.
-  %*{"message_id": messageId, "commit_id": commitId, "sink": DefaultSink,
+  ## broker and check its fence headers and application headers.
+  var hs = newJObject()
+  for (k, v) in headers: hs[k] = %v
+  %*{"message_id": messageId, "commit_id": commitId, "sink": DefaultSink, "headers": hs,
      "body_b64": body.b64, "content_type": body.contentType,
      "payload_sha256": payloadSha256,
      "lease_id": h.lease.leaseId, "fencing_token": h.lease.fencingToken,
@@ -331,7 +333,10 @@ proc main() {.async.} =
   var firstMessage = ""
   for i, b in bodies:
     let commitId = "c-" & $i & "-" & run
-    let pub = Publication(routingKey: queue, contentType: b.contentType, body: b.bytes)
+    # The second carries application headers, which the relay publishes
+    # beside the fence headers.
+    let hdrs = if i == 1: @[("x-dtype", "fediwatch.note"), ("x-run", run)] else: @[]
+    let pub = Publication(routingKey: queue, contentType: b.contentType, body: b.bytes, headers: hdrs)
     let cr = await c.authorizeCommit(a, commitId, pub)
     check cr.code == scInspected and not cr.replayed
     check cr.commit.target.startsWith("msg_"), cr.commit.target
@@ -340,7 +345,7 @@ proc main() {.async.} =
     check cr.commit.commitId == commitId and cr.commit.sink == DefaultSink
     check cr.commit.executionId == a.executionId and cr.commit.jobId == a.jobId
     check cr.commit.traceId == a.traceId and cr.commit.commitSeq >= 1
-    published.add record(a, commitId, b, cr.commit.target, cr.commit.payloadSha256)
+    published.add record(a, commitId, b, cr.commit.target, cr.commit.payloadSha256, hdrs)
     if i == 0:
       firstMessage = cr.commit.target
       # The same commit again is idempotent: same message id, replayed.
