@@ -14,8 +14,8 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 
+	"github.com/starintel/starlease/backupfile"
 	"github.com/starintel/starlease/lease"
-	"github.com/starintel/starlease/recovery/backupfile"
 )
 
 // Manifest describes a backup: the header of the backup file.

@@ -11,8 +11,8 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 
+	"github.com/starintel/starlease/backupfile"
 	"github.com/starintel/starlease/lease"
-	"github.com/starintel/starlease/recovery/backupfile"
 )
 
 func TestBackupRestoreStaysClosed(t *testing.T) {

@@ -42,8 +42,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/starintel/starlease/audit"
+	"github.com/starintel/starlease/backupfile"
 	"github.com/starintel/starlease/lease"
-	"github.com/starintel/starlease/recovery/backupfile"
 )
 
 // DefaultEpochGap is the documented amount by which the epoch path raises

@@ -11,10 +11,10 @@ import (
 
 	"github.com/starintel/starlease/audit"
 	"github.com/starintel/starlease/audit/audittest"
+	"github.com/starintel/starlease/backupfile"
 	"github.com/starintel/starlease/bolt"
 	"github.com/starintel/starlease/fence"
 	"github.com/starintel/starlease/lease"
-	"github.com/starintel/starlease/recovery/backupfile"
 )
 
 var ident = lease.Identity{TenantID: "tenant-main", ProgramID: "program-a",

@@ -17,8 +17,8 @@ import (
 
 	vk "github.com/valkey-io/valkey-go"
 
+	"github.com/starintel/starlease/backupfile"
 	"github.com/starintel/starlease/lease"
-	"github.com/starintel/starlease/recovery/backupfile"
 )
 
 // Backup, restore and recovery of a namespace.

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/starintel/starlease/backupfile"
 	"github.com/starintel/starlease/internal/testenv"
 	"github.com/starintel/starlease/lease"
-	"github.com/starintel/starlease/recovery/backupfile"
 )
 
 // Every mutation of a closed namespace is refused with

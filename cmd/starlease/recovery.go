@@ -14,10 +14,10 @@ import (
 
 	"github.com/starintel/starlease/audit"
 	"github.com/starintel/starlease/auth"
+	"github.com/starintel/starlease/backupfile"
 	"github.com/starintel/starlease/bolt"
 	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/recovery"
-	"github.com/starintel/starlease/recovery/backupfile"
 	"github.com/starintel/starlease/valkey"
 )
 
