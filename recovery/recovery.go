@@ -25,9 +25,9 @@
 // its original result (with the lease's current, ended state). Every step
 // is a durable, high-priority audit event (Options.Audit) and a log record.
 //
-// Verify works on any backend's closed namespace (lease.ClosedNamespace):
-// a restored bolt store (bolt.OpenRestored) or a restored or sealed Valkey
-// namespace (valkey.OpenClosed).
+// Verify works on any backend's closed namespace (lease.ClosedNamespace),
+// as a Backend's OpenClosed gives it: a restored bolt store or a restored
+// or sealed Valkey namespace (bolt.Namespace, valkey.Namespace).
 package recovery
 
 import (

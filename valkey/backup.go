@@ -130,16 +130,14 @@ func tokenValue(v string) (uint64, bool) {
 // expiry schedule, the outbox, lease-id lookups, the counter floor and
 // epoch, and the credentials (verifiers only: the store never holds a
 // secret). Mutations are paused (refused retryably) while it reads, at most
-// for pause (0 means DefaultBackupPause).
-func (s *Store) Backup(ctx context.Context, w io.Writer, pause time.Duration) (backupfile.Header, error) {
-	if pause <= 0 {
-		pause = DefaultBackupPause
-	}
+// for Options.BackupPause. sections are carried after the snapshot, each
+// verified like it on restore.
+func (s *Store) Backup(ctx context.Context, w io.Writer, sections ...backupfile.SectionData) (backupfile.Header, error) {
 	if err := s.writable(ctx); err != nil {
 		return backupfile.Header{}, err
 	}
 	gate := gateBackup + ":" + lease.NewLeaseID(lease.At(time.Now()))
-	ok, err := s.setNX(ctx, gate, pause)
+	ok, err := s.setNX(ctx, gate, s.backupPause)
 	if err != nil {
 		return backupfile.Header{}, err
 	}
@@ -175,7 +173,7 @@ func (s *Store) Backup(ctx context.Context, w io.Writer, pause time.Duration) (b
 		counts[countName(e.Key)]++
 	}
 	h, err := backupfile.Write(w, backupfile.Header{Backend: BackendName, CreatedAt: now.Time().UTC(), Counts: counts},
-		func(w io.Writer) error { _, err := w.Write(payload.Bytes()); return err })
+		func(w io.Writer) error { _, err := w.Write(payload.Bytes()); return err }, sections...)
 	if err != nil {
 		return backupfile.Header{}, lease.Errorf(lease.CodeBackendUnavailable, "cannot write the backup: %v", err)
 	}

@@ -27,9 +27,10 @@ type Closed struct {
 
 var _ lease.ClosedNamespace = (*Closed)(nil)
 
-// OpenClosed opens the namespace for recovery. It must be closed by a
-// restore or a Seal (ErrNamespaceOpen otherwise).
-func OpenClosed(ctx context.Context, o Options) (*Closed, error) {
+// openClosed opens the namespace for recovery, on a connection of its
+// own. It must be closed by a restore or a Seal (ErrNamespaceOpen
+// otherwise).
+func openClosed(ctx context.Context, o Options) (*Closed, error) {
 	s, err := Open(ctx, o)
 	if err != nil {
 		return nil, err

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -18,8 +17,8 @@ import (
 
 // ErrRestoreTarget is returned when the restore target namespace holds any
 // key: a restore never merges into or replaces a namespace (that could
-// roll its counters back).
-var ErrRestoreTarget = errors.New("restore target namespace is not empty; restore only into an empty namespace")
+// roll its counters back). It matches backupfile.ErrRestoreTarget.
+var ErrRestoreTarget = backupfile.TargetError("restore target namespace is not empty; restore only into an empty namespace")
 
 // readPayload strictly reads a backup payload: JSON lines of dumpEntry,
 // each checked against the layout, no key twice.
@@ -54,11 +53,11 @@ func readPayload(b []byte) ([]dumpEntry, error) {
 // store's namespace, which must be empty. The namespace is closed first
 // (its gate holds the restore's marker) and stays closed — every mutation
 // refused with lease_backend_unavailable — until recovery verification
-// (OpenClosed, then recovery.Verify) reopens it. Keys whose expiry has
+// (Namespace.OpenClosed, then recovery.Verify) reopens it. Keys whose expiry has
 // passed at backend time are not restored. A backup that fails
 // verification restores nothing; a restore that fails after its first
 // write leaves the namespace closed with part of the backup (empty it and
-// restore again); recovery (OpenClosed) refuses it.
+// restore again); recovery (Namespace.OpenClosed) refuses it.
 func (s *Store) Restore(ctx context.Context, r io.Reader) (backupfile.Header, error) {
 	var payload bytes.Buffer
 	h, err := backupfile.Read(r, &payload)

@@ -191,12 +191,14 @@ func runBackup(args []string, stdout, stderr io.Writer) int {
 			return fail(stderr, err, "")
 		}
 	case "valkey":
-		s, err := rb.openValkey(ctx, log)
+		o := rb.valkeyOptions(lease.StoreOptions{Logger: log})
+		o.ReapInterval, o.BackupPause = -1, *pause
+		s, err := valkey.Open(ctx, o)
 		if err != nil {
 			return fail(stderr, err, "")
 		}
 		defer s.Close()
-		take = func(w io.Writer) (backupfile.Header, error) { return s.Backup(ctx, w, *pause) }
+		take = func(w io.Writer) (backupfile.Header, error) { return s.Backup(ctx, w) }
 		sink, _ = rb.auditSink(s)
 	}
 	defer sink.Close()
@@ -267,7 +269,7 @@ func runRestore(args []string, stdout, stderr io.Writer) int {
 		if held, err := os.ReadDir(filepath.Join(rb.dataDir, credentialsDir)); err == nil && len(held) > 0 {
 			return fail(stderr, lease.Invalid("data_dir", "its credentials directory is not empty"), "")
 		}
-		if err := bolt.Restore(f, filepath.Join(rb.dataDir, storeFile)); err != nil {
+		if _, err := bolt.NewNamespace(filepath.Join(rb.dataDir, storeFile), bolt.Options{}).Restore(ctx, f); err != nil {
 			if errors.Is(err, bolt.ErrRestoreTarget) {
 				return fail(stderr, lease.Invalid("data_dir", err.Error()), "")
 			}
@@ -426,7 +428,7 @@ func runVerifyRestore(args []string, stdout, stderr io.Writer) int {
 	var sink audit.Sink
 	switch rb.backend {
 	case "bolt":
-		r, err := bolt.OpenRestored(filepath.Join(rb.dataDir, storeFile), bolt.Options{StoreOptions: lease.StoreOptions{Logger: log}, ReapInterval: -1})
+		r, err := bolt.NewNamespace(filepath.Join(rb.dataDir, storeFile), bolt.Options{StoreOptions: lease.StoreOptions{Logger: log}}).OpenClosed(ctx)
 		if err != nil {
 			return fail(stderr, err, "")
 		}
@@ -438,7 +440,7 @@ func runVerifyRestore(args []string, stdout, stderr io.Writer) int {
 	case "valkey":
 		o := rb.valkeyOptions(lease.StoreOptions{Logger: log})
 		o.ReapInterval = -1
-		c, err := valkey.OpenClosed(ctx, o)
+		c, err := valkey.NewNamespace(o).OpenClosed(ctx)
 		if err != nil {
 			if errors.Is(err, valkey.ErrNamespaceOpen) {
 				return fail(stderr, lease.Invalid("backend", err.Error()), "")
