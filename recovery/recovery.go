@@ -27,7 +27,9 @@
 //
 // Verify works on any backend's closed namespace (lease.ClosedNamespace),
 // as a Backend's OpenClosed gives it: a restored bolt store or a restored
-// or sealed Valkey namespace (bolt.Namespace, valkey.Namespace).
+// or sealed Valkey namespace (bolt.Namespace, valkey.Namespace). A Site
+// runs each recovery command on a Backend: backup, restore, seal, and
+// Verify with the downstream proof read from its Sources.
 package recovery
 
 import (
