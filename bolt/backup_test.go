@@ -11,8 +11,8 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 
+	"github.com/starintel/starlease/backupfile"
 	"github.com/starintel/starlease/lease"
-	"github.com/starintel/starlease/recovery/backupfile"
 )
 
 func TestBackupRestoreStaysClosed(t *testing.T) {
@@ -36,7 +36,8 @@ func TestBackupRestoreStaysClosed(t *testing.T) {
 	bad := bytes.Clone(buf.Bytes())
 	bad[len(bad)-100] ^= 1
 	target := filepath.Join(dir, "b.db")
-	if err := Restore(bytes.NewReader(bad), target); !errors.Is(err, backupfile.ErrChecksum) {
+	ns := NewNamespace(target, Options{})
+	if _, err := ns.Restore(ctx, bytes.NewReader(bad)); !errors.Is(err, backupfile.ErrChecksum) {
 		t.Fatalf("corrupt restore: %v", err)
 	}
 	for _, p := range []string{target, target + ".restoring"} {
@@ -45,7 +46,7 @@ func TestBackupRestoreStaysClosed(t *testing.T) {
 		}
 	}
 
-	if err := Restore(bytes.NewReader(buf.Bytes()), target); err != nil {
+	if _, err := ns.Restore(ctx, bytes.NewReader(buf.Bytes())); err != nil {
 		t.Fatal(err)
 	}
 	// The namespace is closed: every mutation is refused and changes
@@ -69,13 +70,16 @@ func TestBackupRestoreStaysClosed(t *testing.T) {
 	}
 	closed.Close()
 	// Never restore over an existing namespace.
-	if err := Restore(bytes.NewReader(buf.Bytes()), target); !errors.Is(err, ErrRestoreTarget) {
+	if _, err := ns.Restore(ctx, bytes.NewReader(buf.Bytes())); !errors.Is(err, ErrRestoreTarget) {
 		t.Fatalf("restore over existing: %v", err)
 	}
-	if err := Restore(bytes.NewReader(buf.Bytes()), filepath.Join(dir, "a.db")); !errors.Is(err, ErrRestoreTarget) {
+	if _, err := ns.Restore(ctx, bytes.NewReader(buf.Bytes())); !errors.Is(err, backupfile.ErrRestoreTarget) {
+		t.Fatalf("restore over existing, as any backend's refusal: %v", err)
+	}
+	if _, err := NewNamespace(filepath.Join(dir, "a.db"), Options{}).Restore(ctx, bytes.NewReader(buf.Bytes())); !errors.Is(err, ErrRestoreTarget) {
 		t.Fatalf("restore over live store: %v", err)
 	}
-	r, err := OpenRestored(target, Options{})
+	r, err := ns.OpenClosed(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

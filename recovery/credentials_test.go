@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/starintel/starlease/auth"
-	"github.com/starintel/starlease/recovery/backupfile"
+	"github.com/starintel/starlease/backupfile"
 )
 
 var credPepper = func() auth.Pepper {

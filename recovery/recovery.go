@@ -25,9 +25,11 @@
 // its original result (with the lease's current, ended state). Every step
 // is a durable, high-priority audit event (Options.Audit) and a log record.
 //
-// Verify works on any backend's closed namespace (lease.ClosedNamespace):
-// a restored bolt store (bolt.OpenRestored) or a restored or sealed Valkey
-// namespace (valkey.OpenClosed).
+// Verify works on any backend's closed namespace (lease.ClosedNamespace),
+// as a Backend's OpenClosed gives it: a restored bolt store or a restored
+// or sealed Valkey namespace (bolt.Namespace, valkey.Namespace). A Site
+// runs each recovery command on a Backend: backup, restore, seal, and
+// Verify with the downstream proof read from its Sources.
 package recovery
 
 import (
@@ -42,8 +44,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/starintel/starlease/audit"
+	"github.com/starintel/starlease/backupfile"
 	"github.com/starintel/starlease/lease"
-	"github.com/starintel/starlease/recovery/backupfile"
 )
 
 // DefaultEpochGap is the documented amount by which the epoch path raises

@@ -11,10 +11,10 @@ import (
 
 	"github.com/starintel/starlease/audit"
 	"github.com/starintel/starlease/audit/audittest"
+	"github.com/starintel/starlease/backupfile"
 	"github.com/starintel/starlease/bolt"
 	"github.com/starintel/starlease/fence"
 	"github.com/starintel/starlease/lease"
-	"github.com/starintel/starlease/recovery/backupfile"
 )
 
 var ident = lease.Identity{TenantID: "tenant-main", ProgramID: "program-a",
@@ -120,7 +120,7 @@ func setup(t *testing.T) scenario {
 	if _, err := ReadBackup(bytes.NewReader(backup.Bytes())); err != nil {
 		t.Fatal(err)
 	}
-	if err := bolt.Restore(bytes.NewReader(backup.Bytes()), sc.path); err != nil {
+	if _, err := bolt.NewNamespace(sc.path, bolt.Options{}).Restore(ctx, bytes.NewReader(backup.Bytes())); err != nil {
 		t.Fatal(err)
 	}
 	return sc
@@ -140,7 +140,7 @@ func mustBeClosed(t *testing.T, path string) {
 // verifyBolt runs Verify on the restored bolt store at path.
 func verifyBolt(t *testing.T, path string, proof Proof, o Options) (Report, error) {
 	t.Helper()
-	ns, err := bolt.OpenRestored(path, bolt.Options{ReapInterval: -1})
+	ns, err := bolt.NewNamespace(path, bolt.Options{ReapInterval: -1}).OpenClosed(context.Background())
 	if err != nil {
 		return Report{}, err
 	}

@@ -147,7 +147,7 @@ func TestValkeyRestoreEndToEnd(t *testing.T) {
 			}
 			w.relay(t, s)
 			var backup bytes.Buffer
-			if _, err := s.Backup(ctx, &backup, 0); err != nil {
+			if _, err := s.Backup(ctx, &backup); err != nil {
 				t.Fatal(err)
 			}
 			// Work continues after the backup: tokens grow and are
@@ -189,7 +189,7 @@ func TestValkeyRestoreEndToEnd(t *testing.T) {
 					t.Fatalf("downstream proof %v; want %s=%d", proof.Marks, stale.LockKey, maxAfter)
 				}
 			}
-			ns, err := valkey.OpenClosed(ctx, valkey.Options{Addr: fresh.Addr(), KeyPrefix: "starlease", ReapInterval: -1})
+			ns, err := valkey.NewNamespace(valkey.Options{Addr: fresh.Addr(), KeyPrefix: "starlease", ReapInterval: -1}).OpenClosed(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -321,7 +321,7 @@ func TestValkeyFailoverEpoch(t *testing.T) {
 	if _, err := promoted.Acquire(ctx, withTarget(acquire("too-early"), "target-b")); lease.CodeOf(err) != lease.CodeBackendUnavailable {
 		t.Fatalf("acquire on a sealed namespace: %v", err)
 	}
-	ns, err := valkey.OpenClosed(ctx, valkey.Options{Addr: replica.Addr(), KeyPrefix: "starlease", ReapInterval: -1})
+	ns, err := valkey.NewNamespace(valkey.Options{Addr: replica.Addr(), KeyPrefix: "starlease", ReapInterval: -1}).OpenClosed(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,7 +357,7 @@ func TestActiveTokenCountsAsKnown(t *testing.T) {
 	if err := rc.Do(ctx, rc.B().Del().Key(counter).Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	ns, err := valkey.OpenClosed(ctx, valkey.Options{Addr: r.Addr(), KeyPrefix: "starlease", ReapInterval: -1})
+	ns, err := valkey.NewNamespace(valkey.Options{Addr: r.Addr(), KeyPrefix: "starlease", ReapInterval: -1}).OpenClosed(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -124,8 +124,9 @@
 // only: a credential issued or revoked during a backup may or may not be
 // in it. The audit stream is not carried.
 // Store.Restore writes a backup into an empty namespace behind a closed
-// gate; Store.Seal closes a promoted replica's namespace. OpenClosed then
-// gives package recovery the closed namespace (lease.ClosedNamespace):
+// gate; Store.Seal closes a promoted replica's namespace. Namespace offers
+// these to package recovery (its Backend), and its OpenClosed gives
+// recovery the closed namespace (lease.ClosedNamespace):
 // its state, and Finish, whose steps (recover_raise, recover_end, reopen)
 // run only while the gate is closed. These tools need, beyond the ACL
 // below, +scan +pexpiretime +hgetall +zrange +rpush +hset +pexpireat.

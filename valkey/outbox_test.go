@@ -36,7 +36,7 @@ func TestOutboxBackupRestoreKeepsSequenceAndDeadLetters(t *testing.T) {
 	}
 	seq, _ := get(t, src, src.keys.outboxSeq())
 	var backup bytes.Buffer
-	if _, err := src.Backup(bg, &backup, 0); err != nil {
+	if _, err := src.Backup(bg, &backup); err != nil {
 		t.Fatal(err)
 	}
 	dst := open(t, r, Options{Addr: r.Addr(), KeyPrefix: randomPrefix(), ReapInterval: -1, StoreOptions: src.opts})

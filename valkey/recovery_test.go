@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/starintel/starlease/backupfile"
 	"github.com/starintel/starlease/internal/testenv"
 	"github.com/starintel/starlease/lease"
-	"github.com/starintel/starlease/recovery/backupfile"
 )
 
 // Every mutation of a closed namespace is refused with
@@ -67,15 +67,15 @@ func TestClosedNamespaceRefusesMutations(t *testing.T) {
 		t.Fatalf("read of a closed namespace: %+v %v", ins, err)
 	}
 	// A backup does not run over a closed namespace.
-	if _, err := s.Backup(bg, &bytes.Buffer{}, 0); lease.CodeOf(err) != lease.CodeBackendUnavailable {
+	if _, err := s.Backup(bg, &bytes.Buffer{}); lease.CodeOf(err) != lease.CodeBackendUnavailable {
 		t.Fatalf("backup of a closed namespace: %v", err)
 	}
 }
 
 // closedState opens the closed namespace of o for recovery and reads it.
-func closedState(t *testing.T, o Options) (*Closed, lease.RestoredState) {
+func closedState(t *testing.T, o Options) (lease.ClosedNamespace, lease.RestoredState) {
 	t.Helper()
-	c, err := OpenClosed(bg, o)
+	c, err := NewNamespace(o).OpenClosed(bg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestSealAndRecover(t *testing.T) {
 	if _, err := s.Seal(bg); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := OpenClosed(bg, Options{Addr: r.Addr(), KeyPrefix: randomPrefix(), ReapInterval: -1}); !errors.Is(err, ErrNamespaceOpen) {
+	if _, err := NewNamespace(Options{Addr: r.Addr(), KeyPrefix: randomPrefix(), ReapInterval: -1}).OpenClosed(bg); !errors.Is(err, ErrNamespaceOpen) {
 		t.Fatalf("OpenClosed on an open namespace: %v", err)
 	}
 	o.Addr, o.ReapInterval = r.Addr(), -1
@@ -176,7 +176,7 @@ func TestBackupRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	var backup bytes.Buffer
-	h, err := src.Backup(bg, &backup, 0)
+	h, err := src.Backup(bg, &backup)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,11 +240,14 @@ func TestRestoreRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	var backup bytes.Buffer
-	if _, err := src.Backup(bg, &backup, 0); err != nil {
+	if _, err := src.Backup(bg, &backup); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := src.Restore(bg, bytes.NewReader(backup.Bytes())); !errors.Is(err, ErrRestoreTarget) {
 		t.Fatalf("restore over a live namespace: %v", err)
+	}
+	if _, err := src.Restore(bg, bytes.NewReader(backup.Bytes())); !errors.Is(err, backupfile.ErrRestoreTarget) {
+		t.Fatalf("restore over a live namespace, as any backend's refusal: %v", err)
 	}
 	if v, _ := get(t, src, src.keys.gate()); v != "" {
 		t.Fatal("a refused restore left the namespace closed")
@@ -301,7 +304,7 @@ func TestRecoveryUnderACL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := svc.Backup(bg, &bytes.Buffer{}, 0); lease.CodeOf(err) != lease.CodeBackendUnavailable {
+	if _, err := svc.Backup(bg, &bytes.Buffer{}); lease.CodeOf(err) != lease.CodeBackendUnavailable {
 		t.Fatalf("backup with the service's ACL: %v", err)
 	}
 	if _, err := svc.Acquire(bg, acquireReq(newIdentity())); err != nil {
@@ -309,7 +312,7 @@ func TestRecoveryUnderACL(t *testing.T) {
 	}
 	op := open(t, r, Options{Username: "operator", PasswordFile: opw, KeyPrefix: "starlease"})
 	var backup bytes.Buffer
-	if _, err := op.Backup(bg, &backup, 0); err != nil {
+	if _, err := op.Backup(bg, &backup); err != nil {
 		t.Fatal(err)
 	}
 	// The new server: its operator shares the service's password file.
@@ -318,7 +321,7 @@ func TestRecoveryUnderACL(t *testing.T) {
 	if _, err := dst.Restore(bg, bytes.NewReader(backup.Bytes())); err != nil {
 		t.Fatal(err)
 	}
-	c, err := OpenClosed(bg, Options{Addr: fresh.Addr(), Username: "operator", PasswordFile: pw, KeyPrefix: "starlease", ReapInterval: -1})
+	c, err := NewNamespace(Options{Addr: fresh.Addr(), Username: "operator", PasswordFile: pw, KeyPrefix: "starlease", ReapInterval: -1}).OpenClosed(bg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -351,7 +354,7 @@ func BenchmarkBackup(b *testing.B) {
 	b.ResetTimer()
 	var keys int64
 	for i := 0; i < b.N; i++ {
-		h, err := s.Backup(bg, io.Discard, 0)
+		h, err := s.Backup(bg, io.Discard)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -375,7 +378,7 @@ func TestCancelledBackupReopens(t *testing.T) {
 	ctx, cancel := context.WithCancel(bg)
 	// Cancelled by the first key type read: after the gate closed.
 	s.backupHook = cancel
-	if _, err := s.Backup(ctx, io.Discard, 0); err == nil {
+	if _, err := s.Backup(ctx, io.Discard); err == nil {
 		t.Fatal("a cancelled backup succeeded")
 	}
 	s.backupHook = nil
@@ -401,7 +404,7 @@ func TestPartialRestoreIsNotRecoverable(t *testing.T) {
 		!strings.Contains(err.Error(), "part-way") {
 		t.Fatalf("acquire in a part-way restore: %v", err)
 	}
-	if _, err := OpenClosed(bg, o); lease.CodeOf(err) != lease.CodeBackendUnavailable {
+	if _, err := NewNamespace(o).OpenClosed(bg); lease.CodeOf(err) != lease.CodeBackendUnavailable {
 		t.Fatalf("recovery of a part-way restore: %v", err)
 	}
 }

@@ -62,6 +62,9 @@ type Options struct {
 	// ReapInterval is how often expired leases are archived. Zero means
 	// 30 s; negative disables the reaper.
 	ReapInterval time.Duration
+	// BackupPause bounds a backup's pause of mutations (Backup); zero
+	// means DefaultBackupPause.
+	BackupPause time.Duration
 }
 
 // DefaultKeyPrefix is the default key namespace.
@@ -79,6 +82,7 @@ type Store struct {
 	allowUnknown bool
 	replyGrace   time.Duration
 	reclaimGrace time.Duration
+	backupPause  time.Duration
 
 	durable   atomic.Bool
 	checkedAt atomic.Int64 // unix ms of the last durability check
@@ -140,6 +144,7 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 		allowUnknown: o.AllowUnverifiedDurability,
 		replyGrace:   orDefault(o.ReplyGrace, 2*time.Second),
 		reclaimGrace: orDefault(o.ReclaimGrace, 24*time.Hour),
+		backupPause:  orDefault(o.BackupPause, DefaultBackupPause),
 		stop:         make(chan struct{}),
 	}
 	s.log = s.opts.Logger

@@ -13,11 +13,9 @@ import (
 	"time"
 
 	"github.com/starintel/starlease/audit"
-	"github.com/starintel/starlease/auth"
 	"github.com/starintel/starlease/bolt"
 	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/recovery"
-	"github.com/starintel/starlease/recovery/backupfile"
 	"github.com/starintel/starlease/valkey"
 )
 
@@ -107,6 +105,7 @@ func auditLogger(stderr io.Writer) *slog.Logger {
 type recoveryBackend struct {
 	backendFlags
 	dataDir string
+	pause   time.Duration
 }
 
 func (b *recoveryBackend) register(fs *flag.FlagSet, dataDirUsage string) {
@@ -125,22 +124,24 @@ func (b *recoveryBackend) check() error {
 	return nil
 }
 
-// auditSink opens where the backend's servers write audit: the bolt audit
-// file of the data directory, or the Valkey namespace's stream.
-func (b *recoveryBackend) auditSink(vs *valkey.Store) (audit.Sink, error) {
-	if vs != nil {
-		return vs.AuditSink(valkey.AuditOptions{}), nil
+// site maps --backend, once, to the namespace the recovery commands act
+// on, and to the flags that name it on a later command line. bolt keeps
+// its credentials and audit file in the data directory, beside the store;
+// a Valkey namespace holds both itself.
+func (b *recoveryBackend) site(log *slog.Logger) (*recovery.Site, string) {
+	if b.backend == "valkey" {
+		o := b.valkeyOptions(lease.StoreOptions{Logger: log})
+		o.BackupPause = b.pause
+		return &recovery.Site{Backend: valkey.NewNamespace(o), Field: "valkey_key_prefix", Logger: log}, b.keysFlags()
 	}
-	if err := os.MkdirAll(b.dataDir, 0o700); err != nil {
-		return nil, lease.Errorf(lease.CodeBackendUnavailable, "cannot create the data directory")
-	}
-	return audit.OpenBolt(filepath.Join(b.dataDir, audit.BoltFileName), audit.BoltOptions{})
-}
-
-func (b *recoveryBackend) openValkey(ctx context.Context, log *slog.Logger) (*valkey.Store, error) {
-	o := b.valkeyOptions(lease.StoreOptions{Logger: log})
-	o.ReapInterval = -1
-	return valkey.Open(ctx, o)
+	return &recovery.Site{
+		Backend:     bolt.NewNamespace(filepath.Join(b.dataDir, storeFile), bolt.Options{StoreOptions: lease.StoreOptions{Logger: log}}),
+		Field:       "data_dir",
+		Dir:         b.dataDir,
+		Credentials: filepath.Join(b.dataDir, credentialsDir),
+		AuditFile:   filepath.Join(b.dataDir, audit.BoltFileName),
+		Logger:      log,
+	}, " --data-dir " + b.dataDir
 }
 
 func runBackup(args []string, stdout, stderr io.Writer) int {
@@ -148,7 +149,7 @@ func runBackup(args []string, stdout, stderr io.Writer) int {
 	var rb recoveryBackend
 	rb.register(fs, "bolt: data directory holding the store file (required)")
 	out := fs.String("out", "", "backup file to create (required; never overwritten)")
-	pause := fs.Duration("pause", valkey.DefaultBackupPause, "valkey: longest pause of mutations the backup may take")
+	fs.DurationVar(&rb.pause, "pause", valkey.DefaultBackupPause, "valkey: longest pause of mutations the backup may take")
 	timeout := fs.Duration("timeout", 5*time.Minute, "deadline of the backup")
 	if code, ok := parseRecovery(fs, args, stderr, out); !ok {
 		return code
@@ -156,71 +157,11 @@ func runBackup(args []string, stdout, stderr io.Writer) int {
 	if err := rb.check(); err != nil {
 		return fail(stderr, err, "")
 	}
-	log := auditLogger(stderr)
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	var take func(io.Writer) (backupfile.Header, error)
-	var sink audit.Sink
-	switch rb.backend {
-	case "bolt":
-		path := filepath.Join(rb.dataDir, storeFile)
-		if _, err := os.Stat(path); err != nil {
-			return fail(stderr, lease.Invalid("data_dir", "holds no store file"), "")
-		}
-		s, err := bolt.Open(path, bolt.Options{StoreOptions: lease.StoreOptions{Logger: log}, ReapInterval: -1})
-		if err != nil {
-			return fail(stderr, err, "")
-		}
-		defer s.Close()
-		// The credentials live beside the store: they travel as a section
-		// (verifiers only; the pepper never enters a backup).
-		creds, err := auth.OpenFileStore(filepath.Join(rb.dataDir, credentialsDir))
-		if err != nil {
-			return fail(stderr, lease.Errorf(lease.CodeBackendUnavailable, "cannot open the credentials"), "")
-		}
-		defer creds.Close()
-		data, n, err := recovery.BackupCredentials(ctx, creds)
-		if err != nil {
-			return fail(stderr, lease.Errorf(lease.CodeBackendUnavailable, "cannot read the credentials: %v", err), "")
-		}
-		log.Info("credentials carried by the backup", "credentials", n)
-		take = func(w io.Writer) (backupfile.Header, error) {
-			return s.Backup(ctx, w, backupfile.SectionData{Name: recovery.CredentialsSection, Data: data})
-		}
-		if sink, err = rb.auditSink(nil); err != nil {
-			return fail(stderr, err, "")
-		}
-	case "valkey":
-		s, err := rb.openValkey(ctx, log)
-		if err != nil {
-			return fail(stderr, err, "")
-		}
-		defer s.Close()
-		take = func(w io.Writer) (backupfile.Header, error) { return s.Backup(ctx, w, *pause) }
-		sink, _ = rb.auditSink(s)
-	}
-	defer sink.Close()
-	f, err := os.OpenFile(*out, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	site, _ := rb.site(auditLogger(stderr))
+	m, err := site.Backup(ctx, *out)
 	if err != nil {
-		return fail(stderr, lease.Invalid("out", "cannot create the backup file (it must not exist)"), "")
-	}
-	m, err := take(f)
-	if err == nil {
-		if err = f.Sync(); err != nil {
-			err = lease.Errorf(lease.CodeBackendUnavailable, "cannot sync the backup file")
-		}
-	}
-	if cerr := f.Close(); err == nil && cerr != nil {
-		err = lease.Errorf(lease.CodeBackendUnavailable, "cannot close the backup file")
-	}
-	if err != nil {
-		os.Remove(*out)
-		recovery.Step(ctx, sink, log, audit.EventRecoveryBackup, false, "backup failed ("+string(lease.CodeOf(err))+")")
-		return fail(stderr, err, "")
-	}
-	if err := recovery.Step(ctx, sink, log, audit.EventRecoveryBackup, true, fmt.Sprintf("%s backup %s taken: %d payload bytes, counts %v",
-		m.Backend, recovery.ShortSHA(m.PayloadSHA256), m.PayloadBytes, m.Counts)); err != nil {
-		os.Remove(*out)
 		return fail(stderr, err, "")
 	}
 	return succeed(stdout, stderr, map[string]any{"code": "backed_up", "file": *out, "manifest": m})
@@ -238,84 +179,15 @@ func runRestore(args []string, stdout, stderr io.Writer) int {
 	if err := rb.check(); err != nil {
 		return fail(stderr, err, "")
 	}
-	f, err := os.Open(*in)
-	if err != nil {
-		return fail(stderr, lease.Invalid("in", "cannot open the backup file"), "")
-	}
-	defer f.Close()
-	m, sections, err := backupfile.ReadAll(f, io.Discard)
-	if err != nil {
-		return fail(stderr, lease.Errorf(lease.CodeCorrupt, "backup file rejected: %v", err), "")
-	}
-	if m.Backend != rb.backend {
-		return fail(stderr, lease.Invalid("in", fmt.Sprintf("the backup is of backend %s, not %s", m.Backend, rb.backend)), "")
-	}
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		return fail(stderr, lease.Errorf(lease.CodeBackendUnavailable, "cannot reread the backup file"), "")
-	}
-	log := auditLogger(stderr)
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	var sink audit.Sink
-	next := "starlease verify-restore"
-	switch rb.backend {
-	case "bolt":
-		if err := os.MkdirAll(rb.dataDir, 0o700); err != nil {
-			return fail(stderr, lease.Errorf(lease.CodeBackendUnavailable, "cannot create the data directory"), "")
-		}
-		// Checked before the store is written, so a refusal leaves nothing.
-		if held, err := os.ReadDir(filepath.Join(rb.dataDir, credentialsDir)); err == nil && len(held) > 0 {
-			return fail(stderr, lease.Invalid("data_dir", "its credentials directory is not empty"), "")
-		}
-		if err := bolt.Restore(f, filepath.Join(rb.dataDir, storeFile)); err != nil {
-			if errors.Is(err, bolt.ErrRestoreTarget) {
-				return fail(stderr, lease.Invalid("data_dir", err.Error()), "")
-			}
-			return fail(stderr, lease.Errorf(lease.CodeCorrupt, "restore failed: %v", err), "")
-		}
-		next += " --data-dir " + rb.dataDir + " ..."
-		if data, ok := sections[recovery.CredentialsSection]; ok {
-			creds, err := auth.OpenFileStore(filepath.Join(rb.dataDir, credentialsDir))
-			if err != nil {
-				return fail(stderr, lease.Errorf(lease.CodeBackendUnavailable, "cannot create the credentials directory"), "")
-			}
-			n, err := recovery.RestoreCredentials(ctx, creds, data)
-			creds.Close()
-			if err != nil {
-				return fail(stderr, lease.Errorf(lease.CodeCorrupt, "credentials not restored: %v", err), "")
-			}
-			log.Info("credentials restored", "credentials", n)
-		}
-		if sink, err = rb.auditSink(nil); err != nil {
-			return fail(stderr, err, "")
-		}
-	case "valkey":
-		s, err := rb.openValkey(ctx, log)
-		if err != nil {
-			return fail(stderr, err, "")
-		}
-		defer s.Close()
-		if _, err := s.Restore(ctx, f); err != nil {
-			var le *lease.Error
-			switch {
-			case errors.Is(err, valkey.ErrRestoreTarget):
-				return fail(stderr, lease.Invalid("valkey_key_prefix", err.Error()), "")
-			case errors.As(err, &le):
-				return fail(stderr, err, "")
-			}
-			return fail(stderr, lease.Errorf(lease.CodeCorrupt, "restore failed: %v", err), "")
-		}
-		next += rb.keysFlags() + " ..."
-		sink, _ = rb.auditSink(s)
-	}
-	defer sink.Close()
-	if err := recovery.Step(ctx, sink, log, audit.EventRecoveryRestore, true, fmt.Sprintf(
-		"%s backup %s of %s restored; namespace closed until verify-restore", m.Backend, recovery.ShortSHA(m.PayloadSHA256),
-		m.CreatedAt.Format(time.RFC3339))); err != nil {
+	site, target := rb.site(auditLogger(stderr))
+	m, err := site.Restore(ctx, *in)
+	if err != nil {
 		return fail(stderr, err, "")
 	}
 	return succeed(stdout, stderr, map[string]any{"code": "restored_unverified", "data_dir": rb.dataDir,
-		"manifest": m, "next": next})
+		"manifest": m, "next": "starlease verify-restore" + target + " ..."})
 }
 
 func runSeal(args []string, stdout, stderr io.Writer) int {
@@ -326,30 +198,18 @@ func runSeal(args []string, stdout, stderr io.Writer) int {
 	if code, ok := parseRecovery(fs, args, stderr); !ok {
 		return code
 	}
-	if rb.backend != "valkey" {
-		return fail(stderr, lease.Invalid("backend", "seal closes a Valkey namespace after a failover; a bolt store is restored instead"), "")
-	}
-	log := auditLogger(stderr)
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	s, err := rb.openValkey(ctx, log)
+	site, target := rb.site(auditLogger(stderr))
+	sealed, err := site.Seal(ctx)
 	if err != nil {
 		return fail(stderr, err, "")
 	}
-	defer s.Close()
-	sealed, err := s.Seal(ctx)
-	if err != nil {
-		return fail(stderr, err, "")
-	}
-	code, reason := "sealed", "namespace sealed after a failover; closed until verify-restore"
+	code := "sealed"
 	if !sealed {
-		code, reason = "already_closed", "seal found the namespace already closed for recovery; unchanged"
+		code = "already_closed"
 	}
-	sink, _ := rb.auditSink(s)
-	if err := recovery.Step(ctx, sink, log, audit.EventRecoveryRestore, true, reason); err != nil {
-		return fail(stderr, err, "")
-	}
-	return succeed(stdout, stderr, map[string]any{"code": code, "next": "starlease verify-restore" + rb.keysFlags() + " ..."})
+	return succeed(stdout, stderr, map[string]any{"code": code, "next": "starlease verify-restore" + target + " ..."})
 }
 
 // listFlag is a repeatable, comma-separated flag.
@@ -418,68 +278,14 @@ func runVerifyRestore(args []string, stdout, stderr io.Writer) int {
 			return fail(stderr, err, "")
 		}
 	}
+	src := recovery.Sources{RabbitMQURL: rabbitURL, Queues: queues, MarksFiles: marksFiles, Complete: *complete}
+	for _, db := range dbs {
+		src.CouchDB = append(src.CouchDB, recovery.CouchDBSource{URL: *couchURL, Database: db, Username: *couchUser, Password: password})
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	log := auditLogger(stderr)
-
-	var ns lease.ClosedNamespace
-	var sink audit.Sink
-	switch rb.backend {
-	case "bolt":
-		r, err := bolt.OpenRestored(filepath.Join(rb.dataDir, storeFile), bolt.Options{StoreOptions: lease.StoreOptions{Logger: log}, ReapInterval: -1})
-		if err != nil {
-			return fail(stderr, err, "")
-		}
-		ns = r
-		if sink, err = rb.auditSink(nil); err != nil {
-			r.Close()
-			return fail(stderr, err, "")
-		}
-	case "valkey":
-		o := rb.valkeyOptions(lease.StoreOptions{Logger: log})
-		o.ReapInterval = -1
-		c, err := valkey.OpenClosed(ctx, o)
-		if err != nil {
-			if errors.Is(err, valkey.ErrNamespaceOpen) {
-				return fail(stderr, lease.Invalid("backend", err.Error()), "")
-			}
-			return fail(stderr, err, "")
-		}
-		ns = c
-		s, err := rb.openValkey(ctx, log)
-		if err != nil {
-			c.Close()
-			return fail(stderr, err, "")
-		}
-		defer s.Close()
-		sink, _ = rb.auditSink(s)
-	}
-	defer sink.Close()
-
-	proof := recovery.Proof{Complete: *complete}
-	var perr error
-	for _, db := range dbs {
-		src := recovery.CouchDBSource{URL: *couchURL, Database: db, Username: *couchUser, Password: password}
-		if perr = recovery.CouchDBProof(ctx, src, &proof); perr != nil {
-			break
-		}
-	}
-	if perr == nil && len(queues) > 0 {
-		perr = recovery.RabbitMQProof(ctx, rabbitURL, queues, &proof)
-	}
-	for _, mf := range marksFiles {
-		if perr != nil {
-			break
-		}
-		perr = recovery.MarksFileProof(mf, &proof)
-	}
-	if perr != nil {
-		ns.Close()
-		recovery.Step(ctx, sink, log, audit.EventRecoveryReopen, false,
-			"downstream proof failed ("+string(lease.CodeOf(perr))+"); namespace stays closed")
-		return fail(stderr, perr, "")
-	}
-	rep, err := recovery.Verify(ctx, ns, proof, recovery.Options{EpochGap: *gap, Audit: sink, Logger: log})
+	site, _ := rb.site(auditLogger(stderr))
+	rep, proof, err := site.Verify(ctx, src, recovery.Options{EpochGap: *gap})
 	if err != nil && !errors.Is(err, recovery.ErrReopenedAuditIncomplete) {
 		return fail(stderr, err, "")
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/starintel/starlease/backupfile"
 	"github.com/starintel/starlease/bolt"
 	"github.com/starintel/starlease/internal/testenv"
 	"github.com/starintel/starlease/lease"
@@ -15,9 +16,9 @@ import (
 )
 
 type printedBackup struct {
-	Code     string        `json:"code"`
-	File     string        `json:"file"`
-	Manifest bolt.Manifest `json:"manifest"`
+	Code     string            `json:"code"`
+	File     string            `json:"file"`
+	Manifest backupfile.Header `json:"manifest"`
 }
 
 type printedVerify struct {
@@ -72,8 +73,8 @@ func TestBackupRestoreVerifyEpochPath(t *testing.T) {
 	// Restore the old backup into a new data dir.
 	g := fixture{filepath.Join(t.TempDir(), "restored")}
 	var r struct {
-		Code     string        `json:"code"`
-		Manifest bolt.Manifest `json:"manifest"`
+		Code     string            `json:"code"`
+		Manifest backupfile.Header `json:"manifest"`
 	}
 	runCLI(t, "restore", "--in", out, "--data-dir", g.dir).ok(t, &r)
 	if r.Code != "restored_unverified" || r.Manifest.PayloadSHA256 != b.Manifest.PayloadSHA256 {

@@ -10,13 +10,13 @@ import (
 	"time"
 
 	"github.com/starintel/starlease/audit"
+	"github.com/starintel/starlease/backupfile"
 	"github.com/starintel/starlease/couchdb"
 	"github.com/starintel/starlease/fence"
 	"github.com/starintel/starlease/internal/testenv"
 	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/rabbitmq"
 	"github.com/starintel/starlease/recovery"
-	"github.com/starintel/starlease/recovery/backupfile"
 	"github.com/starintel/starlease/valkey"
 )
 

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -198,5 +199,18 @@ func TestSectionClaimNotTrusted(t *testing.T) {
 	f := raw(t, header(Section{Name: "a", Bytes: 1 << 50, SHA256: sum("x")}), "payloadx")
 	if _, _, err := ReadAll(bytes.NewReader(f), io.Discard); !errors.Is(err, ErrTruncated) {
 		t.Fatalf("ReadAll = %v, want ErrTruncated", err)
+	}
+}
+
+// A backend's own refusal keeps its words and matches ErrRestoreTarget,
+// itself and nothing else.
+func TestTargetError(t *testing.T) {
+	own := TargetError("target holds a namespace")
+	err := fmt.Errorf("%w: /some/path", own)
+	if !errors.Is(err, ErrRestoreTarget) || !errors.Is(err, own) || errors.Is(err, TargetError("another")) || errors.Is(err, ErrChecksum) {
+		t.Fatalf("%v matches wrongly", err)
+	}
+	if err.Error() != "target holds a namespace: /some/path" {
+		t.Fatalf("message %q", err.Error())
 	}
 }

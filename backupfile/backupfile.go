@@ -77,6 +77,22 @@ var (
 	ErrChecksum  = errors.New("backup: payload checksum mismatch")
 )
 
+// ErrRestoreTarget is matched (errors.Is) by every backend's refusal to
+// restore into a target that is not empty, so a caller driving any backend
+// (package recovery) can tell that refusal from a bad backup. A restore
+// never replaces or merges into a namespace: that could roll its counters
+// back.
+var ErrRestoreTarget = errors.New("backup: restore target is not empty")
+
+// TargetError is a backend's own refusal of a restore target, in its own
+// words; it matches ErrRestoreTarget.
+type TargetError string
+
+func (e TargetError) Error() string { return string(e) }
+
+// Is reports whether target is ErrRestoreTarget.
+func (e TargetError) Is(target error) bool { return target == ErrRestoreTarget }
+
 // Write writes the container. payload is called twice with a writer: first
 // to measure and hash, then to emit; it must produce identical bytes both
 // times (a bbolt read transaction's WriteTo does). The sections follow the

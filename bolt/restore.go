@@ -1,0 +1,98 @@
+package bolt
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	bbolt "go.etcd.io/bbolt"
+
+	"github.com/starintel/starlease/backupfile"
+	"github.com/starintel/starlease/lease"
+)
+
+// ErrRestoreTarget is returned when the restore target is not empty: a
+// restore never replaces an existing namespace (that could roll its
+// counters back). It matches backupfile.ErrRestoreTarget.
+var ErrRestoreTarget = backupfile.TargetError("restore target already exists; restore only into an empty path")
+
+// Restore verifies the backup read from r and restores it as the store at
+// the namespace's path, which must not exist. The namespace is closed: the
+// restored file's gate makes every mutation fail with
+// lease_backend_unavailable (reads answer) until recovery verification
+// (OpenClosed, Closed.Finish) clears it. Any verification failure restores
+// nothing. A local restore is not interruptible: ctx is unused.
+func (n *Namespace) Restore(_ context.Context, r io.Reader) (h backupfile.Header, err error) {
+	path := n.path
+	tmp := path + ".restoring"
+	for _, p := range []string{path, tmp} {
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			return backupfile.Header{}, fmt.Errorf("%w: %s", ErrRestoreTarget, p)
+		}
+	}
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return backupfile.Header{}, fmt.Errorf("%w: %v", ErrRestoreTarget, err)
+	}
+	defer func() {
+		if err != nil {
+			os.Remove(tmp)
+		}
+	}()
+	h, err = backupfile.Read(r, f)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return backupfile.Header{}, err
+	}
+	if h.Backend != BackendName {
+		return backupfile.Header{}, fmt.Errorf("backup is of backend %q, not %q", h.Backend, BackendName)
+	}
+	db, err := bbolt.Open(tmp, 0o600, &bbolt.Options{Timeout: time.Second})
+	if err != nil {
+		return backupfile.Header{}, fmt.Errorf("restored snapshot does not open: %s", classify(err))
+	}
+	marker, _ := json.Marshal(lease.RestoreMarker{BackupCreatedAt: h.CreatedAt, BackupSHA256: h.PayloadSHA256, RestoredAt: time.Now().UTC()})
+	err = db.Update(func(tx *bbolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if meta == nil || string(meta.Get(keySchema)) != schemaVersion {
+			return errSchema
+		}
+		if err := meta.Put(keyGate, []byte(gateRestored)); err != nil {
+			return err
+		}
+		return meta.Put(keyRestored, marker)
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return backupfile.Header{}, fmt.Errorf("cannot close the restored snapshot: %w", err)
+	}
+	// The file takes the store's place only once closed: a crash before
+	// leaves no store at path, never an open one.
+	if err = os.Rename(tmp, path); err != nil {
+		return backupfile.Header{}, err
+	}
+	syncDir(filepath.Dir(path))
+	slog.Default().Info("lease store restored; namespace closed until recovery verification",
+		"backup_sha256", h.PayloadSHA256, "backup_created_at", h.CreatedAt)
+	return h, nil
+}
+
+func syncDir(dir string) {
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+}
