@@ -586,6 +586,13 @@ func checkOutboxHeaders(h map[string]string) error {
 		if len(name) >= len(ReservedHeaderPrefix) && strings.EqualFold(name[:len(ReservedHeaderPrefix)], ReservedHeaderPrefix) {
 			return Invalid(field, "header names starting with "+ReservedHeaderPrefix+" are reserved for the fence headers")
 		}
+		// The broker routes by CC and BCC (sender-selected distribution):
+		// they would send a message past the exchange and routing key the
+		// publication names, and a value that is not an array makes the
+		// broker close the channel.
+		if strings.EqualFold(name, "CC") || strings.EqualFold(name, "BCC") {
+			return Invalid(field, "CC and BCC are routing headers the broker interprets; name the routing key instead")
+		}
 		if len(v) > MaxOutboxHeaderValueBytes {
 			return Invalid(field, "a header value must be at most 4096 bytes")
 		}

@@ -69,7 +69,8 @@ type RelayOptions struct {
 	// PoisonAttempts is how many times in a row one entry may be nacked
 	// (or, with Mandatory, returned) before the relay dead-letters it. Zero
 	// means DefaultPoisonAttempts. (A publish the broker refuses by closing
-	// the channel with 404 NOT_FOUND or 403 ACCESS_REFUSED is dead-lettered
+	// the channel with 404 NOT_FOUND, 403 ACCESS_REFUSED or 406
+	// PRECONDITION_FAILED is dead-lettered
 	// at once, once it was published alone.)
 	PoisonAttempts int
 	// TLS configures amqps:// connections; nil means the library default.
@@ -155,8 +156,10 @@ type RelayStats struct {
 // (kept with its reason, counted, bounded by lease.MaxOutboxDeadLetters,
 // never deleted by the relay) and goes on with the next entries:
 //
-//   - the broker closed the channel with 404 NOT_FOUND (no such exchange)
-//     or 403 ACCESS_REFUSED for its publish: the channel's close names no
+//   - the broker closed the channel with 404 NOT_FOUND (no such exchange),
+//     403 ACCESS_REFUSED or 406 PRECONDITION_FAILED (a message the broker
+//     will never take, such as a malformed routing header stored before
+//     such headers were refused) for its publish: the channel's close names no
 //     publish, so the relay first publishes the batch's unconfirmed entries
 //     one at a time, and dead-letters the one whose lone publish closes the
 //     channel with that code;
@@ -191,7 +194,7 @@ type Relay struct {
 	// (only Run's goroutine touches it).
 	strikes map[string]int
 	// isolate is how many more entries are to be published one at a time
-	// to find which one made the broker close the channel (404 or 403).
+	// to find which one made the broker close the channel (404, 403, 406).
 	isolate int
 
 	// beforeDone, if set (tests only), runs after the broker acknowledged
@@ -368,7 +371,8 @@ func (r *Relay) relayBatch(ctx context.Context, s *session, entries []lease.Outb
 	}
 	// refused: the broker closed the channel over a publish (not the
 	// connection): no such exchange, or no right to publish to it.
-	refused := chErr != nil && (chErr.Code == amqp.NotFound || chErr.Code == amqp.AccessRefused) && !s.conn.IsClosed()
+	refused := chErr != nil && (chErr.Code == amqp.NotFound || chErr.Code == amqp.AccessRefused ||
+		chErr.Code == amqp.PreconditionFailed) && !s.conn.IsClosed()
 	if len(entries) > 1 && r.isolate == 0 && refused {
 		r.isolate = len(entries) - countTrue(acked)
 		r.log.Warn("broker closed the channel over a publication; publishing the unconfirmed ones one at a time to find it",
