@@ -337,6 +337,10 @@ class Client:
                     cm.execution_id) != (lease.lease_id, lease.fencing_token, sink, commit_id, want_target,
                                          want_digest, job_id, execution_id):
                 raise WireError("the commit answered is not the one asked for")
+            # The guard carries the lock key into the sink: it must be the
+            # identity's own, whatever the answer says.
+            if cm.lock_key != lease.lock_identity.lock_key():
+                raise WireError("the commit answer's lock_key is not the identity's")
             return CommitResult(w["code"], corr, cm, bool(w.get("replayed", False)))
 
         return _decoded(build, True, commit_id)

@@ -48,6 +48,10 @@ TYPED_PREFIXES = ("target:", "result:", "schedule:", "job:")
 
 _FENCE_PREFIX = "starintel_fence: "
 _LATER_COMMIT = "the document already holds this or a later commit of the lease"
+#: The fence's refusals that mean the lease was superseded on the document
+#: (a successor's write is there): the holder has lost it. Other refusals
+#: are about the write itself (its type, id or content).
+SUPERSEDED = frozenset({"fencing token is lower than the stored token", "fencing token belongs to another lease"})
 
 Body = Union[Mapping[str, Any], bytes, bytearray]
 
@@ -59,10 +63,16 @@ def encode_body(body: Body) -> Tuple[bytes, Dict[str, Any]]:
     hold ``_`` members or the fence member."""
     if isinstance(body, (bytes, bytearray)):
         raw = bytes(body)
+        # As Go's decoder reads them: UTF-8 without a BOM, finite numbers;
+        # and it must re-encode (what is stored) without loss.
         try:
-            fields = json.loads(raw) if raw.strip() else {}
-        except ValueError:
-            raise E.InvalidRequest("must be a JSON object", field="body") from None
+            text = raw.decode("utf-8")
+            if text.startswith("\ufeff"):
+                raise ValueError("BOM")
+            fields = json.loads(text, parse_constant=_refuse_constant) if text.strip() else {}
+            json.dumps(fields, allow_nan=False, ensure_ascii=False).encode("utf-8")
+        except (ValueError, UnicodeError):
+            raise E.InvalidRequest("must be a JSON object in UTF-8 with finite numbers", field="body") from None
     elif isinstance(body, Mapping):
         fields = dict(body)
         try:
@@ -78,6 +88,10 @@ def encode_body(body: Body) -> Tuple[bytes, Dict[str, Any]]:
         if k.startswith("_") or k == FENCE_FIELD:
             raise E.InvalidRequest("must not hold _ members or " + FENCE_FIELD, field="body")
     return raw, fields
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError("%s is not JSON" % name)
 
 
 def check_doc_id(doc_id: str, typed_allowed: bool = False) -> None:
@@ -109,11 +123,16 @@ class CouchDB:
 
     def __init__(self, db_url: str, *, timeout: float = 10.0,
                  ssl_context: Optional[ssl.SSLContext] = None) -> None:
-        u = urllib.parse.urlsplit(db_url)
-        name = urllib.parse.unquote(u.path.strip("/"))
-        if u.scheme not in ("http", "https") or not u.hostname or not name or "/" in name:
-            raise ValueError("starlease: the CouchDB URL must be http(s)://[user:password@]host[:port]/database")
-        self._scheme, self._host, self._port = u.scheme, u.hostname, u.port
+        bad = "starlease: the CouchDB URL must be http(s)://[user:password@]host[:port]/database"
+        try:
+            u = urllib.parse.urlsplit(db_url)
+            name = urllib.parse.unquote(u.path.strip("/"))
+            scheme, host, port = u.scheme, u.hostname, u.port
+        except ValueError:
+            raise ValueError(bad) from None  # the parser's message may quote the password
+        if scheme not in ("http", "https") or not host or not name or "/" in name:
+            raise ValueError(bad)
+        self._scheme, self._host, self._port = scheme, host, port
         self.name = name
         self._auth = ""
         if u.username is not None:
@@ -267,7 +286,9 @@ def _status_error(status: int, reply: Mapping[str, Any], doc_id: str) -> E.Starl
         if reason == _LATER_COMMIT:
             # Not a loss: a later commit of the same lease holds the document.
             return E.LeaseConflict(reason, status=status)
-        return E.CommitRejected(reason, status=status)
+        err = E.CommitRejected(reason, status=status)
+        err.superseded = reason in SUPERSEDED
+        return err
     if status in (401, 403):
         return E.AccessDenied("couchdb refused the credentials or the operation", status=status)
     if status == 409:

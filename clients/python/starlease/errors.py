@@ -140,9 +140,15 @@ class OutcomeUnknown(StarleaseError):
 
 
 class CommitRejected(StarleaseError):
-    """A sink's fence refused a write: the lease lost the document."""
+    """A sink's fence refused a write.
+
+    ``superseded`` is True when the refusal says a successor holds the
+    document (a higher token, or another lease at the same token): the
+    lease is lost. Otherwise the write itself was refused (its type, id or
+    guard) and the lease may still be held."""
 
     code = "commit_rejected"
+    superseded = False
 
 
 class Corrupt(StarleaseError):

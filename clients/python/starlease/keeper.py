@@ -73,9 +73,10 @@ class HeldLease:
         self._mu = threading.Lock()
         self._stop = threading.Event()
         # The lease's end as this process may assume it: the backend set
-        # expires_at after the request was sent, so sent_at + TTL is never
-        # later than the real end.
-        self._valid_until = sent_at + lease.ttl
+        # expires_at after the request was sent, so sent_at plus the grant
+        # is never later than the real end.
+        self._valid_until = sent_at + _grant(lease)
+        self._sent = sent_at
         self._thread = threading.Thread(target=self._keep, name="starlease-keeper", daemon=True)
 
     @property
@@ -132,7 +133,8 @@ class HeldLease:
         try:
             return couch.put_fenced(commit.guard(), sink, doc_id, raw)
         except E.CommitRejected as err:
-            self._lose(REJECTED, err)
+            if err.superseded:
+                self._lose_after(err)
             raise
 
     def publish(self, routing_key: str, body: bytes, *, exchange: str = "", content_type: str = "",
@@ -186,7 +188,9 @@ class HeldLease:
                 return
             # Renew a third into the TTL (jittered), so that more than one
             # attempt fits before the margin.
-            due = self._valid_until - lease.ttl * (2 / 3) * random.uniform(0.85, 1.0)
+            grant = max(self._valid_until - self._sent, 0.0)
+            due = self._valid_until - grant * (2 / 3) * random.uniform(0.85, 1.0)
+            due = max(due, self._sent + 0.1)  # near the lifetime's end grants shrink
             if self.error is not None:
                 due = now + 0.2  # retrying a failed renewal
             if self._stop.wait(max(0.0, min(due, give_up) - now)):
@@ -226,7 +230,8 @@ class HeldLease:
             res = out["res"]
             with self._mu:
                 self._lease = res.lease
-                self._valid_until = sent + res.lease.ttl
+                self._valid_until = sent + _grant(res.lease)
+                self._sent = sent
             self.error = None
 
     def _lose_after(self, err: E.StarleaseError, default: str = REJECTED) -> None:
@@ -250,6 +255,13 @@ class HeldLease:
             self.lost.set()
         if self._on_lost is not None:
             self._on_lost(self)
+
+
+def _grant(lease: Lease) -> float:
+    """How long the backend granted the lease from its renewal: expires_at -
+    renewed_at, both backend times. It is the TTL, except near the maximum
+    lifetime, where the backend grants less."""
+    return max(0.0, min((lease.expires_at - lease.renewed_at).total_seconds(), lease.ttl))
 
 
 def _release_quietly(client: Client, lease: Lease, service_instance_id: str) -> None:
@@ -281,7 +293,7 @@ def lease(client: Client, identity: LockIdentity, *, ttl: float, service_instanc
     res = client.acquire(identity, ttl=ttl, service_instance_id=service_instance_id, execution_id=execution_id,
                          job_id=job_id, trace_id=trace_id, metadata=metadata, wait=wait)
     lease_now = res.lease
-    if time.monotonic() - sent > lease_now.ttl / 4:
+    if time.monotonic() - sent > _grant(lease_now) / 4:
         # The lease began somewhere between sending and the answer (an
         # acquire that waited for the identity): anchor the assumed end at
         # a renewal sent now, rather than give most of the TTL away.

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import datetime as _dt
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+LOCK_KEY_PREFIX = "starintel:target-lease:v1:"
 
 IDENTITY_FIELDS = (
     "tenant_id",
@@ -49,6 +54,17 @@ class LockIdentity:
     def from_wire(cls, w: Any) -> "LockIdentity":
         m = _obj(w, "lock_identity")
         return cls(**{k: _str(m, k, required=k in IDENTITY_FIELDS[:5]) for k in IDENTITY_FIELDS})
+
+    def lock_key(self) -> str:
+        """The canonical lock key of this identity, which must already be
+        canonical (as the server answers it): the contract's function,
+        SHA-256 over the JSON array ["v1", the seven fields], unpadded
+        base64url, prefixed. The client uses it only to check the server's
+        answer; it never sends a key."""
+        parts = ["v1"] + [getattr(self, k) or "default" for k in IDENTITY_FIELDS]
+        raw = json.dumps(parts, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        digest = base64.urlsafe_b64encode(hashlib.sha256(raw).digest()).rstrip(b"=").decode("ascii")
+        return LOCK_KEY_PREFIX + digest
 
 
 @dataclass(frozen=True)
