@@ -157,9 +157,6 @@ type Success struct {
 	History []HistoryView `json:"history,omitempty"`
 	// Commit answers a commit authorization.
 	Commit *CommitView `json:"commit,omitempty"`
-
-	// reached is set once the request is handed to the service.
-	reached bool
 }
 
 // HistoryView is one terminal record for audit:read callers.

@@ -346,6 +346,10 @@ func (st *boltState) invalidRequests(t *testing.T) {
 			map[string]any{"note": map[string]any{"deep": st.metaCanary}}), nil, "metadata.note"},
 		{"renew without token", "POST", apiBase + "/lease_01ABC/renew", map[string]any{"lock_identity": valid["lock_identity"],
 			"service_instance_id": "i", "request_id": uniqueID("r")}, nil, "fencing_token"},
+		// Checked by the adapter after the body decoded: still audited as
+		// a request rejected before the service.
+		{"renew with negative ttl", "POST", apiBase + "/lease_01ABC/renew", map[string]any{"lock_identity": valid["lock_identity"],
+			"fencing_token": 1, "service_instance_id": "i", "ttl_ms": -1, "request_id": uniqueID("r")}, nil, "ttl_ms"},
 		{"force-release without reason", "POST", apiBase + "/lease_01ABC/force-release", map[string]any{
 			"lock_identity": valid["lock_identity"], "fencing_token": 1, "request_id": uniqueID("r")},
 			[][2]string{{"Authorization", "\x00delete"}, {"Authorization", "Bearer " + st.k.admin.APIKey}}, "reason"},

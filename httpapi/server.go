@@ -79,7 +79,7 @@ func New(svc *service.Service, authn *auth.Authenticator, _ audit.Sink, o Option
 	}
 	s.metrics = newMetrics(reg, svc)
 	for _, rt := range s.routes() {
-		s.mux.Handle(rt.pattern, s.wrap(rt.op, rt.handle))
+		s.mux.Handle(rt.pattern, s.wrap(rt))
 	}
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		corr := correlationID(r)
@@ -180,23 +180,22 @@ func cleanPath(p string) string {
 	return np
 }
 
+// route is one operation of the API: its pattern, its name (metrics) and
+// audit event type, and its handler.
 type route struct {
 	pattern, op string
+	event       audit.EventType
 	handle      handlerFunc
 }
 
-// handlerFunc serves one authenticated request: it returns the success
-// envelope's content, or a typed error. Handlers mark ok.reached before
-// calling the service, which audits from there on.
-type handlerFunc func(r *http.Request, c service.Call, ok *Success) error
+// handlerFunc reads and checks one authenticated request and returns the
+// service call that serves it. An error it returns is the request rejected
+// before the service, which the adapter audits (with the route's event
+// type); from the service call on, the service audits.
+type handlerFunc func(r *http.Request, c service.Call) (serviceCall, error)
 
-// eventTypes is the audit event type of each operation, for requests the
-// adapter refuses before the service audits them.
-var eventTypes = map[string]audit.EventType{
-	"acquire": audit.EventAcquire, "renew": audit.EventRenew, "release": audit.EventRelease,
-	"force_release": audit.EventForceRelease, "revoke": audit.EventRevoke, "inspect": audit.EventInspect,
-	"list": audit.EventList, "history": audit.EventHistory, "authorize_commit": audit.EventCommitAuthorized,
-}
+// serviceCall runs the service and fills the success envelope.
+type serviceCall func(ctx context.Context, ok *Success) error
 
 // capabilityOf is the capability check of the administrative operations,
 // run right after authentication and before the body is read, in the
@@ -211,24 +210,25 @@ var capabilityOf = map[string]func(auth.Principal) bool{
 
 func (s *Server) routes() []route {
 	return []route{
-		{"POST " + Base + "/acquire", "acquire", s.acquire},
-		{"POST " + Base + "/{lease_id}/renew", "renew", s.renew},
-		{"POST " + Base + "/{lease_id}/release", "release", s.release},
-		{"DELETE " + Base + "/{lease_id}", "release", s.release},
-		{"POST " + Base + "/{lease_id}/force-release", "force_release", s.admin(false)},
-		{"POST " + Base + "/{lease_id}/revoke", "revoke", s.admin(true)},
-		{"GET " + Base + "/{lease_id}", "inspect", s.inspectByID},
-		{"POST " + Base + "/inspect", "inspect", s.inspect},
-		{"GET " + Base, "list", s.list},
-		{"GET " + Base + "/{$}", "list", s.list},
-		{"POST " + Base + "/commits/authorize", "authorize_commit", s.authorizeCommit},
-		{"GET " + Base + "/{lease_id}/history", "history", s.history},
+		{"POST " + Base + "/acquire", "acquire", audit.EventAcquire, s.acquire},
+		{"POST " + Base + "/{lease_id}/renew", "renew", audit.EventRenew, s.renew},
+		{"POST " + Base + "/{lease_id}/release", "release", audit.EventRelease, s.release},
+		{"DELETE " + Base + "/{lease_id}", "release", audit.EventRelease, s.release},
+		{"POST " + Base + "/{lease_id}/force-release", "force_release", audit.EventForceRelease, s.admin(false)},
+		{"POST " + Base + "/{lease_id}/revoke", "revoke", audit.EventRevoke, s.admin(true)},
+		{"GET " + Base + "/{lease_id}", "inspect", audit.EventInspect, s.inspectByID},
+		{"POST " + Base + "/inspect", "inspect", audit.EventInspect, s.inspect},
+		{"GET " + Base, "list", audit.EventList, s.list},
+		{"GET " + Base + "/{$}", "list", audit.EventList, s.list},
+		{"POST " + Base + "/commits/authorize", "authorize_commit", audit.EventCommitAuthorized, s.authorizeCommit},
+		{"GET " + Base + "/{lease_id}/history", "history", audit.EventHistory, s.history},
 	}
 }
 
 // wrap runs the common request path: correlation id, authentication
 // (uniform 401 before anything else), the handler, the envelope, metrics.
-func (s *Server) wrap(op string, h handlerFunc) http.Handler {
+func (s *Server) wrap(rt route) http.Handler {
+	op := rt.op
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		corr := correlationID(r)
@@ -237,7 +237,7 @@ func (s *Server) wrap(op string, h handlerFunc) http.Handler {
 		if errors.Is(err, auth.ErrUnavailable) {
 			// The credential store cannot answer: no safe answer, not a 401.
 			e := &lease.Error{Code: lease.CodeBackendUnavailable, Reason: "credential store unavailable"}
-			s.svc.AuditRejected(r.Context(), eventTypes[op], service.Call{CorrelationID: corr}, e)
+			s.svc.AuditRejected(r.Context(), rt.event, service.Call{CorrelationID: corr}, e)
 			writeError(w, e, corr)
 			s.metrics.observe(op, lease.CodeBackendUnavailable, start)
 			return
@@ -252,15 +252,19 @@ func (s *Server) wrap(op string, h handlerFunc) http.Handler {
 		c := service.Call{Principal: p, CorrelationID: corr}
 		if may := capabilityOf[op]; may != nil && !may(p) {
 			e := &lease.Error{Code: lease.CodeAccessDenied, Reason: "capability does not allow this request"}
-			s.svc.AuditRejected(r.Context(), eventTypes[op], c, e)
+			s.svc.AuditRejected(r.Context(), rt.event, c, e)
 			writeError(w, e, corr)
 			s.metrics.observe(op, lease.CodeAccessDenied, start)
 			return
 		}
-		if err := h(r.WithContext(auth.NewContext(r.Context(), p)), c, ok); err != nil {
-			if !ok.reached {
-				s.svc.AuditRejected(r.Context(), eventTypes[op], c, err)
-			}
+		r = r.WithContext(auth.NewContext(r.Context(), p))
+		call, err := rt.handle(r, c)
+		if err == nil {
+			err = call(r.Context(), ok)
+		} else {
+			s.svc.AuditRejected(r.Context(), rt.event, c, err)
+		}
+		if err != nil {
 			writeError(w, err, corr)
 			s.metrics.observe(op, lease.CodeOf(err), start)
 			return
