@@ -18,12 +18,10 @@ import (
 // directory.
 const BoltFileName = "audit.db"
 
-// Retention defaults and read bounds of a BoltSink.
+// Retention defaults of a BoltSink.
 const (
 	DefaultMaxEvents = 1_000_000
 	DefaultMaxAge    = 90 * 24 * time.Hour
-	DefaultReadLimit = 100
-	MaxReadLimit     = 1000
 	// prunePerWrite bounds the deletions one Write does, so a Write's cost
 	// stays bounded after a retention change; Prune finishes the job.
 	prunePerWrite = 256
@@ -132,7 +130,7 @@ func (s *BoltSink) Write(ctx context.Context, e Event) error {
 		return setCounts(tx, n, high)
 	})
 	if err != nil && !errors.Is(err, ErrDuplicateEvent) {
-		s.setFailed(fmt.Errorf("%s: write: %w", filepath.Base(s.path), errnoOf(err)))
+		s.setFailed(fmt.Errorf("%s: write: %w", filepath.Base(s.path), SystemError(err)))
 		return fmt.Errorf("audit: write: %w", err)
 	}
 	s.setFailed(nil)
@@ -161,7 +159,7 @@ func (s *BoltSink) Check(ctx context.Context) error {
 	if s.failed == nil {
 		return nil
 	}
-	if probeSpace(filepath.Dir(s.path), MaxEventBytes+1) != nil {
+	if CheckRoom(filepath.Dir(s.path)) != nil {
 		return s.failed
 	}
 	s.failed = nil
@@ -280,35 +278,11 @@ func (s *BoltSink) Count(ctx context.Context) (int, error) {
 	return int(n), err
 }
 
-// Filter selects stored events; zero fields match everything.
-type Filter struct {
-	EventType EventType
-	TenantID  string
-	ProgramID string
-	LeaseID   string
-	// Since keeps events whose event id time is at or after Since (NewEvent
-	// gives the id and the timestamp the same instant).
-	Since time.Time
-	// After keeps events whose id sorts after After: pass the last id of
-	// one page to read the next.
-	After string
-}
-
-func (f Filter) match(e *Event) bool {
-	return (f.EventType == "" || e.EventType == f.EventType) &&
-		(f.TenantID == "" || e.TenantID == f.TenantID) &&
-		(f.ProgramID == "" || e.ProgramID == f.ProgramID) &&
-		(f.LeaseID == "" || e.LeaseID == f.LeaseID)
-}
-
 // Read returns up to limit stored events matching f, oldest first. A limit
-// of zero or less means DefaultReadLimit; more than MaxReadLimit is capped.
-// A stored event that does not decode strictly fails the read.
+// of zero or less means DefaultReadLimit; more than MaxReadLimit is capped
+// (ReadLimit). A stored event that does not decode strictly fails the read.
 func (s *BoltSink) Read(ctx context.Context, f Filter, limit int) ([]Event, error) {
-	if limit <= 0 {
-		limit = DefaultReadLimit
-	}
-	limit = min(limit, MaxReadLimit)
+	limit = ReadLimit(limit)
 	var start []byte
 	if !f.Since.IsZero() {
 		if f.Since.Before(time.UnixMilli(0)) {
@@ -345,7 +319,7 @@ func (s *BoltSink) Read(ctx context.Context, f Filter, limit int) ([]Event, erro
 			if err != nil {
 				return fmt.Errorf("stored event %s: %w", k, err)
 			}
-			if f.match(&e) {
+			if f.Matches(&e) {
 				out = append(out, e)
 			}
 		}
