@@ -2,7 +2,7 @@ package audit
 
 import "time"
 
-// Read bounds of the sinks that can be read back (BoltSink,
+// Read bounds of the sinks that can be read back (bolt.AuditSink,
 // valkey.AuditSink): a Read returns at most MaxReadLimit events, and
 // DefaultReadLimit when no limit is asked for.
 const (

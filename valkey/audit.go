@@ -186,16 +186,17 @@ const auditReadBatch = 256
 // (audit.Unmarshal) fails the read.
 //
 // Filter.Since keeps events whose event id time is at or after Since, as
-// for BoltSink. Filter.After continues a listing: pass the event id of the
-// last event of one page to read the next. Because several writers append
-// to one stream, arrival order is not event-id order; After is therefore a
-// position: Read finds the entry holding that event and returns what was
-// appended after it (an event written late is not skipped). An entry's id
-// time is never before its event's time, so both Since and After start the
-// scan at their time with XRANGE; the entry holding After is looked for up
-// to a minute of stream time past it (clock skew between writers). If it
-// is not found there (trimmed by the cap, or never written), Read falls
-// back to keeping events whose id sorts after After, as BoltSink does.
+// for bolt.AuditSink. Filter.After continues a listing: pass the event id
+// of the last event of one page to read the next. Because several writers
+// append to one stream, arrival order is not event-id order; After is
+// therefore a position: Read finds the entry holding that event and
+// returns what was appended after it (an event written late is not
+// skipped). An entry's id time is never before its event's time, so both
+// Since and After start the scan at their time with XRANGE; the entry
+// holding After is looked for up to a minute of stream time past it (clock
+// skew between writers). If it is not found there (trimmed by the cap, or
+// never written), Read falls back to keeping events whose id sorts after
+// After, as bolt.AuditSink does.
 func (a *AuditSink) Read(ctx context.Context, f audit.Filter, limit int) ([]audit.Event, error) {
 	limit = audit.ReadLimit(limit)
 	var startMs, sinceMs uint64
