@@ -266,49 +266,6 @@ func TestOpenFileIsExclusive(t *testing.T) {
 	s2.Close()
 }
 
-// The bbolt sink on a full disk: writes fail (bbolt rolls them back), Check
-// says so while the disk stays full, and both recover once it is freed.
-func TestBoltSinkDiskFullRecovers(t *testing.T) {
-	dir := testenv.Tmpfs(t, 1<<20)
-	s, err := OpenBolt(filepath.Join(dir, BoltFileName), BoltOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	ctx := context.Background()
-	at := time.Now() // inside the retention window
-	next := func() Event { at = at.Add(time.Millisecond); return revokeEvent(at) }
-	filler := filepath.Join(dir, "filler")
-	testenv.FillDisk(t, filler)
-	written, failed := 0, 0
-	for range 300 { // enough to outgrow the free pages bbolt already has
-		if err := s.Write(ctx, next()); err != nil {
-			failed++
-		} else {
-			written++
-		}
-	}
-	if failed == 0 {
-		t.Fatal("no write failed on a full disk")
-	}
-	if err := s.Check(ctx); !errors.Is(err, syscall.ENOSPC) {
-		t.Fatalf("Check on a full disk: %v, want ENOSPC", err)
-	}
-	os.Remove(filler)
-	if err := s.Check(ctx); err != nil {
-		t.Fatalf("Check after space was freed: %v", err)
-	}
-	for range 5 {
-		if err := s.Write(ctx, next()); err != nil {
-			t.Fatalf("after space was freed: %v", err)
-		}
-		written++
-	}
-	if n, err := s.Count(ctx); err != nil || n != written {
-		t.Fatalf("count %d, %v; want %d", n, err, written)
-	}
-}
-
 // TestFileSinkExternalTruncateThenFaultLeavesNoNULs guarantees that the sink
 // never truncates the file up to a size it remembers: after the file was cut
 // from outside (logrotate copytruncate), a failed fsync is cut back to the

@@ -1,6 +1,8 @@
 // Package audit is the closed audit event schema of starlease, its
 // validation, the redaction of values that may be secrets, and the sinks
-// events are written to.
+// events are written to. A sink on a storage engine lives with that
+// engine's package (bolt.AuditSink, valkey.AuditSink), so this package
+// imports none; the Filter and read bounds they share are here.
 //
 // # Schema
 //
@@ -31,10 +33,10 @@
 // # Durability and order
 //
 // Sink.Write returns only once the event is durable (fsync for FileSink, a
-// committed bbolt transaction for BoltSink). The service writes the audit
-// event of force-release and revoke (priority high) before it reports
-// success, and reports failure if Write fails. Every other request writes
-// its event after the operation, whatever the result.
+// committed bbolt transaction for bolt.AuditSink). The service writes the
+// audit event of force-release and revoke (priority high) before it
+// reports success, and reports failure if Write fails. Every other request
+// writes its event after the operation, whatever the result.
 //
 // # Faults
 //
@@ -60,7 +62,7 @@
 // authenticated principal (up to a bound, then a shared one; all capped
 // together), so one caller cannot hide another's denials; each aggregate
 // names its budget in reason, and its principal in principal_id. High-priority
-// events and successful allowed events are never dropped. BoltSink's count
-// bound (MaxEvents) applies to normal-priority events only: high-priority
-// events are pruned by age alone.
+// events and successful allowed events are never dropped. bolt.AuditSink's
+// count bound (AuditOptions.MaxEvents) applies to normal-priority events
+// only: high-priority events are pruned by age alone.
 package audit

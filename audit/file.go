@@ -110,7 +110,7 @@ func (s *FileSink) followPathLocked() error {
 	}
 	f, size, torn, err := openPath(s.path)
 	if err != nil {
-		return fmt.Errorf("the audit file was replaced or removed, and reopening it failed: %w", errnoOf(errors.Unwrap(err)))
+		return fmt.Errorf("the audit file was replaced or removed, and reopening it failed: %w", SystemError(errors.Unwrap(err)))
 	}
 	old := s.f
 	s.f, s.size, s.dirty, s.torn = f, size, false, s.torn+torn
@@ -319,18 +319,8 @@ func (s *FileSink) truncateTo(n int64) error {
 
 // fail records a failure for Check and returns it; s.mu is held.
 func (s *FileSink) fail(op string, err error) error {
-	s.failed = fmt.Errorf("%s: %s: %w", filepath.Base(s.path), op, errnoOf(err))
+	s.failed = fmt.Errorf("%s: %s: %w", filepath.Base(s.path), op, SystemError(err))
 	return fmt.Errorf("audit: %s %s: %w", op, s.path, err)
-}
-
-// errnoOf is the system error inside err, without the path: Check's
-// reasons are shown by /readyz.
-func errnoOf(err error) error {
-	var pe *os.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	return err
 }
 
 // Check reports whether the sink can write durably now: nil, or the last
@@ -356,29 +346,11 @@ func (s *FileSink) Check(ctx context.Context) error {
 	if err := s.truncateLocked(); err != nil {
 		return s.failed
 	}
-	if err := probeSpace(filepath.Dir(s.path), MaxEventBytes+1); err != nil {
+	if err := CheckRoom(filepath.Dir(s.path)); err != nil {
 		return s.failed
 	}
 	s.failed = nil
 	return nil
-}
-
-// probeSpace writes and fsyncs n bytes to a scratch file in dir, then
-// removes it.
-func probeSpace(dir string, n int) error {
-	f, err := os.CreateTemp(dir, ".audit-probe-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	_, err = f.Write(make([]byte, n))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }
 
 // Close closes the file. Later writes fail with ErrClosed.

@@ -8,6 +8,10 @@ import (
 
 var t0 = time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)
 
+// acquireEvent, denyEvent and revokeEvent are audittest.AcquireEvent,
+// DenyEvent and RevokeEvent for this package's own tests, which cannot
+// import audittest (it imports audit); keep them the same.
+
 // acquireEvent is a complete, valid, allowed acquire event.
 func acquireEvent(at time.Time) Event {
 	e := NewEvent(EventAcquire, at)

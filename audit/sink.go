@@ -3,6 +3,7 @@ package audit
 import (
 	"context"
 	"errors"
+	"os"
 )
 
 // Sink receives audit events. Implementations are safe for concurrent use.
@@ -35,6 +36,38 @@ func Check(ctx context.Context, s Sink) error {
 
 // ErrClosed is returned by Write on a closed sink.
 var ErrClosed = errors.New("audit: sink is closed")
+
+// CheckRoom reports whether one more event fits in the directory dir: it
+// writes and fsyncs a scratch file of one maximal event (MaxEventBytes+1
+// bytes) there, then removes it. A sink's Check uses it after a failed
+// write to tell whether the fault (a full disk) has cleared, without
+// writing an event.
+func CheckRoom(dir string) error {
+	f, err := os.CreateTemp(dir, ".audit-probe-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	_, err = f.Write(make([]byte, MaxEventBytes+1))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// SystemError is the system error inside err (an *os.PathError's Err),
+// without the path, else err itself. The reasons a sink's Check returns
+// are shown by /readyz, so they name no path.
+func SystemError(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
 
 // Multi returns a sink that writes every event to each of sinks in order
 // and fails if any of them fails (it still tries them all). Close closes
@@ -80,11 +113,9 @@ var (
 	_ Checker = (*Spool)(nil)
 	_ Sink    = (*Spool)(nil)
 	_ Checker = (*FileSink)(nil)
-	_ Checker = (*BoltSink)(nil)
 	_ Checker = (*Limiter)(nil)
 	_ Checker = multi(nil)
 	_ Sink    = (*FileSink)(nil)
-	_ Sink    = (*BoltSink)(nil)
 	_ Sink    = (*Limiter)(nil)
 	_ Sink    = multi(nil)
 )

@@ -17,27 +17,11 @@ import (
 
 var t0 = time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)
 
-func event(typ audit.EventType, code lease.Code, at time.Time) audit.Event {
-	e := audit.NewEvent(typ, at)
-	e.CorrelationID = "corr_1"
-	e.RequestID = "request_1"
-	e.SetCaller(lease.Caller{PrincipalID: "prn_1", PrincipalClass: audit.PrincipalAPIClient, CredentialID: "key_1"})
-	e.SetScope(lease.Identity{TenantID: "tenant-main", ProgramID: "program-a", TargetNamespace: "ns",
-		TargetID: "target_1", ActorName: "actor", WorkflowName: "default", OperationClass: "default"})
-	e.SetResult(code)
-	e.BackendHealth = lease.HealthOK
-	if typ.Admin() {
-		e.PrincipalClass = audit.PrincipalAdministrator
-		e.IncidentID = "inc-1"
-	}
-	return e
-}
-
 func TestMulti(t *testing.T) {
 	ctx := context.Background()
 	a, b := &audittest.Recorder{}, &audittest.Recorder{}
 	ok := audit.Multi(a, b)
-	if err := ok.Write(ctx, event(audit.EventAcquire, lease.CodeAcquired, t0)); err != nil {
+	if err := ok.Write(ctx, audittest.Event(audit.EventAcquire, lease.CodeAcquired, t0)); err != nil {
 		t.Fatal(err)
 	}
 	if a.Len() != 1 || b.Len() != 1 {
@@ -47,7 +31,7 @@ func TestMulti(t *testing.T) {
 	fail := &audittest.FailingSink{}
 	c := &audittest.Recorder{}
 	m := audit.Multi(a, fail, c)
-	err := m.Write(ctx, event(audit.EventRevoke, lease.CodeRevoked, t0))
+	err := m.Write(ctx, audittest.Event(audit.EventRevoke, lease.CodeRevoked, t0))
 	if !errors.Is(err, audittest.ErrSinkFailed) {
 		t.Fatalf("Multi with a failing sink: %v", err)
 	}
@@ -55,49 +39,20 @@ func TestMulti(t *testing.T) {
 		t.Fatalf("Multi must still try every sink: calls %d, a %d, c %d", fail.Calls(), a.Len(), c.Len())
 	}
 	custom := errors.New("disk full")
-	if err := audit.Multi(a, &audittest.FailingSink{Err: custom}).Write(ctx, event(audit.EventAcquire, lease.CodeAcquired, t0)); !errors.Is(err, custom) {
+	if err := audit.Multi(a, &audittest.FailingSink{Err: custom}).Write(ctx, audittest.Event(audit.EventAcquire, lease.CodeAcquired, t0)); !errors.Is(err, custom) {
 		t.Fatalf("custom error: %v", err)
 	}
 	if err := m.Close(); err != nil || !fail.Closed() {
 		t.Fatalf("Close: %v, failing sink closed %v", err, fail.Closed())
 	}
-	if err := c.Write(ctx, event(audit.EventAcquire, lease.CodeAcquired, t0)); !errors.Is(err, audit.ErrClosed) {
+	if err := c.Write(ctx, audittest.Event(audit.EventAcquire, lease.CodeAcquired, t0)); !errors.Is(err, audit.ErrClosed) {
 		t.Fatalf("recorder after close: %v", err)
-	}
-}
-
-func TestMultiFileAndBolt(t *testing.T) {
-	ctx := context.Background()
-	dir := t.TempDir()
-	f, err := audit.OpenFile(filepath.Join(dir, "audit.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := audit.OpenBolt(filepath.Join(dir, audit.BoltFileName), audit.BoltOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := audit.Multi(f, b)
-	e := event(audit.EventForceRelease, lease.CodeForceReleased, time.Now())
-	if err := m.Write(ctx, e); err != nil {
-		t.Fatal(err)
-	}
-	got, err := b.Read(ctx, audit.Filter{EventType: audit.EventForceRelease}, 10)
-	if err != nil || len(got) != 1 || got[0].EventID != e.EventID {
-		t.Fatalf("bolt: %v %v", got, err)
-	}
-	if err := m.Close(); err != nil {
-		t.Fatal(err)
-	}
-	fromFile, err := audit.ReadFile(f.Path())
-	if err != nil || len(fromFile) != 1 || fromFile[0].EventID != e.EventID || fromFile[0].Priority != audit.PriorityHigh {
-		t.Fatalf("file: %v %v", fromFile, err)
 	}
 }
 
 func TestRecorderValidates(t *testing.T) {
 	r := &audittest.Recorder{}
-	e := event(audit.EventAcquire, lease.CodeAcquired, t0)
+	e := audittest.Event(audit.EventAcquire, lease.CodeAcquired, t0)
 	e.Reason = "not allowed on acquire"
 	if err := r.Write(context.Background(), e); err == nil || r.Len() != 0 {
 		t.Fatal("Recorder accepted an invalid event")
@@ -128,7 +83,7 @@ func TestLimiterNeverDropsHighPriorityOrAllowed(t *testing.T) {
 	l := newLimiter(rec, &clock, &mu)
 	// Exhaust the bucket with a flood of denials first.
 	for range 100 {
-		if err := l.Write(ctx, event(audit.EventAcquire, lease.CodeConflict, t0)); err != nil {
+		if err := l.Write(ctx, audittest.Event(audit.EventAcquire, lease.CodeConflict, t0)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -145,7 +100,7 @@ func TestLimiterNeverDropsHighPriorityOrAllowed(t *testing.T) {
 		case 3:
 			typ, code = audit.EventRenew, lease.CodeRenewed // allowed success
 		}
-		if err := l.Write(ctx, event(typ, code, t0)); err != nil {
+		if err := l.Write(ctx, audittest.Event(typ, code, t0)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -155,7 +110,7 @@ func TestLimiterNeverDropsHighPriorityOrAllowed(t *testing.T) {
 	// A failing next sink surfaces its error for a high-priority event.
 	fail := &audittest.FailingSink{}
 	lf := newLimiter(fail, &clock, &mu)
-	if err := lf.Write(ctx, event(audit.EventRevoke, lease.CodeRevoked, t0)); err == nil || fail.Calls() != 1 {
+	if err := lf.Write(ctx, audittest.Event(audit.EventRevoke, lease.CodeRevoked, t0)); err == nil || fail.Calls() != 1 {
 		t.Fatalf("high-priority write through a failing sink: %v (calls %d)", err, fail.Calls())
 	}
 }
@@ -174,7 +129,7 @@ func TestLimiterAggregatesDenyFlood(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range 100 {
-				e := event(audit.EventAuthFailed, lease.CodeInvalidCredential, t0)
+				e := audittest.Event(audit.EventAuthFailed, lease.CodeInvalidCredential, t0)
 				e.PrincipalClass, e.PrincipalID, e.CredentialID = "", "", ""
 				e.RequestID = fmt.Sprintf("r%d_%d", w, i)
 				if err := l.Write(ctx, e); err != nil {
@@ -189,12 +144,12 @@ func TestLimiterAggregatesDenyFlood(t *testing.T) {
 	}
 
 	// Error results with decision allow are droppable too; successes are not.
-	e := event(audit.EventInspect, lease.CodeNotFound, t0)
+	e := audittest.Event(audit.EventInspect, lease.CodeNotFound, t0)
 	e.Decision = audit.DecisionAllow
 	if !audit.Droppable(&e) {
 		t.Fatal("an allowed request with an error result must be droppable")
 	}
-	ok := event(audit.EventInspect, lease.CodeInspected, t0)
+	ok := audittest.Event(audit.EventInspect, lease.CodeInspected, t0)
 	if audit.Droppable(&ok) {
 		t.Fatal("an allowed success must not be droppable")
 	}
@@ -202,7 +157,7 @@ func TestLimiterAggregatesDenyFlood(t *testing.T) {
 	// The flood spent only the unauthenticated budget: an authenticated
 	// principal's denials at the same instant still get the full burst.
 	for range 7 {
-		l.Write(ctx, event(audit.EventRenew, lease.CodeLost, t0))
+		l.Write(ctx, audittest.Event(audit.EventRenew, lease.CodeLost, t0))
 	}
 	if rec.Len() != 10 || l.Dropped() != 997 {
 		t.Fatalf("authenticated denials after the flood: written %d, dropped %d; want 10 and 997", rec.Len(), l.Dropped())
@@ -214,7 +169,7 @@ func TestLimiterAggregatesDenyFlood(t *testing.T) {
 	clock = clock.Add(time.Second)
 	mu.Unlock()
 	for range 20 {
-		l.Write(ctx, event(audit.EventRenew, lease.CodeLost, t0))
+		l.Write(ctx, audittest.Event(audit.EventRenew, lease.CodeLost, t0))
 	}
 	if rec.Len() != 15 || l.Dropped() != 1012 {
 		t.Fatalf("after refill: written %d, dropped %d; want 15 and 1012", rec.Len(), l.Dropped())
@@ -238,14 +193,14 @@ func TestLimiterAggregatesDenyFlood(t *testing.T) {
 	fail := &audittest.FailingSink{}
 	lf := newLimiter(fail, &clock, &mu)
 	for range 10 {
-		lf.Write(ctx, event(audit.EventAcquire, lease.CodeConflict, t0))
+		lf.Write(ctx, audittest.Event(audit.EventAcquire, lease.CodeConflict, t0))
 	}
 	if err := lf.Flush(ctx); err == nil || lf.Dropped() != 5 {
 		t.Fatalf("failed flush: %v, pending %d; want the 5 kept", err, lf.Dropped())
 	}
 
 	// Invalid events are errors, never silent drops.
-	bad := event(audit.EventAcquire, lease.CodeConflict, t0)
+	bad := audittest.Event(audit.EventAcquire, lease.CodeConflict, t0)
 	bad.TraceID = "a/b"
 	if err := l.Write(ctx, bad); err == nil {
 		t.Fatal("invalid droppable event accepted")
@@ -253,7 +208,7 @@ func TestLimiterAggregatesDenyFlood(t *testing.T) {
 
 	// Close flushes the pending count and closes the next sink.
 	for range 3 {
-		l.Write(ctx, event(audit.EventAcquire, lease.CodeConflict, t0))
+		l.Write(ctx, audittest.Event(audit.EventAcquire, lease.CodeConflict, t0))
 	}
 	pending := l.Dropped()
 	if err := l.Close(); err != nil {
@@ -263,7 +218,7 @@ func TestLimiterAggregatesDenyFlood(t *testing.T) {
 	if pending == 0 || len(agg) != 3 || agg[2].DroppedCount != pending {
 		t.Fatalf("Close flush: pending %d, aggregates %+v", pending, agg)
 	}
-	if err := l.Write(ctx, event(audit.EventAcquire, lease.CodeConflict, t0)); !errors.Is(err, audit.ErrClosed) {
+	if err := l.Write(ctx, audittest.Event(audit.EventAcquire, lease.CodeConflict, t0)); !errors.Is(err, audit.ErrClosed) {
 		t.Fatalf("write after close: %v", err)
 	}
 }
@@ -274,7 +229,7 @@ func TestLimiterBackgroundFlush(t *testing.T) {
 	l := audit.NewLimiter(rec, audit.LimiterOptions{Rate: 1, Burst: 1, FlushInterval: 10 * time.Millisecond})
 	defer l.Close()
 	for range 5 {
-		l.Write(ctx, event(audit.EventAcquire, lease.CodeConflict, time.Now()))
+		l.Write(ctx, audittest.Event(audit.EventAcquire, lease.CodeConflict, time.Now()))
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for len(rec.OfType(audit.EventDropped)) == 0 {

@@ -7,6 +7,9 @@
 // allowed to move backwards: the last time used is persisted and taken as a
 // floor, so a clock step back (or a restart on a machine whose clock is
 // behind) cannot revive an expired lease.
+//
+// AuditSink is the audit store of a bolt data directory: a bbolt file of
+// its own (AuditFileName), apart from the lease store's.
 package bolt
 
 import (

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -139,9 +140,16 @@ func (db *DB) docURL(id string) string {
 	return db.url(id)
 }
 
-// do sends one request. A transport error is returned as is; the caller
+// do sends one request whose answer is at most one document
+// (MaxDocumentBytes). A transport error is returned as is; the caller
 // classifies it (see sentNothing).
 func (db *DB) do(ctx context.Context, method, target string, body []byte) (reply, error) {
+	return db.doMax(ctx, method, target, body, MaxDocumentBytes)
+}
+
+// doMax is do for an answer of at most max bytes; a longer one is an error
+// (with the reply's status).
+func (db *DB) doMax(ctx context.Context, method, target string, body []byte, max int64) (reply, error) {
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
@@ -165,8 +173,8 @@ func (db *DB) do(ctx context.Context, method, target string, body []byte) (reply
 	}
 	defer resp.Body.Close()
 	r := reply{status: resp.StatusCode}
-	r.body, err = io.ReadAll(io.LimitReader(resp.Body, MaxDocumentBytes+1))
-	if err == nil && len(r.body) > MaxDocumentBytes {
+	r.body, err = io.ReadAll(io.LimitReader(resp.Body, max+1))
+	if err == nil && int64(len(r.body)) > max {
 		err = errors.New("reply exceeds the document size limit")
 	}
 	if resp.StatusCode >= 400 {
@@ -404,12 +412,96 @@ func (db *DB) get(ctx context.Context, op, id string) (Stored, bool, error) {
 	return s, true, nil
 }
 
+// MaxAllDocsLimit bounds the documents one AllDocs page asks for.
+const MaxAllDocsLimit = 1000
+
+// DocRow is one document of an AllDocs page.
+type DocRow struct {
+	// ID is the document id.
+	ID string
+	// Doc is the document's current revision, decoded as Get decodes it;
+	// the zero Stored when Err is set.
+	Doc Stored
+	// Conflicts are the revisions in conflict with the current one
+	// (CouchDB's _conflicts), none when there are none.
+	Conflicts []string
+	// Err is why the document does not decode, nil if it does:
+	// ErrDocNotObject (missing, or not a JSON object), ErrFenceMalformed,
+	// ErrFenceIncomplete, or another reason (no _id, no _rev, a malformed
+	// _conflicts). The page is still read: the caller decides.
+	Err error
+}
+
+// AllDocs reads one page of the database's documents (design documents
+// included) in id order: CouchDB's _all_docs with the documents and their
+// conflicting revisions, up to limit (1 to MaxAllDocsLimit) rows. The
+// first page starts at the first document (startKey empty); the next
+// starts after the previous page's last id, passed as startKey (CouchDB
+// starts at startKey and skips that row). A page shorter than limit is the
+// last. Failures are *Error values of op "all_docs", classified as for
+// Get; an answer that is not an _all_docs page is ErrCorrupt.
+func (db *DB) AllDocs(ctx context.Context, startKey string, limit int) ([]DocRow, error) {
+	const op = "all_docs"
+	if limit < 1 || limit > MaxAllDocsLimit {
+		return nil, newError(ErrInvalid, op, "", fmt.Sprintf("limit must be 1 to %d", MaxAllDocsLimit))
+	}
+	q := url.Values{"include_docs": {"true"}, "conflicts": {"true"}, "limit": {strconv.Itoa(limit)}}
+	if startKey != "" {
+		k, _ := json.Marshal(startKey)
+		q.Set("startkey", string(k))
+		q.Set("skip", "1")
+	}
+	// One more document's worth of room than the page holds: the
+	// envelope and the rows' ids and revisions.
+	r, terr := db.doMax(ctx, http.MethodGet, db.url("_all_docs")+"?"+q.Encode(), nil, int64(limit+1)*MaxDocumentBytes)
+	if terr != nil || r.status != http.StatusOK {
+		return nil, readFailure(op, "", r, terr)
+	}
+	var page struct {
+		Rows *[]struct {
+			ID  string          `json:"id"`
+			Doc json.RawMessage `json:"doc"`
+		} `json:"rows"`
+	}
+	if err := json.Unmarshal(r.body, &page); err != nil || page.Rows == nil {
+		return nil, newError(ErrCorrupt, op, "", "the _all_docs answer is malformed")
+	}
+	rows := make([]DocRow, 0, len(*page.Rows))
+	for _, row := range *page.Rows {
+		rows = append(rows, decodeRow(row.ID, row.Doc))
+	}
+	return rows, nil
+}
+
+// decodeRow decodes one document of an _all_docs page.
+func decodeRow(id string, raw json.RawMessage) DocRow {
+	row := DocRow{ID: id}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &m); err != nil || m == nil {
+		row.Err = ErrDocNotObject
+		return row
+	}
+	if c, ok := m["_conflicts"]; ok && string(c) != "null" {
+		if err := json.Unmarshal(c, &row.Conflicts); err != nil {
+			row.Err = errors.New("the stored _conflicts is malformed")
+			return row
+		}
+	}
+	row.Doc, row.Err = storedOf(m)
+	return row
+}
+
 // decodeStored splits a document into its revision, body and fence.
 func decodeStored(raw []byte) (Stored, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &m); err != nil {
-		return Stored{}, errors.New("the stored document is not a JSON object")
+		return Stored{}, ErrDocNotObject
 	}
+	return storedOf(m)
+}
+
+// storedOf is decodeStored of a document's members.
+func storedOf(m map[string]json.RawMessage) (Stored, error) {
 	var s Stored
 	if err := json.Unmarshal(m["_id"], &s.ID); err != nil {
 		return Stored{}, errors.New("the stored document has no _id")
@@ -420,10 +512,10 @@ func decodeStored(raw []byte) (Stored, error) {
 	if f, ok := m[FenceField]; ok && string(f) != "null" {
 		var g fence.Guard
 		if err := json.Unmarshal(f, &g); err != nil {
-			return Stored{}, errors.New("the stored fence is malformed")
+			return Stored{}, ErrFenceMalformed
 		}
 		if g.Validate() != nil {
-			return Stored{}, errors.New("the stored fence is incomplete")
+			return Stored{}, ErrFenceIncomplete
 		}
 		s.Fence = &g
 	}

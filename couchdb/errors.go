@@ -56,13 +56,22 @@ var (
 	ErrCorrupt = errors.New("couchdb: corrupt document")
 )
 
+// Reasons a stored document does not decode: Get reports them as
+// ErrCorrupt with the same text, and an AllDocs row carries them in
+// DocRow.Err (errors.Is selects on them).
+var (
+	ErrDocNotObject    = errors.New("the stored document is not a JSON object")
+	ErrFenceMalformed  = errors.New("the stored fence is malformed")
+	ErrFenceIncomplete = errors.New("the stored fence is incomplete")
+)
+
 // Error is the typed failure of a CouchDB operation. Its text never holds
 // credentials: they travel only in the Authorization header.
 type Error struct {
 	// Kind is one of the Err* sentinels above.
 	Kind error
-	// Op names the operation: "commit", "get", "ensure_database",
-	// "install_fence", "check_fence".
+	// Op names the operation: "commit", "get", "all_docs",
+	// "ensure_database", "install_fence", "check_fence".
 	Op string
 	// DocID is the document concerned, if any.
 	DocID string

@@ -18,6 +18,7 @@ import (
 
 	"github.com/starintel/starlease/audit"
 	"github.com/starintel/starlease/auth"
+	"github.com/starintel/starlease/bolt"
 	"github.com/starintel/starlease/internal/testenv"
 	"github.com/starintel/starlease/lease"
 )
@@ -263,7 +264,7 @@ func TestAuditInputCannotSwitchOffAudit(t *testing.T) {
 			t.Errorf("server did not stop cleanly: %v", err)
 		}
 		blobs := map[string][]byte{"server stderr": s.Stderr(), "server stdout": s.Stdout()}
-		for _, name := range []string{"audit.jsonl", audit.BoltFileName} {
+		for _, name := range []string{"audit.jsonl", bolt.AuditFileName} {
 			blobs[name] = readFileOrEmpty(t, filepath.Join(s.DataDir(), name))
 		}
 		for name, b := range blobs {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/starintel/starlease/audit"
+	"github.com/starintel/starlease/bolt"
 	"github.com/starintel/starlease/client"
 	"github.com/starintel/starlease/internal/testenv"
 	"github.com/starintel/starlease/lease"
@@ -1234,7 +1235,7 @@ func (st *boltState) noSecrets(t *testing.T) {
 	}
 	blobs := []blob{
 		{"audit.jsonl", readFileOrEmpty(t, filepath.Join(s.DataDir(), "audit.jsonl")), true},
-		{"audit database", readFileOrEmpty(t, filepath.Join(s.DataDir(), audit.BoltFileName)), true},
+		{"audit database", readFileOrEmpty(t, filepath.Join(s.DataDir(), bolt.AuditFileName)), true},
 		{"server stdout", s.Stdout(), true},
 		{"server stderr", s.Stderr(), true},
 		// The lease store holds the metadata by design, but no key material.

@@ -2,13 +2,9 @@ package recovery
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
-	"net/url"
-	"strconv"
 	"strings"
 
 	"github.com/starintel/starlease/couchdb"
@@ -39,7 +35,7 @@ func (s CouchDBSource) Name() string {
 }
 
 // CouchDBProof reads every non-design document of the fenced database src
-// (CouchDB's _all_docs?include_docs=true, paged) and observes the
+// (couchdb.DB.AllDocs: CouchDB's _all_docs, paged) and observes the
 // lock_key and fencing_token of each document's starintel_fence in proof:
 // the fence makes a document's current fence the highest token accepted
 // for it. It first checks that the database carries the fence
@@ -64,29 +60,14 @@ func CouchDBProof(ctx context.Context, src CouchDBSource, proof *Proof) error {
 	if err := db.CheckFence(ctx); err != nil {
 		return err
 	}
-	client := src.Client
-	if client == nil {
-		client = &http.Client{Timeout: couchdb.DefaultTimeout}
-	}
-	base, _ := url.Parse(src.URL) // valid: couchdb.New accepted it
-	base.Path = strings.TrimRight(base.Path, "/") + "/" + src.Database + "/_all_docs"
-	base.RawPath = ""
 
 	marks := map[string]uint64{}
 	startKey := ""
 	docs := 0
 	for {
-		q := url.Values{"include_docs": {"true"}, "conflicts": {"true"}, "limit": {strconv.Itoa(CouchDBPageSize)}}
-		if startKey != "" {
-			k, _ := json.Marshal(startKey)
-			q.Set("startkey", string(k))
-			q.Set("skip", "1")
-		}
-		u := *base
-		u.RawQuery = q.Encode()
-		rows, err := allDocsPage(ctx, client, src, u.String())
+		rows, err := db.AllDocs(ctx, startKey, CouchDBPageSize)
 		if err != nil {
-			return err
+			return allDocsFailure(src, err)
 		}
 		for _, row := range rows {
 			startKey = row.ID
@@ -111,60 +92,37 @@ func CouchDBProof(ctx context.Context, src CouchDBSource, proof *Proof) error {
 	return nil
 }
 
-type allDocsRow struct {
-	ID  string          `json:"id"`
-	Doc json.RawMessage `json:"doc"`
+// allDocsFailure is the error of a failed _all_docs page: lease_corrupt
+// if the answer arrived (HTTP 200) but is not a page, else
+// backend_unavailable, naming the HTTP status CouchDB answered, if any.
+func allDocsFailure(src CouchDBSource, err error) error {
+	var ce *couchdb.Error
+	errors.As(err, &ce)
+	switch {
+	case errors.Is(err, couchdb.ErrCorrupt) || (ce != nil && ce.Status == http.StatusOK):
+		return lease.Errorf(lease.CodeCorrupt, "couchdb %s: _all_docs answer is malformed", src.Database)
+	case ce != nil && ce.Status != 0:
+		return lease.Errorf(lease.CodeBackendUnavailable, "couchdb %s: _all_docs answered HTTP %d", src.Database, ce.Status)
+	default:
+		return lease.Errorf(lease.CodeBackendUnavailable, "couchdb %s could not be reached", src.Database)
+	}
 }
 
-// allDocsPage reads one page of _all_docs.
-func allDocsPage(ctx context.Context, client *http.Client, src CouchDBSource, target string) ([]allDocsRow, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
-	if err != nil {
-		return nil, lease.Errorf(lease.CodeInvalidRequest, "cannot build the _all_docs request")
-	}
-	req.Header.Set("Accept", "application/json")
-	if src.Username != "" {
-		req.SetBasicAuth(src.Username, src.Password)
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return nil, lease.Errorf(lease.CodeBackendUnavailable, "couchdb %s could not be reached", src.Database)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
-		return nil, lease.Errorf(lease.CodeBackendUnavailable, "couchdb %s: _all_docs answered HTTP %d", src.Database, resp.StatusCode)
-	}
-	var page struct {
-		Rows *[]allDocsRow `json:"rows"`
-	}
-	dec := json.NewDecoder(io.LimitReader(resp.Body, int64(CouchDBPageSize+1)*couchdb.MaxDocumentBytes))
-	if err := dec.Decode(&page); err != nil || page.Rows == nil {
-		return nil, lease.Errorf(lease.CodeCorrupt, "couchdb %s: _all_docs answer is malformed", src.Database)
-	}
-	return *page.Rows, nil
-}
-
-// fenceOf decodes and checks a document's starintel_fence.
-func fenceOf(row allDocsRow) (fence.Guard, error) {
-	var doc map[string]json.RawMessage
-	if err := json.Unmarshal(row.Doc, &doc); err != nil || doc == nil {
+// fenceOf checks a document's starintel_fence (decoded by couchdb.DB.AllDocs).
+func fenceOf(row couchdb.DocRow) (fence.Guard, error) {
+	switch {
+	case errors.Is(row.Err, couchdb.ErrDocNotObject):
 		return fence.Guard{}, errors.New("the document is missing or not a JSON object")
-	}
-	if c, ok := doc["_conflicts"]; ok && string(c) != "[]" && string(c) != "null" {
+	case len(row.Conflicts) > 0:
 		return fence.Guard{}, errors.New("the document has conflicting revisions")
-	}
-	raw, ok := doc[couchdb.FenceField]
-	if !ok || string(raw) == "null" {
+	case errors.Is(row.Err, couchdb.ErrFenceMalformed):
+		return fence.Guard{}, errors.New("its " + couchdb.FenceField + " is malformed")
+	case errors.Is(row.Err, couchdb.ErrFenceIncomplete): // a whole lock key, a token in range, every field
+		return fence.Guard{}, errors.New("its " + couchdb.FenceField + " is incomplete")
+	case row.Err != nil:
+		return fence.Guard{}, row.Err
+	case row.Doc.Fence == nil:
 		return fence.Guard{}, errors.New("the document has no " + couchdb.FenceField)
 	}
-	var g fence.Guard
-	dec := json.NewDecoder(strings.NewReader(string(raw)))
-	if err := dec.Decode(&g); err != nil {
-		return fence.Guard{}, errors.New("its " + couchdb.FenceField + " is malformed")
-	}
-	if g.Validate() != nil { // a whole lock key, a token in range, every field
-		return fence.Guard{}, errors.New("its " + couchdb.FenceField + " is incomplete")
-	}
-	return g, nil
+	return *row.Doc.Fence, nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/starintel/starlease/audit"
 	"github.com/starintel/starlease/auth"
 	"github.com/starintel/starlease/backupfile"
+	"github.com/starintel/starlease/bolt"
 	"github.com/starintel/starlease/lease"
 )
 
@@ -35,7 +36,7 @@ type Site struct {
 	// CredentialsSection, and a restore recreates it into an empty
 	// directory. Empty when the namespace holds its credentials itself.
 	Credentials string
-	// AuditFile, if set, is the audit file (audit.OpenBolt) the steps are
+	// AuditFile, if set, is the audit file (bolt.OpenAudit) the steps are
 	// written to; otherwise the Backend must be an Auditor.
 	AuditFile string
 	// Logger receives the steps as log records too; nil means
@@ -63,7 +64,7 @@ func (s *Site) auditSink(ctx context.Context) (audit.Sink, error) {
 	if err := s.mkdir(); err != nil {
 		return nil, err
 	}
-	return audit.OpenBolt(s.AuditFile, audit.BoltOptions{})
+	return bolt.OpenAudit(s.AuditFile, bolt.AuditOptions{})
 }
 
 func (s *Site) mkdir() error {

@@ -79,7 +79,7 @@ func TestBoltSite(t *testing.T) {
 	if err != nil || !rep.Epoch || proof.Complete || !slices.Equal(rep.Revoked, []string{held.LeaseID}) {
 		t.Fatalf("verify: %+v %+v %v", rep, proof, err)
 	}
-	sink, err := audit.OpenBolt(dst.AuditFile, audit.BoltOptions{})
+	sink, err := bolt.OpenAudit(dst.AuditFile, bolt.AuditOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

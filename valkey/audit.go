@@ -181,26 +181,24 @@ const auditReadBatch = 256
 
 // Read returns up to limit stored events matching f, in stream (arrival)
 // order. A limit of zero or less means audit.DefaultReadLimit; more than
-// audit.MaxReadLimit is capped. A stored entry that is not exactly one
-// field "e" holding an event that decodes strictly (audit.Unmarshal) fails
-// the read.
+// audit.MaxReadLimit is capped (audit.ReadLimit). A stored entry that is
+// not exactly one field "e" holding an event that decodes strictly
+// (audit.Unmarshal) fails the read.
 //
 // Filter.Since keeps events whose event id time is at or after Since, as
-// for BoltSink. Filter.After continues a listing: pass the event id of the
-// last event of one page to read the next. Because several writers append
-// to one stream, arrival order is not event-id order; After is therefore a
-// position: Read finds the entry holding that event and returns what was
-// appended after it (an event written late is not skipped). An entry's id
-// time is never before its event's time, so both Since and After start the
-// scan at their time with XRANGE; the entry holding After is looked for up
-// to a minute of stream time past it (clock skew between writers). If it
-// is not found there (trimmed by the cap, or never written), Read falls
-// back to keeping events whose id sorts after After, as BoltSink does.
+// for bolt.AuditSink. Filter.After continues a listing: pass the event id
+// of the last event of one page to read the next. Because several writers
+// append to one stream, arrival order is not event-id order; After is
+// therefore a position: Read finds the entry holding that event and
+// returns what was appended after it (an event written late is not
+// skipped). An entry's id time is never before its event's time, so both
+// Since and After start the scan at their time with XRANGE; the entry
+// holding After is looked for up to a minute of stream time past it (clock
+// skew between writers). If it is not found there (trimmed by the cap, or
+// never written), Read falls back to keeping events whose id sorts after
+// After, as bolt.AuditSink does.
 func (a *AuditSink) Read(ctx context.Context, f audit.Filter, limit int) ([]audit.Event, error) {
-	if limit <= 0 {
-		limit = audit.DefaultReadLimit
-	}
-	limit = min(limit, audit.MaxReadLimit)
+	limit = audit.ReadLimit(limit)
 	var startMs, sinceMs uint64
 	if !f.Since.IsZero() && f.Since.UnixMilli() > 0 {
 		sinceMs = uint64(f.Since.UnixMilli())
@@ -247,7 +245,7 @@ func (a *AuditSink) Read(ctx context.Context, f audit.Filter, limit int) ([]audi
 	seekEnd := afterMs + uint64(auditSeekWindow.Milliseconds())
 	var out, candidates []audit.Event
 	keep := func(e *audit.Event) bool {
-		return matches(f, e) && (sinceMs == 0 || eventMs(e.EventID) >= sinceMs)
+		return f.Matches(e) && (sinceMs == 0 || eventMs(e.EventID) >= sinceMs)
 	}
 	cl := a.s.client
 	for len(out) < limit {
@@ -293,15 +291,6 @@ func (a *AuditSink) Read(ctx context.Context, f audit.Filter, limit int) ([]audi
 		out = candidates // the stream ended before the entry was found
 	}
 	return out, nil
-}
-
-// matches is audit.Filter's field match (its Since and After are applied
-// by Read itself).
-func matches(f audit.Filter, e *audit.Event) bool {
-	return (f.EventType == "" || e.EventType == f.EventType) &&
-		(f.TenantID == "" || e.TenantID == f.TenantID) &&
-		(f.ProgramID == "" || e.ProgramID == f.ProgramID) &&
-		(f.LeaseID == "" || e.LeaseID == f.LeaseID)
 }
 
 // decodeAuditEntry strictly decodes one XRANGE entry: [id, ["e", event]].

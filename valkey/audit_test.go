@@ -64,7 +64,7 @@ func sameIDs(t *testing.T, what string, got, want []audit.Event) {
 
 // Round trip and filters, as the documented ACL user: what Read returns is
 // byte for byte what was written, in order, and each filter selects what
-// BoltSink's would.
+// bolt.AuditSink's would.
 func TestAuditSinkRoundTripAndFilter(t *testing.T) {
 	r, pw := aclServer(t)
 	s := open(t, r, Options{Username: "starlease", PasswordFile: pw, KeyPrefix: "starlease:" + randomPrefix()})

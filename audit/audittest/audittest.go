@@ -1,5 +1,7 @@
 // Package audittest provides audit sinks for tests: a Recorder that keeps
-// the events it is given, and a FailingSink that refuses every write.
+// the events it is given, and a FailingSink that refuses every write; and
+// valid events to write to a sink under test (Event, AcquireEvent,
+// DenyEvent, RevokeEvent).
 package audittest
 
 import (

@@ -12,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/starintel/starlease/audit"
 	"github.com/starintel/starlease/bolt"
 	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/recovery"
@@ -139,7 +138,7 @@ func (b *recoveryBackend) site(log *slog.Logger) (*recovery.Site, string) {
 		Field:       "data_dir",
 		Dir:         b.dataDir,
 		Credentials: filepath.Join(b.dataDir, credentialsDir),
-		AuditFile:   filepath.Join(b.dataDir, audit.BoltFileName),
+		AuditFile:   filepath.Join(b.dataDir, bolt.AuditFileName),
 		Logger:      log,
 	}, " --data-dir " + b.dataDir
 }

@@ -227,7 +227,7 @@ func openBackend(ctx context.Context, f backendFlags, dataDir string, opts lease
 			return backend{}, err
 		}
 		b.creds = fs
-		as, err := audit.OpenBolt(filepath.Join(dataDir, audit.BoltFileName), audit.BoltOptions{})
+		as, err := bolt.OpenAudit(filepath.Join(dataDir, bolt.AuditFileName), bolt.AuditOptions{})
 		if err != nil {
 			b.close()
 			return backend{}, err

@@ -1,4 +1,4 @@
-package audit
+package bolt
 
 import (
 	"bytes"
@@ -12,53 +12,56 @@ import (
 
 	"github.com/oklog/ulid/v2"
 	bbolt "go.etcd.io/bbolt"
+
+	"github.com/starintel/starlease/audit"
 )
 
-// BoltFileName is the conventional name of the bbolt audit file in a data
+// AuditFileName is the conventional name of the bbolt audit file in a data
 // directory.
-const BoltFileName = "audit.db"
+const AuditFileName = "audit.db"
 
-// Retention defaults and read bounds of a BoltSink.
+// Retention defaults of an AuditSink.
 const (
-	DefaultMaxEvents = 1_000_000
-	DefaultMaxAge    = 90 * 24 * time.Hour
-	DefaultReadLimit = 100
-	MaxReadLimit     = 1000
-	// prunePerWrite bounds the deletions one Write does, so a Write's cost
-	// stays bounded after a retention change; Prune finishes the job.
-	prunePerWrite = 256
+	DefaultAuditMaxEvents = 1_000_000
+	DefaultAuditMaxAge    = 90 * 24 * time.Hour
+	// auditPrunePerWrite bounds the deletions one Write does, so a Write's
+	// cost stays bounded after a retention change; Prune finishes the job.
+	auditPrunePerWrite = 256
 )
 
+// The audit file's buckets and meta keys (a file of its own, apart from
+// the lease store's).
 var (
-	bucketEvents = []byte("events") // event id (ULID text) → event JSON
-	bucketMeta   = []byte("meta")
-	keyCount     = []byte("count") // uint64 number of events
-	keyHigh      = []byte("high")  // uint64 number of high-priority events among them
+	auditBucketEvents = []byte("events") // event id (ULID text) → event JSON
+	auditBucketMeta   = []byte("meta")
+	auditKeyCount     = []byte("count") // uint64 number of events
+	auditKeyHigh      = []byte("high")  // uint64 number of high-priority events among them
 )
 
-// BoltOptions configures a BoltSink.
-type BoltOptions struct {
+// AuditOptions configures an AuditSink.
+type AuditOptions struct {
 	// MaxEvents bounds the number of stored normal-priority events; the
 	// oldest go first. High-priority events (force-release, revoke) are
 	// not counted and go by age (MaxAge) only, so no flood of other
-	// events can prune them. Zero means DefaultMaxEvents.
+	// events can prune them. Zero means DefaultAuditMaxEvents.
 	MaxEvents int
 	// MaxAge bounds the age of stored events, by their event id time.
-	// Zero means DefaultMaxAge.
+	// Zero means DefaultAuditMaxAge.
 	MaxAge time.Duration
 	// Now is the clock used for age pruning; nil means time.Now.
 	Now func() time.Time
 }
 
-// BoltSink stores events in a bbolt file, keyed by event id, so keys are in
-// time order. Every Write is one committed (fsynced) transaction. Retention
-// is bounded by count (normal-priority events only) and age (every event)
-// and enforced on every write (at most prunePerWrite deletions each) and by
-// Prune. Safe for concurrent use.
-type BoltSink struct {
+// AuditSink is audit.Sink on a bbolt file of its own (AuditFileName in a
+// data directory): events keyed by event id, so keys are in time order.
+// Every Write is one committed (fsynced) transaction. Retention is bounded
+// by count (normal-priority events only) and age (every event) and
+// enforced on every write (at most auditPrunePerWrite deletions each) and
+// by Prune. Safe for concurrent use.
+type AuditSink struct {
 	db     *bbolt.DB
 	path   string
-	opts   BoltOptions
+	opts   AuditOptions
 	mu     sync.RWMutex // guards closed against Close racing a transaction
 	closed bool
 
@@ -68,14 +71,19 @@ type BoltSink struct {
 	failed error
 }
 
-// OpenBolt opens (creating if needed, mode 0600) the bbolt audit file at
+var (
+	_ audit.Sink    = (*AuditSink)(nil)
+	_ audit.Checker = (*AuditSink)(nil)
+)
+
+// OpenAudit opens (creating if needed, mode 0600) the bbolt audit file at
 // path. A file held by another process fails after one second.
-func OpenBolt(path string, o BoltOptions) (*BoltSink, error) {
+func OpenAudit(path string, o AuditOptions) (*AuditSink, error) {
 	if o.MaxEvents <= 0 {
-		o.MaxEvents = DefaultMaxEvents
+		o.MaxEvents = DefaultAuditMaxEvents
 	}
 	if o.MaxAge <= 0 {
-		o.MaxAge = DefaultMaxAge
+		o.MaxAge = DefaultAuditMaxAge
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -85,61 +93,61 @@ func OpenBolt(path string, o BoltOptions) (*BoltSink, error) {
 		return nil, fmt.Errorf("audit: open %s: %w", path, err)
 	}
 	if err := db.Update(func(tx *bbolt.Tx) error {
-		if _, err := tx.CreateBucketIfNotExists(bucketEvents); err != nil {
+		if _, err := tx.CreateBucketIfNotExists(auditBucketEvents); err != nil {
 			return err
 		}
-		_, err := tx.CreateBucketIfNotExists(bucketMeta)
+		_, err := tx.CreateBucketIfNotExists(auditBucketMeta)
 		return err
 	}); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("audit: initialize %s: %w", path, err)
 	}
-	return &BoltSink{db: db, path: path, opts: o}, nil
+	return &AuditSink{db: db, path: path, opts: o}, nil
 }
 
-// ErrDuplicateEvent is returned when an event id is already stored.
-var ErrDuplicateEvent = errors.New("audit: duplicate event id")
+// ErrDuplicateAuditEvent is returned when an event id is already stored.
+var ErrDuplicateAuditEvent = errors.New("audit: duplicate event id")
 
-// Write validates e and stores it in one committed transaction, then prunes
-// past retention.
-func (s *BoltSink) Write(ctx context.Context, e Event) error {
+// Write validates e (audit.Marshal) and stores it in one committed
+// transaction, then prunes past retention.
+func (s *AuditSink) Write(ctx context.Context, e audit.Event) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("audit: write: %w", err)
 	}
-	b, err := Marshal(e)
+	b, err := audit.Marshal(e)
 	if err != nil {
 		return err
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.closed {
-		return ErrClosed
+		return audit.ErrClosed
 	}
 	key := []byte(e.EventID)
 	err = s.db.Update(func(tx *bbolt.Tx) error {
-		ev := tx.Bucket(bucketEvents)
+		ev := tx.Bucket(auditBucketEvents)
 		if ev.Get(key) != nil {
-			return ErrDuplicateEvent
+			return ErrDuplicateAuditEvent
 		}
 		if err := ev.Put(key, b); err != nil {
 			return err
 		}
-		n, high := count(tx, keyCount)+1, count(tx, keyHigh)
-		if highPriority(b) {
+		n, high := auditCount(tx, auditKeyCount)+1, auditCount(tx, auditKeyHigh)
+		if auditHighPriority(b) {
 			high++
 		}
-		n, high, _ = s.prune(tx, n, high, prunePerWrite)
-		return setCounts(tx, n, high)
+		n, high, _ = s.prune(tx, n, high, auditPrunePerWrite)
+		return auditSetCounts(tx, n, high)
 	})
-	if err != nil && !errors.Is(err, ErrDuplicateEvent) {
-		s.setFailed(fmt.Errorf("%s: write: %w", filepath.Base(s.path), errnoOf(err)))
+	if err != nil && !errors.Is(err, ErrDuplicateAuditEvent) {
+		s.setFailed(fmt.Errorf("%s: write: %w", filepath.Base(s.path), audit.SystemError(err)))
 		return fmt.Errorf("audit: write: %w", err)
 	}
 	s.setFailed(nil)
 	return err
 }
 
-func (s *BoltSink) setFailed(err error) {
+func (s *AuditSink) setFailed(err error) {
 	s.failMu.Lock()
 	s.failed = err
 	s.failMu.Unlock()
@@ -150,43 +158,43 @@ func (s *BoltSink) setFailed(err error) {
 // bbolt, so recovery needs only room: after a failure Check writes and
 // fsyncs a scratch file of one maximal event beside the database, and
 // success clears the failure.
-func (s *BoltSink) Check(ctx context.Context) error {
+func (s *AuditSink) Check(ctx context.Context) error {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.closed {
-		return ErrClosed
+		return audit.ErrClosed
 	}
 	s.failMu.Lock()
 	defer s.failMu.Unlock()
 	if s.failed == nil {
 		return nil
 	}
-	if probeSpace(filepath.Dir(s.path), MaxEventBytes+1) != nil {
+	if audit.CheckRoom(filepath.Dir(s.path)) != nil {
 		return s.failed
 	}
 	s.failed = nil
 	return nil
 }
 
-func count(tx *bbolt.Tx, key []byte) uint64 {
-	if v := tx.Bucket(bucketMeta).Get(key); len(v) == 8 {
+func auditCount(tx *bbolt.Tx, key []byte) uint64 {
+	if v := tx.Bucket(auditBucketMeta).Get(key); len(v) == 8 {
 		return binary.BigEndian.Uint64(v)
 	}
 	return 0
 }
 
-func setCounts(tx *bbolt.Tx, n, high uint64) error {
-	m := tx.Bucket(bucketMeta)
-	if err := m.Put(keyCount, binary.BigEndian.AppendUint64(nil, n)); err != nil {
+func auditSetCounts(tx *bbolt.Tx, n, high uint64) error {
+	m := tx.Bucket(auditBucketMeta)
+	if err := m.Put(auditKeyCount, binary.BigEndian.AppendUint64(nil, n)); err != nil {
 		return err
 	}
-	return m.Put(keyHigh, binary.BigEndian.AppendUint64(nil, high))
+	return m.Put(auditKeyHigh, binary.BigEndian.AppendUint64(nil, high))
 }
 
-// highPriority reports whether a stored event (Marshal's bytes) is high
-// priority. The field appears unescaped only as the event's own: a string
-// value's quotes are escaped.
-func highPriority(v []byte) bool {
+// auditHighPriority reports whether a stored event (audit.Marshal's bytes)
+// is high priority. The field appears unescaped only as the event's own: a
+// string value's quotes are escaped.
+func auditHighPriority(v []byte) bool {
 	return bytes.Contains(v, []byte(`"priority":"high"`))
 }
 
@@ -198,9 +206,9 @@ func highPriority(v []byte) bool {
 // before the high-priority count existed counts its older high-priority
 // events as normal until they age out: fewer normal events are kept
 // meanwhile, never more.)
-func (s *BoltSink) prune(tx *bbolt.Tx, n, high uint64, max int) (uint64, uint64, bool) {
+func (s *AuditSink) prune(tx *bbolt.Tx, n, high uint64, max int) (uint64, uint64, bool) {
 	cutoff := ulid.Timestamp(s.opts.Now().Add(-s.opts.MaxAge))
-	c := tx.Bucket(bucketEvents).Cursor()
+	c := tx.Bucket(auditBucketEvents).Cursor()
 	skipped := false
 	deleted := 0
 	for k, v := c.First(); ; {
@@ -210,8 +218,8 @@ func (s *BoltSink) prune(tx *bbolt.Tx, n, high uint64, max int) (uint64, uint64,
 			}
 			return n, high, false
 		}
-		isHigh := highPriority(v)
-		if keyTime(k) >= cutoff { // no later event is older
+		isHigh := auditHighPriority(v)
+		if auditKeyTime(k) >= cutoff { // no later event is older
 			if n-min(high, n) <= uint64(s.opts.MaxEvents) {
 				return n, high, false
 			}
@@ -237,8 +245,9 @@ func (s *BoltSink) prune(tx *bbolt.Tx, n, high uint64, max int) (uint64, uint64,
 	}
 }
 
-// keyTime is the ULID time of a key; an unparsable key counts as oldest.
-func keyTime(k []byte) uint64 {
+// auditKeyTime is the ULID time of a key; an unparsable key counts as
+// oldest.
+func auditKeyTime(k []byte) uint64 {
 	id, err := ulid.ParseStrict(string(k))
 	if err != nil {
 		return 0
@@ -247,11 +256,11 @@ func keyTime(k []byte) uint64 {
 }
 
 // Prune enforces retention completely (Write does it incrementally).
-func (s *BoltSink) Prune(ctx context.Context) error {
+func (s *AuditSink) Prune(ctx context.Context) error {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.closed {
-		return ErrClosed
+		return audit.ErrClosed
 	}
 	for more := true; more; {
 		if err := ctx.Err(); err != nil {
@@ -259,8 +268,8 @@ func (s *BoltSink) Prune(ctx context.Context) error {
 		}
 		if err := s.db.Update(func(tx *bbolt.Tx) error {
 			var n, high uint64
-			n, high, more = s.prune(tx, count(tx, keyCount), count(tx, keyHigh), 10*prunePerWrite)
-			return setCounts(tx, n, high)
+			n, high, more = s.prune(tx, auditCount(tx, auditKeyCount), auditCount(tx, auditKeyHigh), 10*auditPrunePerWrite)
+			return auditSetCounts(tx, n, high)
 		}); err != nil {
 			return fmt.Errorf("audit: prune: %w", err)
 		}
@@ -269,46 +278,23 @@ func (s *BoltSink) Prune(ctx context.Context) error {
 }
 
 // Count returns the number of stored events.
-func (s *BoltSink) Count(ctx context.Context) (int, error) {
+func (s *AuditSink) Count(ctx context.Context) (int, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.closed {
-		return 0, ErrClosed
+		return 0, audit.ErrClosed
 	}
 	var n uint64
-	err := s.db.View(func(tx *bbolt.Tx) error { n = count(tx, keyCount); return nil })
+	err := s.db.View(func(tx *bbolt.Tx) error { n = auditCount(tx, auditKeyCount); return nil })
 	return int(n), err
 }
 
-// Filter selects stored events; zero fields match everything.
-type Filter struct {
-	EventType EventType
-	TenantID  string
-	ProgramID string
-	LeaseID   string
-	// Since keeps events whose event id time is at or after Since (NewEvent
-	// gives the id and the timestamp the same instant).
-	Since time.Time
-	// After keeps events whose id sorts after After: pass the last id of
-	// one page to read the next.
-	After string
-}
-
-func (f Filter) match(e *Event) bool {
-	return (f.EventType == "" || e.EventType == f.EventType) &&
-		(f.TenantID == "" || e.TenantID == f.TenantID) &&
-		(f.ProgramID == "" || e.ProgramID == f.ProgramID) &&
-		(f.LeaseID == "" || e.LeaseID == f.LeaseID)
-}
-
 // Read returns up to limit stored events matching f, oldest first. A limit
-// of zero or less means DefaultReadLimit; more than MaxReadLimit is capped.
-// A stored event that does not decode strictly fails the read.
-func (s *BoltSink) Read(ctx context.Context, f Filter, limit int) ([]Event, error) {
-	if limit <= 0 {
-		limit = DefaultReadLimit
-	}
-	limit = min(limit, MaxReadLimit)
+// of zero or less means audit.DefaultReadLimit; more than
+// audit.MaxReadLimit is capped (audit.ReadLimit). A stored event that does
+// not decode strictly fails the read.
+func (s *AuditSink) Read(ctx context.Context, f audit.Filter, limit int) ([]audit.Event, error) {
+	limit = audit.ReadLimit(limit)
 	var start []byte
 	if !f.Since.IsZero() {
 		if f.Since.Before(time.UnixMilli(0)) {
@@ -326,11 +312,11 @@ func (s *BoltSink) Read(ctx context.Context, f Filter, limit int) ([]Event, erro
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.closed {
-		return nil, ErrClosed
+		return nil, audit.ErrClosed
 	}
-	var out []Event
+	var out []audit.Event
 	err := s.db.View(func(tx *bbolt.Tx) error {
-		c := tx.Bucket(bucketEvents).Cursor()
+		c := tx.Bucket(auditBucketEvents).Cursor()
 		k, v := c.First()
 		if start != nil {
 			k, v = c.Seek(start)
@@ -341,11 +327,11 @@ func (s *BoltSink) Read(ctx context.Context, f Filter, limit int) ([]Event, erro
 					return err
 				}
 			}
-			e, err := Unmarshal(v)
+			e, err := audit.Unmarshal(v)
 			if err != nil {
 				return fmt.Errorf("stored event %s: %w", k, err)
 			}
-			if f.match(&e) {
+			if f.Matches(&e) {
 				out = append(out, e)
 			}
 		}
@@ -357,8 +343,8 @@ func (s *BoltSink) Read(ctx context.Context, f Filter, limit int) ([]Event, erro
 	return out, nil
 }
 
-// Close closes the file. Later calls fail with ErrClosed.
-func (s *BoltSink) Close() error {
+// Close closes the file. Later calls fail with audit.ErrClosed.
+func (s *AuditSink) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
