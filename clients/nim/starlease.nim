@@ -28,6 +28,8 @@
 
 import std/[asyncdispatch, base64, httpclient, json, monotimes, options,
             os, random, strutils, sysrand, times, uri]
+import sha256
+export sha256
 when defined(posix):
   from std/posix import ECONNREFUSED
 
@@ -876,8 +878,7 @@ proc commitCall(c: Client, h: Held, commitId, sink, target, payloadSha256: strin
   except MalformedError as e:
     raise malformed(cl, 200, corr, e.msg)
   # The answer must be the commit asked for. (For a publication the server
-  # names the message id and the body's SHA-256; the standard library has
-  # no SHA-256 to check the digest with.)
+  # names the message id and the body's SHA-256, checked below.)
   let cm = result.commit
   let sameWrite =
     if publication.isSome: cm.target.startsWith("msg_")
@@ -887,6 +888,13 @@ proc commitCall(c: Client, h: Held, commitId, sink, target, payloadSha256: strin
       cm.jobId != h.jobId or not sameWrite:
     raise newStarleaseError(ecBackendUnavailable, 200,
       "the commit answer does not match the request", "", corr, false, 0, commitId)
+  if publication.isSome and cm.payloadSha256 != sha256Hex(publication.get.body):
+    # The server appended a message, but not provably this body: fail
+    # closed. The same commit id resolves it (replay, or
+    # idempotency_conflict if the server holds another body).
+    raise newStarleaseError(ecOutcomeUnknown, 200,
+      "the commit answer's payload_sha256 is not the SHA-256 of the body sent",
+      "", corr, true, 0, commitId)
 
 proc authorizeCommit*(c: Client, h: Held, commitId: string, publication: Publication,
                       sink = DefaultSink, timeoutMs = 0,
