@@ -2,20 +2,25 @@ package clients_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/starintel/starlease/couchdb"
 	"github.com/starintel/starlease/fence"
 	"github.com/starintel/starlease/internal/testenv"
 	"github.com/starintel/starlease/lease"
@@ -45,14 +50,198 @@ type nimPublication struct {
 	lockKey string
 }
 
+// nimCouchDoc is what the Nim suite reports of a document it wrote: the
+// revision and guard it must hold and the exact body bytes it sent.
+type nimCouchDoc struct {
+	DB           string          `json:"db"`
+	DocID        string          `json:"doc_id"`
+	Rev          string          `json:"rev"`
+	BodyText     string          `json:"body_text"`
+	Guard        json.RawMessage `json:"guard"`
+	LeaseID      string          `json:"lease_id"`
+	FencingToken uint64          `json:"fencing_token"`
+}
+
+// nimCouchStale is a document a stale holder (its lease revoked, a newer
+// lease's write stored) was refused on.
+type nimCouchStale struct {
+	DocID        string          `json:"doc_id"`
+	LeaseID      string          `json:"lease_id"`
+	FencingToken uint64          `json:"fencing_token"`
+	Guard        json.RawMessage `json:"guard"`
+}
+
+// nimDigestBodies are random bodies of every length across the SHA-256
+// block boundaries and a few large ones, with Go's digests, for the Nim
+// SHA-256 to match.
+func nimDigestBodies(t *testing.T) string {
+	t.Helper()
+	var out []map[string]string
+	lengths := []int{1000, 4095, 4096, 65537, 1<<20 + 3}
+	for n := 0; n <= 130; n++ {
+		lengths = append(lengths, n)
+	}
+	for _, n := range lengths {
+		b := make([]byte, n)
+		if _, err := rand.Read(b); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, map[string]string{"b64": base64.StdEncoding.EncodeToString(b), "sha256": lease.PayloadSHA256(b)})
+	}
+	raw, err := json.Marshal(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "digests.json")
+	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// nimUnfencedDBs creates a database without the fence and one whose fence
+// design document holds another function, and returns their names.
+func nimUnfencedDBs(t *testing.T, s *stack) (plain, otherFence string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	plain, otherFence = "nim_plain", "nim_other_fence"
+	for _, name := range []string{plain, otherFence} {
+		db, err := couchdb.New(s.couch.URL(), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := db.EnsureDatabase(ctx); err != nil {
+			t.Fatalf("create %s: %v", name, err)
+		}
+	}
+	design, _ := json.Marshal(map[string]string{"language": "javascript",
+		"validate_doc_update": "function (newDoc, oldDoc, userCtx, secObj) {}"})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut,
+		s.couch.URL()+"/"+otherFence+"/_design/starintel_fence", bytes.NewReader(design))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("install another fence in %s: HTTP %d", otherFence, resp.StatusCode)
+	}
+	return plain, otherFence
+}
+
+// checkNimCouch reads the documents the Nim suite wrote back with the Go
+// couchdb package: each holds the revision, body and fence the suite
+// reported, the fence is a valid guard bound to exactly the bytes the suite
+// sent (by Go's SHA-256), and a stale holder's guard lost to the newer one.
+func checkNimCouch(t *testing.T, s *stack, docs []*nimCouchDoc, stale []*nimCouchStale) {
+	t.Helper()
+	if len(docs) < 5 || len(stale) < 1 {
+		t.Fatalf("the suite reported %d CouchDB documents and %d stale refusals; want at least 5 and 1", len(docs), len(stale))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	byID := map[string]couchdb.Stored{}
+	for _, d := range docs {
+		db, err := couchdb.New(s.couch.URL(), d.DB)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := db.Get(ctx, d.DocID)
+		if err != nil {
+			t.Errorf("%s/%s: %v", d.DB, d.DocID, err)
+			continue
+		}
+		byID[d.DocID] = got
+		var want fence.Guard
+		if err := json.Unmarshal(d.Guard, &want); err != nil {
+			t.Errorf("%s: the reported guard does not decode: %v", d.DocID, err)
+			continue
+		}
+		if got.Fence == nil {
+			t.Errorf("%s: stored without a fence", d.DocID)
+			continue
+		}
+		gotJSON, _ := json.Marshal(*got.Fence)
+		wantJSON, _ := json.Marshal(want)
+		if !bytes.Equal(gotJSON, wantJSON) {
+			t.Errorf("%s: stored fence %s, the Nim suite reported %s", d.DocID, gotJSON, wantJSON)
+		}
+		if err := fence.Admit(nil, *got.Fence); err != nil {
+			t.Errorf("%s: stored fence %s is not admissible: %v", d.DocID, gotJSON, err)
+		}
+		if err := got.Fence.Authorizes(fence.Binding{Target: d.DocID,
+			PayloadSHA256: lease.PayloadSHA256([]byte(d.BodyText))}); err != nil {
+			t.Errorf("%s: the fence is not bound to the body sent (%s): %v", d.DocID, d.BodyText, err)
+		}
+		if got.Fence.LeaseID != d.LeaseID || got.Fence.FencingToken != d.FencingToken || got.Fence.Sink != "couchdb" {
+			t.Errorf("%s: fence lease %s token %d sink %s, want lease %s token %d sink couchdb", d.DocID,
+				got.Fence.LeaseID, got.Fence.FencingToken, got.Fence.Sink, d.LeaseID, d.FencingToken)
+		}
+		if got.Rev != d.Rev {
+			t.Errorf("%s: revision %s, the Nim suite reported %s", d.DocID, got.Rev, d.Rev)
+		}
+		var x, y any
+		if json.Unmarshal(got.Body, &x) != nil || json.Unmarshal([]byte(d.BodyText), &y) != nil || !reflect.DeepEqual(x, y) {
+			t.Errorf("%s: body %s, the Nim suite sent %s", d.DocID, got.Body, d.BodyText)
+		}
+	}
+	for _, st := range stale {
+		got, ok := byID[st.DocID]
+		if !ok || got.Fence == nil {
+			t.Errorf("stale %s: the newer write was not reported", st.DocID)
+			continue
+		}
+		if got.Fence.LeaseID == st.LeaseID || got.Fence.FencingToken <= st.FencingToken {
+			t.Errorf("stale %s: stored fence lease %s token %d; the stale holder had lease %s token %d",
+				st.DocID, got.Fence.LeaseID, got.Fence.FencingToken, st.LeaseID, st.FencingToken)
+		}
+		var old fence.Guard
+		if err := json.Unmarshal(st.Guard, &old); err != nil {
+			t.Errorf("stale %s: guard: %v", st.DocID, err)
+			continue
+		}
+		// Go's rule agrees with the fence that refused the Nim replay.
+		if err := fence.Admit(got.Fence, old); lease.CodeOf(err) != lease.CodeCommitRejected {
+			t.Errorf("stale %s: fence.Admit(stored, the stale guard) = %v, want commit_rejected", st.DocID, err)
+		}
+	}
+	t.Logf("in CouchDB: %d documents of the Nim suite read back with their fence; %d stale holders refused",
+		len(docs), len(stale))
+}
+
+// TestNimClientFenceDigest checks that the Nim client's record of the
+// fence it requires is the fence the Go package installs: the two never
+// drift.
+func TestNimClientFenceDigest(t *testing.T) {
+	src, err := os.ReadFile("nim/starlease.nim")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^\s+FenceSha256\* = "([0-9a-f]{64})"$`).FindSubmatch(src)
+	if m == nil {
+		t.Fatal("nim/starlease.nim has no FenceSha256")
+	}
+	sum := sha256.Sum256([]byte(couchdb.ValidateDocUpdate))
+	if want := hex.EncodeToString(sum[:]); string(m[1]) != want {
+		t.Fatalf("FenceSha256 is %s; the Go fence's SHA-256 is %s: update the Nim client with the fence", m[1], want)
+	}
+}
+
 // TestNimClient runs the Nim client's suite (clients/nim/tests) against
-// "starlease serve" with its outbox relay and a real broker, then checks on
-// the broker what the suite reported: every publication it made was
-// delivered with its exact body, content type and fence headers (the
-// suite's lease id, fencing token, lock key, execution, commit and trace
-// ids), under the message id the Go publisher derives for the same commit;
-// and no publication the server refused (after release, after revoke) was
-// delivered, under its message id or with its body.
+// "starlease serve" with its outbox relay, a real broker and a
+// CouchDB-protocol server, then checks on the broker what the suite
+// reported: every publication it made was delivered with its exact body,
+// content type and fence headers (the suite's lease id, fencing token, lock
+// key, execution, commit and trace ids), under the message id the Go
+// publisher derives for the same commit; and no publication the server
+// refused (after release, after revoke) was delivered, under its message id
+// or with its body. In CouchDB, every document the suite wrote holds the
+// fence and body it reported (read with the Go couchdb package).
 func TestNimClient(t *testing.T) {
 	nimc := nim(t) // fails, never skips, without the compiler
 	s := startStack(t)
@@ -90,6 +279,9 @@ func TestNimClient(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	fenced := s.fencedDB(t, "nim_fenced")
+	plain, otherFence := nimUnfencedDBs(t, s)
+
 	results := filepath.Join(t.TempDir(), "results.json")
 	cache := t.TempDir()
 	runSuite(t, "nim", s.env(
@@ -98,6 +290,10 @@ func TestNimClient(t *testing.T) {
 		"STARLEASE_NIM_ADMIN_KEY="+adminKey,
 		"STARLEASE_NIM_QUEUE="+queue,
 		"STARLEASE_NIM_BODIES="+string(bodiesJSON),
+		"STARLEASE_NIM_DIGESTS="+nimDigestBodies(t),
+		"STARLEASE_NIM_COUCHDB="+s.couch.URL()+"/"+fenced.Name(),
+		"STARLEASE_NIM_COUCHDB_PLAIN="+s.couch.URL()+"/"+plain,
+		"STARLEASE_NIM_COUCHDB_OTHER_FENCE="+s.couch.URL()+"/"+otherFence,
 		"STARLEASE_NIM_RESULTS="+results,
 	), 5*time.Minute, nimc, "c", "-r", "--hints:off", "--nimcache:"+cache,
 		"-o:"+filepath.Join(cache, "test_starlease"), "tests/test_starlease.nim")
@@ -107,16 +303,20 @@ func TestNimClient(t *testing.T) {
 		t.Fatalf("the Nim suite wrote no results: %v", err)
 	}
 	var report struct {
-		Published []*nimPublication `json:"published"`
-		Refused   []*nimPublication `json:"refused"`
+		Published  []*nimPublication `json:"published"`
+		Refused    []*nimPublication `json:"refused"`
+		Couch      []*nimCouchDoc    `json:"couch"`
+		CouchStale []*nimCouchStale  `json:"couch_stale"`
 	}
 	if err := json.Unmarshal(raw, &report); err != nil {
 		t.Fatalf("results do not decode: %v", err)
 	}
-	// Two bodies on one lease and one through the answer-dropping proxy;
-	// refused after release and after revoke.
-	if len(report.Published) < 3 || len(report.Refused) < 2 {
-		t.Fatalf("the suite reported %d publications and %d refusals; want at least 3 and 2",
+	checkNimCouch(t, s, report.Couch, report.CouchStale)
+	// Two bodies on one lease, one whose answered digest a proxy changed,
+	// one through the answer-dropping proxy; refused after release and
+	// after revoke.
+	if len(report.Published) < 4 || len(report.Refused) < 2 {
+		t.Fatalf("the suite reported %d publications and %d refusals; want at least 4 and 2",
 			len(report.Published), len(report.Refused))
 	}
 	revoked := false

@@ -19,6 +19,11 @@
 ##   A commit authorization is settled the same way by its `commit_id`.
 ## * `Keeper` renews a held lease before it expires and reports its loss
 ##   with a typed `LossCause`; `close` releases it.
+## * `writeCouch` makes the fenced CouchDB write the Go writer makes: a
+##   commit authorized for exactly this document and body (its SHA-256, by
+##   the module `sha256`), then a PUT carrying the commit's guard, which the
+##   database's fence design document refuses once a newer lease has
+##   written the document (`CommitRejectedError`).
 ##
 ## The API key is sent only in the `Authorization` header: it is never part
 ## of an error message or of `$client`. (`repr` shows every field of any
@@ -28,6 +33,10 @@
 
 import std/[asyncdispatch, base64, httpclient, json, monotimes, options,
             os, random, strutils, sysrand, times, uri]
+from std/math import classify, FloatClass
+from std/unicode import validateUtf8
+import sha256
+export sha256
 when defined(posix):
   from std/posix import ECONNREFUSED
 
@@ -71,7 +80,7 @@ type
 
   ErrorCode* = enum
     ## Wire code of an error answer; the client classifies failures without
-    ## an answer with the same codes.
+    ## an answer, and a sink's (CouchDB's) answers, with the same codes.
     ecInvalidRequest = "invalid_lease_request"
     ecInvalidCredential = "invalid_credential"
     ecAccessDenied = "access_denied"
@@ -83,6 +92,12 @@ type
     ecRateLimited = "lease_rate_limited"
     ecBackendUnavailable = "lease_backend_unavailable"
     ecOutcomeUnknown = "lease_outcome_unknown"
+    ecCommitRejected = "commit_rejected"
+      ## a sink's fence (CouchDB's validate_doc_update) refused a write;
+      ## never on the lease API's wire (the server answers `lease_lost`)
+    ecCorrupt = "lease_corrupt"
+      ## a stored document cannot be trusted (a malformed stored fence);
+      ## never on the lease API's wire
 
   StarleaseError* = object of CatchableError
     ## Every failure of a `Client` call: the server's error envelope, or a
@@ -110,6 +125,18 @@ type
   OutcomeUnknownError* = object of StarleaseError
     ## `lease_outcome_unknown` (503): the mutation may have been applied.
     ## Resolve it by calling again with `requestId` (or the same commit id).
+  CommitRejectedError* = object of StarleaseError
+    ## `commit_rejected`: a fenced sink refused the write (CouchDB's fence:
+    ## a newer lease's write holds the document). The holder has lost the
+    ## document; never retried.
+  CorruptError* = object of StarleaseError
+    ## `lease_corrupt`: a stored document cannot be trusted (its fence is
+    ## malformed); nothing was written.
+  FenceMissingError* = object of BackendUnavailableError
+    ## The CouchDB database has no fence design document, or another one
+    ## than this client knows (`FenceSha256`): nothing is written without
+    ## the downstream guard. An operator installs it (the Go package
+    ## couchdb's `InstallFence`).
 
   LockIdentity* = object
     ## The canonical lock identity. Empty `workflowName` and
@@ -175,6 +202,7 @@ type
 
   Commit* = object
     ## An accepted commit authorization of one write.
+    lockKey*: string         ## the canonical lock key of the lease's identity (opaque)
     sink*, commitId*, leaseId*: string
     fencingToken*: int64
     executionId*, jobId*, traceId*: string
@@ -287,6 +315,27 @@ proc opaqueIdProblem(v: string): string =
 # ---------------------------------------------------------------------------
 # Errors
 
+proc fill(e: ref StarleaseError, code: ErrorCode, status: int, serverMsg, field,
+          correlationId: string, retryable: bool, retryAfterMs: int, requestId: string) =
+  ## Sets the fields of e and its message.
+  e.code = code
+  e.status = status
+  e.serverMsg = serverMsg
+  e.field = field
+  e.correlationId = correlationId
+  e.retryable = retryable
+  e.retryAfterMs = retryAfterMs
+  e.requestId = requestId
+  var m = "starlease: "
+  if status != 0: m.add $status & " "
+  m.add $code
+  if serverMsg.len > 0: m.add ": " & serverMsg
+  if field.len > 0 and field notin serverMsg: m.add " (field " & field & ")"
+  if correlationId.len > 0: m.add " [correlation_id " & correlationId & "]"
+  if requestId.len > 0 and code == ecOutcomeUnknown:
+    m.add " [request_id " & requestId & "]"
+  e.msg = m
+
 proc newStarleaseError*(code: ErrorCode, status = 0, serverMsg = "",
                         field = "", correlationId = "", retryable = false,
                         retryAfterMs = 0, requestId = ""): ref StarleaseError =
@@ -303,29 +352,17 @@ proc newStarleaseError*(code: ErrorCode, status = 0, serverMsg = "",
   of ecRateLimited: result = (ref RateLimitedError)()
   of ecBackendUnavailable: result = (ref BackendUnavailableError)()
   of ecOutcomeUnknown: result = (ref OutcomeUnknownError)()
-  result.code = code
-  result.status = status
-  result.serverMsg = serverMsg
-  result.field = field
-  result.correlationId = correlationId
-  result.retryable = retryable
-  result.retryAfterMs = retryAfterMs
-  result.requestId = requestId
-  var m = "starlease: "
-  if status != 0: m.add $status & " "
-  m.add $code
-  if serverMsg.len > 0: m.add ": " & serverMsg
-  if field.len > 0 and field notin serverMsg: m.add " (field " & field & ")"
-  if correlationId.len > 0: m.add " [correlation_id " & correlationId & "]"
-  if requestId.len > 0 and code == ecOutcomeUnknown:
-    m.add " [request_id " & requestId & "]"
-  result.msg = m
+  of ecCommitRejected: result = (ref CommitRejectedError)()
+  of ecCorrupt: result = (ref CorruptError)()
+  result.fill(code, status, serverMsg, field, correlationId, retryable,
+              retryAfterMs, requestId)
 
 proc invalid(field, why: string): ref StarleaseError =
   newStarleaseError(ecInvalidRequest, serverMsg = field & " " & why, field = field)
 
 proc statusOf*(code: ErrorCode): int =
-  ## The HTTP status the contract gives code.
+  ## The HTTP status the contract gives code; 0 for `commit_rejected` and
+  ## `lease_corrupt`, which only a sink answers (the lease API never does).
   case code
   of ecInvalidRequest: 400
   of ecInvalidCredential: 401
@@ -335,6 +372,7 @@ proc statusOf*(code: ErrorCode): int =
   of ecConflict, ecLost, ecIdempotencyConflict: 409
   of ecRateLimited: 429
   of ecBackendUnavailable, ecOutcomeUnknown: 503
+  of ecCommitRejected, ecCorrupt: 0
 
 # ---------------------------------------------------------------------------
 # Client
@@ -859,7 +897,8 @@ proc commitCall(c: Client, h: Held, commitId, sink, target, payloadSha256: strin
   try:
     let cm = n.getOrDefault("commit")
     if cm.isNil or cm.kind != JObject: raise malformedErr("a commit answer needs a commit")
-    let commit = Commit(sink: cm.strField("sink"), commitId: cm.strField("commit_id"),
+    let commit = Commit(lockKey: cm.strField("lock_key"),
+                        sink: cm.strField("sink"), commitId: cm.strField("commit_id"),
                         leaseId: cm.strField("lease_id"),
                         fencingToken: cm.intField("fencing_token"),
                         executionId: cm.strField("execution_id"), jobId: cm.strField("job_id"),
@@ -876,8 +915,7 @@ proc commitCall(c: Client, h: Held, commitId, sink, target, payloadSha256: strin
   except MalformedError as e:
     raise malformed(cl, 200, corr, e.msg)
   # The answer must be the commit asked for. (For a publication the server
-  # names the message id and the body's SHA-256; the standard library has
-  # no SHA-256 to check the digest with.)
+  # names the message id and the body's SHA-256, checked below.)
   let cm = result.commit
   let sameWrite =
     if publication.isSome: cm.target.startsWith("msg_")
@@ -887,6 +925,13 @@ proc commitCall(c: Client, h: Held, commitId, sink, target, payloadSha256: strin
       cm.jobId != h.jobId or not sameWrite:
     raise newStarleaseError(ecBackendUnavailable, 200,
       "the commit answer does not match the request", "", corr, false, 0, commitId)
+  if publication.isSome and cm.payloadSha256 != sha256Hex(publication.get.body):
+    # The server appended a message, but not provably this body: fail
+    # closed. The same commit id resolves it (replay, or
+    # idempotency_conflict if the server holds another body).
+    raise newStarleaseError(ecOutcomeUnknown, 200,
+      "the commit answer's payload_sha256 is not the SHA-256 of the body sent",
+      "", corr, true, 0, commitId)
 
 proc authorizeCommit*(c: Client, h: Held, commitId: string, publication: Publication,
                       sink = DefaultSink, timeoutMs = 0,
@@ -975,6 +1020,8 @@ proc markLost(k: Keeper, cause: LossCause, err: ref StarleaseError = nil) =
   k.lostFlag = true
   k.causeVal = cause
   k.errorVal = err
+  # A loss found by a write (not by a renewal) ends the renewal loop too.
+  if not k.wake.isNil and not k.wake.finished: k.wake.complete()
   if not k.onLost.isNil:
     try:
       k.onLost(k)
@@ -1021,7 +1068,7 @@ proc run(k: Keeper) {.async.} =
   var next = k.nextRenewal
   while not k.stopping and not k.lostFlag:
     await k.pause(msUntil(next))
-    if k.stopping: break
+    if k.stopping or k.lostFlag: break
     let untilMargin = msUntil(k.held.localExpiry) - k.marginMs
     if untilMargin <= 0 and failures > 0:
       k.markLost(lcBackendUnavailable, lastErr)
@@ -1087,4 +1134,603 @@ proc close*(k: Keeper, timeoutMs = 0) {.async.} =
     k.markLost(await k.classifyLoss, e)
   except StarleaseError as e:
     k.markLost(lcBackendUnavailable, e)
+    raise e
+
+# ---------------------------------------------------------------------------
+# Fenced CouchDB writes
+#
+# The write the Go writer (package couchdb) makes, step for step: a commit
+# authorized for exactly this write (the document id and the SHA-256 of the
+# body bytes), then a PUT conditioned on the revision read, carrying the
+# commit's guard as the document's `starintel_fence`. The database's fence
+# design document (`_design/starintel_fence`, Go's couchdb.ValidateDocUpdate)
+# refuses, atomically with the write, a guard older than the stored one: a
+# lower fencing token, another lease at the same token, an earlier commit of
+# the same lease, a guard for another document or lock key.
+
+const
+  CouchSink* = "couchdb"
+    ## The sink a CouchDB write is authorized under unless the caller names
+    ## another (the Go writer's name).
+  FenceField* = "starintel_fence"
+    ## The member of every fenced document that holds its guard.
+  FenceDesignDocId* = "_design/starintel_fence"
+    ## The id of the fence design document.
+  FenceSha256* = "213a4de9f620977c24922cfbe8d2b913411e4e6260bd01cd1ccf9f79dd2cc742"
+    ## SHA-256 of the `validate_doc_update` source this client was written
+    ## against (Go's couchdb.ValidateDocUpdate; a Go test keeps them equal).
+  MaxDocumentBytes* = 4 shl 20
+    ## Largest document written or read.
+  MaxDocIdBytes* = 2048
+    ## Largest document id, in bytes.
+  TypedDocPrefixes* = ["target:", "result:", "schedule:", "job:"]
+    ## Ids of the typed StarIntel documents: they are written only through
+    ## their typed sinks (the Go package couchdb), which bind them to the
+    ## lease's identity and job. `writeCouch` refuses them.
+  lockKeyPrefix = "starintel:target-lease:v1:"
+  fenceReasonPrefix = "starintel_fence: "
+  laterCommitReason = "the document already holds this or a later commit of the lease"
+  fenceReasons = [
+    "a fenced document cannot be deleted",
+    "the write carries no fence",
+    "the write carries no fence (lock key missing or malformed)",
+    "the fencing token is out of range",
+    "the fence is incomplete",
+    "the fence has no accepted_at",
+    "the stored fence is malformed",
+    "the document belongs to a different lock key",
+    "fencing token is lower than the stored token",
+    "fencing token belongs to another lease",
+    "the fence names no write or job",
+    "the fence was authorized for another document",
+    "the fence was issued for another job",
+    "a typed document needs its exact type and id",
+    "the document belongs to another lock identity",
+    "the document id does not match its content",
+    laterCommitReason]
+    ## The refusals of the fence's validate_doc_update, after its prefix.
+  goZeroInstant = "0001-01-01T00:00:00.000Z"
+  base64UrlChars = {'A'..'Z', 'a'..'z', '0'..'9', '-', '_'}
+
+type
+  Guard* = object
+    ## The guard of an accepted commit: what a fenced sink stores with the
+    ## write (in CouchDB the document's `starintel_fence`), the JSON form
+    ## of Go's fence.Guard. `guard(commit)` builds it.
+    lockKey*, leaseId*: string
+    fencingToken*: int64
+    executionId*, jobId*, traceId*: string
+    sink*, commitId*: string
+    target*: string          ## the document id
+    payloadSha256*: string   ## hex SHA-256 of the body bytes
+    commitSeq*: int64
+    acceptedAt*: Time
+
+  CouchDB* = ref object
+    ## One fenced CouchDB database (Apache CouchDB or pouchdb-server).
+    ## Credentials in its URL are sent as HTTP Basic authentication only:
+    ## `$db` and every error leave them out. Each request uses its own
+    ## connection, so writes may run concurrently on one event loop.
+    origin: string        # scheme://host:port, without credentials
+    name: string
+    auth: string          # the Authorization header, "" for none
+    fenceOk: bool         # checkFence found the current fence
+    timeoutMs*: int       ## budget of each request
+
+  CouchWrite* = object
+    ## A fenced CouchDB write that holds.
+    docId*: string
+    rev*: string            ## the revision written ("" if its answer was cut short)
+    guard*: Guard           ## the document's fence: this write's guard
+    alreadyWritten*: bool
+      ## the document already held exactly this write (a repeat after an
+      ## unknown outcome): nothing was sent
+
+  CouchReply = object
+    ## One CouchDB exchange.
+    status: int           # 0 when no status line arrived
+    body: string
+    failed: bool          # the exchange failed (before or after the status)
+    sent: bool            # ... after the request may have reached CouchDB
+    why: string
+    couchError, reason: string
+
+  Stored = object
+    ## A document as CouchDB holds it.
+    rev: string
+    body: JsonNode        # without "_" members and the fence
+    fence: Option[Guard]
+
+proc newCommitId*(): string =
+  ## A fresh commit id: "cmt-" and 26 random base32 characters. Keep it to
+  ## repeat a write whose outcome is unknown.
+  base32Id("cmt-")
+
+proc guard*(c: Commit): Guard =
+  ## The guard of commit c, exactly as the Go writer forms it.
+  Guard(lockKey: c.lockKey, leaseId: c.leaseId, fencingToken: c.fencingToken,
+        executionId: c.executionId, jobId: c.jobId, traceId: c.traceId, sink: c.sink,
+        commitId: c.commitId, target: c.target, payloadSha256: c.payloadSha256,
+        commitSeq: c.commitSeq, acceptedAt: c.acceptedAt)
+
+proc toJson*(g: Guard): JsonNode =
+  ## The JSON form of g, as Go encodes fence.Guard (empty `job_id`,
+  ## `trace_id`, `target`, `payload_sha256` and a zero `commit_seq` are
+  ## left out).
+  result = %*{"lock_key": g.lockKey, "lease_id": g.leaseId,
+              "fencing_token": g.fencingToken, "execution_id": g.executionId}
+  if g.jobId.len > 0: result["job_id"] = %g.jobId
+  if g.traceId.len > 0: result["trace_id"] = %g.traceId
+  result["sink"] = %g.sink
+  result["commit_id"] = %g.commitId
+  if g.target.len > 0: result["target"] = %g.target
+  if g.payloadSha256.len > 0: result["payload_sha256"] = %g.payloadSha256
+  if g.commitSeq != 0: result["commit_seq"] = %g.commitSeq
+  result["accepted_at"] = %formatTimestamp(g.acceptedAt)
+
+proc isLockKey(k: string): bool =
+  ## Go's lease.CheckLockKey: the prefix, then the unpadded base64url of 32
+  ## bytes (43 characters, the last without padding bits).
+  if not k.startsWith(lockKeyPrefix): return false
+  let d = k[lockKeyPrefix.len .. ^1]
+  d.len == 43 and d[0 ..< 42].allCharsInSet(base64UrlChars) and d[42] in "AEIMQUYcgkosw048"
+
+proc problem(g: Guard): string =
+  ## Why g is not a complete guard (Go's fence.Guard.Validate); "" if it is.
+  if not isLockKey(g.lockKey):
+    "the write carries no fence (lock key missing or malformed)"
+  elif g.fencingToken < 1 or g.fencingToken > MaxFencingToken:
+    "the write's fencing token is out of range"
+  elif g.leaseId.len == 0 or g.executionId.len == 0 or g.sink.len == 0 or g.commitId.len == 0:
+    "the write's fence is incomplete"
+  elif g.acceptedAt == Time() or formatTimestamp(g.acceptedAt) == goZeroInstant:
+    "the write's fence has no accepted_at"
+  elif g.payloadSha256.len > 0 and not g.payloadSha256.isHexDigest:
+    "the write's fence has a malformed payload digest"
+  elif g.commitSeq < 0 or g.commitSeq > MaxFencingToken:
+    "the write's fence has a commit seq out of range"
+  else: ""
+
+proc authorizes(g: Guard, target, payloadSha256: string): string =
+  ## Why g was not issued for the write of target with payloadSha256 (Go's
+  ## fence.Guard.Authorizes); "" if it was.
+  if g.target.len == 0 or g.jobId.len == 0 or g.commitSeq < 1:
+    "the write's fence names no write or job (issued before writes were bound)"
+  elif g.target != target: "the guard was authorized for another write"
+  elif g.payloadSha256 != payloadSha256: "the guard was authorized for another payload"
+  else: ""
+
+proc parseGuard(n: JsonNode): Guard =
+  ## A stored fence, decoded as Go decodes fence.Guard: absent members are
+  ## empty, members of the wrong type are malformed (MalformedError).
+  if n.kind != JObject: raise malformedErr("the stored fence is malformed")
+  try:
+    result = Guard(lockKey: n.strField("lock_key", false), leaseId: n.strField("lease_id", false),
+                   fencingToken: n.intField("fencing_token", false),
+                   executionId: n.strField("execution_id", false),
+                   jobId: n.strField("job_id", false), traceId: n.strField("trace_id", false),
+                   sink: n.strField("sink", false), commitId: n.strField("commit_id", false),
+                   target: n.strField("target", false),
+                   payloadSha256: n.strField("payload_sha256", false),
+                   commitSeq: n.intField("commit_seq", false))
+    let at = n.strField("accepted_at", false)
+    if at.len > 0: result.acceptedAt = parseTimestamp(at)
+  except ValueError:   # MalformedError included
+    raise malformedErr("the stored fence is malformed")
+  if result.problem.len > 0: raise malformedErr("the stored fence is incomplete")
+
+# Documents
+
+proc typedIdProblem(id: string): string =
+  ## Why id may not be written here: a typed document's id.
+  for p in TypedDocPrefixes:
+    if id.startsWith(p):
+      return "a typed document (" & p & "…) is written through its typed sink"
+
+proc docIdProblem(id: string): string =
+  ## Why id is not a document id this client writes or reads (Go's
+  ## couchdb.checkDocID): empty, too long, not UTF-8, a reserved "_" id, or
+  ## with control characters.
+  if id.len == 0: return "must not be empty"
+  if id.len > MaxDocIdBytes: return "is too long"
+  if validateUtf8(id) >= 0: return "must be valid UTF-8"
+  if id.startsWith("_"): return "must not start with _"
+  for ch in id:
+    if ch < ' ' or ch == '\x7f': return "must not contain control characters"
+
+proc finite(n: JsonNode): bool =
+  ## Whether every number in n has a JSON form (no NaN, no infinity).
+  case n.kind
+  of JFloat: n.fnum.classify notin {fcNan, fcInf, fcNegInf}
+  of JArray:
+    for e in n.elems:
+      if not e.finite: return false
+    true
+  of JObject:
+    for _, v in n.pairs:
+      if not v.finite: return false
+    true
+  else: true
+
+proc encodeBody(body: JsonNode): string =
+  ## The bytes body is written as and its digest is computed over: its
+  ## compact JSON (`$body`; nil is `{}`). Raises `InvalidRequestError` for
+  ## a body that is not a JSON object, holds "_" members or the fence
+  ## member, has no JSON form, or is too large.
+  if body.isNil: return "{}"
+  if body.kind != JObject: raise invalid("body", "must be a JSON object")
+  for k in body.keys:
+    if k.startsWith("_") or k == FenceField:
+      raise invalid("body", "must not hold _ members or " & FenceField)
+  if not body.finite: raise invalid("body", "must not hold NaN or infinite numbers")
+  result = $body
+  if validateUtf8(result) >= 0: raise invalid("body", "must be valid UTF-8")
+  if result.len > MaxDocumentBytes: raise invalid("body", "exceeds the document size limit")
+
+proc sameJson(a, b: JsonNode): bool =
+  ## Equality of JSON values as Go's encoding/json decodes them: numbers as
+  ## float64 (CouchDB may answer 1.0 as 1), objects regardless of order.
+  if a.kind in {JInt, JFloat} and b.kind in {JInt, JFloat}:
+    return a.getFloat == b.getFloat
+  if a.kind != b.kind: return false
+  case a.kind
+  of JObject:
+    if a.len != b.len: return false
+    for k, v in a.pairs:
+      if not b.hasKey(k) or not sameJson(v, b[k]): return false
+    true
+  of JArray:
+    if a.len != b.len: return false
+    for i in 0 ..< a.len:
+      if not sameJson(a[i], b[i]): return false
+    true
+  else: a == b
+
+proc decodeStored(raw: string): Stored =
+  ## Splits a stored document into revision, body and fence; raises
+  ## MalformedError when it cannot be trusted (Go's couchdb.decodeStored).
+  var n: JsonNode
+  try:
+    n = parseJson(raw)
+  except CatchableError:
+    raise malformedErr("the stored document is not a JSON object")
+  if n.kind != JObject: raise malformedErr("the stored document is not a JSON object")
+  let id = n.getOrDefault("_id")
+  if id.isNil or id.kind != JString: raise malformedErr("the stored document has no _id")
+  let rev = n.getOrDefault("_rev")
+  if rev.isNil or rev.kind != JString: raise malformedErr("the stored document has no _rev")
+  result = Stored(rev: rev.str, body: newJObject())
+  let f = n.getOrDefault(FenceField)
+  if not f.isNil and f.kind != JNull:
+    result.fence = some(parseGuard(f))
+  for k, v in n.pairs:
+    if not k.startsWith("_") and k != FenceField: result.body[k] = v
+
+# The CouchDB client
+
+proc newCouchDB*(dbUrl: string, timeoutMs = DefaultTimeoutMs): CouchDB =
+  ## The database at dbUrl, "http(s)://[user:password@]host[:port]/database"
+  ## (the database name percent-encoded if it needs it). Credentials are
+  ## sent as HTTP Basic authentication. Raises `ValueError` (without the
+  ## credentials) for an unusable URL. Does not contact the server.
+  let u = parseUri(dbUrl)
+  const shape = "starlease: the CouchDB URL must be http(s)://[user:password@]host[:port]/database"
+  if u.scheme notin ["http", "https"] or u.hostname.len == 0:
+    raise newException(ValueError, shape)
+  if u.query.len > 0 or u.anchor.len > 0:
+    raise newException(ValueError, "starlease: the CouchDB URL must not carry a query or fragment")
+  let raw = u.path.strip(chars = {'/'})
+  if raw.len == 0 or '/' in raw:
+    raise newException(ValueError, shape)
+  let name = decodeUrl(raw, decodePlus = false)
+  if name.len > 238 or name[0] notin {'a'..'z'} or
+      not name.allCharsInSet({'a'..'z', '0'..'9', '_', '$', '(', ')', '+', '-', '/'}):
+    raise newException(ValueError, "starlease: the database name does not follow CouchDB's rule")
+  let port = if u.port.len > 0: u.port elif u.scheme == "https": "443" else: "80"
+  let host = if ':' in u.hostname: "[" & u.hostname & "]" else: u.hostname   # IPv6
+  result = CouchDB(origin: u.scheme & "://" & host & ":" & port, name: name,
+                   timeoutMs: timeoutMs)
+  if u.username.len > 0 or u.password.len > 0:
+    result.auth = "Basic " & encode(decodeUrl(u.username, decodePlus = false) & ":" &
+                                    decodeUrl(u.password, decodePlus = false))
+
+proc `$`*(db: CouchDB): string =
+  ## Describes the database without its credentials.
+  if db.isNil: "couchdb <nil>"
+  else: "couchdb " & db.origin & "/" & db.name &
+        (if db.auth.len > 0: " (credentials [redacted])" else: "")
+
+proc name*(db: CouchDB): string =
+  ## The database name.
+  db.name
+
+proc docPath(db: CouchDB, id: string): string =
+  ## The path of a document; a design document keeps its "_design/"
+  ## segment unescaped, as CouchDB expects.
+  result = "/" & encodeUrl(db.name, usePlus = false) & "/"
+  if id.startsWith("_design/"):
+    result.add "_design/" & encodeUrl(id["_design/".len .. ^1], usePlus = false)
+  else:
+    result.add encodeUrl(id, usePlus = false)
+
+proc couchExchange(http: AsyncHttpClient, url: string, meth: HttpMethod, body: string,
+                   headers: HttpHeaders, r: ref CouchReply) {.async.} =
+  ## One exchange into r; never fails. r.status is set as soon as the
+  ## status line arrives, so a caller that gives up waiting still sees it.
+  try:
+    let resp = await http.request(url, meth, body, headers)
+    r.status = resp.code.int
+    r.body = await resp.body
+    if r.body.len > MaxDocumentBytes:
+      r.failed = true
+      r.sent = true
+      r.why = "the answer exceeds the document size limit"
+  except CatchableError as e:
+    r.failed = true
+    r.sent = r.status != 0 or not refusedBeforeSending(e)
+    r.why = e.msg.firstLine
+
+proc couchRequest(db: CouchDB, meth: HttpMethod, path: string, body = ""): Future[CouchReply] {.async.} =
+  ## Sends one request on a new connection and waits at most the
+  ## database's timeout. Credentials travel only in the header.
+  var headers = newHttpHeaders({"Accept": "application/json"})
+  if body.len > 0:
+    # pouchdb-server stores an empty document when a PUT has no JSON
+    # content type.
+    headers["Content-Type"] = "application/json"
+  if db.auth.len > 0: headers["Authorization"] = db.auth
+  let http = newAsyncHttpClient(userAgent = "starlease-nim/1", maxRedirects = 0)
+  let r = new CouchReply
+  let fut = couchExchange(http, db.origin & path, meth, body, headers, r)
+  if await withTimeout(fut, max(db.timeoutMs, 1)):
+    result = r[]
+  else:
+    # Copied: the abandoned exchange keeps writing to r.
+    result = CouchReply(status: r.status, failed: true, sent: true,
+                        why: "no answer within " & $db.timeoutMs & " ms")
+  http.close()
+  if result.status >= 400 and not result.failed:
+    try:
+      let n = parseJson(result.body)
+      if n.kind == JObject:
+        result.couchError = n.strField("error", required = false)
+        result.reason = n.strField("reason", required = false)
+    except CatchableError:
+      discard
+
+proc couchErr(code: ErrorCode, op, docId, why: string, status = 0,
+              requestId = "", field = ""): ref StarleaseError =
+  ## A failure of a CouchDB operation, with CouchDB's status.
+  var m = "couchdb " & op
+  if docId.len > 0: m.add " " & docId.escape
+  m.add ": " & why
+  newStarleaseError(code, status, m, field, "",
+                    code in {ecConflict, ecBackendUnavailable, ecOutcomeUnknown}, 0, requestId)
+
+proc fenceMissing(why: string): ref StarleaseError =
+  let e = (ref FenceMissingError)()
+  e.fill(ecBackendUnavailable, 0, "couchdb check_fence " & FenceDesignDocId.escape & ": " & why,
+         "", "", true, 0, "")
+  e
+
+proc statusError(op, docId: string, r: CouchReply, commitId = ""): ref StarleaseError =
+  ## The typed error of a CouchDB answer that is not a success: Go's
+  ## couchdb.statusError.
+  let s = r.status
+  if s == 403 and r.reason.startsWith(fenceReasonPrefix):
+    let reason = r.reason[fenceReasonPrefix.len .. ^1]
+    if reason == laterCommitReason:
+      # Not a loss: a later commit of the same lease holds the document.
+      couchErr(ecConflict, op, docId, reason, s, commitId)
+    elif reason notin fenceReasons:
+      couchErr(ecCommitRejected, op, docId, "the fence refused the write", s, commitId)
+    else:
+      couchErr(ecCommitRejected, op, docId, reason, s, commitId)
+  elif s == 401 or s == 403:
+    couchErr(ecAccessDenied, op, docId, "couchdb refused the credentials or the operation", s, commitId)
+  elif s == 409:
+    couchErr(ecConflict, op, docId,
+             "document revision conflict: another write changed it since it was read", s, commitId)
+  elif s == 404:
+    couchErr(ecNotFound, op, docId, "not found", s, commitId)
+  elif s in [400, 413, 415]:
+    couchErr(ecInvalidRequest, op, docId, "couchdb refused the request as malformed", s, commitId)
+  elif s >= 500:
+    couchErr(ecOutcomeUnknown, op, docId, "couchdb answered with a server error", s, commitId)
+  else:
+    couchErr(ecBackendUnavailable, op, docId, "unexpected HTTP status " & $s, s, commitId)
+
+proc readFailure(op, docId: string, r: CouchReply): ref StarleaseError =
+  ## The typed failure of a read: nothing was written, so a server error
+  ## is unavailability, not an unknown outcome.
+  if r.failed:
+    return couchErr(ecBackendUnavailable, op, docId,
+                    "couchdb could not be reached (" & r.why & ")", r.status)
+  result = statusError(op, docId, r)
+  if result.code == ecOutcomeUnknown:
+    result = couchErr(ecBackendUnavailable, op, docId, "couchdb answered with a server error", r.status)
+
+proc checkFence*(db: CouchDB) {.async.} =
+  ## Raises `FenceMissingError` unless the database holds exactly the fence
+  ## this client knows (the SHA-256 of its `validate_doc_update` is
+  ## `FenceSha256`, its language JavaScript). `writeCouch` calls it before
+  ## its first write, and again after a refusal that is not the fence's.
+  let r = await db.couchRequest(HttpGet, db.docPath(FenceDesignDocId))
+  if r.failed or r.status notin [200, 404]:
+    raise readFailure("check_fence", FenceDesignDocId, r)
+  if r.status == 404:
+    db.fenceOk = false
+    if r.reason in ["no_db_file", "Database does not exist."]:
+      raise fenceMissing("the database does not exist")
+    raise fenceMissing("the fence design document is not installed; install it (Go: couchdb InstallFence)")
+  var src, lang: string
+  try:
+    let n = parseJson(r.body)
+    if n.kind != JObject: raise malformedErr("not an object")
+    src = n.strField("validate_doc_update", required = false)
+    lang = n.strField("language", required = false)
+  except CatchableError:
+    raise couchErr(ecCorrupt, "check_fence", FenceDesignDocId, "the design document is not JSON", r.status)
+  if sha256Hex(src) != FenceSha256 or lang notin ["", "javascript"]:
+    db.fenceOk = false
+    raise fenceMissing("the database holds another fence than this client's; install the current one")
+  db.fenceOk = true
+
+proc getStored(db: CouchDB, op, id: string): Future[Option[Stored]] {.async.} =
+  ## The document id as stored; none when it does not exist.
+  let r = await db.couchRequest(HttpGet, db.docPath(id))
+  if not r.failed and r.status == 404 and r.reason notin ["no_db_file", "Database does not exist."]:
+    return none(Stored)
+  if r.failed or r.status != 200:
+    raise readFailure(op, id, r)
+  try:
+    result = some(decodeStored(r.body))
+  except MalformedError as e:
+    raise couchErr(ecCorrupt, op, id, e.msg, r.status)
+
+proc getDoc*(db: CouchDB, docId: string): Future[Option[JsonNode]] {.async.} =
+  ## The document docId as stored (with `_id`, `_rev` and its fence), or
+  ## none when it does not exist. Raises `StarleaseError` (`LeaseNotFoundError`
+  ## when the database does not exist).
+  let why = docIdProblem(docId)
+  if why.len > 0: raise invalid("doc_id", why)
+  let r = await db.couchRequest(HttpGet, db.docPath(docId))
+  if not r.failed and r.status == 404 and r.reason notin ["no_db_file", "Database does not exist."]:
+    return none(JsonNode)
+  if r.failed or r.status != 200:
+    raise readFailure("get", docId, r)
+  try:
+    let n = parseJson(r.body)
+    if n.kind != JObject: raise malformedErr("not an object")
+    result = some(n)
+  except CatchableError:
+    raise couchErr(ecCorrupt, "get", docId, "the stored document is not a JSON object", r.status)
+
+proc putFenced*(db: CouchDB, g: Guard, sink, docId: string,
+                body: JsonNode): Future[CouchWrite] {.async.} =
+  ## Writes body as document docId conditioned on g, the guard of a commit
+  ## authorized for sink and exactly this write (Go's couchdb Writer.Commit):
+  ##
+  ## 1. g must be complete, for sink, and for this document id and the
+  ##    SHA-256 of `$body`; else `CommitRejectedError`, nothing sent;
+  ## 2. the database must hold the current fence (`checkFence`, once);
+  ## 3. the document is read; if it already carries exactly g and the same
+  ##    body, the write happened (a repeat after an unknown outcome):
+  ##    success with `alreadyWritten`, nothing sent; g with another body is
+  ##    `IdempotencyConflictError`;
+  ## 4. it is PUT with the revision read, body's members and g as its
+  ##    `starintel_fence`.
+  ##
+  ## CouchDB's answers map as Go's couchdb.statusError does: the fence's
+  ## 403 is `CommitRejectedError` (a lease's own later commit holding the
+  ## document is `LeaseConflictError`), another 401/403
+  ## `AccessDeniedError`, 409 `LeaseConflictError`, 404
+  ## `BackendUnavailableError` (the database is missing), 400/413/415
+  ## `InvalidRequestError`, 5xx and no answer after sending
+  ## `OutcomeUnknownError` (repeat with the same commit id). It never
+  ## retries a write. `writeCouch` authorizes and calls this.
+  const op = "commit"
+  let typed = typedIdProblem(docId)
+  if typed.len > 0: raise invalid("doc_id", typed)
+  let bad = g.problem
+  if bad.len > 0: raise couchErr(ecCommitRejected, op, docId, bad)
+  if g.sink != sink:
+    raise couchErr(ecCommitRejected, op, docId, "the guard was authorized for another sink")
+  let idWhy = docIdProblem(docId)
+  if idWhy.len > 0: raise invalid("doc_id", idWhy)
+  let text = encodeBody(body)
+  let unbound = g.authorizes(docId, sha256Hex(text))
+  if unbound.len > 0: raise couchErr(ecCommitRejected, op, docId, unbound)
+  if not db.fenceOk:
+    await db.checkFence()
+
+  let fields = if body.isNil: newJObject() else: body
+  let cur = await db.getStored(op, docId)
+  if cur.isSome and cur.get.fence.isSome and cur.get.fence.get == g:
+    if sameJson(cur.get.body, fields):
+      return CouchWrite(docId: docId, rev: cur.get.rev, guard: g, alreadyWritten: true)
+    raise newStarleaseError(ecIdempotencyConflict, 0,
+      "couchdb commit " & docId.escape & ": the commit id was already used for another body",
+      "", "", false, 0, g.commitId)
+
+  var doc = newJObject()
+  for k, v in fields.pairs: doc[k] = v
+  doc["_id"] = %docId
+  if cur.isSome: doc["_rev"] = %cur.get.rev
+  doc[FenceField] = g.toJson
+  let encoded = $doc
+  if encoded.len > MaxDocumentBytes:
+    raise invalid("body", "the document exceeds the size limit")
+
+  let r = await db.couchRequest(HttpPut, db.docPath(docId), encoded)
+  if r.status in [201, 202]:
+    # Accepted; a cut-short answer only loses the revision.
+    var rev = ""
+    if not r.failed:
+      try:
+        rev = parseJson(r.body).strField("rev", required = false)
+      except CatchableError:
+        discard
+    db.fenceOk = true
+    return CouchWrite(docId: docId, rev: rev, guard: g)
+  if r.failed and r.status == 0:
+    if r.sent:
+      raise couchErr(ecOutcomeUnknown, op, docId, "the write was sent and no answer came (" & r.why &
+                     "); repeat it with the same commit id", 0, g.commitId)
+    raise couchErr(ecBackendUnavailable, op, docId,
+                   "couchdb could not be reached (" & r.why & "); nothing was written")
+  if r.status == 404:
+    # A PUT answers 404 only when the database is missing.
+    raise couchErr(ecBackendUnavailable, op, docId, "the database does not exist; nothing was written", 404)
+  if r.status == 403 and not r.reason.startsWith(fenceReasonPrefix):
+    db.fenceOk = false   # check the fence again before the next write
+  raise statusError(op, docId, r, g.commitId)
+
+proc writeCouch*(c: Client, h: Held, db: CouchDB, docId: string, body: JsonNode,
+                 commitId = "", sink = CouchSink, timeoutMs = 0,
+                 correlationId = ""): Future[CouchWrite] {.async.} =
+  ## The fenced CouchDB write of body (a JSON object without "_" members or
+  ## `starintel_fence`, written as `$body`) as document docId under the
+  ## held lease h: a commit authorized for exactly this write (target
+  ## docId, `payload_sha256` the SHA-256 of `$body`), then `putFenced`.
+  ## The ids of typed documents (`TypedDocPrefixes`) and malformed ids or
+  ## bodies are refused before anything is sent (`InvalidRequestError`).
+  ##
+  ## commitId names the write ("" is a fresh one, `newCommitId`): after
+  ## `OutcomeUnknownError` call again with the same commit id (its
+  ## `requestId`) and body; the repeat finds the write done and answers
+  ## `alreadyWritten`. Raises `LeaseLostError` when the server refuses the
+  ## authorization, `CommitRejectedError` when the database's fence refuses
+  ## the write (a newer lease wrote the document), `FenceMissingError`
+  ## when the database has no current fence. Through a `Keeper`
+  ## (`writeCouch(keeper, …)`) both refusals mark the lease lost.
+  let typed = typedIdProblem(docId)
+  if typed.len > 0: raise invalid("doc_id", typed)
+  let idWhy = docIdProblem(docId)
+  if idWhy.len > 0: raise invalid("doc_id", idWhy)
+  if opaqueIdProblem(sink).len > 0 or sink != sink.toLowerAscii:
+    raise invalid("sink", "must be a canonical (lower-case) identifier")
+  let text = encodeBody(body)
+  let cid = if commitId.len > 0: commitId else: newCommitId()
+  let cr = await c.authorizeCommit(h, cid, sink, docId, sha256Hex(text), timeoutMs, correlationId)
+  result = await db.putFenced(cr.commit.guard, sink, docId, body)
+
+proc writeCouch*(k: Keeper, db: CouchDB, docId: string, body: JsonNode,
+                 commitId = "", sink = CouchSink, timeoutMs = 0,
+                 correlationId = ""): Future[CouchWrite] {.async.} =
+  ## `writeCouch` under the keeper's lease. Refused (`LeaseLostError`,
+  ## nothing sent) once the keeper no longer holds it. A refusal by the
+  ## server (`LeaseLostError`) or by the database's fence
+  ## (`CommitRejectedError`, cause `lcRejected`) marks the lease lost.
+  if k.lostFlag:
+    raise newStarleaseError(ecLost, 0, "the lease is no longer held (" & $k.causeVal &
+                            "); nothing was written")
+  try:
+    result = await k.client.writeCouch(k.held, db, docId, body, commitId, sink,
+                                       timeoutMs, correlationId)
+  except CommitRejectedError as e:
+    k.markLost(lcRejected, e)
+    raise e
+  except LeaseLostError as e:
+    k.markLost(await k.classifyLoss, e)
     raise e

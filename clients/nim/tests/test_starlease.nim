@@ -11,13 +11,19 @@
 ##   STARLEASE_NIM_BODIES     JSON [{"b64", "sha256", "content_type"}]: the
 ##                            bodies to publish and their SHA-256, computed
 ##                            by Go (the Nim standard library has none)
+##   STARLEASE_NIM_DIGESTS    a file of JSON [{"b64", "sha256"}]: random
+##                            bodies and their SHA-256 computed by Go
+##   STARLEASE_NIM_COUCHDB    a fenced CouchDB database (Go installed the fence)
+##   STARLEASE_NIM_COUCHDB_PLAIN        a database without the fence
+##   STARLEASE_NIM_COUCHDB_OTHER_FENCE  a database with another fence
 ##   STARLEASE_NIM_RESULTS    where to write what was published and refused,
-##                            for the Go test to check on the broker
+##                            and the CouchDB documents written, for the Go
+##                            test to check on the broker and in CouchDB
 ##
 ## Every check that fails prints FAIL with its line and exits non-zero.
 
-import std/[asyncdispatch, asyncnet, base64, json, monotimes, os, sets,
-            strutils, times]
+import std/[asyncdispatch, asyncnet, base64, json, monotimes, options, os,
+            random, sequtils, sets, strutils, times, uri]
 import ../starlease
 
 var checks = 0
@@ -42,17 +48,24 @@ proc env(name: string): string =
 
 # ---------------------------------------------------------------------------
 # A fault-injecting HTTP proxy: it forwards each request to the server and,
-# for the next `dropAnswers` requests, closes the client's connection
-# instead of passing the answer on (the server has acted; the client cannot
-# know). With `refuse` it closes every connection without forwarding.
+# for the next `dropAnswers` requests (`dropPutAnswers` PUTs), closes the
+# client's connection instead of passing the answer on (the server has
+# acted; the client cannot know). With `refuse` it closes every connection
+# without forwarding. `cannedPut` answers the next PUTs itself, without
+# forwarding them; `rewrite` changes the answers passed on (keeping their
+# length).
 
 type Proxy = ref object
   server: AsyncSocket
   port: Port
   upstreamPort: Port
   dropAnswers: int
+  dropPutAnswers: int
   refuse: bool
-  bodies: seq[string]   # request bodies forwarded, in order
+  cannedPut: seq[(int, string)]
+  rewrite: proc (answer: string): string
+  heads: seq[string]    # request header blocks received, in order
+  bodies: seq[string]   # request bodies received, in order
 
 proc readHead(s: AsyncSocket): Future[(string, int)] {.async.} =
   ## The header block of an HTTP message and its Content-Length.
@@ -84,17 +97,28 @@ proc serve(p: Proxy, client: AsyncSocket) {.async.} =
       return
     let (head, length) = await client.readHead()
     let body = await client.readBody(length)
+    p.heads.add head
     p.bodies.add body
+    let isPut = head.startsWith("PUT ")
+    if isPut and p.cannedPut.len > 0:
+      let (status, answer) = p.cannedPut[0]
+      p.cannedPut.delete(0)
+      await client.send("HTTP/1.1 " & $status & " Canned\r\nContent-Type: application/json\r\n" &
+                        "Content-Length: " & $answer.len & "\r\nConnection: close\r\n\r\n" & answer)
+      client.close()
+      return
     let up = newAsyncSocket()
     await up.connect("127.0.0.1", p.upstreamPort)
     await up.send(head & body)
     let (rhead, rlength) = await up.readHead()
-    let rbody = await up.readBody(rlength)
+    var rbody = await up.readBody(rlength)
     up.close()
-    if p.dropAnswers > 0:
-      dec p.dropAnswers
+    if p.dropAnswers > 0 or (isPut and p.dropPutAnswers > 0):
+      if p.dropAnswers > 0: dec p.dropAnswers
+      else: dec p.dropPutAnswers
       client.close()   # the server acted; its answer is lost
       return
+    if not p.rewrite.isNil: rbody = p.rewrite(rbody)
     await client.send(rhead & rbody)
     client.close()
   except CatchableError as e:
@@ -112,8 +136,8 @@ proc accept(p: Proxy) {.async.} =
     asyncCheck p.serve(c)
 
 proc startProxy(upstream: string): Proxy =
-  ## A proxy to the server at upstream ("http://127.0.0.1:PORT").
-  let port = Port(parseInt(upstream.rsplit(':', 1)[1].strip(chars = {'/'})))
+  ## A proxy to the server at upstream ("http://127.0.0.1:PORT[/path]").
+  let port = Port(parseInt(parseUri(upstream).port))
   result = Proxy(server: newAsyncSocket(), upstreamPort: port)
   result.server.setSockOpt(OptReuseAddr, true)
   result.server.bindAddr(Port(0), "127.0.0.1")
@@ -152,6 +176,8 @@ proc record(h: Held, commitId: string, body: Body, messageId = "",
 var
   published = newJArray()
   refused = newJArray()
+  couchDocs = newJArray()   # documents written, as they must read back
+  couchStale = newJArray()  # documents a stale holder was refused on
 
 proc identity(target: string): LockIdentity =
   LockIdentity(tenantId: "tenant-a", programId: "program-a",
@@ -181,8 +207,37 @@ proc waitRenewals(k: Keeper, n, withinMs: int) {.async.} =
 
 # ---------------------------------------------------------------------------
 
+proc sha256Vectors() =
+  ## FIPS 180-4 test vectors (NIST CSRC examples), one-shot and in parts.
+  const vectors = [
+    ("", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"),
+    ("abc", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"),
+    ("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq",
+     "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1")]
+  for (msg, want) in vectors:
+    check sha256Hex(msg) == want, msg
+    check sha256Hex(msg.toBytes) == want, msg
+    for cut in 0 .. msg.len:
+      var st = initSha256()
+      st.update(msg[0 ..< cut])
+      st.update(msg[cut .. ^1])
+      check hexDigest(st.finish()) == want, msg & " cut at " & $cut
+  const million = "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"
+  check sha256Hex(repeat('a', 1_000_000)) == million
+  var st = initSha256()
+  var fed = 0
+  var step = 1
+  while fed < 1_000_000:   # uneven parts: 1, 2, ... 127 bytes, again
+    let n = min(step, 1_000_000 - fed)
+    st.update(repeat('a', n))
+    fed += n
+    step = step mod 127 + 1
+  check hexDigest(st.finish()) == million
+  ok "sha256: the NIST vectors (empty, abc, 448 bits, a million a), whole and in parts"
+
 proc offline() =
   ## What needs no server.
+  sha256Vectors()
   var seen: seq[string]
   for i in 0 ..< 2000:
     let id = newRequestId()
@@ -224,6 +279,357 @@ proc offline() =
   let e = newStarleaseError(ecLost, 409, "Target lease is no longer held", "", "corr-1")
   check e of LeaseLostError and e.code == ecLost and "409 lease_lost" in e.msg and "corr-1" in e.msg
   ok "offline: request ids, redaction, base64, timestamps, error types"
+
+# ---------------------------------------------------------------------------
+# Fenced CouchDB writes
+
+proc recordDoc(db: CouchDB, w: CouchWrite, body: JsonNode, h: Held) =
+  ## What the Go test reads back with its couchdb package: the document,
+  ## its revision, the exact body bytes sent and the guard it must carry.
+  couchDocs.add %*{"db": db.name, "doc_id": w.docId, "rev": w.rev, "body_text": $body,
+                   "guard": w.guard.toJson, "lease_id": h.lease.leaseId,
+                   "fencing_token": h.lease.fencingToken}
+
+proc expectError(fut: Future[CouchWrite], code: ErrorCode,
+                 what: string): Future[ref StarleaseError] {.async.} =
+  ## Awaits a write that must fail with code; answers its error.
+  try:
+    discard await fut
+    check false, what & ": the write succeeded"
+  except StarleaseError as e:
+    check e.code == code, what & ": " & e.msg
+    result = e
+
+proc stored(db: CouchDB, docId: string): Future[JsonNode] {.async.} =
+  let d = await db.getDoc(docId)
+  check d.isSome, docId & " is not stored"
+  result = d.get
+
+proc withoutMeta(doc: JsonNode): JsonNode =
+  ## A stored document's body: no "_" members, no fence.
+  result = newJObject()
+  for k, v in doc.pairs:
+    if not k.startsWith("_") and k != FenceField: result[k] = v
+
+proc headerValue(head, name: string): string =
+  ## The value of header name (any case) in a request's header block.
+  for line in head.splitLines:
+    let i = line.find(':')
+    if i > 0 and cmpIgnoreCase(line[0 ..< i], name) == 0:
+      return line[i + 1 .. ^1].strip
+
+proc couchSuite(c, admin: Client) {.async.} =
+  let dbUrl = env("STARLEASE_NIM_COUCHDB")
+  let db = newCouchDB(dbUrl)
+  let couchPort = parseUri(dbUrl).port
+
+  # Credentials are redacted, and a URL without a database is refused.
+  block:
+    let withCreds = newCouchDB("http://nim-user:s3cr3t-pw@127.0.0.1:" & couchPort & "/" & db.name)
+    check "s3cr3t-pw" notin $withCreds and "redacted" in $withCreds
+    for bad in ["ftp://h/db", "http://u:s3cr3t-pw@h:1/", "http://h:1/a/b", "http://h:1/db?x=1",
+                "http://h:1/Upper"]:
+      try:
+        discard newCouchDB(bad)
+        check false, bad
+      except ValueError as e:
+        check "s3cr3t-pw" notin e.msg
+  ok "couchdb: a database URL's credentials are never shown"
+
+  # What is refused before anything is sent: typed ids, malformed ids and
+  # bodies (the client and the database point at a closed port).
+  block:
+    let nowhere = newClient("http://127.0.0.1:9", "star_sk_v1_x", timeoutMs = 2000)
+    let nodb = newCouchDB("http://127.0.0.1:9/nim_fenced", timeoutMs = 2000)
+    let h = Held(lease: Lease(leaseId: "lease-x", fencingToken: 1), serviceInstanceId: "i",
+                 executionId: "e", jobId: "j")
+    let body = %*{"n": 1}
+    for id in ["target:t~p", "result:x", "schedule:x", "job:j-1", "", "_design/x", "_x",
+               "a\x01b", "a\x7fb", repeat('d', 2049), "bad\xffutf8"]:
+      let e = await expectError(nowhere.writeCouch(h, nodb, id, body), ecInvalidRequest, "doc id " & id.escape)
+      check e.field == "doc_id" and e.status == 0, e.msg
+      if id.startsWith("target:") or id.startsWith("job:"):
+        check "typed sink" in e.msg, e.msg
+    var nan = newJObject()   # (`%` turns NaN into a string; newJFloat keeps it a number)
+    nan["f"] = newJFloat(NaN)
+    var inf = newJObject()
+    inf["deep"] = %*{"list": [1]}
+    inf["deep"]["list"].add newJFloat(Inf)
+    for b in [%*[1, 2], %*{"_id": "x"}, %*{"_rev": "1-a"}, %*{"starintel_fence": {}},
+              nan, inf, %*{"s": "bad\xff"}]:
+      let e = await expectError(nowhere.writeCouch(h, nodb, "nim:body", b), ecInvalidRequest, $b)
+      check e.field == "body" and e.status == 0, e.msg
+    let e = await expectError(nowhere.writeCouch(h, nodb, "nim:x", body, sink = "CouchDB"),
+                              ecInvalidRequest, "sink")
+    check e.field == "sink"
+    # The put path refuses a typed id too, and a guard that is incomplete,
+    # for another sink, document or payload (commit_rejected), unsent.
+    var g = Guard(lockKey: "starintel:target-lease:v1:" & repeat('A', 43), leaseId: "lease-x",
+                  fencingToken: 1, executionId: "e", jobId: "j", sink: "couchdb", commitId: "c-1",
+                  target: "nim:x", payloadSha256: sha256Hex($body), commitSeq: 1,
+                  acceptedAt: parseTimestamp("2026-08-05T12:00:00.000Z"))
+    discard await expectError(nodb.putFenced(g, "couchdb", "result:x", body), ecInvalidRequest, "typed put")
+    discard await expectError(nodb.putFenced(g, "couchdb", "nim:y", body), ecCommitRejected, "other doc")
+    discard await expectError(nodb.putFenced(g, "couchdb", "nim:x", %*{"n": 2}), ecCommitRejected, "other body")
+    discard await expectError(nodb.putFenced(g, "rabbitmq", "nim:x", body), ecCommitRejected, "other sink")
+    var bad = g
+    bad.lockKey = "starintel:target-lease:v1:" & repeat('A', 42) & "B"   # padding bits set
+    discard await expectError(nodb.putFenced(bad, "couchdb", "nim:x", body), ecCommitRejected, "lock key")
+    bad = g
+    bad.commitSeq = 0
+    discard await expectError(nodb.putFenced(bad, "couchdb", "nim:x", body), ecCommitRejected, "no seq")
+    bad = g
+    bad.acceptedAt = Time()
+    discard await expectError(nodb.putFenced(bad, "couchdb", "nim:x", body), ecCommitRejected, "no accepted_at")
+    # The guard's JSON form is Go's: an empty trace_id is left out.
+    let gj = g.toJson
+    check "trace_id" notin gj and gj["fencing_token"].getInt == 1 and
+      gj["accepted_at"].getStr == "2026-08-05T12:00:00.000Z"
+    check toSeq(gj.keys) == @["lock_key", "lease_id", "fencing_token", "execution_id", "job_id",
+                              "sink", "commit_id", "target", "payload_sha256", "commit_seq",
+                              "accepted_at"]
+  ok "couchdb: typed and malformed ids, bodies and guards are refused before sending"
+
+  # A write lands: the document carries the commit's guard and the body.
+  let reqW = acquireReq("couch")
+  let w = hold(await c.acquire(reqW), reqW)
+  let docId = "nim:finding-" & run
+  let body = %*{"kind": "fediwatch.finding", "target": docId, "count": 3, "score": 0.25,
+                "ratio": 1.0, "text": "naïve ✓ – \"quoted\"", "nested": {"list": [1, 2.5, "x", nil, true]}}
+  let cid = "cw-1-" & run
+  let w1 = await c.writeCouch(w, db, docId, body, cid)
+  check not w1.alreadyWritten and w1.rev.startsWith("1-"), w1.rev
+  let g1 = w1.guard
+  check g1.fencingToken == w.lease.fencingToken and g1.leaseId == w.lease.leaseId
+  check g1.target == docId and g1.payloadSha256 == sha256Hex($body) and g1.commitSeq >= 1
+  check g1.sink == CouchSink and g1.commitId == cid and g1.jobId == w.jobId
+  check g1.executionId == w.executionId and g1.traceId == w.traceId
+  check g1.lockKey.startsWith("starintel:target-lease:v1:") and g1.lockKey.len == 69
+  block:
+    let doc = await db.stored(docId)
+    check doc["_rev"].getStr == w1.rev
+    check doc[FenceField] == g1.toJson, $doc[FenceField]
+    let back = doc.withoutMeta
+    check back.len == body.len and back["text"] == body["text"] and back["nested"] == body["nested"]
+    check back["count"].getInt == 3 and back["ratio"].getFloat == 1.0
+  recordDoc(db, w1, body, w)
+  ok "couchdb: a write lands with its guard (token " & $g1.fencingToken & ", seq " &
+    $g1.commitSeq & ") and its body reads back"
+
+  # The repeat (after an unknown outcome) is already written: no new
+  # revision. 1.0 came back as 1 and still compares equal.
+  block:
+    let w2 = await c.writeCouch(w, db, docId, body, cid)
+    check w2.alreadyWritten and w2.rev == w1.rev and w2.guard == g1
+    check (await db.stored(docId))["_rev"].getStr == w1.rev
+  ok "couchdb: the repeat of a write is already written, with no new revision"
+
+  # The same commit id with another body is an idempotency conflict: the
+  # server refuses the authorization. A document that carries the guard
+  # with another body (a proxy changes the stored body on the way) is one
+  # too, found by the client before it writes.
+  block:
+    let other = %*{"kind": "fediwatch.finding", "count": 4}
+    discard await expectError(c.writeCouch(w, db, docId, other, cid), ecIdempotencyConflict,
+                              "another body under a used commit id")
+    let proxy = startProxy(dbUrl)
+    proxy.rewrite = proc (answer: string): string = answer.replace("\"count\":3", "\"count\":7")
+    let pdb = newCouchDB(proxy.url & "/" & db.name)
+    let e = await expectError(pdb.putFenced(g1, CouchSink, docId, body), ecIdempotencyConflict,
+                              "stored guard with another body")
+    check e.requestId == cid
+    for head in proxy.heads: check not head.startsWith("PUT "), "a PUT was sent"
+    proxy.server.close()
+    check (await db.stored(docId))["_rev"].getStr == w1.rev
+  ok "couchdb: one commit id, another body is idempotency_conflict (server and document)"
+
+  # No answer after the PUT was sent: outcome unknown, with the commit id;
+  # the repeat with that commit id finds the write done.
+  block:
+    let proxy = startProxy(dbUrl)
+    proxy.dropPutAnswers = 1
+    let pdb = newCouchDB(proxy.url & "/" & db.name)
+    let uid = "nim:unknown-" & run
+    let ubody = %*{"kind": "fediwatch.finding", "step": "unknown"}
+    let ucid = "cw-unknown-" & run
+    let e = await expectError(c.writeCouch(w, pdb, uid, ubody, ucid), ecOutcomeUnknown, "dropped answer")
+    check e.requestId == ucid and e.retryable and ucid in e.msg, e.msg
+    proxy.server.close()
+    let doc = await db.stored(uid)
+    check doc[FenceField]["commit_id"].getStr == ucid
+    let again = await c.writeCouch(w, db, uid, ubody, ucid)
+    check again.alreadyWritten and again.rev == doc["_rev"].getStr
+    recordDoc(db, again, ubody, w)
+  ok "couchdb: a write without an answer is outcome unknown; its repeat is already written"
+
+  # CouchDB's answers map as the Go writer's: canned PUT answers.
+  block:
+    let proxy = startProxy(dbUrl)
+    let pdb = newCouchDB(proxy.url & "/" & db.name)
+    let sid = "nim:status-" & run
+    let sbody = %*{"kind": "status"}
+    let scid = "cw-status-" & run
+    let cr = await c.authorizeCommit(w, scid, CouchSink, sid, sha256Hex($sbody))
+    let g = cr.commit.guard
+    check g.lockKey == g1.lockKey
+    proc forbidden(reason: string): string = $(%*{"error": "forbidden", "reason": reason})
+    let cases = [
+      (403, forbidden("starintel_fence: fencing token is lower than the stored token"), ecCommitRejected,
+       "fencing token is lower than the stored token"),
+      (403, forbidden("starintel_fence: the document already holds this or a later commit of the lease"),
+       ecConflict, "later commit"),
+      (403, forbidden("starintel_fence: something new"), ecCommitRejected, "the fence refused the write"),
+      (403, forbidden("You are not allowed to access this db."), ecAccessDenied, "refused the credentials"),
+      (401, """{"error":"unauthorized","reason":"Name or password is incorrect."}""", ecAccessDenied, ""),
+      (409, """{"error":"conflict","reason":"Document update conflict."}""", ecConflict, "revision conflict"),
+      (404, """{"error":"not_found","reason":"Database does not exist."}""", ecBackendUnavailable,
+       "database does not exist"),
+      (400, """{"error":"bad_request","reason":"x"}""", ecInvalidRequest, "malformed"),
+      (413, """{"error":"too_large","reason":"x"}""", ecInvalidRequest, "malformed"),
+      (415, """{"error":"bad_content_type","reason":"x"}""", ecInvalidRequest, "malformed"),
+      (500, """{"error":"unknown_error","reason":"x"}""", ecOutcomeUnknown, "server error"),
+      (503, "", ecOutcomeUnknown, "server error"),
+      (418, "{}", ecBackendUnavailable, "unexpected HTTP status 418")]
+    for (status, answer, code, words) in cases:
+      proxy.cannedPut.add (status, answer)
+      let e = await expectError(pdb.putFenced(g, CouchSink, sid, sbody), code, $status & " " & answer)
+      check e.status == status and words in e.msg, e.msg
+      check (e of CommitRejectedError) == (code == ecCommitRejected)
+      if code == ecOutcomeUnknown: check e.requestId == scid and e.retryable
+      if code == ecBackendUnavailable: check not (e of FenceMissingError)
+    # A 403 that is not the fence's makes the client check the fence again.
+    let designReads = proc (): int =
+      for head in proxy.heads:
+        if head.startsWith("GET /" & db.name & "/_design/starintel_fence "): inc result
+    proxy.cannedPut.add (cases[3][0], cases[3][1])
+    discard await expectError(pdb.putFenced(g, CouchSink, sid, sbody), ecAccessDenied, "access")
+    let before = designReads()
+    proxy.cannedPut.add (202, $(%*{"ok": true, "id": sid, "rev": "7-canned"}))
+    let accepted = await pdb.putFenced(g, CouchSink, sid, sbody)
+    check accepted.rev == "7-canned" and not accepted.alreadyWritten
+    check designReads() == before + 1, $designReads() & " design reads, before " & $before
+    # The fence's own refusal leaves the fence check standing.
+    proxy.cannedPut.add (cases[0][0], cases[0][1])
+    discard await expectError(pdb.putFenced(g, CouchSink, sid, sbody), ecCommitRejected, "fence")
+    proxy.cannedPut.add (201, $(%*{"ok": true, "id": sid, "rev": "8-canned"}))
+    check (await pdb.putFenced(g, CouchSink, sid, sbody)).rev == "8-canned"
+    check designReads() == before + 1, $designReads() & " design reads, before " & $before
+    check (await db.getDoc(sid)).isNone   # nothing of it reached CouchDB
+    proxy.server.close()
+  ok "couchdb: answers map as the Go writer's statusError (fence 403, 401/403, 409, 404, 4xx, 5xx)"
+
+  # Credentials in the URL travel as Basic authentication only; CouchDB
+  # refuses unknown ones (401) and the error does not show them.
+  block:
+    let proxy = startProxy(dbUrl)
+    let pdb = newCouchDB("http://nim-user:s3cr3t%20pw@127.0.0.1:" & $proxy.port.int & "/" & db.name)
+    let e = await expectError(c.writeCouch(w, pdb, "nim:creds-" & run, %*{"n": 1}), ecAccessDenied,
+                              "unknown credentials")
+    check e.status == 401 and "s3cr3t" notin e.msg and "nim-user" notin e.msg, e.msg
+    check proxy.heads.len >= 1
+    for head in proxy.heads:
+      check head.headerValue("authorization") == "Basic " & encode("nim-user:s3cr3t pw"), head
+      check "s3cr3t" notin head
+    proxy.server.close()
+  ok "couchdb: URL credentials are sent as Basic authentication and never shown"
+
+  # Databases without the current fence are refused, and nothing lands.
+  block:
+    for (u, words) in [(env("STARLEASE_NIM_COUCHDB_PLAIN"), "not installed"),
+                       (env("STARLEASE_NIM_COUCHDB_OTHER_FENCE"), "another fence"),
+                       (dbUrl.rsplit('/', 1)[0] & "/nim_missing_" & run.toLowerAscii, "does not exist")]:
+      let other = newCouchDB(u)
+      let id = "nim:unfenced-" & run
+      let e = await expectError(c.writeCouch(w, other, id, %*{"n": 1}), ecBackendUnavailable, u)
+      check e of FenceMissingError and words in e.msg, e.msg
+      if words != "does not exist":
+        check (await other.getDoc(id)).isNone
+  ok "couchdb: a database without the fence, or with another, is refused (FenceMissingError)"
+  discard await c.release(w)
+
+  # A stale holder: A writes, an administrator revokes A, B (a higher
+  # token) writes the same document; A's next authorization is lease_lost,
+  # and A's earlier guard replayed through the put path is refused by
+  # CouchDB's fence.
+  block:
+    let reqA = acquireReq("couch-stale")
+    let ha = hold(await c.acquire(reqA), reqA)
+    let sid = "nim:stale-" & run
+    let bodyA = %*{"owner": "a", "step": 1}
+    let wa = await c.writeCouch(ha, db, sid, bodyA, "cs-a-" & run)
+    discard await admin.revoke(ha.lease, reason = "nim client suite: stale holder")
+    var reqB = acquireReq("couch-stale", instance = "fediwatch-2")
+    reqB.executionId = "exec-couch-stale-b"
+    let hb = hold(await c.acquire(reqB), reqB)
+    check hb.lease.fencingToken > ha.lease.fencingToken
+    let bodyB = %*{"owner": "b", "step": 1}
+    let wb = await c.writeCouch(hb, db, sid, bodyB, "cs-b-" & run)
+    check wb.guard.fencingToken == hb.lease.fencingToken and wb.rev.startsWith("2-")
+    discard await expectError(c.writeCouch(ha, db, sid, %*{"owner": "a", "step": 2}, "cs-a2-" & run),
+                              ecLost, "the revoked holder's authorization")
+    let e = await expectError(db.putFenced(wa.guard, CouchSink, sid, bodyA), ecCommitRejected,
+                              "the revoked holder's earlier guard")
+    check e.status == 403 and "fencing token is lower than the stored token" in e.msg, e.msg
+    let doc = await db.stored(sid)
+    check doc["_rev"].getStr == wb.rev and doc[FenceField] == wb.guard.toJson
+    check doc["owner"].getStr == "b"
+    recordDoc(db, wb, bodyB, hb)
+    couchStale.add %*{"doc_id": sid, "lease_id": ha.lease.leaseId,
+                      "fencing_token": ha.lease.fencingToken, "guard": wa.guard.toJson}
+    discard await c.release(hb)
+  ok "couchdb: a revoked holder is lease_lost, and its replayed guard is refused by the fence"
+
+  # Through a keeper: a write lands; then a write of a document another
+  # lock identity holds is refused by the fence (commit_rejected), which
+  # marks the keeper's lease lost (rejected); later writes are refused
+  # locally.
+  block:
+    let reqX = acquireReq("couch-owner")
+    let hx = hold(await c.acquire(reqX), reqX)
+    let shared = "nim:shared-" & run
+    let wx = await c.writeCouch(hx, db, shared, %*{"owner": "x"})
+    recordDoc(db, wx, %*{"owner": "x"}, hx)
+    let reqY = acquireReq("couch-keeper", ttlMs = 10_000)
+    let hy = hold(await c.acquire(reqY), reqY)
+    var seen = lcNone
+    let k = newKeeper(c, hy, onLost = proc (k: Keeper) = seen = k.cause)
+    let own = "nim:keeper-" & run
+    let wk = await k.writeCouch(db, own, %*{"owner": "y"})
+    check not wk.alreadyWritten and wk.guard.leaseId == hy.lease.leaseId and not k.lost
+    recordDoc(db, wk, %*{"owner": "y"}, hy)
+    let e = await expectError(k.writeCouch(db, shared, %*{"owner": "y"}), ecCommitRejected,
+                              "another identity's document")
+    check "different lock key" in e.msg, e.msg
+    check k.lost and k.cause == lcRejected and seen == lcRejected
+    check k.lossError == e
+    let after = await expectError(k.writeCouch(db, own, %*{"owner": "y", "n": 2}), ecLost, "after the loss")
+    check after.status == 0
+    check (await db.stored(shared))["owner"].getStr == "x"
+    await k.close()
+    check k.cause == lcRejected
+    discard await c.release(hy)   # the lease itself is still active
+    discard await c.release(hx)
+  ok "couchdb: through a keeper, the fence's commit_rejected marks the lease lost (rejected)"
+
+proc goDigests() =
+  ## Go's SHA-256 of random bodies of every length around the block
+  ## boundaries and a few large ones: one-shot, and fed in random parts.
+  var r = initRand(getMonoTime().ticks)
+  var n = 0
+  for item in parseJson(readFile(env("STARLEASE_NIM_DIGESTS"))):
+    let body = decode(item["b64"].getStr)
+    let want = item["sha256"].getStr
+    check sha256Hex(body) == want, "length " & $body.len
+    var st = initSha256()
+    var i = 0
+    while i < body.len:
+      let part = r.rand(1 .. 200)
+      st.update(body[i ..< min(i + part, body.len)])
+      i += part
+    check hexDigest(st.finish()) == want, "length " & $body.len & " in parts"
+    inc n
+  check n >= 100
+  ok "sha256: " & $n & " random bodies hash as Go hashes them"
 
 proc main() {.async.} =
   let url = env("STARLEASE_NIM_URL")
@@ -363,6 +769,33 @@ proc main() {.async.} =
     except IdempotencyConflictError:
       discard
   ok "a commit id names one message: replay is idempotent, another message conflicts"
+
+  # The client checks the answered payload_sha256 against the SHA-256 of
+  # the body it sent: a proxy that changes the digest in the answer makes
+  # the outcome unknown (the server did append the message).
+  block:
+    let proxy = startProxy(url)
+    proxy.rewrite = proc (answer: string): string =
+      result = answer
+      let at = answer.find("\"payload_sha256\":\"")
+      if at >= 0:
+        let start = at + "\"payload_sha256\":\"".len
+        result[start ..< start + 64] = repeat('0', 64)
+    let pc = newClient(proxy.url, actorKey)
+    let b = bodies[0]
+    let commitId = "c-digest-" & run
+    let pub = Publication(routingKey: queue, contentType: b.contentType, body: b.bytes)
+    try:
+      discard await pc.authorizeCommit(a, commitId, pub)
+      check false, "a commit answer with another digest was accepted"
+    except OutcomeUnknownError as e:
+      check e.requestId == commitId and e.retryable and "payload_sha256" in e.msg, e.msg
+    proxy.server.close()
+    # The same commit id settles it: the server's record, with the digest.
+    let again = await c.authorizeCommit(a, commitId, pub)
+    check again.replayed and again.commit.payloadSha256 == b.sha256
+    published.add record(a, commitId, b, again.commit.target, again.commit.payloadSha256)
+  ok "a commit answer whose payload_sha256 is not the body's SHA-256 is outcome unknown"
 
   # An invalid request is typed, with its field.
   block:
@@ -527,12 +960,16 @@ proc main() {.async.} =
     check g.lease.state == lsReleased
   ok "keeper: renews at about a third of the TTL and releases on close"
 
-  writeFile(resultsPath, $(%*{"published": published, "refused": refused}))
+  await couchSuite(c, admin)
+
+  writeFile(resultsPath, $(%*{"published": published, "refused": refused,
+                              "couch": couchDocs, "couch_stale": couchStale}))
   for p in published:
     echo "PUBLISHED ", p["message_id"].getStr, " ", p["commit_id"].getStr
   for r in refused:
     echo "REFUSED ", r["commit_id"].getStr
 
 offline()
+goDigests()
 waitFor main()
 echo "all ", checks, " checks passed"
