@@ -126,9 +126,12 @@ type
     ## `lease_outcome_unknown` (503): the mutation may have been applied.
     ## Resolve it by calling again with `requestId` (or the same commit id).
   CommitRejectedError* = object of StarleaseError
-    ## `commit_rejected`: a fenced sink refused the write (CouchDB's fence:
-    ## a newer lease's write holds the document). The holder has lost the
-    ## document; never retried.
+    ## `commit_rejected`: a fenced sink refused the write; never retried.
+    ## `superseded` is true when the fence says a successor holds the
+    ## document (a higher token, or another lease at the same token): the
+    ## lease is lost. Otherwise the write itself was refused (its type, id
+    ## or guard) and the lease may still be held.
+    superseded*: bool
   CorruptError* = object of StarleaseError
     ## `lease_corrupt`: a stored document cannot be trusted (its fence is
     ## malformed); nothing was written.
@@ -1170,6 +1173,8 @@ const
   lockKeyPrefix = "starintel:target-lease:v1:"
   fenceReasonPrefix = "starintel_fence: "
   laterCommitReason = "the document already holds this or a later commit of the lease"
+  supersededReasons = ["fencing token is lower than the stored token",
+                       "fencing token belongs to another lease"]
   fenceReasons = [
     "a fenced document cannot be deleted",
     "the write carries no fence",
@@ -1525,7 +1530,9 @@ proc statusError(op, docId: string, r: CouchReply, commitId = ""): ref Starlease
     elif reason notin fenceReasons:
       couchErr(ecCommitRejected, op, docId, "the fence refused the write", s, commitId)
     else:
-      couchErr(ecCommitRejected, op, docId, reason, s, commitId)
+      let e = couchErr(ecCommitRejected, op, docId, reason, s, commitId)
+      (ref CommitRejectedError)(e).superseded = reason in supersededReasons
+      e
   elif s == 401 or s == 403:
     couchErr(ecAccessDenied, op, docId, "couchdb refused the credentials or the operation", s, commitId)
   elif s == 409:
@@ -1720,8 +1727,9 @@ proc writeCouch*(k: Keeper, db: CouchDB, docId: string, body: JsonNode,
                  correlationId = ""): Future[CouchWrite] {.async.} =
   ## `writeCouch` under the keeper's lease. Refused (`LeaseLostError`,
   ## nothing sent) once the keeper no longer holds it. A refusal by the
-  ## server (`LeaseLostError`) or by the database's fence
-  ## (`CommitRejectedError`, cause `lcRejected`) marks the lease lost.
+  ## server (`LeaseLostError`) or a fence refusal that says a successor holds
+  ## the document (`CommitRejectedError.superseded`, cause `lcRejected`)
+  ## marks the lease lost; a refusal of the write itself does not.
   if k.lostFlag:
     raise newStarleaseError(ecLost, 0, "the lease is no longer held (" & $k.causeVal &
                             "); nothing was written")
@@ -1729,7 +1737,8 @@ proc writeCouch*(k: Keeper, db: CouchDB, docId: string, body: JsonNode,
     result = await k.client.writeCouch(k.held, db, docId, body, commitId, sink,
                                        timeoutMs, correlationId)
   except CommitRejectedError as e:
-    k.markLost(lcRejected, e)
+    if e.superseded:
+      k.markLost(lcRejected, e)
     raise e
   except LeaseLostError as e:
     k.markLost(await k.classifyLoss, e)
