@@ -68,12 +68,12 @@ const (
 // commit changed nothing, so a retry with the same commit id after the
 // relay drained the outbox is a first acceptance.
 func OutboxFull(bound string) *Error {
-	what := "the most pending publications"
+	what := "as many pending publications"
 	if bound == OutboxBoundBytes {
-		what = "the most bytes of pending publications"
+		what = "as many bytes of pending publications"
 	}
-	return &Error{Code: CodeBackendUnavailable, Reason: "the outbox is full: it holds " + what +
-		" this server allows; retry with the same commit id once the relay has drained it",
+	return &Error{Code: CodeBackendUnavailable, Reason: "the outbox is full (it holds " + what +
+		" as this server allows); retry with the same commit id once the relay has drained it",
 		RetryAfter: OutboxFullRetryAfter, PublicReason: true}
 }
 
