@@ -193,7 +193,10 @@ type HistoryRequest struct {
 // a stale holder's publication never enters it; a relay publishes entries
 // and removes them once the broker confirmed (Outbox interface). The
 // message is then the write: Target and PayloadSHA256 must be empty and
-// are set to the message id and the SHA-256 of the body.
+// are set to the message id and the SHA-256 of the body. A publication past
+// the outbox's bounds (StoreOptions.OutboxMaxPending, OutboxMaxBytes) is
+// refused with OutboxFull, decided in the same atomic step, and changes
+// nothing: the commit id stays unused.
 type CommitRequest struct {
 	Identity          Identity
 	LeaseID           string
