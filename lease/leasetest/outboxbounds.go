@@ -189,12 +189,14 @@ func (s *suite) boundedOutbox(t *testing.T) {
 			}
 		}
 		// Bodies of every length mod 3 (base64 padding), none, and headers
-		// a stored entry escapes.
+		// a stored entry escapes or that look like its members.
 		add(sized(1, nil))
 		r2, c2 := add(sized(2, map[string]string{"x-a": "1"}))
 		_, c3 := add(sized(3, map[string]string{"Tenant-Hint": "a\tb \"é\" \\ <&> \u2028", "empty": ""}))
 		_, c4 := add(&lease.OutboxMessage{RoutingKey: "k", Headers: map[string]string{"accepted_at": "1970-01-01T00:00:00.000Z"}})
 		add(sized(4096, map[string]string{"x-b": strings.Repeat("é", 100)}))
+		// Header names and values that spell the message's own members.
+		add(sized(5, map[string]string{"body": `,"body":"QUFB","headers":{}}}`, "headers": "null"}))
 		// A replay and a refused publication change nothing.
 		e.mustReplayCommit(r2, c2)
 		stale := e.publicationReq(rec, sized(7, nil))
