@@ -48,16 +48,6 @@ func addOutboxUsage(tx *bbolt.Tx, dPending, dBytes int64) error {
 	return meta.Put(keyOutboxBytes, u64(uint64(max(bytes+dBytes, 0))))
 }
 
-// storedSize is the Size of a stored entry's message; a corrupt entry
-// counts 0 whenever it is counted, so adding and removing it agree.
-func storedSize(raw []byte) int64 {
-	e, err := lease.DecodeOutboxEntry(raw)
-	if err != nil {
-		return 0
-	}
-	return e.Message.Size()
-}
-
 // initOutboxUsage counts the pending outbox once, for a store file written
 // before the counters existed (or with a malformed one); otherwise the
 // counters are left as they are.
@@ -70,7 +60,7 @@ func initOutboxUsage(tx *bbolt.Tx) error {
 	c := tx.Bucket(bucketOutbox).Cursor()
 	for k, v := c.First(); k != nil; k, v = c.Next() {
 		pending++
-		bytes += storedSize(v)
+		bytes += lease.OutboxEntrySize(v)
 	}
 	if err := meta.Put(keyOutboxPending, u64(uint64(pending))); err != nil {
 		return err
@@ -93,7 +83,7 @@ func putOutbox(tx *bbolt.Tx, e lease.OutboxEntry) error {
 	// stay in the outbox with no id pointing at it, never removed.
 	if old := ids.Get([]byte(e.MessageID)); old != nil {
 		if raw := box.Get(old); raw != nil {
-			dPending, dBytes = 0, dBytes-storedSize(raw)
+			dPending, dBytes = 0, dBytes-lease.OutboxEntrySize(raw)
 			if err := box.Delete(old); err != nil {
 				return err
 			}
@@ -144,7 +134,7 @@ func (s *Store) OutboxDone(ctx context.Context, messageID string) error {
 		}
 		box := tx.Bucket(bucketOutbox)
 		if raw := box.Get(seq); raw != nil {
-			if err := addOutboxUsage(tx, -1, -storedSize(raw)); err != nil {
+			if err := addOutboxUsage(tx, -1, -lease.OutboxEntrySize(raw)); err != nil {
 				return err
 			}
 			if err := box.Delete(seq); err != nil {

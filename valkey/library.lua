@@ -452,18 +452,16 @@ local function base64_size(s, i, j)
   return n
 end
 
--- entry_size is lease.OutboxMessage.Size of a stored outbox entry
--- (lease.EncodeOutboxEntry's JSON): its body's bytes, which the JSON holds
--- as padded base64, plus its header names and values. An entry that does
--- not decode counts 0 wherever it is counted, so adding and removing it
--- agree.
---
--- Decoding a whole entry costs about a millisecond for a 64 KiB body, on
--- every removal, so the body is measured in place: the message is the
--- entry's last member, its body (base64, which holds no quote, or null)
--- comes before its headers, and no string can hold an unescaped quote, so
--- the first ',"body":' is the body's key. Only the headers, if any, are
--- decoded. Anything else is decoded whole.
+-- entry_size is lease.OutboxEntrySize, the same way: the
+-- lease.OutboxMessage.Size of a stored outbox entry (its body's bytes,
+-- which the JSON holds as padded base64, plus its header names and
+-- values), 0 for an entry that does not decode, so adding and removing it
+-- agree. Decoding a whole entry costs about half a millisecond for a 64
+-- KiB body, on every removal, so the body is measured in place: the
+-- message is the entry's last member, its body (base64, which holds no
+-- quote, or null) comes before its headers, and no string can hold an
+-- unescaped quote, so the first ',"body":' is the body's key. Only the
+-- headers, if any, are decoded. Anything else is decoded whole.
 local function entry_size(raw)
   if not raw then return 0 end
   local _, at = string.find(raw, ',"body":', 1, true)
