@@ -89,3 +89,8 @@ func TestMalformedCommitSeqFailsClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// SetOutboxBounds sets a fresh store's outbox bounds (leasetest.OutboxBounder).
+func (f faults) SetOutboxBounds(maxPending, maxBytes int64) {
+	f.s.opts.OutboxMaxPending, f.s.opts.OutboxMaxBytes = maxPending, maxBytes
+}

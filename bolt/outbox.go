@@ -2,6 +2,7 @@ package bolt
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 
 	bbolt "go.etcd.io/bbolt"
@@ -12,16 +13,82 @@ import (
 var (
 	_ lease.Outbox            = (*Store)(nil)
 	_ lease.OutboxDeadLetters = (*Store)(nil)
+	_ lease.OutboxMeter       = (*Store)(nil)
 )
 
+// The pending outbox's usage is kept in the meta bucket, updated in the
+// same transaction as every entry that enters or leaves it, so the commit
+// checks its bounds without walking the bucket.
+var (
+	keyOutboxPending = []byte("outbox_pending") // uint64: pending entries
+	keyOutboxBytes   = []byte("outbox_bytes")   // uint64: their OutboxMessage.Size in all
+)
+
+// outboxUsage reads the pending outbox's counters.
+func outboxUsage(tx *bbolt.Tx) (pending, bytes int64) {
+	meta := tx.Bucket(bucketMeta)
+	return metaCount(meta.Get(keyOutboxPending)), metaCount(meta.Get(keyOutboxBytes))
+}
+
+func metaCount(v []byte) int64 {
+	if len(v) != 8 {
+		return 0
+	}
+	return int64(binary.BigEndian.Uint64(v))
+}
+
+// addOutboxUsage moves the counters by dPending entries and dBytes bytes,
+// never below zero.
+func addOutboxUsage(tx *bbolt.Tx, dPending, dBytes int64) error {
+	pending, bytes := outboxUsage(tx)
+	meta := tx.Bucket(bucketMeta)
+	if err := meta.Put(keyOutboxPending, u64(uint64(max(pending+dPending, 0)))); err != nil {
+		return err
+	}
+	return meta.Put(keyOutboxBytes, u64(uint64(max(bytes+dBytes, 0))))
+}
+
+// initOutboxUsage counts the pending outbox once, for a store file written
+// before the counters existed (or with a malformed one); otherwise the
+// counters are left as they are.
+func initOutboxUsage(tx *bbolt.Tx) error {
+	meta := tx.Bucket(bucketMeta)
+	if len(meta.Get(keyOutboxPending)) == 8 && len(meta.Get(keyOutboxBytes)) == 8 {
+		return nil
+	}
+	var pending, bytes int64
+	c := tx.Bucket(bucketOutbox).Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		pending++
+		bytes += lease.OutboxEntrySize(v)
+	}
+	if err := meta.Put(keyOutboxPending, u64(uint64(pending))); err != nil {
+		return err
+	}
+	return meta.Put(keyOutboxBytes, u64(uint64(bytes)))
+}
+
 // putOutbox appends an accepted publication to the fenced outbox, in the
-// commit's transaction.
+// commit's transaction, after the commit checked its room (OutboxRoom).
 func putOutbox(tx *bbolt.Tx, e lease.OutboxEntry) error {
 	b, err := lease.EncodeOutboxEntry(e)
 	if err != nil {
 		return err
 	}
-	box := tx.Bucket(bucketOutbox)
+	box, ids := tx.Bucket(bucketOutbox), tx.Bucket(bucketOutboxIDs)
+	dPending, dBytes := int64(1), e.Message.Size()
+	// A message id is pending already only if its commit's evidence
+	// expired while the entry waited and the same commit id was accepted
+	// again: the new entry replaces the old one, which would otherwise
+	// stay in the outbox with no id pointing at it, never removed.
+	if old := ids.Get([]byte(e.MessageID)); old != nil {
+		if raw := box.Get(old); raw != nil {
+			dPending, dBytes = 0, dBytes-lease.OutboxEntrySize(raw)
+			if err := box.Delete(old); err != nil {
+				return err
+			}
+		}
+	}
 	seq, err := box.NextSequence()
 	if err != nil {
 		return err
@@ -29,7 +96,10 @@ func putOutbox(tx *bbolt.Tx, e lease.OutboxEntry) error {
 	if err := box.Put(u64(seq), b); err != nil {
 		return err
 	}
-	return tx.Bucket(bucketOutboxIDs).Put([]byte(e.MessageID), u64(seq))
+	if err := ids.Put([]byte(e.MessageID), u64(seq)); err != nil {
+		return err
+	}
+	return addOutboxUsage(tx, dPending, dBytes)
 }
 
 // OutboxPending returns up to limit entries, oldest accepted first. A
@@ -62,8 +132,14 @@ func (s *Store) OutboxDone(ctx context.Context, messageID string) error {
 		if seq == nil {
 			return nil
 		}
-		if err := tx.Bucket(bucketOutbox).Delete(seq); err != nil {
-			return err
+		box := tx.Bucket(bucketOutbox)
+		if raw := box.Get(seq); raw != nil {
+			if err := addOutboxUsage(tx, -1, -lease.OutboxEntrySize(raw)); err != nil {
+				return err
+			}
+			if err := box.Delete(seq); err != nil {
+				return err
+			}
 		}
 		return ids.Delete([]byte(messageID))
 	})
@@ -71,12 +147,18 @@ func (s *Store) OutboxDone(ctx context.Context, messageID string) error {
 
 // OutboxLen counts the pending entries (for the relay's backlog metric).
 func (s *Store) OutboxLen(ctx context.Context) (int64, error) {
-	var n int64
+	u, err := s.OutboxUsage(ctx)
+	return u.Pending, err
+}
+
+// OutboxUsage reads the pending outbox's counters and bounds.
+func (s *Store) OutboxUsage(ctx context.Context) (lease.OutboxUsage, error) {
+	u := lease.OutboxUsage{MaxPending: s.opts.OutboxMaxPending, MaxBytes: s.opts.OutboxMaxBytes}
 	err := s.view(ctx, func(tx *bbolt.Tx) error {
-		n = int64(tx.Bucket(bucketOutbox).Stats().KeyN)
+		u.Pending, u.Bytes = outboxUsage(tx)
 		return nil
 	})
-	return n, err
+	return u, err
 }
 
 // OutboxDeadLetter moves a pending entry to the dead letters (bucket
@@ -117,6 +199,9 @@ func (s *Store) OutboxDeadLetter(ctx context.Context, messageID, reason string) 
 			return err
 		}
 		if err := box.Delete(seq); err != nil {
+			return err
+		}
+		if err := addOutboxUsage(tx, -1, -e.Message.Size()); err != nil {
 			return err
 		}
 		return ids.Delete([]byte(messageID))

@@ -212,6 +212,16 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 			opErr = s.quarantine(tx, p.LockKey, p.Identity, "commit sequence is exhausted")
 			return nil
 		}
+		if req.Outbox != nil {
+			// The outbox's bounds, in the same transaction as the append:
+			// a full outbox refuses before anything is written.
+			pending, bytes := outboxUsage(tx)
+			if full := s.opts.OutboxRoom(pending, bytes, req.Outbox.Size()); full != nil {
+				full.BackendTime = now.Time()
+				opErr = full
+				return nil
+			}
+		}
 		// Every check that can refuse has run: the writes follow.
 		seq++
 		if err := marks.Put(markKey, u64(req.FencingToken)); err != nil {

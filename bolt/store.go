@@ -125,11 +125,13 @@ func Open(path string, o Options) (*Store, error) {
 		s.gate = string(meta.Get(keyGate))
 		switch v := meta.Get(keySchema); {
 		case v == nil:
-			return meta.Put(keySchema, []byte(schemaVersion))
+			if err := meta.Put(keySchema, []byte(schemaVersion)); err != nil {
+				return err
+			}
 		case string(v) != schemaVersion:
 			return errSchema
 		}
-		return nil
+		return initOutboxUsage(tx)
 	}); err != nil {
 		db.Close()
 		if errors.Is(err, errSchema) {

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -50,7 +51,75 @@ func newMetrics(reg *prometheus.Registry, svc *service.Service) *metrics {
 			return float64(n)
 		}))
 	}
+	if meter, ok := svc.Store().(lease.OutboxMeter); ok {
+		reg.MustRegister(outboxCollector{meter})
+	}
 	return m
+}
+
+// outboxCollector exposes the fenced outbox's usage against its bounds,
+// read once per scrape.
+type outboxCollector struct{ meter lease.OutboxMeter }
+
+var (
+	outboxPendingDesc = prometheus.NewDesc("starlease_outbox_pending_entries",
+		"Publications pending in the fenced outbox (-1: not measured).", nil, nil)
+	outboxBytesDesc = prometheus.NewDesc("starlease_outbox_pending_bytes",
+		"Bytes of bodies and headers of the pending publications (-1: not measured).", nil, nil)
+	outboxMaxPendingDesc = prometheus.NewDesc("starlease_outbox_max_pending_entries",
+		"Bound on pending publications (--outbox-max-pending); past it a publication is refused.", nil, nil)
+	outboxMaxBytesDesc = prometheus.NewDesc("starlease_outbox_max_bytes",
+		"Bound on the pending publications' bytes (--outbox-max-bytes); past it a publication is refused.", nil, nil)
+	outboxFillDesc = prometheus.NewDesc("starlease_outbox_fill_ratio",
+		"The larger of pending/max-pending and bytes/max-bytes: at 1 publications are refused (-1: not measured).", nil, nil)
+)
+
+func (c outboxCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{outboxPendingDesc, outboxBytesDesc, outboxMaxPendingDesc, outboxMaxBytesDesc, outboxFillDesc} {
+		ch <- d
+	}
+}
+
+func (c outboxCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	u, err := c.meter.OutboxUsage(ctx)
+	pending, bytes, fill := float64(u.Pending), float64(u.Bytes), u.Fill()
+	if err != nil {
+		pending, bytes, fill = -1, -1, -1
+	}
+	gauge := func(d *prometheus.Desc, v float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v) }
+	gauge(outboxPendingDesc, pending)
+	gauge(outboxBytesDesc, bytes)
+	gauge(outboxMaxPendingDesc, float64(u.MaxPending))
+	gauge(outboxMaxBytesDesc, float64(u.MaxBytes))
+	gauge(outboxFillDesc, fill)
+}
+
+// OutboxNearFull is the fill (lease.OutboxUsage.Fill) from which /readyz
+// reports the outbox degraded: publications are still accepted, but a
+// broker outage will soon have them refused.
+const OutboxNearFull = 0.9
+
+// outboxHealth is the /readyz component of the fenced outbox: degraded
+// near and at its bounds (the lease API still serves; publications are
+// refused only at the bound), or when its usage cannot be read.
+func outboxHealth(meter lease.OutboxMeter) func(context.Context) ComponentHealth {
+	return func(ctx context.Context) ComponentHealth {
+		u, err := meter.OutboxUsage(ctx)
+		if err != nil {
+			return ComponentHealth{Status: "degraded", Reason: "outbox: its usage cannot be read"}
+		}
+		h := ComponentHealth{Status: "ok", Detail: map[string]any{"pending": u.Pending, "bytes": u.Bytes,
+			"max_pending": u.MaxPending, "max_bytes": u.MaxBytes}}
+		switch fill := u.Fill(); {
+		case fill >= 1:
+			h.Status, h.Reason = "degraded", "outbox: full; publications are refused until the relay drains it"
+		case fill >= OutboxNearFull:
+			h.Status, h.Reason = "degraded", fmt.Sprintf("outbox: %.0f%% of its bound; publications will be refused when it is full", 100*fill)
+		}
+		return h
+	}
 }
 
 // activeCounter is a backend that can count its active leases cheaply.

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"path"
 	"strconv"
@@ -49,7 +50,8 @@ type Options struct {
 	Registry *prometheus.Registry
 	Logger   *slog.Logger
 	// Components report the health of parts of the server besides the
-	// lease backend (the outbox relay) on /readyz, by name.
+	// lease backend (the outbox relay) on /readyz, by name. A backend
+	// with a bounded outbox (lease.OutboxMeter) adds "outbox" itself.
 	Components map[string]func(context.Context) ComponentHealth
 }
 
@@ -69,7 +71,13 @@ type ComponentHealth struct {
 // this signature.
 func New(svc *service.Service, authn *auth.Authenticator, _ audit.Sink, o Options) *Server {
 	s := &Server{svc: svc, authn: authn, mux: http.NewServeMux(), log: o.Logger, now: time.Now,
-		comps: o.Components}
+		comps: maps.Clone(o.Components)}
+	if meter, ok := svc.Store().(lease.OutboxMeter); ok && s.comps["outbox"] == nil {
+		if s.comps == nil {
+			s.comps = map[string]func(context.Context) ComponentHealth{}
+		}
+		s.comps["outbox"] = outboxHealth(meter)
+	}
 	if s.log == nil {
 		s.log = slog.Default()
 	}

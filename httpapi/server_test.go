@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"net/http/httptest"
 	"path/filepath"
@@ -182,9 +183,47 @@ func TestMetrics(t *testing.T) {
 		`starlease_active_leases 1`,
 		`starlease_backend_healthy 1`,
 		`starlease_operation_duration_seconds_count{operation="acquire"} 2`,
+		`starlease_outbox_pending_entries 0`,
+		`starlease_outbox_pending_bytes 0`,
+		`starlease_outbox_max_pending_entries 100000`,
+		`starlease_outbox_max_bytes 2.68435456e+08`,
+		`starlease_outbox_fill_ratio 0`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %q", want)
+		}
+	}
+}
+
+// fakeMeter reports a fixed outbox usage.
+type fakeMeter struct {
+	u   lease.OutboxUsage
+	err error
+}
+
+func (f fakeMeter) OutboxUsage(context.Context) (lease.OutboxUsage, error) { return f.u, f.err }
+
+// The outbox's /readyz component: ok below OutboxNearFull of either bound,
+// degraded near and at it (publications are refused only at it), and
+// degraded when its usage cannot be read.
+func TestOutboxReadiness(t *testing.T) {
+	for _, c := range []struct {
+		u      lease.OutboxUsage
+		err    error
+		status string
+		reason string
+	}{
+		{u: lease.OutboxUsage{Pending: 0, Bytes: 0, MaxPending: 10, MaxBytes: 1000}, status: "ok"},
+		{u: lease.OutboxUsage{Pending: 8, Bytes: 899, MaxPending: 10, MaxBytes: 1000}, status: "ok"},
+		{u: lease.OutboxUsage{Pending: 9, Bytes: 10, MaxPending: 10, MaxBytes: 1000}, status: "degraded", reason: "90% of its bound"},
+		{u: lease.OutboxUsage{Pending: 1, Bytes: 950, MaxPending: 10, MaxBytes: 1000}, status: "degraded", reason: "95% of its bound"},
+		{u: lease.OutboxUsage{Pending: 10, Bytes: 10, MaxPending: 10, MaxBytes: 1000}, status: "degraded", reason: "full"},
+		{u: lease.OutboxUsage{Pending: 1, Bytes: 1000, MaxPending: 10, MaxBytes: 1000}, status: "degraded", reason: "full"},
+		{err: lease.Errorf(lease.CodeBackendUnavailable, "down"), status: "degraded", reason: "cannot be read"},
+	} {
+		h := outboxHealth(fakeMeter{c.u, c.err})(context.Background())
+		if h.Status != c.status || !strings.Contains(h.Reason, c.reason) {
+			t.Errorf("usage %+v (%v): %+v, want %s %q", c.u, c.err, h, c.status, c.reason)
 		}
 	}
 }

@@ -97,11 +97,16 @@ func newErrorBody(err error, correlationID string) (int, errorBody) {
 	wire := wireCode(le.Code)
 	retryable := le.Code.Retryable()
 	body := errorBody{Status: "error", Code: string(wire), Msg: wire.Message(), CorrelationID: correlationID, Retryable: retryable}
-	if le.Code == lease.CodeInvalidRequest {
+	switch {
+	case le.Code == lease.CodeInvalidRequest:
 		body.Field = le.Field
 		if le.Reason != "" {
 			body.Msg = wire.Message() + ": " + le.Field + " " + le.Reason
 		}
+	case le.PublicReason && le.Reason != "":
+		// A reason written for the caller (a full outbox, an exchange the
+		// server does not publish to); every other reason stays in logs.
+		body.Msg = wire.Message() + ": " + le.Reason
 	}
 	if retryable {
 		d := le.RetryAfter

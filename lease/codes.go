@@ -114,6 +114,11 @@ type Error struct {
 	RetryAfter time.Duration
 	// BackendTime is the backend time of the decision, when one was made.
 	BackendTime time.Time
+	// PublicReason marks a Reason written for the caller, which the HTTP
+	// envelope shows in msg as it does every invalid_request's (a full
+	// outbox, an exchange the server does not publish to). Other reasons
+	// stay in logs: they may name backend detail.
+	PublicReason bool
 }
 
 func (e *Error) Error() string {

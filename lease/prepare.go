@@ -541,19 +541,14 @@ func CheckPayloadSHA256(d string) error {
 // follow the identifier rule (exchange may be empty), a content type of at
 // most 128 printable ASCII bytes, a body of at most MaxOutboxBody bytes.
 func checkOutboxMessage(m *OutboxMessage) error {
-	if m.Exchange != "" {
-		if err := CheckOpaqueID("outbox.exchange", m.Exchange); err != nil {
-			return err
-		}
+	if err := CheckExchange(m.Exchange); err != nil {
+		return err
 	}
 	if err := CheckOpaqueID("outbox.routing_key", m.RoutingKey); err != nil {
 		return err
 	}
-	// AMQP carries both as short strings: an entry that could never be
-	// published would wait at the head of the outbox forever.
-	if len(m.Exchange) > MaxAMQPShortString {
-		return Invalid("outbox.exchange", "must be at most 255 bytes")
-	}
+	// AMQP carries the routing key as a short string: an entry that could
+	// never be published would wait at the head of the outbox forever.
 	if len(m.RoutingKey) > MaxAMQPShortString {
 		return Invalid("outbox.routing_key", "must be at most 255 bytes")
 	}
@@ -564,6 +559,23 @@ func checkOutboxMessage(m *OutboxMessage) error {
 		return Invalid("outbox.body", "must be at most 64 KiB")
 	}
 	return checkOutboxHeaders(m.Headers)
+}
+
+// CheckExchange validates an outbox message's exchange: empty (the
+// default exchange) or an identifier of at most 255 bytes (an AMQP short
+// string; an entry that could never be published would wait at the head
+// of the outbox forever).
+func CheckExchange(x string) error {
+	if x == "" {
+		return nil
+	}
+	if err := CheckOpaqueID("outbox.exchange", x); err != nil {
+		return err
+	}
+	if len(x) > MaxAMQPShortString {
+		return Invalid("outbox.exchange", "must be at most 255 bytes")
+	}
+	return nil
 }
 
 // checkOutboxHeaders bounds application headers: at most MaxOutboxHeaders,

@@ -193,7 +193,10 @@ type HistoryRequest struct {
 // a stale holder's publication never enters it; a relay publishes entries
 // and removes them once the broker confirmed (Outbox interface). The
 // message is then the write: Target and PayloadSHA256 must be empty and
-// are set to the message id and the SHA-256 of the body.
+// are set to the message id and the SHA-256 of the body. A publication past
+// the outbox's bounds (StoreOptions.OutboxMaxPending, OutboxMaxBytes) is
+// refused with OutboxFull, decided in the same atomic step, and changes
+// nothing: the commit id stays unused.
 type CommitRequest struct {
 	Identity          Identity
 	LeaseID           string
@@ -441,7 +444,15 @@ type StoreOptions struct {
 	IdempotencyRetention time.Duration
 	// CommitRetention bounds accepted-commit records (high-water marks are kept forever).
 	CommitRetention time.Duration
-	Logger          *slog.Logger
+	// OutboxMaxPending and OutboxMaxBytes bound the pending fenced outbox:
+	// its entries, and their bytes as OutboxMessage.Size counts them. A
+	// publication that would pass either is refused in the commit's atomic
+	// step (OutboxFull), so a broker outage cannot grow the outbox without
+	// limit. OutboxMaxBytes below MaxOutboxMessageBytes leaves some valid
+	// publications no room even in an empty outbox.
+	OutboxMaxPending int64
+	OutboxMaxBytes   int64
+	Logger           *slog.Logger
 }
 
 // Defaults for StoreOptions.
@@ -451,6 +462,8 @@ const (
 	DefaultHistoryRetention     = 30 * 24 * time.Hour
 	DefaultIdempotencyRetention = MaxLifetime + 24*time.Hour
 	DefaultCommitRetention      = MaxLifetime + 24*time.Hour
+	DefaultOutboxMaxPending     = 100000
+	DefaultOutboxMaxBytes       = 256 << 20
 )
 
 // WithDefaults fills unset options.
@@ -472,6 +485,12 @@ func (o StoreOptions) WithDefaults() StoreOptions {
 	}
 	if o.CommitRetention <= MaxLifetime {
 		o.CommitRetention = DefaultCommitRetention
+	}
+	if o.OutboxMaxPending <= 0 {
+		o.OutboxMaxPending = DefaultOutboxMaxPending
+	}
+	if o.OutboxMaxBytes <= 0 {
+		o.OutboxMaxBytes = DefaultOutboxMaxBytes
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()

@@ -494,6 +494,10 @@ func (s *Service) commit(ctx context.Context, o *op, in CommitInput) (lease.Comm
 		return lease.CommitResult{}, err
 	}
 	if in.Outbox != nil {
+		if !s.cfg.publishAllowed(in.Outbox.Exchange) {
+			return lease.CommitResult{}, &lease.Error{Code: lease.CodeAccessDenied, PublicReason: true,
+				Reason: "outbox.exchange is not an exchange this server publishes to"}
+		}
 		// A publication stores up to 64 KiB in the outbox: it is charged to
 		// the principal's bucket like an acquire. A 429 is retryable, and
 		// a retry with the same commit id replays.

@@ -3,6 +3,7 @@ package service
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -50,6 +51,12 @@ type Config struct {
 	// MaxListReads caps the store pages one list request reads while it
 	// fills its page with leases the caller may see.
 	MaxListReads int
+	// PublishExchanges, when not nil, are the only exchanges a
+	// publication (CommitInput.Outbox) may name; "" is the default
+	// exchange. Another is refused access_denied before anything is
+	// stored: the relay publishes with the server's broker credentials,
+	// wherever the caller names. Nil allows every exchange.
+	PublishExchanges []string
 }
 
 // DefaultConfig is the policy used for unset fields.
@@ -107,7 +114,19 @@ func (c Config) withDefaults() (Config, error) {
 	case c.MaxConcurrent < 1 || c.MaxActivePerPrincipal < 1 || c.MaxListReads < 1:
 		return c, fmt.Errorf("service: concurrency, quota and list reads must be positive")
 	}
+	for _, x := range c.PublishExchanges {
+		// The outbox's own rule for an exchange name, so every name
+		// listed can be published to.
+		if err := lease.CheckExchange(x); err != nil {
+			return c, fmt.Errorf("service: publish exchange %q: %s", x, lease.AsError(err).Reason)
+		}
+	}
 	return c, nil
+}
+
+// publishAllowed reports whether a publication may name exchange.
+func (c Config) publishAllowed(exchange string) bool {
+	return c.PublishExchanges == nil || slices.Contains(c.PublishExchanges, exchange)
 }
 
 // checkTTL enforces minimum_ttl_ms < ttl_ms <= maximum_ttl_ms.

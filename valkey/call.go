@@ -62,6 +62,7 @@ func (k layout) probe() string                     { return k.ns + ":probe" }
 func (k layout) outbox() string                    { return k.ns + ":outbox" }
 func (k layout) outboxMsg(id string) string        { return k.ns + ":outbox:" + id }
 func (k layout) outboxSeq() string                 { return k.ns + ":outbox_seq" }
+func (k layout) outboxBytes() string               { return k.ns + ":outbox:bytes" }
 func (k layout) outboxDead() string                { return k.ns + ":outbox_dead" }
 func (k layout) outboxDeadWhy(id string) string    { return k.ns + ":outbox_dead:" + id }
 func (k layout) gate() string                      { return k.ns + ":gate" }

@@ -65,6 +65,13 @@
 //	                        written by the commit function in the lease check's step,
 //	                        removed by the relay after the broker's confirm
 //	                        (or, if dead-lettered, kept until an operator removes it)
+//	ns:outbox:bytes         the pending publications' lease.OutboxMessage.Size in all,
+//	                        kept by the functions that add and remove them (commit,
+//	                        outbox_done, outbox_dead); the commit function refuses a
+//	                        publication past lease.StoreOptions.OutboxMaxBytes (or,
+//	                        by ZCARD of ns:outbox, OutboxMaxPending). Absent in a
+//	                        namespace written before it: a store counts it when it opens
+//	                        (message ids start with "msg_", so none is "bytes")
 //	ns:outbox_dead          dead letters: poison publications the relay set aside
 //	                        (score backend time, member message id; at most
 //	                        lease.MaxOutboxDeadLetters, never expired or trimmed)

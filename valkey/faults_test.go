@@ -99,3 +99,8 @@ func open(t testing.TB, r *testenv.Redis, o Options) *Store {
 	t.Cleanup(func() { s.Close() })
 	return s
 }
+
+// SetOutboxBounds sets a fresh store's outbox bounds (leasetest.OutboxBounder).
+func (f faults) SetOutboxBounds(maxPending, maxBytes int64) {
+	f.s.opts.OutboxMaxPending, f.s.opts.OutboxMaxBytes = maxPending, maxBytes
+}

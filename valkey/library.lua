@@ -430,6 +430,63 @@ local function counter_value(v)
   return tonumber(v or '0')
 end
 
+-- headers_size sums the names and values of a decoded headers object.
+local function headers_size(h)
+  local n = 0
+  if type(h) == 'table' then
+    for name, v in pairs(h) do
+      if type(v) == 'string' then n = n + #name + #v end
+    end
+  end
+  return n
+end
+
+-- base64_size is the decoded length of the padded base64 text s[i..j]
+-- (read in place: a body is up to 87 KiB of it).
+local function base64_size(s, i, j)
+  local n = (j - i + 1) / 4 * 3
+  if j >= i and string.byte(s, j) == 61 then -- '='
+    n = n - 1
+    if j > i and string.byte(s, j - 1) == 61 then n = n - 1 end
+  end
+  return n
+end
+
+-- entry_size is lease.OutboxEntrySize, the same way: the
+-- lease.OutboxMessage.Size of a stored outbox entry (its body's bytes,
+-- which the JSON holds as padded base64, plus its header names and
+-- values), 0 for an entry that does not decode, so adding and removing it
+-- agree. Decoding a whole entry costs about half a millisecond for a 64
+-- KiB body, on every removal, so the body is measured in place: the
+-- message is the entry's last member, its body (base64, which holds no
+-- quote, or null) comes before its headers, and no string can hold an
+-- unescaped quote, so the first ',"body":' is the body's key. Only the
+-- headers, if any, are decoded. Anything else is decoded whole.
+local function entry_size(raw)
+  if not raw then return 0 end
+  local _, at = string.find(raw, ',"body":', 1, true)
+  if at and string.sub(raw, -2) == '}}' then
+    local n, rest = 0, nil
+    if string.sub(raw, at + 1, at + 4) == 'null' then
+      rest = at + 5
+    elseif string.sub(raw, at + 1, at + 1) == '"' then
+      local close = string.find(raw, '"', at + 2, true)
+      if close then n, rest = base64_size(raw, at + 2, close - 1), close + 1 end
+    end
+    if rest == #raw - 1 then return n end
+    if rest and string.sub(raw, rest, rest + 11) == ',"headers":{' then
+      local ok, h = pcall(cjson.decode, string.sub(raw, rest + 11, #raw - 2))
+      if ok then return n + headers_size(h) end
+    end
+  end
+  local ok, e = pcall(cjson.decode, raw)
+  if not ok or type(e) ~= 'table' or type(e.message) ~= 'table' then return 0 end
+  local n = headers_size(e.message.headers)
+  local body = e.message.body
+  if type(body) == 'string' then n = n + base64_size(body, 1, #body) end
+  return n
+end
+
 -- load_active strictly reads the active record: nil if none; nil and a
 -- reason if corrupt. A key without a TTL is corrupt: every writer of the
 -- active key attaches one. A valid record comes with its stored bytes and
@@ -777,8 +834,12 @@ end
 -- identity's commit seq (the last one given; it orders a lease's commits
 -- for the sinks), 12 the namespace's outbox sequence (the last one given;
 -- it scores the outbox schedule, so the relay reads entries in exact
--- acceptance order, not in message-id order within a millisecond). The
--- evidence is 20 .. seq .. ',"accepted_at":"' .. time .. 21.
+-- acceptance order, not in message-id order within a millisecond), 13
+-- the pending outbox's byte counter. With a publication, ARGV 27 is its
+-- size (lease.OutboxMessage.Size), 28 and 29 the outbox's bounds in
+-- entries and bytes: a publication that does not fit is refused ('full'
+-- and which bound) before anything is written. The evidence is 20 .. seq
+-- .. ',"accepted_at":"' .. time .. 21.
 local function commit(keys, args)
   local c = context(keys, args)
   local now = now_ms()
@@ -790,10 +851,10 @@ local function commit(keys, args)
     if why then return corrupt(c, now, 'accepted commit ' .. why) end
     if prior then return { 'evidence', int(now), prior } end
   end
-  local k_marks, k_outbox, k_msg, k_seq, k_oseq = keys[8], keys[9], keys[10], keys[11], keys[12]
+  local k_marks, k_outbox, k_msg, k_seq, k_oseq, k_obytes = keys[8], keys[9], keys[10], keys[11], keys[12], keys[13]
   local why = layout_types(c)
   if not why and (wrong_type(k_marks, 'hash') or wrong_type(k_outbox, 'zset') or wrong_type(k_msg, 'string')
-      or wrong_type(k_seq, 'string') or wrong_type(k_oseq, 'string')) then
+      or wrong_type(k_seq, 'string') or wrong_type(k_oseq, 'string') or wrong_type(k_obytes, 'string')) then
     why = WRONG_TYPE
   end
   if why then return corrupt(c, now, why) end
@@ -807,7 +868,7 @@ local function commit(keys, args)
   local seq = counter_value(redis.call('GET', k_seq) or nil)
   if not seq then return corrupt(c, now, 'commit sequence is malformed') end
   if seq >= MAX_TOKEN then return corrupt(c, now, 'commit sequence is exhausted') end
-  local oseq
+  local oseq, obytes, osize, replaced
   if args[22] ~= '' then
     local v = redis.call('GET', k_oseq)
     if v then
@@ -821,6 +882,15 @@ local function commit(keys, args)
     end
     if oseq >= MAX_TOKEN then return corrupt(c, now, 'outbox sequence is exhausted') end
     oseq = oseq + 1
+    obytes = counter_value(redis.call('GET', k_obytes) or nil)
+    if not obytes then return corrupt(c, now, 'outbox byte counter is malformed') end
+    osize = tonumber(args[27])
+    -- The same comparisons as lease.StoreOptions.OutboxRoom.
+    if redis.call('ZCARD', k_outbox) >= tonumber(args[28]) then return { 'full', int(now), 'pending' } end
+    if obytes + osize > tonumber(args[29]) then return { 'full', int(now), 'bytes' } end
+    -- The size of an entry this one replaces, if its id is pending (see
+    -- the write below).
+    replaced = entry_size(redis.call('GET', k_msg) or nil)
   end
   seq = seq + 1
   redis.call('SET', k_seq, int(seq))
@@ -832,19 +902,38 @@ local function commit(keys, args)
     -- the lease check; the relay removes it after the broker's confirm.
     redis.call('SET', k_msg, args[22] .. ts(now) .. args[23])
     redis.call('SET', k_oseq, int(oseq))
-    redis.call('ZADD', k_outbox, int(oseq), args[24])
+    -- A message id is pending already only if its commit's evidence
+    -- expired while the entry waited and the same commit id was accepted
+    -- again: the new entry replaces it, and its size leaves the count.
+    if redis.call('ZADD', k_outbox, int(oseq), args[24]) == 0 then obytes = obytes - replaced end
+    redis.call('SET', k_obytes, int(math.max(obytes + osize, 0)))
   end
   return { 'ok', int(now), raw }
 end
 
--- outbox_done removes a relayed publication. KEYS 1 the outbox schedule,
--- 2 the entry's key, 3 the gate; ARGV 1 its message id.
+-- outbox_less takes size bytes off the pending outbox's byte counter
+-- (KEY k), never below 0; a malformed counter is left for the commit to
+-- fail closed on.
+local function outbox_less(k, size)
+  local n = counter_value(redis.call('GET', k) or nil)
+  if n then redis.call('SET', k, int(math.max(n - size, 0))) end
+end
+
+-- outbox_done removes a relayed publication and its size from the byte
+-- counter. Only a pending one: an id that is not pending may be a dead
+-- letter's, whose entry stays. KEYS 1 the outbox schedule, 2 the entry's
+-- key, 3 the gate, 4 the byte counter; ARGV 1 its message id.
 local function outbox_done(keys, args)
-  local shut = closed(keys[3], now_ms())
+  local now = now_ms()
+  local shut = closed(keys[3], now)
   if shut then return shut end
-  redis.call('ZREM', keys[1], args[1])
+  if wrong_type(keys[1], 'zset') or wrong_type(keys[2], 'string') or wrong_type(keys[4], 'string') then
+    return { 'wrongtype', int(now) }
+  end
+  if redis.call('ZREM', keys[1], args[1]) == 0 then return { 'ok', int(now) } end
+  outbox_less(keys[4], entry_size(redis.call('GET', keys[2]) or nil))
   redis.call('DEL', keys[2])
-  return { 'ok', int(now_ms()) }
+  return { 'ok', int(now) }
 end
 
 -- outbox_dead sets a poison publication aside (the broker refuses it for a
@@ -854,19 +943,47 @@ end
 -- Nothing is dropped: with ARGV 3 dead letters held it refuses ('full')
 -- and the entry stays pending. KEYS 1 the outbox schedule, 2 the entry's
 -- key, 3 the dead-letter schedule, 4 the dead letter's reason key, 5 the
--- gate; ARGV 1 its message id, 2 the reason as a JSON string, 3 the bound.
+-- gate, 6 the pending outbox's byte counter (the entry's size leaves it);
+-- ARGV 1 its message id, 2 the reason as a JSON string, 3 the bound.
 local function outbox_dead(keys, args)
   local now = now_ms()
   local shut = closed(keys[5], now)
   if shut then return shut end
   if wrong_type(keys[1], 'zset') or wrong_type(keys[2], 'string') or wrong_type(keys[3], 'zset')
-      or wrong_type(keys[4], 'string') then
+      or wrong_type(keys[4], 'string') or wrong_type(keys[6], 'string') then
     return { 'wrongtype', int(now) }
   end
   if redis.call('ZCARD', keys[3]) >= tonumber(args[3]) then return { 'full', int(now) } end
   if redis.call('ZREM', keys[1], args[1]) == 0 then return { 'ok', int(now) } end
+  outbox_less(keys[6], entry_size(redis.call('GET', keys[2]) or nil))
   redis.call('ZADD', keys[3], int(now), args[1])
   redis.call('SET', keys[4], '{"reason":' .. args[2] .. ',"dead_at":"' .. ts(now) .. '"}')
+  return { 'ok', int(now) }
+end
+
+-- outbox_recount sets the byte counter of a namespace whose pending
+-- outbox was written before the counter existed: the sum of the entries'
+-- sizes, if the counter is still missing and ARGV names exactly the
+-- pending message ids (KEYS 4.. their entry keys, in the same order);
+-- 'retry' if the outbox changed since the caller listed it. KEYS 1 the
+-- byte counter, 2 the outbox schedule, 3 the gate.
+local function outbox_recount(keys, args)
+  local now = now_ms()
+  local shut = closed(keys[3], now)
+  if shut then return shut end
+  if redis.call('EXISTS', keys[1]) == 1 then return { 'ok', int(now) } end
+  if wrong_type(keys[2], 'zset') then return { 'wrongtype', int(now) } end
+  local ids, pending = redis.call('ZRANGEBYSCORE', keys[2], '-inf', '+inf'), {}
+  if #ids ~= #args then return { 'retry', int(now) } end
+  for _, id in ipairs(ids) do pending[id] = true end
+  local total = 0
+  for i, id in ipairs(args) do
+    if not pending[id] then return { 'retry', int(now) } end
+    local raw, why = get(keys[i + 3])
+    if why then return { 'wrongtype', int(now) } end
+    total = total + entry_size(raw)
+  end
+  redis.call('SET', keys[1], int(total))
   return { 'ok', int(now) }
 end
 
@@ -1094,6 +1211,7 @@ redis.register_function(FN .. 'expire', expire)
 redis.register_function(FN .. 'probe', probe)
 redis.register_function(FN .. 'outbox_done', outbox_done)
 redis.register_function(FN .. 'outbox_dead', outbox_dead)
+redis.register_function(FN .. 'outbox_recount', outbox_recount)
 redis.register_function(FN .. 'recover_raise', recover_raise)
 redis.register_function(FN .. 'recover_end', recover_end)
 redis.register_function(FN .. 'reopen', reopen)

@@ -87,7 +87,8 @@ func TestWrongTypeOfEveryKeyChangesNothing(t *testing.T) {
 			tag := tagOf(p.LockKey)
 			keys := append(common(tag, s.keys.commit(tag, p.Scope)), key{"marks", s.keys.marks(tag), false},
 				key{"outbox", s.keys.outbox(), false}, key{"outbox_entry", s.keys.outboxMsg(lease.OutboxMessageID(p.Scope)), true},
-				key{"commit_seq", s.keys.commitSeq(tag), true}, key{"outbox_seq", s.keys.outboxSeq(), true})
+				key{"commit_seq", s.keys.commitSeq(tag), true}, key{"outbox_seq", s.keys.outboxSeq(), true},
+				key{"outbox_bytes", s.keys.outboxBytes(), true})
 			return tag, keys, func() error { _, err := s.AuthorizeCommit(bg, req); return err }
 		}},
 	}

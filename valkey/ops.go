@@ -333,10 +333,15 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 		return lease.CommitResult{}, err
 	}
 	keys := append(s.commonKeys(tag, s.keys.commit(tag, p.Scope)), s.keys.marks(tag), s.keys.outbox(), s.keys.outboxMsg(msgID),
-		s.keys.commitSeq(tag), s.keys.outboxSeq())
+		s.keys.commitSeq(tag), s.keys.outboxSeq(), s.keys.outboxBytes())
+	var size int64
+	if req.Outbox != nil {
+		size = req.Outbox.Size()
+	}
 	args := append(s.commonArgs(d, p.LockKey, tag, p.Identity, s.opts.CommitRetention),
 		req.LeaseID, utoa(req.FencingToken), req.Caller.PrincipalID, req.ServiceInstanceID, req.Sink, head, tail,
-		obHead, obTail, msgID, req.ExecutionID, req.JobID)
+		obHead, obTail, msgID, req.ExecutionID, req.JobID,
+		itoa(size), itoa(s.opts.OutboxMaxPending), itoa(s.opts.OutboxMaxBytes))
 	rep, err := s.fcall(ctx, call{fn: "commit", mutation: true, keys: keys, args: args, wait: s.waitFor(d)})
 	if err != nil {
 		return lease.CommitResult{}, err
@@ -354,6 +359,10 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 			return lease.CommitResult{}, &lease.Error{Code: lease.CodeIdempotencyConflict, Reason: "commit id was reused with different inputs", BackendTime: rep.now.Time()}
 		}
 		return lease.CommitResult{Code: lease.CodeCommitAuthorized, Commit: c, Replayed: true, BackendTime: rep.now}, nil
+	case "full":
+		full := lease.OutboxFull(rep.at(0))
+		full.BackendTime = rep.now.Time()
+		return lease.CommitResult{}, full
 	case "rejected":
 		s.log.Error("ALERT commit token below the sink's high-water mark", identityAttrs(p.Identity)...)
 		return lease.CommitResult{}, &lease.Error{Code: lease.CodeCommitRejected, Reason: "fencing token is below the sink's high-water mark", BackendTime: rep.now.Time()}

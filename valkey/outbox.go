@@ -13,6 +13,7 @@ import (
 var (
 	_ lease.Outbox            = (*Store)(nil)
 	_ lease.OutboxDeadLetters = (*Store)(nil)
+	_ lease.OutboxMeter       = (*Store)(nil)
 )
 
 // OutboxPending returns up to limit publications, oldest accepted first.
@@ -58,11 +59,18 @@ func (s *Store) OutboxDone(ctx context.Context, messageID string) error {
 		return err
 	}
 	rep, err := s.fcall(ctx, call{fn: "outbox_done", mutation: true,
-		keys: []string{s.keys.outbox(), s.keys.outboxMsg(messageID), s.keys.gate()}, args: []string{messageID}})
-	if err == nil && rep.status == "closed" {
-		return s.closedNamespace(rep)
+		keys: []string{s.keys.outbox(), s.keys.outboxMsg(messageID), s.keys.gate(), s.keys.outboxBytes()}, args: []string{messageID}})
+	if err != nil {
+		return err
 	}
-	return err
+	switch rep.status {
+	case "ok":
+		return nil
+	case "closed":
+		return s.closedNamespace(rep)
+	default:
+		return &lease.Error{Code: lease.CodeCorrupt, Reason: "outbox keys hold the wrong type; failing closed"}
+	}
 }
 
 // OutboxLen counts the pending publications (for the relay's backlog
@@ -76,6 +84,83 @@ func (s *Store) OutboxLen(ctx context.Context) (int64, error) {
 		return 0, s.failure(call{fn: "outbox_len"}, err)
 	}
 	return n, nil
+}
+
+// OutboxUsage reads the pending outbox's size (ZCARD of its schedule) and
+// byte counter (ns:outbox:bytes, kept by the functions that add and remove
+// entries) in one round trip, with the bounds.
+func (s *Store) OutboxUsage(ctx context.Context) (lease.OutboxUsage, error) {
+	u := lease.OutboxUsage{MaxPending: s.opts.OutboxMaxPending, MaxBytes: s.opts.OutboxMaxBytes}
+	if s.closed.Load() {
+		return u, lease.Errorf(lease.CodeBackendUnavailable, "store is closed")
+	}
+	c := s.client
+	res := c.DoMulti(ctx, c.B().Zcard().Key(s.keys.outbox()).Build(), c.B().Get().Key(s.keys.outboxBytes()).Build())
+	n, err := res[0].AsInt64()
+	if err != nil {
+		return u, s.failure(call{fn: "outbox_usage"}, err)
+	}
+	b, err := res[1].ToString()
+	if err != nil && !vk.IsValkeyNil(err) {
+		return u, s.failure(call{fn: "outbox_usage"}, err)
+	}
+	bytes, ok := int64(0), true
+	if b != "" {
+		var v uint64
+		v, ok = tokenValue(b)
+		bytes = int64(v)
+	}
+	if !ok {
+		return u, &lease.Error{Code: lease.CodeCorrupt, Reason: "outbox byte counter is malformed; failing closed"}
+	}
+	u.Pending, u.Bytes = n, bytes
+	return u, nil
+}
+
+// recountOutboxBytes sets the byte counter of a namespace whose pending
+// outbox was written before the counter existed (a version without it, or
+// a restore of its backup), in one function call that checks the entries
+// it sums are exactly the pending ones. Without it the counter would
+// start at 0 and stay below the truth until the outbox drains. It does
+// nothing if the counter exists or the outbox is empty.
+func (s *Store) recountOutboxBytes(ctx context.Context) error {
+	c := s.client
+	for range 3 {
+		res := c.DoMulti(ctx, c.B().Exists().Key(s.keys.outboxBytes()).Build(), c.B().Zcard().Key(s.keys.outbox()).Build())
+		has, err := res[0].AsInt64()
+		if err != nil {
+			return s.failure(call{fn: "outbox_recount"}, err)
+		}
+		n, err := res[1].AsInt64()
+		if err != nil {
+			return s.failure(call{fn: "outbox_recount"}, err)
+		}
+		if has == 1 || n == 0 {
+			return nil
+		}
+		ids, err := c.Do(ctx, c.B().Zrangebyscore().Key(s.keys.outbox()).Min("-inf").Max("+inf").Build()).AsStrSlice()
+		if err != nil {
+			return s.failure(call{fn: "outbox_recount"}, err)
+		}
+		keys := []string{s.keys.outboxBytes(), s.keys.outbox(), s.keys.gate()}
+		for _, id := range ids {
+			keys = append(keys, s.keys.outboxMsg(id))
+		}
+		rep, err := s.fcall(ctx, call{fn: "outbox_recount", mutation: true, keys: keys, args: ids})
+		if err != nil {
+			return err
+		}
+		switch rep.status {
+		case "ok":
+			return nil
+		case "closed":
+			return s.closedNamespace(rep)
+		case "wrongtype":
+			return &lease.Error{Code: lease.CodeCorrupt, Reason: "outbox keys hold the wrong type; failing closed"}
+		}
+		// "retry": the outbox changed between the listing and the call.
+	}
+	return lease.Errorf(lease.CodeBackendUnavailable, "the outbox kept changing while its bytes were counted")
 }
 
 // OutboxDeadLetter moves a pending entry to the dead letters (ns:outbox_dead)
@@ -93,7 +178,8 @@ func (s *Store) OutboxDeadLetter(ctx context.Context, messageID, reason string) 
 		return err
 	}
 	rep, err := s.fcall(ctx, call{fn: "outbox_dead", mutation: true,
-		keys: []string{s.keys.outbox(), s.keys.outboxMsg(messageID), s.keys.outboxDead(), s.keys.outboxDeadWhy(messageID), s.keys.gate()},
+		keys: []string{s.keys.outbox(), s.keys.outboxMsg(messageID), s.keys.outboxDead(), s.keys.outboxDeadWhy(messageID), s.keys.gate(),
+			s.keys.outboxBytes()},
 		args: []string{messageID, string(why), strconv.Itoa(lease.MaxOutboxDeadLetters)}})
 	if err != nil {
 		return err

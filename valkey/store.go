@@ -197,6 +197,10 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	}
 	if h := s.checkDurability(ctx); h.Status != lease.HealthOK {
 		s.log.Error("ALERT lease backend unsuitable; mutations are refused", "reason", h.Reason)
+	} else if err := s.recountOutboxBytes(ctx); err != nil {
+		// Not fatal: the counter then starts from the next publication and
+		// is below the truth until the outbox drains.
+		s.log.Warn("cannot count the pending outbox's bytes", "reason", lease.AsError(err).Reason)
 	}
 	interval := o.ReapInterval
 	if interval == 0 {

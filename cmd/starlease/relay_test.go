@@ -48,3 +48,28 @@ func TestLoadURLFile(t *testing.T) {
 		}
 	}
 }
+
+// --publish-exchanges: names separated by commas, (default) for the
+// default exchange, empty for every exchange; a name no publication could
+// use is refused.
+func TestParsePublishExchanges(t *testing.T) {
+	for in, want := range map[string][]string{
+		"":                          nil,
+		"  ":                        nil,
+		"documents":                 {"documents"},
+		"documents, results.v2":     {"documents", "results.v2"},
+		"(default),documents":       {"", "documents"},
+		" (default) ":               {""},
+		"amq.topic,(default),x:y-z": {"amq.topic", "", "x:y-z"},
+	} {
+		got, err := parsePublishExchanges(in)
+		if err != nil || (got == nil) != (want == nil) || strings.Join(got, "|") != strings.Join(want, "|") {
+			t.Errorf("%q: %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"documents,", ",documents", "a,,b", `""`, "default)", "a b", strings.Repeat("x", 256)} {
+		if got, err := parsePublishExchanges(in); err == nil {
+			t.Errorf("%q accepted as %q", in, got)
+		}
+	}
+}

@@ -125,6 +125,8 @@ type serveFlags struct {
 	maxWait                                  time.Duration
 	principalRate, targetRate                float64
 	maxConcurrent, maxActive                 int
+	outboxMaxPending, outboxMaxBytes         int64
+	publishExchanges                         string
 }
 
 func (f *serveFlags) register(fs *flag.FlagSet) {
@@ -144,6 +146,38 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.Float64Var(&f.targetRate, "target-rate", d.TargetRate, "policy: acquires per second per target (shared by all principals), and renewals per second per target and principal")
 	fs.IntVar(&f.maxConcurrent, "max-concurrent", d.MaxConcurrent, "policy: concurrent backend operations")
 	fs.IntVar(&f.maxActive, "max-active-per-principal", 100, "policy: active lease quota per principal")
+	fs.Int64Var(&f.outboxMaxPending, "outbox-max-pending", lease.DefaultOutboxMaxPending, "outbox: bound on pending publications; past it a publication is refused (503 lease_backend_unavailable, retryable)")
+	fs.Int64Var(&f.outboxMaxBytes, "outbox-max-bytes", lease.DefaultOutboxMaxBytes, "outbox: bound on the bytes (bodies and headers) of pending publications; at least 81920, the largest publication")
+	fs.StringVar(&f.publishExchanges, "publish-exchanges", "", "outbox: comma-separated exchanges a publication may name, (default) for the default exchange; another is refused (403 access_denied). Empty: any exchange")
+}
+
+// defaultExchange is how --publish-exchanges names RabbitMQ's default
+// exchange (the empty name): no exchange can be called this, since an
+// exchange name is an identifier without parentheses.
+const defaultExchange = "(default)"
+
+// parsePublishExchanges reads --publish-exchanges: nil (every exchange)
+// when empty.
+func parsePublishExchanges(s string) ([]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	out := []string{}
+	for _, x := range strings.Split(s, ",") {
+		x = strings.TrimSpace(x)
+		switch x {
+		case "":
+			return nil, errors.New("--publish-exchanges: an empty name; write the default exchange as " + defaultExchange)
+		case defaultExchange:
+			x = ""
+		default:
+			if err := lease.CheckExchange(x); err != nil {
+				return nil, fmt.Errorf("--publish-exchanges: %q: %s", x, lease.AsError(err).Reason)
+			}
+		}
+		out = append(out, x)
+	}
+	return out, nil
 }
 
 func parseClasses(s string) (lease.OperationClasses, error) {
@@ -269,7 +303,15 @@ func serve(ctx context.Context, f serveFlags, stdout io.Writer, log *slog.Logger
 	if err != nil {
 		return err
 	}
-	opts := lease.StoreOptions{OperationClasses: classes, Logger: log}
+	if f.outboxMaxPending < 1 || f.outboxMaxBytes < lease.MaxOutboxMessageBytes {
+		return fmt.Errorf("--outbox-max-pending must be at least 1 and --outbox-max-bytes at least %d (the largest publication)", lease.MaxOutboxMessageBytes)
+	}
+	exchanges, err := parsePublishExchanges(f.publishExchanges)
+	if err != nil {
+		return err
+	}
+	opts := lease.StoreOptions{OperationClasses: classes, Logger: log,
+		OutboxMaxPending: f.outboxMaxPending, OutboxMaxBytes: f.outboxMaxBytes}
 	b, err := openBackend(ctx, f.backendFlags, f.dataDir, opts)
 	if err != nil {
 		return err
@@ -315,7 +357,7 @@ func serve(ctx context.Context, f serveFlags, stdout io.Writer, log *slog.Logger
 			MinTTL: f.minTTL, MaxTTL: f.maxTTL, MaxLifetime: f.maxLifetime, MaxDeadline: f.maxDeadline,
 			MaxWait: f.maxWait, PrincipalRate: f.principalRate, TargetRate: f.targetRate,
 			PrincipalBurst: max(int(2*f.principalRate), 1), TargetBurst: max(int(2*f.targetRate), 1),
-			MaxConcurrent: f.maxConcurrent, MaxActivePerPrincipal: f.maxActive,
+			MaxConcurrent: f.maxConcurrent, MaxActivePerPrincipal: f.maxActive, PublishExchanges: exchanges,
 		}})
 	if err != nil {
 		return err
@@ -328,6 +370,9 @@ func serve(ctx context.Context, f serveFlags, stdout io.Writer, log *slog.Logger
 		return err
 	}
 	defer stopRelay()
+	if f.relay.urlFile != "" && exchanges == nil {
+		log.Warn("--publish-exchanges is not set: a caller's publication may name any exchange the relay's broker user can reach")
+	}
 	handler := httpapi.New(svc, authn, sink, httpapi.Options{Registry: reg, Logger: log, Components: comps})
 	ln, err := net.Listen("tcp", f.listen)
 	if err != nil {

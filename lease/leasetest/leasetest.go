@@ -114,6 +114,7 @@ func Run(t *testing.T, newBackend Factory) {
 		{"commit_binds_one_write", s.commitBindsOneWrite},
 		{"stale_holder_write_paths", s.staleHolderWritePaths},
 		{"fenced_outbox", s.fencedOutbox},
+		{"bounded_outbox", s.boundedOutbox},
 		{"service_crash_after_backend_commit", s.crashAfterCommit},
 		{"service_crash_before_backend_commit", s.crashBeforeCommit},
 		{"backend_unavailable_before_submission", s.backendUnavailable},

@@ -470,6 +470,12 @@ func (m *memStore) AuthorizeCommit(ctx context.Context, req lease.CommitRequest)
 	if req.FencingToken < m.highWater[hw] && !m.bugs["no_high_water"] {
 		return lease.CommitResult{}, lease.Errorf(lease.CodeCommitRejected, "token below the high-water mark")
 	}
+	if req.Outbox != nil && !m.bugs["outbox_unbounded"] {
+		u := m.outboxUsage()
+		if full := m.opts.OutboxRoom(u.Pending, u.Bytes, req.Outbox.Size()); full != nil {
+			return lease.CommitResult{}, full
+		}
+	}
 	if !m.bugs["reuse_commit_seq"] || m.commitSeq[p.LockKey] == 0 {
 		m.commitSeq[p.LockKey]++
 	}
@@ -503,6 +509,28 @@ func (m *memStore) OutboxDone(ctx context.Context, id string) error {
 		}
 	}
 	return nil
+}
+
+// outboxUsage sums the pending outbox (the reference store needs no
+// counters).
+func (m *memStore) outboxUsage() lease.OutboxUsage {
+	u := lease.OutboxUsage{Pending: int64(len(m.outbox)), MaxPending: m.opts.OutboxMaxPending, MaxBytes: m.opts.OutboxMaxBytes}
+	for _, e := range m.outbox {
+		u.Bytes += e.Message.Size()
+	}
+	return u
+}
+
+func (m *memStore) OutboxUsage(ctx context.Context) (lease.OutboxUsage, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.outboxUsage(), nil
+}
+
+func (m *memStore) SetOutboxBounds(maxPending, maxBytes int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.opts.OutboxMaxPending, m.opts.OutboxMaxBytes = maxPending, maxBytes
 }
 
 func (m *memStore) LookupRequest(ctx context.Context, req lease.LookupRequest) (lease.Result, error) {

@@ -46,6 +46,7 @@ func TestSuiteCatchesMemStoreBugs(t *testing.T) {
 		"commit_replay_any_write":  "commit_binds_one_write/replay_with_another_target",
 		"commit_any_job":           "commit_binds_one_write/another_job",
 		"reuse_commit_seq":         "commit_authorization/authorized_commit_read_back",
+		"outbox_unbounded":         "bounded_outbox/full_outbox_refuses_retryably_and_changes_nothing",
 	} {
 		t.Run(bug, func(t *testing.T) {
 			t.Parallel()
