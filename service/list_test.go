@@ -174,7 +174,13 @@ func TestPageTokenKeyShared(t *testing.T) {
 		t.Fatal("a 5-byte page token key was accepted")
 	}
 	p := principal(t, "prn-admin1", auth.ClassAdministrator, "tenant:*,program:*", auth.CapLease, auth.CapRead, auth.CapAuditRead)
-	ids := acquireActors(t, s1, p, "a0", "a1", "a2")
+	acquireActors(t, s1, p, "a0", "a1", "a2")
+	// The list's own order (by index key), read in one page.
+	all, err := s1.List(ctx, call(p), lease.ListRequest{By: lease.ListByOwner, OwnerPrincipalID: p.ID, PageSize: 3})
+	if err != nil || len(all.Leases) != 3 {
+		t.Fatalf("one page of 3: %v, %v", all.Leases, err)
+	}
+	ids := leaseIDs(all.Leases)
 	req := lease.ListRequest{By: lease.ListByOwner, OwnerPrincipalID: p.ID, PageSize: 1}
 	first, err := s1.List(ctx, call(p), req)
 	if err != nil || first.NextPageToken == "" {
