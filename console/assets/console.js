@@ -151,7 +151,11 @@ async function call(method, path, opts = {}) {
   const headers = new Headers();
   if (opts.auth !== false) {
     if (apiKey === null) throw { detail: 'not signed in' };
-    headers.set('Authorization', 'Bearer ' + apiKey);
+    try {
+      headers.set('Authorization', 'Bearer ' + apiKey);
+    } catch (e) {
+      throw { detail: 'the key holds characters an HTTP header cannot carry' };
+    }
   }
   let body;
   if (opts.body !== undefined) {
@@ -695,6 +699,8 @@ function init() {
   $('admin-back').addEventListener('click', () => { adminStep('input'); clear($('admin-messages')); $('admin-reason').focus(); });
   $('admin-cancel').addEventListener('click', closeAdmin);
   $('admin-dialog').addEventListener('cancel', (e) => { e.preventDefault(); closeAdmin(); });
+  // However else the dialog closes, the action in progress is dropped.
+  $('admin-dialog').addEventListener('close', () => { if (state.admin) closeAdmin(); });
   // Leaving the page forgets the key, also when the browser would keep the
   // page in its back/forward cache.
   window.addEventListener('pagehide', () => signOut());
