@@ -74,8 +74,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		if len(page1) != 2 {
 			t.Fatalf("page 1 holds %v, want 2 leases", page1)
 		}
-		tb.do("next page", chromedp.Click(chromedp.ID("page-next")))
-		tb.waitIdle()
+		tb.apiAction("next page", chromedp.Click(chromedp.ID("page-next")))
 		tb.waitFor("page 2", `document.getElementById('page-info').textContent.startsWith('Page 2')`)
 		page2 := tb.leaseIDs()
 		if got := slices.Sorted(slices.Values(append(page1, page2...))); !slices.Equal(got, slices.Sorted(slices.Values(alpha))) {
@@ -84,8 +83,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		if tb.text("#page-info") != "Page 2 (last)" || !evalT[bool](tb, `document.getElementById('page-next').disabled`) {
 			t.Errorf("page 2 is not marked the last")
 		}
-		tb.do("previous page", chromedp.Click(chromedp.ID("page-prev")))
-		tb.waitIdle()
+		tb.apiAction("previous page", chromedp.Click(chromedp.ID("page-prev")))
 		tb.waitFor("page 1", `document.getElementById('page-info').textContent === 'Page 1'`)
 		if got := tb.leaseIDs(); !slices.Equal(got, page1) {
 			t.Errorf("page 1 again holds %v, want %v", got, page1)
@@ -135,10 +133,9 @@ func TestConsoleInBrowser(t *testing.T) {
 		victim := alpha[0]
 
 		// Open the lease from the keyboard.
-		tb.do("open the lease by keyboard",
+		tb.apiAction("open the lease by keyboard",
 			chromedp.Focus(chromedp.CSS(fmt.Sprintf(`button[aria-label="Open lease %s"]`, victim))),
 			chromedp.KeyEvent("\r"))
-		tb.waitIdle()
 		tb.waitFor("the detail", `!document.getElementById('detail').hidden`)
 		if got := tb.text(".d-lease-id"); got != victim {
 			t.Fatalf("detail shows lease %q, want %q", got, victim)
@@ -181,8 +178,7 @@ func TestConsoleInBrowser(t *testing.T) {
 			t.Error("the force-release was sent before it was confirmed")
 		}
 
-		tb.do("confirm with Enter", chromedp.KeyEvent("\r"))
-		tb.waitIdle()
+		tb.apiAction("confirm with Enter", chromedp.KeyEvent("\r"))
 		tb.waitFor("the result", `document.querySelector('#notice .notice-code') !== null || document.querySelector('#admin-messages .envelope') !== null`)
 		if e := tb.shownError("#admin-messages"); e.Count != 0 {
 			t.Fatalf("force-release failed in the page: %+v", e)
@@ -242,8 +238,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		tb.open()
 		tb.signIn(adminKey)
 		victim := alpha[1]
-		tb.do("open the lease by id", chromedp.SendKeys(chromedp.ID("open-id"), victim+"\r"))
-		tb.waitIdle()
+		tb.apiAction("open the lease by id", chromedp.SendKeys(chromedp.ID("open-id"), victim+"\r"))
 		tb.waitFor("the detail", `document.querySelector('.d-lease-id') !== null`)
 
 		// Escape at the confirmation step sends nothing.
@@ -271,8 +266,7 @@ func TestConsoleInBrowser(t *testing.T) {
 			chromedp.Click(chromedp.ID("detail-revoke")),
 			chromedp.SendKeys(chromedp.ID("admin-incident"), "INC-7\r"))
 		tb.waitFor("the confirmation step", `!document.getElementById('admin-confirm').hidden`)
-		tb.do("confirm", chromedp.Click(chromedp.ID("admin-confirm")))
-		tb.waitIdle()
+		tb.apiAction("confirm", chromedp.Click(chromedp.ID("admin-confirm")))
 		tb.waitFor("the result", `document.querySelector('#notice .notice-code') !== null || document.querySelector('#admin-messages .envelope') !== null`)
 		if e := tb.shownError("#admin-messages"); e.Count != 0 {
 			t.Fatalf("revoke failed in the page: %+v", e)
@@ -301,8 +295,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		tb.open()
 		// A real credential id with the wrong secret.
 		wrong := "star_sk_v1_" + adminCred + "_" + strings.Repeat("0", 64)
-		tb.do("sign in with a wrong key", chromedp.SendKeys(chromedp.ID("key"), wrong+"\r"))
-		tb.waitIdle()
+		tb.apiAction("sign in with a wrong key", chromedp.SendKeys(chromedp.ID("key"), wrong+"\r"))
 		tb.waitFor("the error", `document.querySelector('#messages .envelope') !== null`)
 		e := tb.shownError("#messages")
 		if e.Status != "401" || e.Code != "invalid_credential" || e.Msg != "Invalid credential" ||
@@ -384,9 +377,8 @@ func TestConsoleInBrowser(t *testing.T) {
 		}
 
 		// Beta's lease by id is not found for this key.
-		tb.do("open beta's lease by id",
+		tb.apiAction("open beta's lease by id",
 			chromedp.SetValue(chromedp.ID("open-id"), beta), chromedp.Click(chromedp.ID("open-button")))
-		tb.waitIdle()
 		tb.waitFor("the error", `document.querySelector('#messages .envelope') !== null`)
 		if e := tb.shownError("#messages"); e.Status != "404" || e.Code != "lease_not_found" {
 			t.Errorf("opening beta's lease shows %+v", e)
@@ -464,12 +456,6 @@ func TestConsoleInBrowser(t *testing.T) {
 			t.Errorf("a key's secret reached the server's output or audit log")
 		}
 	}
-}
-
-// waitIdle waits until the page has no API request in flight.
-func (tb *tab) waitIdle() {
-	tb.t.Helper()
-	tb.waitFor("no request in flight", `document.querySelector('main').getAttribute('aria-busy') === 'false'`)
 }
 
 // parseRemaining reads a remaining TTL as the page shows it ("42.3 s",

@@ -380,6 +380,38 @@ func evalT[T any](tb *tab, expr string) T {
 	return v
 }
 
+// apiAction runs steps that make the page call the API, and waits until
+// it has made at least one call more and has none in flight: <main> is
+// aria-busy from a call's start until the page has rendered the last
+// answer of the chain of calls the action started.
+func (tb *tab) apiAction(what string, steps ...chromedp.Action[chromedp.Void]) {
+	tb.t.Helper()
+	before := tb.apiRequests()
+	tb.do(what, steps...)
+	for deadline := time.Now().Add(20 * time.Second); tb.apiRequests() == before; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			tb.t.Fatalf("%s: the page made no API request", what)
+		}
+	}
+	tb.waitIdle()
+}
+
+func (tb *tab) apiRequests() int {
+	n := 0
+	for _, r := range tb.requestsSoFar() {
+		if strings.HasPrefix(r.URL, tb.origin+"/api/") {
+			n++
+		}
+	}
+	return n
+}
+
+// waitIdle waits until the page has no API request in flight.
+func (tb *tab) waitIdle() {
+	tb.t.Helper()
+	tb.waitFor("no request in flight", `document.querySelector('main').getAttribute('aria-busy') === 'false'`)
+}
+
 // waitFor waits until the JavaScript expression expr is truthy.
 func (tb *tab) waitFor(what, expr string) {
 	tb.t.Helper()
@@ -417,13 +449,14 @@ func (tb *tab) open() {
 // signIn types key and presses Enter, and waits for the session.
 func (tb *tab) signIn(key string) {
 	tb.t.Helper()
-	tb.do("sign in", chromedp.SendKeys(chromedp.ID("key"), key+"\r"), chromedp.WaitVisible(chromedp.ID("leases")))
+	tb.apiAction("sign in", chromedp.SendKeys(chromedp.ID("key"), key+"\r"))
+	tb.do("sign in", chromedp.WaitVisible(chromedp.ID("leases")))
 }
 
 // list lists by program (tenant, program) with the page size.
 func (tb *tab) listProgram(tenant, program string, pageSize int) {
 	tb.t.Helper()
-	tb.do("list by program",
+	tb.apiAction("list by program",
 		chromedp.Click(chromedp.ID("by-program")),
 		chromedp.SetValue(chromedp.ID("f-tenant"), tenant),
 		chromedp.SetValue(chromedp.ID("f-program"), program),
@@ -434,14 +467,14 @@ func (tb *tab) listProgram(tenant, program string, pageSize int) {
 
 func (tb *tab) listOwner(owner string) {
 	tb.t.Helper()
-	tb.do("list by owner",
+	tb.apiAction("list by owner",
 		chromedp.Click(chromedp.ID("by-owner")),
 		chromedp.SetValue(chromedp.ID("f-owner"), owner),
 		chromedp.Click(chromedp.ID("list-button")))
 	tb.waitListed()
 }
 
-// waitListed waits until the list request in flight has its answer shown.
+// waitListed checks that the list answer is shown: a status or an error.
 func (tb *tab) waitListed() {
 	tb.t.Helper()
 	tb.waitFor("the list answer", `(function(){
