@@ -14,6 +14,9 @@
 #                    are fast
 #   python3, python3-pytest, python3-pika, nim
 #                    apt, if missing: the Python and Nim client suites
+#   chromium         apt, if missing: the console's browser tests drive
+#                    it headless (testenv.FindChromium runs
+#                    /usr/lib/chromium/chromium, or $STARLEASE_CHROMIUM)
 #   @redocly/cli     npm, version 2.77.0, if missing, into
 #                    $STARLEASE_CACHE_DIR/redocly-cli-2.77.0: the OpenAPI
 #                    linter httpapi's TestOpenAPILint runs
@@ -65,6 +68,8 @@ command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
 /usr/bin/python3 -c 'import pytest' >/dev/null 2>&1 || missing+=(python3-pytest)
 /usr/bin/python3 -c 'import pika' >/dev/null 2>&1 || missing+=(python3-pika)
 command -v nim >/dev/null 2>&1 || missing+=(nim)
+# The console's browser tests (package console).
+[[ -x /usr/lib/chromium/chromium ]] || missing+=(chromium)
 
 # Leaves the rabbitmq-server system service stopped and disabled: the
 # package enables it (systemd unit and SysV links) and its postinst starts
@@ -170,7 +175,7 @@ if pgrep -u rabbitmq >/dev/null 2>&1; then
 	say "warning: a system rabbitmq-server is running (user rabbitmq); tests do not use it"
 fi
 
-say "ok: redis-server $(command -v redis-server), rabbitmq-server $RABBITMQ_BIN, pouchdb-server $POUCHDB_VERSION, redocly $REDOCLY_VERSION"
+say "ok: redis-server $(command -v redis-server), rabbitmq-server $RABBITMQ_BIN, chromium /usr/lib/chromium/chromium, pouchdb-server $POUCHDB_VERSION, redocly $REDOCLY_VERSION"
 if [[ $print == redocly ]]; then
 	echo "$REDOCLY_BIN"
 else

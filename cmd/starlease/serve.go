@@ -21,6 +21,7 @@ import (
 	"github.com/starintel/starlease/audit"
 	"github.com/starintel/starlease/auth"
 	"github.com/starintel/starlease/bolt"
+	"github.com/starintel/starlease/console"
 	"github.com/starintel/starlease/httpapi"
 	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/service"
@@ -378,9 +379,12 @@ func serve(ctx context.Context, f serveFlags, stdout io.Writer, log *slog.Logger
 	if err != nil {
 		return fmt.Errorf("cannot listen on %s: %v", f.listen, err)
 	}
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 15 * time.Second,
+	// The operator console (/console/) is static files in front of the
+	// API; its page calls the API like any client.
+	srv := &http.Server{Handler: console.Mount(handler), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 15 * time.Second,
 		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: httpapi.HTTPServerMaxHeaderBytes}
 	fmt.Fprintf(stdout, "starlease serving on http://%s (backend %s, data %s)\n", ln.Addr(), f.backend, f.dataDir)
+	fmt.Fprintf(stdout, "operator console: http://%s%s\n", ln.Addr(), console.Path)
 	if list, err := creds.List(ctx, "", 1); err == nil && len(list) == 0 {
 		fmt.Fprintf(stdout, "no API keys yet; create the first administrator key with:\n"+
 			"  %s keys create --data-dir %s --pepper-file %s%s --principal admin --class administrator \\\n"+
