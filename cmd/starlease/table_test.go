@@ -122,7 +122,7 @@ func checkLeaseRow(t *testing.T, p parsedTable, row []string, l client.Lease, pr
 	}
 	left, _ := strconv.ParseFloat(m[1], 64)
 	// Printed between printedAt and now, truncated to a tenth.
-	lo, hi := l.ExpiresAt.Sub(time.Now()).Seconds()-0.1, l.ExpiresAt.Sub(printedAt).Seconds()
+	lo, hi := time.Until(l.ExpiresAt).Seconds()-0.1, l.ExpiresAt.Sub(printedAt).Seconds()
 	if left < lo-0.05 || left > hi+0.05 || left > float64(l.TTLMs)/1000 {
 		t.Errorf("REMAINING %.1fs, want within [%.2f, %.2f]", left, lo, hi)
 	}
