@@ -65,7 +65,9 @@ type remote struct {
 // a flag was given on the command line; getenv reads the environment.
 func (g *globalFlags) resolve(now time.Time, set func(string) bool, getenv func(string) string) (*env, error) {
 	server, keyFile := g.server, g.apiKeyFile
-	if !set("server") {
+	// A flag on the command line wins over a variable: --data-dir too,
+	// so local mode works in a shell that exports STARLEASE_SERVER.
+	if !set("server") && !set("data-dir") {
 		server = getenv(envServer)
 	}
 	if !set("api-key-file") {

@@ -408,6 +408,15 @@ func TestRemoteFlagsAndKeyFile(t *testing.T) {
 	inspect("--server", f.url).ok(t, &p)
 	t.Setenv(envAPIKeyFile, filepath.Join(t.TempDir(), "missing"))
 	inspect("--server", f.url, "--api-key-file", f.keyFile).ok(t, &p)
+	// --data-dir on the command line wins over STARLEASE_SERVER too.
+	t.Setenv(envServer, f.url)
+	local := t.TempDir()
+	if e := inspect("--data-dir", local).refused(t, exitRefused, lease.CodeNotFound); e.Code != lease.CodeNotFound {
+		t.Fatalf("local mode beside the variable: %+v", e)
+	}
+	if _, err := os.Stat(filepath.Join(local, storeFile)); err != nil {
+		t.Fatalf("local mode did not open its store: %v", err)
+	}
 	// An empty variable is unset: local mode.
 	t.Setenv(envServer, "")
 	if e := inspect().refused(t, exitUsage, lease.CodeInvalidRequest); e.Field != "data_dir" {
