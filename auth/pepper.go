@@ -96,54 +96,19 @@ func (p Pepper) DeriveKey(purpose string) ([]byte, error) {
 //
 // The path must name an existing regular file (a symbolic link to one is
 // followed) that grants no permission to group or others (mode 0600 or
-// 0400): a file with any of the bits 0077 set is refused.
+// 0400): a file with any of the bits 0077 set is refused (ReadSecretFile's
+// checks).
 func LoadPepper(path string) (Pepper, error) {
-	// A first look before opening: opening a FIFO or device could block or
-	// have effects.
-	if st, err := os.Stat(path); err == nil && !st.Mode().IsRegular() {
-		return Pepper{}, errors.New("auth: pepper file is not a regular file")
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		switch {
-		case errors.Is(err, fs.ErrNotExist):
-			return Pepper{}, errors.New("auth: pepper file does not exist (create one with `openssl rand -hex 32` and mode 0600)")
-		case errors.Is(err, fs.ErrPermission):
-			return Pepper{}, errors.New("auth: pepper file is not readable by this process")
-		}
-		return Pepper{}, errors.New("auth: cannot open the pepper file")
-	}
-	defer f.Close()
-	// Checks are made on the open descriptor, so a file swapped after the
-	// checks is never the one read.
-	st, err := f.Stat()
-	if err != nil {
-		return Pepper{}, errors.New("auth: cannot stat the pepper file")
-	}
-	if !st.Mode().IsRegular() {
-		return Pepper{}, errors.New("auth: pepper file is not a regular file")
-	}
-	if perm := st.Mode().Perm(); perm&0o077 != 0 {
-		return Pepper{}, fmt.Errorf("auth: pepper file permissions %#o allow access by group or others; it must be readable by its owner only (chmod 600)", perm)
-	}
-	b, err := io.ReadAll(io.LimitReader(f, MaxPepperBytes+3))
-	if err != nil {
-		return Pepper{}, errors.New("auth: cannot read the pepper file")
-	}
+	b, err := ReadSecretFile(path, "pepper file", MaxPepperBytes)
 	switch {
-	case len(b) >= 2 && b[len(b)-2] == '\r' && b[len(b)-1] == '\n':
-		b = b[:len(b)-2]
-	case len(b) >= 1 && b[len(b)-1] == '\n':
-		b = b[:len(b)-1]
-	}
-	if len(b) < MinPepperBytes {
+	case errors.Is(err, fs.ErrNotExist):
+		return Pepper{}, errors.New("auth: pepper file does not exist (create one with `openssl rand -hex 32` and mode 0600)")
+	case err != nil:
+		return Pepper{}, fmt.Errorf("auth: %w", err)
+	case len(b) < MinPepperBytes:
 		return Pepper{}, fmt.Errorf("auth: pepper file holds %d bytes of key material; at least %d are required", len(b), MinPepperBytes)
 	}
-	if len(b) > MaxPepperBytes {
-		return Pepper{}, fmt.Errorf("auth: pepper file is larger than %d bytes", MaxPepperBytes)
-	}
-	p := Pepper{key: b}
-	return p, nil
+	return Pepper{key: b}, nil
 }
 
 // GeneratePepperFile creates a new pepper file at path: 32 random bytes as

@@ -13,7 +13,9 @@ import (
 // LeaseStore adapts a Client to the lease-store protocol: its Acquire,
 // Renew, Release, Inspect and AuthorizeCommit have the signatures of
 // lease.Store's, so it satisfies executor.LeaseAPI and fence.Authorizer and
-// a leased actor runs over the HTTP API exactly as over an embedded store:
+// a leased actor runs over the HTTP API exactly as over an embedded store
+// (ForceRelease, Revoke, List and History have lease.Store's signatures
+// too; the HTTP API has no request-id lookup, so LookupRequest is not here):
 //
 //	store := client.NewLeaseStore(c, "prn-portscan") // the API key's principal
 //	err := executor.Run(ctx, store, spec, work)

@@ -21,7 +21,7 @@ const storeFile = "starlease.db"
 
 const exitStatusText = `exit status:
   0  success
-  1  any other error (lease_rate_limited, lease_counter_exhausted, ...)
+  1  any other error (lease_rate_limited, lease_counter_exhausted, invalid_credential, access_denied, ...)
   2  usage error, bad flags or invalid_lease_request
   3  lease_conflict, lease_lost, idempotency_conflict, commit_rejected, lease_not_found
   4  lease_backend_unavailable, lease_outcome_unknown, deadline_exceeded, lease_corrupt
@@ -34,16 +34,28 @@ usage:
 
 commands:
 %s
-Local mode: every lease command works on the embedded bolt store in
---data-dir (file DIR/` + storeFile + `; the directory is created 0700 if missing).
-The local operator owns that file, so the caller is --principal (default
-local-operator) with client and credential id "local-cli" and principal
-class administrator.
+Remote mode: with --server URL (or $STARLEASE_SERVER) and --api-key-file F
+(or $STARLEASE_API_KEY_FILE; mode 0600 or 0400, checked like the pepper) a
+lease command goes over the HTTP API of a running "starlease serve"; the
+caller is the key's principal. A mutation whose answer is lost is sent again,
+same request id and body, until answered or --timeout passes; if its outcome
+is still unknown the error names the request id and the flags to rerun the
+same command with to resolve it. lookup is local only (the HTTP API has no
+request-id lookup); remote history by identity needs an active lease, or
+give --lease-id of any of the identity's leases.
 
-Results are JSON on stdout. Errors are one line of JSON on stderr:
+Local mode: every lease command works on the embedded bolt store in
+--data-dir (file DIR/` + storeFile + `; the directory is created 0700 if missing),
+for when no server holds that file. The local operator owns it, so the
+caller is --principal (default local-operator) with client and credential
+id "local-cli" and principal class administrator.
+
+Results are JSON on stdout (list, inspect, history: --output table for
+aligned columns). Errors are one line of JSON on stderr:
   {"status":"error","code":...,"field":...,"msg":...,"reason":...,"retryable":...,"retry_after_ms":...}
 Mutations also report the request_id they used; resolve an outcome-unknown
-result with "starlease lookup --op OP --request-id ID" and the same identity.
+result by rerunning with the same flags and --request-id ID, or locally with
+"starlease lookup --op OP --request-id ID" and the same identity.
 
 ` + exitStatusText + `
 Run "starlease <command> -h" for a command's flags.
@@ -142,26 +154,64 @@ func (c command) execute(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return exitUsage
 	}
-	e, err := g.resolve(time.Now())
+	e, err := g.resolve(time.Now(), func(name string) bool { return isSet(fs, name) }, os.Getenv)
 	if err != nil {
 		return fail(stderr, err, "")
 	}
 	do, err := b(e)
 	if err != nil {
+		e.close()
 		return fail(stderr, err, e.requestID)
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), e.deadline)
 	defer cancel()
-	s, err := openStore(e, stderr)
+	s, err := e.open(stderr)
 	if err != nil {
 		return fail(stderr, err, e.requestID)
 	}
 	out, err := do(ctx, s)
 	_ = s.Close() // every mutation is committed (fsynced) before its call returns
 	if err != nil {
-		return fail(stderr, err, e.requestID)
+		return fail(stderr, e.explain(err), e.requestID)
+	}
+	if t, ok := out.(tabular); ok && e.output == outputTable {
+		if err := writeTable(stdout, t, time.Now()); err != nil {
+			fmt.Fprintf(stderr, "starlease: cannot write the result: %v\n", err)
+			return exitOther
+		}
+		return exitOK
 	}
 	return succeed(stdout, stderr, out)
+}
+
+// open is the store of the command: the server's (remote mode) or the bolt
+// file's.
+func (e *env) open(stderr io.Writer) (lease.Store, error) {
+	if e.remote != nil {
+		return e.remote.store, nil
+	}
+	return openStore(e, stderr)
+}
+
+// close releases what resolve set up when no store call follows.
+func (e *env) close() {
+	if e.remote != nil {
+		_ = e.remote.store.Close()
+	}
+}
+
+// explain adds to a remote mutation's unknown outcome how to resolve it:
+// the same command with the flags in e.rerun replays the stored result if
+// the mutation was committed, and performs it once if it was not.
+func (e *env) explain(err error) error {
+	le := lease.AsError(err)
+	if e.remote == nil || le.Code != lease.CodeOutcomeUnknown || len(e.rerun) == 0 {
+		return err
+	}
+	out := *le
+	out.Reason = fmt.Sprintf("the request was sent to %s but no answer decided it before the deadline (%d attempts with the same request); "+
+		"rerun the same command with %s to resolve it", e.remote.server, e.remote.store.attempts, strings.Join(e.rerun, " "))
+	return &out
 }
 
 // openStore creates the data directory if needed and opens the bolt store.
@@ -176,5 +226,12 @@ func openStore(e *env, stderr io.Writer) (*bolt.Store, error) {
 	}
 	opts := e.opts
 	opts.Logger = slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	return bolt.Open(filepath.Join(e.dataDir, storeFile), bolt.Options{StoreOptions: opts, ReapInterval: -1})
+	s, err := bolt.Open(filepath.Join(e.dataDir, storeFile), bolt.Options{StoreOptions: opts, ReapInterval: -1})
+	if le := lease.AsError(err); err != nil && strings.Contains(le.Reason, "locked by another process") {
+		// bbolt admits one process: most likely the server holds the file.
+		out := *le
+		out.Reason += "; if starlease serve runs on this data directory, use remote mode: --server URL --api-key-file F"
+		return nil, &out
+	}
+	return s, err
 }

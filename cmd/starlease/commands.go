@@ -9,8 +9,12 @@ import (
 	"github.com/starintel/starlease/lease"
 )
 
-// identitySynopsis is the usage-line form of the identity flags.
-const identitySynopsis = "--data-dir DIR --tenant T --program P --namespace N --target ID --actor A"
+// modeSynopsis is the usage-line form of the mode flags: local, or remote
+// (with --api-key-file F).
+const modeSynopsis = "(--data-dir DIR | --server URL)"
+
+// identitySynopsis is the usage-line form of the mode and identity flags.
+const identitySynopsis = modeSynopsis + " --tenant T --program P --namespace N --target ID --actor A"
 
 // commands are the lease commands, in usage order.
 var commands = []command{
@@ -24,14 +28,14 @@ var commands = []command{
 		"end the observed lease as an administrator (state released)", setupAdmin(lease.OpForceRelease)},
 	{"revoke", identitySynopsis + " --lease-id L --token N --reason R|--incident I [flags]",
 		"revoke the observed lease (security terminal state revoked)", setupAdmin(lease.OpRevoke)},
-	{"inspect", "--data-dir DIR (identity flags | --lease-id L) [flags]",
+	{"inspect", modeSynopsis + " (identity flags | --lease-id L) [--output table] [flags]",
 		"show the lease of an identity, or a lease by id", setupInspect},
-	{"list", "--data-dir DIR (--owner P | --tenant T --program P [--namespace N --target ID]) [flags]",
+	{"list", modeSynopsis + " (--owner P | --tenant T --program P [--namespace N --target ID]) [--output table] [flags]",
 		"list unexpired active leases by owner, by target or by program", setupList},
-	{"history", identitySynopsis + " [--page-size N] [--page-token T] [flags]",
+	{"history", modeSynopsis + " (identity flags | --lease-id L) [--page-size N] [--page-token T] [--output table] [flags]",
 		"list an identity's terminal leases, newest first", setupHistory},
-	{"lookup", identitySynopsis + " --op OP --request-id ID [flags]",
-		"resolve a mutation's outcome by its request id", setupLookup},
+	{"lookup", "--data-dir DIR --tenant T --program P --namespace N --target ID --actor A --op OP --request-id ID [flags]",
+		"resolve a mutation's outcome by its request id (local mode)", setupLookup},
 	{"authorize-commit", identitySynopsis + " --lease-id L --token N --sink S --execution E --job J --write-target T [flags]",
 		"validate a fenced write against the lease and the sink's high-water mark", setupCommit},
 }
@@ -62,7 +66,8 @@ func setupAcquire(fs *flag.FlagSet) build {
 			}
 			req.Metadata = md
 		}
-		if _, _, err := lease.PrepareAcquire(req, e.opts); err != nil {
+		e.rerun = append(e.rerun, "--execution", req.ExecutionID, "--job", req.JobID)
+		if _, _, err := lease.PrepareAcquire(req, e.optsFor(req.Identity)); err != nil {
 			return nil, err
 		}
 		return func(ctx context.Context, s lease.Store) (any, error) {
@@ -99,7 +104,7 @@ func setupRenew(fs *flag.FlagSet) build {
 		if isSet(fs, "ttl") && *ttl == 0 {
 			return nil, lease.Invalid("ttl_ms", "must be positive")
 		}
-		if _, _, err := lease.PrepareRenew(req, e.opts); err != nil {
+		if _, _, err := lease.PrepareRenew(req, e.optsFor(req.Identity)); err != nil {
 			return nil, err
 		}
 		return func(ctx context.Context, s lease.Store) (any, error) {
@@ -119,7 +124,7 @@ func setupRelease(fs *flag.FlagSet) build {
 	return func(e *env) (call, error) {
 		req := lease.ReleaseRequest{Identity: id.Identity, LeaseID: h.leaseID, FencingToken: h.token,
 			ServiceInstanceID: *h.instance, Mutation: m.mutation(e)}
-		if _, _, err := lease.PrepareRelease(req, e.opts); err != nil {
+		if _, _, err := lease.PrepareRelease(req, e.optsFor(req.Identity)); err != nil {
 			return nil, err
 		}
 		return func(ctx context.Context, s lease.Store) (any, error) {
@@ -142,7 +147,7 @@ func setupAdmin(op lease.Op) func(fs *flag.FlagSet) build {
 		return func(e *env) (call, error) {
 			req := lease.AdminRequest{Identity: id.Identity, LeaseID: *leaseID, FencingToken: *token,
 				Reason: *reason, IncidentID: *incident, Mutation: m.mutation(e)}
-			if _, _, err := lease.PrepareAdmin(op, req, e.opts); err != nil {
+			if _, _, err := lease.PrepareAdmin(op, req, e.optsFor(req.Identity)); err != nil {
 				return nil, err
 			}
 			return func(ctx context.Context, s lease.Store) (any, error) {
@@ -163,9 +168,13 @@ func setupInspect(fs *flag.FlagSet) build {
 	var id identityFlags
 	id.register(fs)
 	leaseID := fs.String("lease-id", "", "lease id (instead of the identity flags)")
+	output := outputFlag(fs)
 	return func(e *env) (call, error) {
+		if err := e.setOutput(*output); err != nil {
+			return nil, err
+		}
 		req := lease.InspectRequest{Identity: id.Identity, LeaseID: *leaseID, DeadlineAt: e.deadline, Caller: e.caller}
-		if _, _, err := lease.PrepareInspect(req, e.opts); err != nil {
+		if _, _, err := lease.PrepareInspect(req, e.optsFor(req.Identity)); err != nil {
 			return nil, err
 		}
 		return func(ctx context.Context, s lease.Store) (any, error) {
@@ -183,7 +192,11 @@ func setupList(fs *flag.FlagSet) build {
 	namespace := fs.String("namespace", "", "target_namespace (with --target: list by target)")
 	target := fs.String("target", "", "target_id (with --namespace: list by target)")
 	p.register(fs)
+	output := outputFlag(fs)
 	return func(e *env) (call, error) {
+		if err := e.setOutput(*output); err != nil {
+			return nil, err
+		}
 		req := lease.ListRequest{OwnerPrincipalID: *owner, TenantID: *tenant, ProgramID: *program,
 			TargetNamespace: *namespace, TargetID: *target, PageSize: p.size, PageToken: p.token,
 			DeadlineAt: e.deadline, Caller: e.caller}
@@ -195,7 +208,11 @@ func setupList(fs *flag.FlagSet) build {
 		default:
 			req.By = lease.ListByProgram
 		}
-		if _, _, _, err := lease.PrepareList(req, e.opts); err != nil {
+		check := req
+		if e.remote != nil {
+			check.PageToken = "" // the server's token, which the server checks
+		}
+		if _, _, _, err := lease.PrepareList(check, e.opts); err != nil {
 			return nil, err
 		}
 		return func(ctx context.Context, s lease.Store) (any, error) {
@@ -210,17 +227,58 @@ func setupHistory(fs *flag.FlagSet) build {
 	var p pageFlags
 	id.register(fs)
 	p.register(fs)
+	leaseID := fs.String("lease-id", "", "any lease id of the identity, active or ended (instead of the identity flags)")
+	output := outputFlag(fs)
 	return func(e *env) (call, error) {
+		if err := e.setOutput(*output); err != nil {
+			return nil, err
+		}
 		req := lease.HistoryRequest{Identity: id.Identity, PageSize: p.size, PageToken: p.token,
 			DeadlineAt: e.deadline, Caller: e.caller}
-		if _, _, _, _, err := lease.PrepareHistory(req, e.opts); err != nil {
+		check := req
+		if e.remote != nil {
+			check.PageToken = "" // the server's token, which the server checks
+		}
+		if *leaseID != "" {
+			if id.Identity != (lease.Identity{}) {
+				return nil, lease.Invalid("lease_id", "give either the identity flags or --lease-id, not both")
+			}
+			if err := lease.CheckOpaqueID("lease_id", *leaseID); err != nil {
+				return nil, err
+			}
+			// The page token is bound to the identity, checked once known.
+			check.PageToken = ""
+			check.Identity = lease.Identity{TenantID: "x", ProgramID: "x", TargetNamespace: "x", TargetID: "x", ActorName: "x"}
+		}
+		if _, _, _, _, err := lease.PrepareHistory(check, e.optsFor(check.Identity)); err != nil {
 			return nil, err
 		}
 		return func(ctx context.Context, s lease.Store) (any, error) {
-			r, err := s.History(ctx, req)
+			var r lease.HistoryResult
+			var err error
+			if *leaseID != "" {
+				r, err = historyByLeaseID(ctx, s, *leaseID, req)
+			} else {
+				r, err = s.History(ctx, req)
+			}
 			return historyOutput(r), err
 		}, nil
 	}
+}
+
+// historyByLeaseID reads the history of the identity of a lease: over the
+// HTTP API directly (it reads history by lease id), locally by finding the
+// lease's identity first.
+func historyByLeaseID(ctx context.Context, s lease.Store, leaseID string, req lease.HistoryRequest) (lease.HistoryResult, error) {
+	if r, ok := s.(*remoteStore); ok {
+		return r.HistoryByLeaseID(ctx, leaseID, req)
+	}
+	found, err := s.Inspect(ctx, lease.InspectRequest{LeaseID: leaseID, DeadlineAt: req.DeadlineAt, Caller: req.Caller})
+	if err != nil {
+		return lease.HistoryResult{}, err
+	}
+	req.Identity = found.Lease.Identity()
+	return s.History(ctx, req)
 }
 
 func setupLookup(fs *flag.FlagSet) build {
@@ -229,6 +287,9 @@ func setupLookup(fs *flag.FlagSet) build {
 	op := fs.String("op", "", "the mutation: acquire, renew, release, force-release or revoke")
 	requestID := fs.String("request-id", "", "request id of the mutation (required)")
 	return func(e *env) (call, error) {
+		if e.remote != nil {
+			return nil, errRemoteLookup
+		}
 		req := lease.LookupRequest{Op: lease.Op(strings.ReplaceAll(*op, "-", "_")), Identity: id.Identity,
 			PrincipalID: e.caller.PrincipalID, RequestID: *requestID, DeadlineAt: e.deadline}
 		if _, err := lease.PrepareLookup(req, e.opts); err != nil {
@@ -258,7 +319,9 @@ func setupCommit(fs *flag.FlagSet) build {
 			ServiceInstanceID: *h.instance, Sink: *sink, CommitID: orNew(*commitID, "commit_"),
 			ExecutionID: *execution, JobID: *job, TraceID: *trace, Target: *target, PayloadSHA256: *payload,
 			DeadlineAt: e.deadline, Caller: e.caller}
-		if _, _, err := lease.PrepareCommit(req, e.opts); err != nil {
+		// The commit id is the commit's idempotency key.
+		e.rerun = []string{"--commit-id", req.CommitID}
+		if _, _, err := lease.PrepareCommit(req, e.optsFor(req.Identity)); err != nil {
 			return nil, err
 		}
 		return func(ctx context.Context, s lease.Store) (any, error) {

@@ -6,8 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"log/slog"
 	"os"
 	"strings"
@@ -16,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/starintel/starlease/auth"
 	"github.com/starintel/starlease/httpapi"
 	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/rabbitmq"
@@ -25,43 +24,16 @@ import (
 const maxURLFileBytes = 4096
 
 // loadURLFile reads the AMQP URL (which carries the broker password) from
-// path with the pepper file's checks: an existing regular file (a symbolic
-// link to one is followed) granting nothing to group or others, checked on
-// the open descriptor. One trailing newline is dropped. Errors never show
-// the URL.
+// path with the pepper file's checks (auth.ReadSecretFile): an existing
+// regular file (a symbolic link to one is followed) granting nothing to
+// group or others, checked on the open descriptor. One trailing newline is
+// dropped. Errors never show the URL.
 func loadURLFile(path string) (string, error) {
-	if st, err := os.Stat(path); err == nil && !st.Mode().IsRegular() {
-		return "", errors.New("rabbitmq URL file is not a regular file")
-	}
-	f, err := os.Open(path)
+	b, err := auth.ReadSecretFile(path, "rabbitmq URL file", maxURLFileBytes)
 	if err != nil {
-		switch {
-		case errors.Is(err, fs.ErrNotExist):
-			return "", errors.New("rabbitmq URL file does not exist")
-		case errors.Is(err, fs.ErrPermission):
-			return "", errors.New("rabbitmq URL file is not readable by this process")
-		}
-		return "", errors.New("cannot open the rabbitmq URL file")
+		return "", err
 	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return "", errors.New("cannot stat the rabbitmq URL file")
-	}
-	if !st.Mode().IsRegular() {
-		return "", errors.New("rabbitmq URL file is not a regular file")
-	}
-	if perm := st.Mode().Perm(); perm&0o077 != 0 {
-		return "", fmt.Errorf("rabbitmq URL file permissions %#o allow access by group or others; it must be readable by its owner only (chmod 600)", perm)
-	}
-	b, err := io.ReadAll(io.LimitReader(f, maxURLFileBytes+1))
-	if err != nil {
-		return "", errors.New("cannot read the rabbitmq URL file")
-	}
-	if len(b) > maxURLFileBytes {
-		return "", fmt.Errorf("rabbitmq URL file is larger than %d bytes", maxURLFileBytes)
-	}
-	u := strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+	u := string(b)
 	if strings.ContainsAny(u, "\r\n") || u == "" {
 		return "", errors.New("rabbitmq URL file must hold one amqp:// or amqps:// URL on one line")
 	}
