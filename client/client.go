@@ -19,6 +19,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/starintel/starlease/lease"
+	"github.com/starintel/starlease/wire"
 )
 
 // BasePath is the route prefix of the lease API.
@@ -155,8 +156,8 @@ func codes(cs ...lease.Code) func(lease.Code) bool {
 	}
 }
 
-// do sends cl and decodes a success answer into out (a *successWire).
-func (c *Client) do(ctx context.Context, cl call, out *successWire) error {
+// do sends cl and decodes a success answer into out (a *wire.Success).
+func (c *Client) do(ctx context.Context, cl call, out *wire.Success) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -269,14 +270,14 @@ func headerCorrelation(resp *http.Response) string {
 	return ""
 }
 
-func decodeSuccess(cl call, resp *http.Response, b []byte, out *successWire) error {
+func decodeSuccess(cl call, resp *http.Response, b []byte, out *wire.Success) error {
 	if err := lease.DecodeStrict(b, out); err != nil {
 		return malformed(cl, resp, "success body does not decode strictly", err)
 	}
 	switch {
 	case out.Status != "success":
 		return malformed(cl, resp, "status is not success", nil)
-	case !out.Code.Known() || !out.Code.Success() || !cl.accept(out.Code):
+	case !lease.Code(out.Code).Known() || !lease.Code(out.Code).Success() || !cl.accept(lease.Code(out.Code)):
 		return malformed(cl, resp, "unexpected code "+strconv.Quote(string(out.Code)), nil)
 	case out.CorrelationID == "":
 		return malformed(cl, resp, "no correlation_id", nil)
@@ -285,24 +286,25 @@ func decodeSuccess(cl call, resp *http.Response, b []byte, out *successWire) err
 }
 
 func decodeError(cl call, resp *http.Response, b []byte) error {
-	var w errorWire
+	var w wire.Error
 	if err := lease.DecodeStrict(b, &w); err != nil {
 		return malformed(cl, resp, "error body does not decode strictly", err)
 	}
 	switch {
 	case w.Status != "error":
 		return malformed(cl, resp, "status is not error", nil)
-	case !w.Code.Known() || w.Code.Success():
+	case !lease.Code(w.Code).Known() || lease.Code(w.Code).Success():
 		return malformed(cl, resp, "unknown error code", nil)
 	case w.CorrelationID == "":
 		return malformed(cl, resp, "no correlation_id", nil)
 	case w.RetryAfterMs != nil && *w.RetryAfterMs < 0:
 		return malformed(cl, resp, "negative retry_after_ms", nil)
 	}
-	if want, ok := StatusOf(w.Code); ok && want != resp.StatusCode {
+	code := lease.Code(w.Code)
+	if want, ok := StatusOf(code); ok && want != resp.StatusCode {
 		return malformed(cl, resp, fmt.Sprintf("code %s with status %d", w.Code, resp.StatusCode), nil)
 	}
-	e := &Error{Status: resp.StatusCode, Code: w.Code, Msg: w.Msg, Field: w.Field, CorrelationID: w.CorrelationID,
+	e := &Error{Status: resp.StatusCode, Code: code, Msg: w.Msg, Field: w.Field, CorrelationID: w.CorrelationID,
 		Retryable: w.Retryable, RequestID: cl.requestID}
 	if w.RetryAfterMs != nil {
 		e.RetryAfter = time.Duration(*w.RetryAfterMs) * time.Millisecond
@@ -351,7 +353,11 @@ func (c *Client) Acquire(ctx context.Context, req AcquireRequest) (*LeaseResult,
 	if req.RequestID == "" {
 		req.RequestID = NewRequestID()
 	}
-	return c.leaseCall(ctx, call{method: http.MethodPost, path: "/acquire", body: req, mutation: true,
+	body, err := req.body()
+	if err != nil {
+		return nil, &Error{Code: lease.CodeInvalidRequest, Field: "metadata", Msg: "metadata cannot be encoded", RequestID: req.RequestID, Err: err}
+	}
+	return c.leaseCall(ctx, call{method: http.MethodPost, path: "/acquire", body: body, mutation: true,
 		bodyDeadline: !req.DeadlineAt.IsZero(), requestID: req.RequestID, accept: codes(lease.CodeAcquired)})
 }
 
@@ -364,7 +370,7 @@ func (c *Client) Renew(ctx context.Context, req RenewRequest) (*LeaseResult, err
 	if err != nil {
 		return nil, err
 	}
-	return c.leaseCall(ctx, call{method: http.MethodPost, path: p, body: req, mutation: true,
+	return c.leaseCall(ctx, call{method: http.MethodPost, path: p, body: req.body(), mutation: true,
 		bodyDeadline: !req.DeadlineAt.IsZero(), requestID: req.RequestID, accept: codes(lease.CodeRenewed)})
 }
 
@@ -377,7 +383,7 @@ func (c *Client) Release(ctx context.Context, req ReleaseRequest) (*LeaseResult,
 	if err != nil {
 		return nil, err
 	}
-	return c.leaseCall(ctx, call{method: http.MethodPost, path: p, body: req, mutation: true,
+	return c.leaseCall(ctx, call{method: http.MethodPost, path: p, body: req.body(), mutation: true,
 		bodyDeadline: !req.DeadlineAt.IsZero(), requestID: req.RequestID, accept: codes(lease.CodeReleased)})
 }
 
@@ -402,13 +408,13 @@ func (c *Client) admin(ctx context.Context, req AdminRequest, suffix string, acc
 	if err != nil {
 		return nil, err
 	}
-	return c.leaseCall(ctx, call{method: http.MethodPost, path: p, body: req, mutation: true,
+	return c.leaseCall(ctx, call{method: http.MethodPost, path: p, body: req.body(), mutation: true,
 		bodyDeadline: !req.DeadlineAt.IsZero(), requestID: req.RequestID, accept: accept})
 }
 
 // Inspect reads the lease of a lock identity (POST /inspect).
 func (c *Client) Inspect(ctx context.Context, id lease.Identity) (*LeaseResult, error) {
-	return c.leaseCall(ctx, call{method: http.MethodPost, path: "/inspect", body: inspectBody{LockIdentity: id},
+	return c.leaseCall(ctx, call{method: http.MethodPost, path: "/inspect", body: wire.InspectRequest{LockIdentity: &id},
 		accept: codes(lease.CodeInspected)})
 }
 
@@ -422,7 +428,7 @@ func (c *Client) Get(ctx context.Context, leaseID string) (*LeaseResult, error) 
 }
 
 func (c *Client) leaseCall(ctx context.Context, cl call) (*LeaseResult, error) {
-	var w successWire
+	var w wire.Success
 	if err := c.do(ctx, cl, &w); err != nil {
 		return nil, err
 	}
@@ -430,14 +436,14 @@ func (c *Client) leaseCall(ctx context.Context, cl call) (*LeaseResult, error) {
 		return nil, &Error{Status: http.StatusOK, Code: malformedCode(cl), Msg: "malformed response: a lease answer needs exactly a lease",
 			CorrelationID: w.CorrelationID, RequestID: cl.requestID, Retryable: true}
 	}
-	res := &LeaseResult{Code: w.Code, CorrelationID: w.CorrelationID, RequestID: cl.requestID, Replayed: w.Replayed}
+	res := &LeaseResult{Code: lease.Code(w.Code), CorrelationID: w.CorrelationID, RequestID: cl.requestID, Replayed: w.Replayed}
 	var err error
-	if res.Lease, err = w.Lease.lease(); err != nil {
+	if res.Lease, err = leaseOf(w.Lease); err != nil {
 		return nil, &Error{Status: http.StatusOK, Code: malformedCode(cl), Msg: "malformed response: " + err.Error(),
 			CorrelationID: w.CorrelationID, RequestID: cl.requestID, Retryable: true}
 	}
 	if w.Current != nil {
-		cur, err := w.Current.lease()
+		cur, err := leaseOf(w.Current)
 		if err != nil {
 			return nil, &Error{Status: http.StatusOK, Code: malformedCode(cl), Msg: "malformed response: current " + err.Error(),
 				CorrelationID: w.CorrelationID, RequestID: cl.requestID, Retryable: true}
@@ -471,7 +477,7 @@ func (c *Client) List(ctx context.Context, req ListRequest) (*ListResult, error)
 		q.Set("page_size", strconv.Itoa(req.PageSize))
 	}
 	cl := call{method: http.MethodGet, path: "", query: q, accept: codes(lease.CodeListed)}
-	var w successWire
+	var w wire.Success
 	if err := c.do(ctx, cl, &w); err != nil {
 		return nil, err
 	}
@@ -482,9 +488,9 @@ func (c *Client) List(ctx context.Context, req ListRequest) (*ListResult, error)
 	if w.Lease != nil || w.Current != nil || w.History != nil || w.Commit != nil || w.NextPageToken == nil {
 		return nil, bad("a list answer needs exactly leases and next_page_token")
 	}
-	res := &ListResult{Code: w.Code, CorrelationID: w.CorrelationID, NextPageToken: *w.NextPageToken, Leases: []Lease{}}
+	res := &ListResult{Code: lease.Code(w.Code), CorrelationID: w.CorrelationID, NextPageToken: *w.NextPageToken, Leases: []Lease{}}
 	for i := range w.Leases {
-		l, err := w.Leases[i].lease()
+		l, err := leaseOf(&w.Leases[i])
 		if err != nil {
 			return nil, bad(err.Error())
 		}
@@ -508,7 +514,7 @@ func (c *Client) History(ctx context.Context, leaseID string, pageSize int, page
 		q.Set("page_token", pageToken)
 	}
 	cl := call{method: http.MethodGet, path: p, query: q, accept: codes(lease.CodeListed, lease.CodeHistory)}
-	var w successWire
+	var w wire.Success
 	if err := c.do(ctx, cl, &w); err != nil {
 		return nil, err
 	}
@@ -519,11 +525,11 @@ func (c *Client) History(ctx context.Context, leaseID string, pageSize int, page
 	if w.Lease != nil || w.Current != nil || w.Leases != nil || w.Commit != nil || w.NextPageToken == nil {
 		return nil, bad("a history answer needs exactly history and next_page_token")
 	}
-	res := &HistoryResult{Code: w.Code, CorrelationID: w.CorrelationID, NextPageToken: *w.NextPageToken, History: []HistoryEntry{}}
+	res := &HistoryResult{Code: lease.Code(w.Code), CorrelationID: w.CorrelationID, NextPageToken: *w.NextPageToken, History: []HistoryEntry{}}
 	for i := range w.History {
 		h := w.History[i]
-		l, err := h.leaseWire.lease()
-		if err != nil || h.EndedAt == nil {
+		l, err := leaseOf(&h.Lease)
+		if err != nil || h.EndedAt.IsZero() {
 			return nil, bad("history entry incomplete")
 		}
 		res.History = append(res.History, HistoryEntry{Lease: l, EndedAt: h.EndedAt.Time(), Reason: h.Reason, IncidentID: h.IncidentID})
@@ -537,15 +543,19 @@ func (c *Client) History(ctx context.Context, leaseID string, pageSize int, page
 // answer's lock_key must be the canonical lock key of req.LockIdentity
 // (Commit.LockKey, what a guard carries); any other is a malformed answer.
 func (c *Client) AuthorizeCommit(ctx context.Context, req CommitRequest) (*CommitResult, error) {
-	cl := call{method: http.MethodPost, path: "/commits/authorize", body: req, mutation: true,
+	body, err := req.body()
+	if err != nil {
+		return nil, &Error{Code: lease.CodeInvalidRequest, Field: "outbox.headers", Msg: "the publication cannot be encoded", Err: err}
+	}
+	cl := call{method: http.MethodPost, path: "/commits/authorize", body: body, mutation: true,
 		accept: codes(lease.CodeInspected)}
-	var w successWire
+	var w wire.Success
 	if err := c.do(ctx, cl, &w); err != nil {
 		return nil, err
 	}
 	cm := w.Commit
 	if cm == nil || w.Lease != nil || w.Current != nil || w.Leases != nil || w.History != nil || w.NextPageToken != nil ||
-		cm.AcceptedAt == nil || cm.BackendTime == nil || cm.FencingToken == 0 || cm.LeaseID == "" || cm.Target == "" || cm.JobID == "" || cm.CommitSeq < 1 {
+		cm.AcceptedAt.IsZero() || cm.BackendTime.IsZero() || cm.FencingToken == 0 || cm.LeaseID == "" || cm.Target == "" || cm.JobID == "" || cm.CommitSeq < 1 {
 		return nil, &Error{Status: http.StatusOK, Code: lease.CodeOutcomeUnknown, Msg: "malformed response: a commit answer needs exactly a commit",
 			CorrelationID: w.CorrelationID, Retryable: true}
 	}
@@ -555,7 +565,7 @@ func (c *Client) AuthorizeCommit(ctx context.Context, req CommitRequest) (*Commi
 		return nil, &Error{Status: http.StatusOK, Code: lease.CodeOutcomeUnknown, Msg: "malformed response: the commit's lock_key is not the requested identity's",
 			CorrelationID: w.CorrelationID, Retryable: true}
 	}
-	return &CommitResult{Code: w.Code, CorrelationID: w.CorrelationID, Replayed: w.Replayed, Commit: Commit{
+	return &CommitResult{Code: lease.Code(w.Code), CorrelationID: w.CorrelationID, Replayed: w.Replayed, Commit: Commit{
 		LockKey: cm.LockKey, Sink: cm.Sink, CommitID: cm.CommitID, LeaseID: cm.LeaseID, FencingToken: cm.FencingToken,
 		ExecutionID: cm.ExecutionID, JobID: cm.JobID, TraceID: cm.TraceID, Target: cm.Target, PayloadSHA256: cm.PayloadSHA256,
 		CommitSeq: cm.CommitSeq, AcceptedAt: cm.AcceptedAt.Time(), BackendTime: cm.BackendTime.Time(),

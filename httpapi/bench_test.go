@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/starintel/starlease/lease"
+	"github.com/starintel/starlease/wire"
 )
 
 // BenchmarkAcquireRelease compares acquire+release pairs over HTTP on
@@ -52,7 +53,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 				id := map[string]string{"tenant_id": "tenant-main", "program_id": "program-a",
 					"target_namespace": "web", "target_id": fmt.Sprintf("t-%d", g), "actor_name": "crawler"}
 				var acq struct {
-					Lease LeaseView `json:"lease"`
+					Lease wire.Lease `json:"lease"`
 				}
 				if err := post(client, srv.URL+Base+"/acquire", s.key, acquireBodyFor(id, fmt.Sprintf("a-%d-%d", g, i)), &acq); err != nil {
 					return err

@@ -6,10 +6,11 @@ import (
 
 	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/service"
+	"github.com/starintel/starlease/wire"
 )
 
 func (s *Server) acquire(r *http.Request, c service.Call) (serviceCall, error) {
-	var b acquireBody
+	var b wire.AcquireRequest
 	if err := decodeBody(r, &b); err != nil {
 		return nil, err
 	}
@@ -41,29 +42,19 @@ func (s *Server) acquire(r *http.Request, c service.Call) (serviceCall, error) {
 
 // leaseCall is the service call of an operation that answers a lease.
 func leaseCall(run func(context.Context) (lease.Result, error)) serviceCall {
-	return func(ctx context.Context, ok *Success) error {
+	return func(ctx context.Context, ok *wire.Success) error {
 		res, err := run(ctx)
 		if err != nil {
 			return err
 		}
-		ok.lease(res)
+		setLease(ok, res)
 		return nil
 	}
 }
 
 // mutationBody is a mutation's body: its identity, request id and deadline.
 type mutationBody interface {
-	envelope() (id *lease.Identity, requestID, deadline string)
-}
-
-func (b heldBody) envelope() (*lease.Identity, string, string) {
-	return b.LockIdentity, b.RequestID, b.DeadlineAt
-}
-func (b releaseBody) envelope() (*lease.Identity, string, string) {
-	return b.LockIdentity, b.RequestID, b.DeadlineAt
-}
-func (b adminBody) envelope() (*lease.Identity, string, string) {
-	return b.LockIdentity, b.RequestID, b.DeadlineAt
+	Envelope() (id *lease.Identity, requestID, deadline string)
 }
 
 // mutate is the common path of a mutation on a named lease: decode the body
@@ -75,7 +66,7 @@ func mutate[B mutationBody](s *Server, r *http.Request, c service.Call,
 	if err := decodeBody(r, &b); err != nil {
 		return nil, err
 	}
-	raw, requestID, deadline := b.envelope()
+	raw, requestID, deadline := b.Envelope()
 	c, err := s.mutationCall(r, c, requestID, deadline)
 	if err != nil {
 		return nil, err
@@ -92,7 +83,7 @@ func mutate[B mutationBody](s *Server, r *http.Request, c service.Call,
 }
 
 func (s *Server) renew(r *http.Request, c service.Call) (serviceCall, error) {
-	return mutate(s, r, c, func(b heldBody, c service.Call, id lease.Identity) (func(context.Context) (lease.Result, error), error) {
+	return mutate(s, r, c, func(b wire.RenewRequest, c service.Call, id lease.Identity) (func(context.Context) (lease.Result, error), error) {
 		ttl, err := ms(b.TTLMs, "ttl_ms")
 		if err != nil {
 			return nil, err
@@ -104,7 +95,7 @@ func (s *Server) renew(r *http.Request, c service.Call) (serviceCall, error) {
 }
 
 func (s *Server) release(r *http.Request, c service.Call) (serviceCall, error) {
-	return mutate(s, r, c, func(b releaseBody, c service.Call, id lease.Identity) (func(context.Context) (lease.Result, error), error) {
+	return mutate(s, r, c, func(b wire.ReleaseRequest, c service.Call, id lease.Identity) (func(context.Context) (lease.Result, error), error) {
 		in := service.HeldInput{Identity: id, LeaseID: r.PathValue("lease_id"), FencingToken: b.FencingToken,
 			ServiceInstanceID: b.ServiceInstanceID}
 		return func(ctx context.Context) (lease.Result, error) { return s.svc.Release(ctx, c, in) }, nil
@@ -117,7 +108,7 @@ func (s *Server) admin(revoke bool) handlerFunc {
 		if revoke {
 			op = s.svc.Revoke
 		}
-		return mutate(s, r, c, func(b adminBody, c service.Call, id lease.Identity) (func(context.Context) (lease.Result, error), error) {
+		return mutate(s, r, c, func(b wire.AdminRequest, c service.Call, id lease.Identity) (func(context.Context) (lease.Result, error), error) {
 			in := service.AdminInput{Identity: id, LeaseID: r.PathValue("lease_id"), FencingToken: b.FencingToken,
 				Reason: b.Reason, IncidentID: b.IncidentID}
 			return func(ctx context.Context) (lease.Result, error) { return op(ctx, c, in) }, nil
@@ -138,7 +129,7 @@ func (s *Server) inspectByID(r *http.Request, c service.Call) (serviceCall, erro
 }
 
 func (s *Server) inspect(r *http.Request, c service.Call) (serviceCall, error) {
-	var b inspectBody
+	var b wire.InspectRequest
 	if err := decodeBody(r, &b); err != nil {
 		return nil, err
 	}
@@ -190,13 +181,13 @@ func (s *Server) list(r *http.Request, c service.Call) (serviceCall, error) {
 	if c, err = s.readCall(r, c); err != nil {
 		return nil, err
 	}
-	return func(ctx context.Context, ok *Success) error {
+	return func(ctx context.Context, ok *wire.Success) error {
 		page, err := s.svc.List(ctx, c, req)
 		if err != nil {
 			return err
 		}
 		ok.Code = string(lease.CodeListed)
-		ok.Leases = make([]LeaseView, 0, len(page.Leases))
+		ok.Leases = make([]wire.Lease, 0, len(page.Leases))
 		for _, rec := range page.Leases {
 			ok.Leases = append(ok.Leases, *viewOf(rec))
 		}
@@ -218,15 +209,15 @@ func (s *Server) history(r *http.Request, c service.Call) (serviceCall, error) {
 		return nil, err
 	}
 	leaseID, token := r.PathValue("lease_id"), q.Get("page_token")
-	return func(ctx context.Context, ok *Success) error {
+	return func(ctx context.Context, ok *wire.Success) error {
 		page, err := s.svc.History(ctx, c, leaseID, size, token)
 		if err != nil {
 			return err
 		}
 		ok.Code = string(lease.CodeHistory)
-		ok.History = make([]HistoryView, 0, len(page.Entries))
+		ok.History = make([]wire.HistoryEntry, 0, len(page.Entries))
 		for _, h := range page.Entries {
-			ok.History = append(ok.History, HistoryView{LeaseView: *viewOf(h.Record), EndedAt: h.EndedAt, Reason: h.Reason, IncidentID: h.IncidentID})
+			ok.History = append(ok.History, wire.HistoryEntry{Lease: *viewOf(h.Record), EndedAt: h.EndedAt, Reason: h.Reason, IncidentID: h.IncidentID})
 		}
 		ok.NextPageToken = &page.NextPageToken
 		return nil
@@ -234,7 +225,7 @@ func (s *Server) history(r *http.Request, c service.Call) (serviceCall, error) {
 }
 
 func (s *Server) authorizeCommit(r *http.Request, c service.Call) (serviceCall, error) {
-	var b commitBody
+	var b wire.CommitRequest
 	if err := decodeBodyLimit(r, &b, MaxCommitBodyBytes); err != nil {
 		return nil, err
 	}
@@ -242,7 +233,7 @@ func (s *Server) authorizeCommit(r *http.Request, c service.Call) (serviceCall, 
 	if err != nil {
 		return nil, err
 	}
-	msg, err := b.Outbox.message()
+	msg, err := outboxMessage(b.Outbox)
 	if err != nil {
 		return nil, err
 	}
@@ -253,7 +244,7 @@ func (s *Server) authorizeCommit(r *http.Request, c service.Call) (serviceCall, 
 		FencingToken: b.FencingToken, ServiceInstanceID: b.ServiceInstanceID, Sink: b.Sink, CommitID: b.CommitID,
 		ExecutionID: b.ExecutionID, JobID: b.JobID, TraceID: b.TraceID, Target: b.Target, PayloadSHA256: b.PayloadSHA256,
 		Outbox: msg}
-	return func(ctx context.Context, ok *Success) error {
+	return func(ctx context.Context, ok *wire.Success) error {
 		res, err := s.svc.AuthorizeCommit(ctx, c, in)
 		if err != nil {
 			return err
@@ -267,7 +258,7 @@ func (s *Server) authorizeCommit(r *http.Request, c service.Call) (serviceCall, 
 		ok.Code = string(res.Code)
 		ok.Replayed = res.Replayed
 		cm := res.Commit
-		ok.Commit = &CommitView{LockKey: key, Sink: cm.Sink, CommitID: cm.CommitID, LeaseID: cm.LeaseID, FencingToken: cm.FencingToken,
+		ok.Commit = &wire.Commit{LockKey: key, Sink: cm.Sink, CommitID: cm.CommitID, LeaseID: cm.LeaseID, FencingToken: cm.FencingToken,
 			ExecutionID: cm.ExecutionID, JobID: cm.JobID, TraceID: cm.TraceID, Target: cm.Target,
 			PayloadSHA256: cm.PayloadSHA256, CommitSeq: cm.Seq, AcceptedAt: cm.AcceptedAt, BackendTime: res.BackendTime}
 		return nil

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/starintel/starlease/lease"
+	"github.com/starintel/starlease/wire"
 )
 
 // commitWithHeaders acquires a lease on s and returns a publication commit
@@ -32,14 +33,14 @@ func commitWithHeaders(t *testing.T, s *testServer, target string) map[string]an
 }
 
 // postRaw posts raw JSON and decodes the answer.
-func (s *testServer) postRaw(t *testing.T, path string, raw []byte) (int, errorBody, map[string]any) {
+func (s *testServer) postRaw(t *testing.T, path string, raw []byte) (int, wire.Error, map[string]any) {
 	t.Helper()
 	req := httptest.NewRequest("POST", path, bytes.NewReader(raw))
 	req.Header.Set("Authorization", "Bearer "+s.key)
 	req.Header.Set("Content-Type", "application/json")
 	rec := httptest.NewRecorder()
 	s.ServeHTTP(rec, req)
-	var e errorBody
+	var e wire.Error
 	var m map[string]any
 	if err := json.Unmarshal(rec.Body.Bytes(), &e); err != nil {
 		t.Fatalf("answer is not JSON: %q", rec.Body.String())

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/starintel/starlease/wire"
 )
 
 // A Content-Length net/http did not parse never reaches a route: over
@@ -36,7 +38,7 @@ func TestInvalidContentLengthReachingTheHandler(t *testing.T) {
 		}
 		rec := httptest.NewRecorder()
 		s.ServeHTTP(rec, req)
-		var out errorBody
+		var out wire.Error
 		if err := json.Unmarshal(rec.Body.Bytes(), &out); err != nil || rec.Code != 400 || out.Code != "invalid_lease_request" ||
 			out.Field != "Content-Length" || out.CorrelationID == "" || rec.Header().Get("X-Correlation-ID") != out.CorrelationID {
 			t.Errorf("%s: %d %s", name, rec.Code, rec.Body)

@@ -25,6 +25,7 @@ import (
 	"github.com/starintel/starlease/auth"
 	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/service"
+	"github.com/starintel/starlease/wire"
 )
 
 // Base is the route prefix of the lease API.
@@ -203,7 +204,7 @@ type route struct {
 type handlerFunc func(r *http.Request, c service.Call) (serviceCall, error)
 
 // serviceCall runs the service and fills the success envelope.
-type serviceCall func(ctx context.Context, ok *Success) error
+type serviceCall func(ctx context.Context, ok *wire.Success) error
 
 // capabilityOf is the capability check of the administrative operations,
 // run right after authentication and before the body is read, in the
@@ -256,7 +257,7 @@ func (s *Server) wrap(rt route) http.Handler {
 			s.metrics.observe(op, lease.CodeInvalidCredential, start)
 			return
 		}
-		ok := &Success{Status: "success", CorrelationID: corr}
+		ok := &wire.Success{Status: "success", CorrelationID: corr}
 		c := service.Call{Principal: p, CorrelationID: corr}
 		if may := capabilityOf[op]; may != nil && !may(p) {
 			e := &lease.Error{Code: lease.CodeAccessDenied, Reason: "capability does not allow this request"}
@@ -287,7 +288,7 @@ func (s *Server) wrap(rt route) http.Handler {
 // gets; only the correlation id differs.
 func writeUnauthorized(w http.ResponseWriter, corr string) {
 	w.Header().Set("WWW-Authenticate", `Bearer realm="starlease"`)
-	writeJSON(w, http.StatusUnauthorized, errorBody{Status: "error", Code: string(lease.CodeInvalidCredential),
+	writeJSON(w, http.StatusUnauthorized, wire.Error{Status: "error", Code: string(lease.CodeInvalidCredential),
 		Msg: lease.CodeInvalidCredential.Message(), CorrelationID: corr})
 }
 
@@ -375,7 +376,8 @@ func ms(v int64, field string) (time.Duration, error) {
 	return time.Duration(v) * time.Millisecond, nil
 }
 
-func (ok *Success) lease(res lease.Result) {
+// setLease fills a lease answer.
+func setLease(ok *wire.Success, res lease.Result) {
 	ok.Code = string(res.Code)
 	ok.Lease, ok.Current, ok.Replayed = viewOf(res.Lease), viewOf(res.Current), res.Replayed
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/starintel/starlease/bolt"
 	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/service"
+	"github.com/starintel/starlease/wire"
 )
 
 // testServer is a Server on a temporary bolt store with one issued key.
@@ -137,7 +138,7 @@ func TestStrictBodies(t *testing.T) {
 		req.Header.Set("Content-Type", "application/json")
 		rec := httptest.NewRecorder()
 		s.ServeHTTP(rec, req)
-		var out errorBody
+		var out wire.Error
 		if err := json.Unmarshal(rec.Body.Bytes(), &out); err != nil || rec.Code != 400 || out.Code != string(lease.CodeInvalidRequest) || out.Field != tc.field {
 			t.Errorf("%s: %d %+v (%v)", name, rec.Code, out, err)
 		}

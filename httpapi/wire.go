@@ -17,6 +17,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/starintel/starlease/lease"
+	"github.com/starintel/starlease/wire"
 )
 
 // MaxBodyBytes bounds every request body but a commit authorization's.
@@ -77,36 +78,24 @@ func statusOf(c lease.Code) int {
 	return http.StatusServiceUnavailable
 }
 
-// errorBody is the contract's stable error envelope. Field names the
-// offending input of a 400.
-type errorBody struct {
-	Status        string `json:"status"`
-	Code          string `json:"code"`
-	Msg           string `json:"msg"`
-	Field         string `json:"field,omitempty"`
-	CorrelationID string `json:"correlation_id"`
-	Retryable     bool   `json:"retryable"`
-	RetryAfterMs  *int64 `json:"retry_after_ms,omitempty"`
-}
-
 // defaultRetryAfter is the hint for retryable errors without their own.
 const defaultRetryAfter = 250 * time.Millisecond
 
-func newErrorBody(err error, correlationID string) (int, errorBody) {
+func newErrorBody(err error, correlationID string) (int, wire.Error) {
 	le := lease.AsError(err)
-	wire := wireCode(le.Code)
+	code := wireCode(le.Code)
 	retryable := le.Code.Retryable()
-	body := errorBody{Status: "error", Code: string(wire), Msg: wire.Message(), CorrelationID: correlationID, Retryable: retryable}
+	body := wire.Error{Status: "error", Code: string(code), Msg: code.Message(), CorrelationID: correlationID, Retryable: retryable}
 	switch {
 	case le.Code == lease.CodeInvalidRequest:
 		body.Field = le.Field
 		if le.Reason != "" {
-			body.Msg = wire.Message() + ": " + le.Field + " " + le.Reason
+			body.Msg = code.Message() + ": " + le.Field + " " + le.Reason
 		}
 	case le.PublicReason && le.Reason != "":
 		// A reason written for the caller (a full outbox, an exchange the
 		// server does not publish to); every other reason stays in logs.
-		body.Msg = wire.Message() + ": " + le.Reason
+		body.Msg = code.Message() + ": " + le.Reason
 	}
 	if retryable {
 		d := le.RetryAfter

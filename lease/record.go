@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"reflect"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 )
@@ -269,8 +271,118 @@ func (r *Record) check(stored bool) error {
 func corrupt(reason string) *Error { return &Error{Code: CodeCorrupt, Reason: reason} }
 
 // DecodeStrict decodes untrusted JSON into v as strictly as stored records
-// are: one value, no unknown, duplicate or case-variant keys, no trailing data.
-func DecodeStrict(b []byte, v any) error { return strictUnmarshal(b, v) }
+// are: one value, no unknown, duplicate or case-variant keys, no trailing
+// data. Unlike a stored record's, the input need not be v's own encoding: a
+// key is checked against the names v's type declares, so an optional
+// (omitempty) member sent with its zero value is accepted.
+func DecodeStrict(b []byte, v any) error {
+	if !utf8.Valid(b) {
+		return fmt.Errorf("malformed: not valid UTF-8")
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	dec.UseNumber()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("malformed: %s", sanitizeJSONError(err))
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("trailing data")
+	}
+	tree, err := parseTree(b)
+	if err != nil {
+		return err
+	}
+	return declaredKeys(tree, reflect.TypeOf(v), "")
+}
+
+var unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
+
+// declaredKeys reports a key of in that t does not declare exactly:
+// encoding/json matches keys case-insensitively, so DisallowUnknownFields
+// lets a case variant of a declared name through.
+func declaredKeys(in any, t reflect.Type, path string) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Implements(unmarshalerType) || reflect.PointerTo(t).Implements(unmarshalerType) {
+		return nil // decodes itself
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		obj, ok := in.(jsonObject)
+		if !ok {
+			return nil
+		}
+		fields := jsonFields(t)
+		for k, v := range obj {
+			ft, ok := fields[k]
+			if !ok {
+				return fmt.Errorf("unknown field %q", path+k)
+			}
+			if err := declaredKeys(v, ft, path+k+"."); err != nil {
+				return err
+			}
+		}
+	case reflect.Map:
+		if obj, ok := in.(jsonObject); ok {
+			for k, v := range obj {
+				if err := declaredKeys(v, t.Elem(), path+k+"."); err != nil {
+					return err
+				}
+			}
+		}
+	case reflect.Slice, reflect.Array:
+		if arr, ok := in.([]any); ok {
+			for _, v := range arr {
+				if err := declaredKeys(v, t.Elem(), path); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+var jsonFieldCache sync.Map // reflect.Type → map[string]reflect.Type
+
+// jsonFields is the JSON member names of a struct type with their types,
+// embedded structs' fields promoted as encoding/json promotes them.
+func jsonFields(t reflect.Type) map[string]reflect.Type {
+	if m, ok := jsonFieldCache.Load(t); ok {
+		return m.(map[string]reflect.Type)
+	}
+	m := map[string]reflect.Type{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "-" {
+			continue
+		}
+		if f.Anonymous && name == "" {
+			et := f.Type
+			if et.Kind() == reflect.Pointer {
+				et = et.Elem()
+			}
+			if et.Kind() == reflect.Struct {
+				for k, v := range jsonFields(et) {
+					if _, shadowed := m[k]; !shadowed {
+						m[k] = v // a field of the outer struct wins
+					}
+				}
+				continue
+			}
+		}
+		if !f.IsExported() {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		m[name] = f.Type
+	}
+	jsonFieldCache.Store(t, m)
+	return m
+}
 
 // strictUnmarshal decodes exactly one JSON value into v, rejecting unknown
 // fields, trailing data, numbers outside v's types, duplicate keys and keys
