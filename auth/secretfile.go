@@ -6,6 +6,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"syscall"
 )
 
 // ReadSecretFile reads a file holding a secret (the pepper, an API key, a
@@ -26,7 +27,9 @@ func ReadSecretFile(path, what string, max int) ([]byte, error) {
 	if st, err := os.Stat(path); err == nil && !st.Mode().IsRegular() {
 		return nil, fmt.Errorf("%s is not a regular file", what)
 	}
-	f, err := os.Open(path)
+	// O_NONBLOCK: the path may have become a FIFO since that look; the
+	// descriptor's own checks below refuse it, and nothing blocks first.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		switch {
 		case errors.Is(err, fs.ErrNotExist):

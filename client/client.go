@@ -51,13 +51,23 @@ type Option func(*Client)
 // WithHTTPClient makes the client send its requests with hc (transport,
 // TLS, proxies). The default is a new http.Client without a timeout of
 // its own: deadlines come from the call's context.
+//
+// Whatever hc's redirect policy, the client follows no redirect: net/http
+// keeps the Authorization header on a redirect to the same host name, even
+// to another port or from https to http, so a redirect could hand the API
+// key to another listener or send it in clear text. A 3xx answer is an
+// error (see Client.do).
 func WithHTTPClient(hc *http.Client) Option {
 	return func(c *Client) {
 		if hc != nil {
-			c.hc = hc
+			own := *hc
+			c.hc = &own
 		}
 	}
 }
+
+// noRedirect makes an http.Client return a redirect as the answer.
+func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 // WithTimeout sets the deadline of a call whose context has none; zero or
 // negative means no deadline (the server then applies its default).
@@ -97,6 +107,7 @@ func New(baseURL string, apiKey string, opts ...Option) (*Client, error) {
 	for _, o := range opts {
 		o(c)
 	}
+	c.hc.CheckRedirect = noRedirect
 	return c, nil
 }
 
@@ -219,6 +230,9 @@ func (c *Client) do(ctx context.Context, cl call, out *wire.Success) error {
 	}
 	if resp.StatusCode == http.StatusOK {
 		return decodeSuccess(cl, resp, b, out)
+	}
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		return malformed(cl, resp, fmt.Sprintf("the server answered a redirect (%d); the client follows none, so the API key never leaves for another address", resp.StatusCode), nil)
 	}
 	return decodeError(cl, resp, b)
 }

@@ -158,6 +158,11 @@ func (c command) execute(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(stderr, err, "")
 	}
+	if e.remote != nil {
+		// Whatever a server answers is printed; a server (or what answers in
+		// its place) could echo the key back.
+		stdout, stderr = redact(stdout, e.remote.key), redact(stderr, e.remote.key)
+	}
 	do, err := b(e)
 	if err != nil {
 		e.close()

@@ -59,6 +59,8 @@ type env struct {
 type remote struct {
 	server string
 	store  *remoteStore
+	// key is the API key, kept only to redact it from output (redact).
+	key string
 }
 
 // resolve checks the global flags and builds the env. set reports whether
@@ -127,7 +129,7 @@ func (g *globalFlags) resolve(now time.Time, set func(string) bool, getenv func(
 	}
 	// The server applies its own page size maximum.
 	e.opts.MaxPageSize = math.MaxInt32
-	e.remote = &remote{server: server, store: newRemoteStore(c, tr)}
+	e.remote = &remote{server: server, store: newRemoteStore(c, tr), key: key}
 	return e, nil
 }
 

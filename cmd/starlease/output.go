@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/starintel/starlease/lease"
@@ -140,4 +142,34 @@ func fail(stderr io.Writer, err error, requestID string) int {
 	b, _ := json.Marshal(env)
 	fmt.Fprintf(stderr, "%s\n", b)
 	return exitCode(le.Code)
+}
+
+// redactingWriter writes through to w with every occurrence of a secret
+// replaced.
+type redactingWriter struct {
+	w       io.Writer
+	secrets [][]byte
+}
+
+// redact returns w writing with the API key, and the secret part of it on
+// its own, replaced by "[redacted]".
+func redact(w io.Writer, key string) io.Writer {
+	secrets := [][]byte{[]byte(key)}
+	if i := strings.LastIndexByte(key, '_'); i >= 0 && len(key)-i > 16 {
+		secrets = append(secrets, []byte(key[i+1:]))
+	}
+	return &redactingWriter{w: w, secrets: secrets}
+}
+
+func (r *redactingWriter) Write(p []byte) (int, error) {
+	out := p
+	for _, s := range r.secrets {
+		if len(s) > 0 && bytes.Contains(out, s) {
+			out = bytes.ReplaceAll(out, s, []byte("[redacted]"))
+		}
+	}
+	if _, err := r.w.Write(out); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }

@@ -146,7 +146,7 @@ func writeTable(w io.Writer, t tabular, now time.Time) error {
 		return err
 	}
 	if tok := t.nextPageToken(); tok != "" {
-		_, err := fmt.Fprintf(w, "\nnext_page_token: %s\n", tok)
+		_, err := fmt.Fprintf(w, "\nnext_page_token: %s\n", cell(tok))
 		return err
 	}
 	return nil

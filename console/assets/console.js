@@ -14,6 +14,11 @@ let apiKey = null;
 // a response's Date header when the two differ by more than 2 s.
 let clockSkew = 0;
 
+// session counts sign-ins and sign-outs: an answer to a request made in an
+// earlier session is dropped, so nothing a key read is shown after it was
+// signed out, or to another key.
+let session = 0;
+
 const state = {
   // The list filter in force, its page tokens (tokens[i] opens page i) and
   // the index of the page shown.
@@ -164,6 +169,7 @@ async function call(method, path, opts = {}) {
   }
   let resp;
   let json = null;
+  const mine = session;
   busy(1);
   try {
     try {
@@ -181,6 +187,7 @@ async function call(method, path, opts = {}) {
   } finally {
     busy(-1);
   }
+  if (opts.auth !== false && mine !== session) throw { stale: true };
   noteServerTime(resp);
   const correlation = resp.headers.get('X-Correlation-ID') || '';
   if (opts.anyStatus) return { status: resp.status, json };
@@ -192,6 +199,7 @@ async function call(method, path, opts = {}) {
 // apiError handles an error of an authenticated call: a 401 signs out (the
 // key is no longer good, or never was) and shows only the envelope.
 function apiError(what, err) {
+  if (err && err.stale) return;
   if (err && err.status === 401) {
     signOut();
   }
@@ -243,6 +251,7 @@ async function signIn(ev) {
     input.focus();
     return;
   }
+  session++;
   apiKey = key;
   $('signin-button').disabled = true;
   try {
@@ -252,6 +261,7 @@ async function signIn(ev) {
     await call('GET', API);
     // A success would be unexpected, but the key was accepted.
   } catch (err) {
+    if (err && err.stale) return;
     if (err && err.status === 400 && err.envelope && err.envelope.code === 'invalid_lease_request') {
       enterSession();
       return;
@@ -276,6 +286,7 @@ function enterSession() {
 
 // signOut forgets the key and everything the key showed.
 function signOut() {
+  session++;
   apiKey = null;
   state.filter = null;
   state.tokens = [''];
@@ -357,6 +368,7 @@ async function loadPage() {
   try {
     res = await call('GET', API + '?' + q.toString());
   } catch (err) {
+    if (err && err.stale) return;
     $('list-status').textContent = '';
     clear($('lease-rows'));
     $('lease-table').hidden = true;
@@ -447,6 +459,7 @@ async function openLease(id, from) {
   try {
     res = await call('GET', leasePath(id));
   } catch (err) {
+    if (err && err.stale) return;
     apiError('Inspect lease', err);
     return;
   }
@@ -501,6 +514,7 @@ async function refreshDetail() {
     const res = await call('GET', leasePath(state.detail.lease_id));
     showDetail(res.lease);
   } catch (err) {
+    if (err && err.stale) return;
     apiError('Inspect lease', err);
     return;
   }
@@ -521,6 +535,7 @@ async function loadHistory(fresh) {
   try {
     res = await call('GET', leasePath(state.detail.lease_id, '/history') + '?' + q.toString());
   } catch (err) {
+    if (err && err.stale) return;
     $('history-status').textContent = '';
     $('history-more').hidden = true;
     apiError('Read history', err);
@@ -646,6 +661,7 @@ async function adminConfirm() {
   try {
     res = await call('POST', leasePath(ad.lease.lease_id, a.path), { body });
   } catch (err) {
+    if (err && err.stale) return;
     $('admin-confirm').disabled = false;
     if (err && err.status === 401) {
       apiError(a.title, err);
