@@ -73,10 +73,11 @@ func notFound(now lease.Timestamp) *lease.Error {
 // order. It walks only the filter's index range, and at most a bounded
 // number of stale entries per page, so a page costs O(page size).
 func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResult, error) {
-	f, after, size, err := lease.PrepareList(req, s.opts)
+	pg, err := lease.PrepareList(req, s.opts)
 	if err != nil {
 		return lease.ListResult{}, err
 	}
+	f, after, size := pg.Filter, pg.After, pg.Size
 	return read(s, ctx, deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.ListResult, error) {
 		out := lease.ListResult{Leases: []*lease.Record{}, BackendTime: now}
 		prefix := append(join(string(f.By), f.Value), 0)
@@ -92,7 +93,7 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 		last := ""
 		for ; k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
 			if len(out.Leases) == size || budget == 0 {
-				out.NextPageToken = f.NextPageToken(last)
+				out.NextPageToken = pg.NextPageToken(last)
 				return out, nil
 			}
 			budget--
@@ -109,10 +110,11 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 
 // History pages through an identity's terminal evidence, newest first.
 func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.HistoryResult, error) {
-	req, lockKey, after, size, err := lease.PrepareHistory(req, s.opts)
+	pg, err := lease.PrepareHistory(req, s.opts)
 	if err != nil {
 		return lease.HistoryResult{}, err
 	}
+	lockKey, after, size := pg.LockKey, pg.After, pg.Size
 	return read(s, ctx, deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.HistoryResult, error) {
 		out := lease.HistoryResult{Entries: []lease.HistoryEntry{}, BackendTime: now}
 		prefix := join(lockKey, "")
@@ -135,12 +137,12 @@ func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.Hi
 		for ; k != nil && bytes.HasPrefix(k, prefix); k, v = c.Prev() {
 			if len(out.Entries) == size {
 				seq := binary.BigEndian.Uint64(k[len(prefix):])
-				out.NextPageToken = lease.HistoryPageToken(lockKey, strconv.FormatUint(seq, 10))
+				out.NextPageToken = pg.NextPageToken(strconv.FormatUint(seq, 10))
 				return out, nil
 			}
 			h, err := lease.DecodeHistoryEntry(v)
 			if err != nil {
-				s.quarantine(tx, lockKey, req.Identity, "history entry is corrupt")
+				s.quarantine(tx, lockKey, pg.Identity, "history entry is corrupt")
 				continue
 			}
 			out.Entries = append(out.Entries, *h)

@@ -17,42 +17,70 @@ type ListFilter struct {
 
 func (f ListFilter) tokenScope() string { return string(f.By) + "\x00" + f.Value }
 
-// NextPageToken is the opaque token of the page after cursor "after".
-func (f ListFilter) NextPageToken(after string) string { return EncodePageToken(after, f.tokenScope()) }
-
 func historyTokenScope(lockKey string) string { return "history\x00" + lockKey }
 
-// HistoryPageToken is the opaque token of the history page of lockKey that
-// starts at cursor "at".
-func HistoryPageToken(lockKey, at string) string {
-	return EncodePageToken(at, historyTokenScope(lockKey))
+// Page is a validated request for one page of List or History: what it
+// reads, the cursor it resumes after and its size. Its page tokens are
+// bound to what it reads (NextPageToken).
+type Page struct {
+	// Filter is a List page's filter.
+	Filter ListFilter
+	// Identity and LockKey are a History page's canonical identity and
+	// its lock key.
+	Identity Identity
+	LockKey  string
+	// After is the decoded cursor, "" for the first page.
+	After string
+	// Size is the effective page size.
+	Size int
+	// scope binds the page's tokens: the filter, or the history of the
+	// lock key.
+	scope string
 }
 
-// PrepareList validates a list request and returns its filter, the decoded
-// cursor ("" for the first page) and the effective page size.
-func PrepareList(req ListRequest, o StoreOptions) (ListFilter, string, int, error) {
+// NextPageToken is the opaque token of the page that starts after cursor
+// "after" (for History: at it) of what p reads.
+func (p Page) NextPageToken(after string) string { return EncodePageToken(after, p.scope) }
+
+// page finishes p: the effective size and the decoded cursor of token,
+// bound to scope.
+func (p Page) page(scope string, size, max int, token string) (Page, error) {
+	var err error
+	p.scope = scope
+	if p.Size, err = pageSize(size, max); err != nil {
+		return Page{}, err
+	}
+	if p.After, err = DecodePageToken(token, scope); err != nil {
+		return Page{}, err
+	}
+	return p, nil
+}
+
+// PrepareList validates a list request and returns its page: the filter,
+// the decoded cursor and the effective page size.
+func PrepareList(req ListRequest, o StoreOptions) (Page, error) {
 	o = o.WithDefaults()
 	if err := checkDeadline(req.DeadlineAt); err != nil {
-		return ListFilter{}, "", 0, err
+		return Page{}, err
 	}
 	var f ListFilter
 	switch req.By {
 	case ListByOwner:
 		if err := CheckOpaqueID("owner_principal_id", req.OwnerPrincipalID); err != nil {
-			return f, "", 0, err
+			return Page{}, err
 		}
 		if req.TenantID != "" || req.ProgramID != "" || req.TargetNamespace != "" || req.TargetID != "" {
-			return f, "", 0, Invalid("owner_principal_id", "list by owner takes no target fields")
+			return Page{}, Invalid("owner_principal_id", "list by owner takes no target fields")
 		}
 		f = ListFilter{ListByOwner, OwnerIndexValue(req.OwnerPrincipalID)}
 	case ListByTarget, ListByProgram:
 		if req.OwnerPrincipalID != "" {
-			return f, "", 0, Invalid("owner_principal_id", "list by target or program takes no owner")
+			return Page{}, Invalid("owner_principal_id", "list by target or program takes no owner")
 		}
 		id := Identity{TenantID: req.TenantID, ProgramID: req.ProgramID, TargetNamespace: req.TargetNamespace, TargetID: req.TargetID}
 		if req.By == ListByProgram {
 			if req.TargetNamespace != "" || req.TargetID != "" {
-				return f, "", 0, Invalid("target_id", "list by program takes no target fields")
+				return Page{}, Invalid("target_id", "list by program takes no target fields")
 			}
 			id.TargetNamespace, id.TargetID = "x", "x" // placeholders, not part of the filter
 		}
@@ -62,7 +90,7 @@ func PrepareList(req ListRequest, o StoreOptions) (ListFilter, string, int, erro
 			// List filters are top-level query fields, not a lock_identity.
 			le := *AsError(err)
 			le.Field = strings.TrimPrefix(le.Field, "lock_identity.")
-			return f, "", 0, &le
+			return Page{}, &le
 		}
 		if req.By == ListByProgram {
 			f = ListFilter{ListByProgram, ProgramIndexValue(n)}
@@ -70,14 +98,9 @@ func PrepareList(req ListRequest, o StoreOptions) (ListFilter, string, int, erro
 			f = ListFilter{ListByTarget, TargetIndexValue(n)}
 		}
 	default:
-		return f, "", 0, Invalid("by", "must be owner, target or program")
+		return Page{}, Invalid("by", "must be owner, target or program")
 	}
-	size, err := pageSize(req.PageSize, o.MaxPageSize)
-	if err != nil {
-		return f, "", 0, err
-	}
-	after, err := DecodePageToken(req.PageToken, f.tokenScope())
-	return f, after, size, err
+	return Page{Filter: f}.page(f.tokenScope(), req.PageSize, o.MaxPageSize, req.PageToken)
 }
 
 func pageSize(n, max int) (int, error) {
@@ -90,23 +113,19 @@ func pageSize(n, max int) (int, error) {
 	return n, nil
 }
 
-// PrepareHistory validates a history request.
-func PrepareHistory(req HistoryRequest, o StoreOptions) (HistoryRequest, string, string, int, error) {
+// PrepareHistory validates a history request and returns its page: the
+// canonical identity and its lock key, the decoded cursor and the
+// effective page size.
+func PrepareHistory(req HistoryRequest, o StoreOptions) (Page, error) {
 	o = o.WithDefaults()
 	if err := checkDeadline(req.DeadlineAt); err != nil {
-		return req, "", "", 0, err
+		return Page{}, err
 	}
 	id, key, err := o.identity(req.Identity)
 	if err != nil {
-		return req, "", "", 0, err
+		return Page{}, err
 	}
-	req.Identity = id
-	size, err := pageSize(req.PageSize, o.MaxPageSize)
-	if err != nil {
-		return req, "", "", 0, err
-	}
-	after, err := DecodePageToken(req.PageToken, historyTokenScope(key))
-	return req, key, after, size, err
+	return Page{Identity: id, LockKey: key}.page(historyTokenScope(key), req.PageSize, o.MaxPageSize, req.PageToken)
 }
 
 // The index values of List filters. Each is the length-prefixed encoding of

@@ -98,12 +98,12 @@ func (s *Store) Inspect(ctx context.Context, req lease.InspectRequest) (lease.Re
 // examines at most 4×page size + 64 entries per page, so a page costs
 // O(page size) whatever the number of stale entries.
 func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResult, error) {
-	f, after, size, err := lease.PrepareList(req, s.opts)
+	pg, err := lease.PrepareList(req, s.opts)
 	if err != nil {
 		return lease.ListResult{}, err
 	}
-	scope := string(f.By) + "\x00" + f.Value
-	prefix := scope // index members: filter ‖ 0 ‖ value ‖ lease id ‖ 0 ‖ tag
+	f, after, size := pg.Filter, pg.After, pg.Size
+	prefix := string(f.By) + "\x00" + f.Value // index members: filter ‖ 0 ‖ value ‖ lease id ‖ 0 ‖ tag
 	upper := "(" + prefix + "\xff"
 	d := due(ctx, req.DeadlineAt)
 	out := lease.ListResult{Leases: []*lease.Record{}}
@@ -161,7 +161,7 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 			return out, nil // the filter's range is exhausted
 		}
 		if len(out.Leases) == size || budget == 0 {
-			out.NextPageToken = lease.EncodePageToken(after, scope)
+			out.NextPageToken = pg.NextPageToken(after)
 			return out, nil
 		}
 	}
@@ -171,10 +171,11 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 // Entries are pushed in token order (an identity's leases end one after
 // another), so the page token is the fencing token of the next entry.
 func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.HistoryResult, error) {
-	req, lockKey, after, size, err := lease.PrepareHistory(req, s.opts)
+	pg, err := lease.PrepareHistory(req, s.opts)
 	if err != nil {
 		return lease.HistoryResult{}, err
 	}
+	lockKey, after, size := pg.LockKey, pg.After, pg.Size
 	var cursor uint64
 	if after != "" {
 		if cursor, err = strconv.ParseUint(after, 10, 64); err != nil {
@@ -193,7 +194,7 @@ func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.Hi
 			err = lease.Errorf(lease.CodeCorrupt, "history entry of a foreign lock key")
 		}
 		if err != nil {
-			s.corrupt(req.Identity, "history entry is corrupt")
+			s.corrupt(pg.Identity, "history entry is corrupt")
 			continue
 		}
 		// Resume at the entry the token names, or the next older one if
@@ -202,7 +203,7 @@ func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.Hi
 			continue
 		}
 		if len(out.Entries) == size {
-			out.NextPageToken = lease.EncodePageToken(utoa(h.Record.FencingToken), "history\x00"+lockKey)
+			out.NextPageToken = pg.NextPageToken(utoa(h.Record.FencingToken))
 			break
 		}
 		out.Entries = append(out.Entries, *h)

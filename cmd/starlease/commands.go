@@ -195,7 +195,7 @@ func setupList(fs *flag.FlagSet) build {
 		default:
 			req.By = lease.ListByProgram
 		}
-		if _, _, _, err := lease.PrepareList(req, e.opts); err != nil {
+		if _, err := lease.PrepareList(req, e.opts); err != nil {
 			return nil, err
 		}
 		return func(ctx context.Context, s lease.Store) (any, error) {
@@ -213,7 +213,7 @@ func setupHistory(fs *flag.FlagSet) build {
 	return func(e *env) (call, error) {
 		req := lease.HistoryRequest{Identity: id.Identity, PageSize: p.size, PageToken: p.token,
 			DeadlineAt: e.deadline, Caller: e.caller}
-		if _, _, _, _, err := lease.PrepareHistory(req, e.opts); err != nil {
+		if _, err := lease.PrepareHistory(req, e.opts); err != nil {
 			return nil, err
 		}
 		return func(ctx context.Context, s lease.Store) (any, error) {
