@@ -117,17 +117,14 @@ func (r reply) at(i int) string {
 
 // fcall runs one function and maps every failure to a typed error.
 func (s *Store) fcall(ctx context.Context, c call) (reply, error) {
-	if s.closed.Load() {
-		return reply{}, lease.Errorf(lease.CodeBackendUnavailable, "store is closed")
-	}
-	if ctx.Err() != nil {
-		return reply{}, lease.Errorf(lease.CodeDeadlineExceeded, "deadline elapsed before the operation started")
+	if err := lease.CheckStart(ctx, s.closed.Load()); err != nil {
+		return reply{}, err
 	}
 	cctx := ctx
 	if !c.wait.IsZero() {
 		if !time.Now().Before(c.wait) {
 			// Nothing was sent; the backend would refuse it anyway.
-			return reply{}, lease.Errorf(lease.CodeDeadlineExceeded, "deadline elapsed before the operation started")
+			return reply{}, lease.DeadlineExceeded(lease.Timestamp{})
 		}
 		var cancel context.CancelFunc
 		cctx, cancel = context.WithDeadline(ctx, c.wait)
@@ -208,15 +205,6 @@ func (s *Store) failure(c call, err error) error {
 	// reset, a closed connection or a script failure after submission.
 	s.log.Warn("lease backend outcome unknown", "function", c.fn, "class", class)
 	return lease.Errorf(lease.CodeOutcomeUnknown, "backend outcome unknown; resolve by request id")
-}
-
-// due is the deadline the function enforces: the earlier of the request's
-// deadline and the context's.
-func due(ctx context.Context, at time.Time) lease.Timestamp {
-	if d, ok := ctx.Deadline(); ok && d.Before(at) {
-		at = d
-	}
-	return lease.At(at)
 }
 
 // waitFor bounds a mutation's wait for its reply: the deadline plus the

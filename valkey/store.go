@@ -202,14 +202,7 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 		// is below the truth until the outbox drains.
 		s.log.Warn("cannot count the pending outbox's bytes", "reason", lease.AsError(err).Reason)
 	}
-	interval := o.ReapInterval
-	if interval == 0 {
-		interval = 30 * time.Second
-	}
-	if interval > 0 {
-		s.wg.Add(1)
-		go s.reapLoop(interval)
-	}
+	lease.Reaper{Interval: o.ReapInterval, Bounded: true, Pass: s.reap, Log: s.log}.Start(&s.wg, s.stop)
 	return s, nil
 }
 
