@@ -16,60 +16,48 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 	if err != nil {
 		return lease.CommitResult{}, err
 	}
-	due := deadline(ctx, req.DeadlineAt)
-	var res lease.CommitResult
-	var opErr error
-	err = s.mutate(ctx, func(tx *bbolt.Tx) error {
-		res, opErr = lease.CommitResult{}, nil
+	due := lease.Deadline(ctx, req.DeadlineAt)
+	return change(s, ctx, func(tx *bbolt.Tx) (lease.CommitResult, error) {
 		now := s.clock(tx)
-		if opErr = pastDeadline(now, due); opErr != nil {
-			return nil
+		if err := lease.PastDeadline(now, due); err != nil {
+			return lease.CommitResult{}, refuse(err)
 		}
 		commits := tx.Bucket(bucketCommits)
 		if v := commits.Get([]byte(p.Scope)); v != nil {
 			c, err := lease.DecodeCommit(v)
 			switch {
 			case err != nil:
-				opErr = s.quarantine(tx, p.LockKey, p.Identity, "accepted-commit evidence is corrupt")
+				return lease.CommitResult{}, refuse(s.quarantine(tx, p.LockKey, p.Identity, "accepted-commit evidence is corrupt"))
 			case c.Digest != p.Digest:
-				opErr = &lease.Error{Code: lease.CodeIdempotencyConflict, Reason: "commit id was reused with different inputs", BackendTime: now.Time()}
-			default:
-				res = lease.CommitResult{Code: lease.CodeCommitAuthorized, Commit: c, Replayed: true, BackendTime: now}
+				return lease.CommitResult{}, refuse(lease.CommitIdempotencyConflict(now))
 			}
-			return nil
+			return lease.CommitResult{Code: lease.CodeCommitAuthorized, Commit: c, Replayed: true, BackendTime: now}, nil
 		}
-		mp := lease.Prepared{LockKey: p.LockKey, Identity: p.Identity}
-		cur, err := s.held(tx, mp, now, req.LeaseID, req.FencingToken, req.Caller.PrincipalID, req.ServiceInstanceID, &opErr)
-		if cur == nil || err != nil {
-			return err
+		cur, err := s.held(tx, p.LockKey, now, req.LeaseID, req.FencingToken, req.Caller.PrincipalID, req.ServiceInstanceID)
+		if err != nil {
+			return lease.CommitResult{}, err
 		}
 		if cur.ExecutionID != req.ExecutionID || cur.JobID != req.JobID {
 			// A guard names the lease's own execution and job, never
 			// another one the caller claims.
-			opErr = lost(now)
-			return nil
+			return lease.CommitResult{}, refuse(lease.Lost(now))
 		}
 		marks := tx.Bucket(bucketHighWater)
 		markKey := join(p.LockKey, req.Sink)
 		mark, ok := counterAt(marks, markKey)
 		if !ok {
-			opErr = s.quarantine(tx, p.LockKey, p.Identity, "high-water mark is malformed")
-			return nil
+			return lease.CommitResult{}, refuse(s.quarantine(tx, p.LockKey, p.Identity, "high-water mark is malformed"))
 		}
 		if req.FencingToken < mark {
-			s.log.Error("ALERT commit token below the sink's high-water mark", identityAttrs(p.Identity)...)
-			opErr = &lease.Error{Code: lease.CodeCommitRejected, Reason: "fencing token is below the sink's high-water mark", BackendTime: now.Time()}
-			return nil
+			return lease.CommitResult{}, refuse(lease.CommitRejected(s.log, p.Identity, now))
 		}
 		seqs := tx.Bucket(bucketCommitSeq)
 		seq, ok := counterAt(seqs, []byte(p.LockKey))
 		switch {
 		case !ok:
-			opErr = s.quarantine(tx, p.LockKey, p.Identity, "commit sequence is malformed")
-			return nil
+			return lease.CommitResult{}, refuse(s.quarantine(tx, p.LockKey, p.Identity, "commit sequence is malformed"))
 		case seq >= lease.MaxFencingToken:
-			opErr = s.quarantine(tx, p.LockKey, p.Identity, "commit sequence is exhausted")
-			return nil
+			return lease.CommitResult{}, refuse(s.quarantine(tx, p.LockKey, p.Identity, "commit sequence is exhausted"))
 		}
 		if req.Outbox != nil {
 			// The outbox's bounds, in the same transaction as the append:
@@ -77,45 +65,36 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 			pending, bytes := outboxUsage(tx)
 			if full := s.opts.OutboxRoom(pending, bytes, req.Outbox.Size()); full != nil {
 				full.BackendTime = now.Time()
-				opErr = full
-				return nil
+				return lease.CommitResult{}, refuse(full)
 			}
 		}
 		// Every check that can refuse has run: the writes follow.
 		seq++
 		if err := marks.Put(markKey, u64(req.FencingToken)); err != nil {
-			return err
+			return lease.CommitResult{}, err
 		}
 		if err := seqs.Put([]byte(p.LockKey), u64(seq)); err != nil {
-			return err
+			return lease.CommitResult{}, err
 		}
 		c := req.Commit(now, seq, p.Digest)
 		b, err := lease.EncodeCommit(c)
 		if err != nil {
-			return err
+			return lease.CommitResult{}, err
 		}
 		if err := commits.Put([]byte(p.Scope), b); err != nil {
-			return err
+			return lease.CommitResult{}, err
 		}
 		exp := now.Add(s.opts.CommitRetention).UnixMilli()
 		if err := tx.Bucket(bucketCommitExp).Put(append(u64(uint64(exp)), p.Scope...), nil); err != nil {
-			return err
+			return lease.CommitResult{}, err
 		}
 		if req.Outbox != nil {
 			if err := putOutbox(tx, lease.OutboxEntry{MessageID: lease.OutboxMessageID(p.Scope), Identity: p.Identity,
 				LockKey: p.LockKey, LeaseID: req.LeaseID, FencingToken: req.FencingToken, ExecutionID: req.ExecutionID,
 				TraceID: req.TraceID, Sink: req.Sink, CommitID: req.CommitID, AcceptedAt: now, Message: *req.Outbox}); err != nil {
-				return err
+				return lease.CommitResult{}, err
 			}
 		}
-		res = lease.CommitResult{Code: lease.CodeCommitAuthorized, Commit: c, BackendTime: now}
-		return nil
+		return lease.CommitResult{Code: lease.CodeCommitAuthorized, Commit: c, BackendTime: now}, nil
 	})
-	if err != nil {
-		return lease.CommitResult{}, err
-	}
-	if opErr != nil {
-		return lease.CommitResult{}, opErr
-	}
-	return res, nil
 }

@@ -24,7 +24,7 @@ func read[T any](s *Store, ctx context.Context, due lease.Timestamp, fn func(*bb
 		return zero, s.storageReadError(err)
 	}
 	defer tx.Rollback()
-	if err := pastDeadline(now, due); err != nil {
+	if err := lease.PastDeadline(now, due); err != nil {
 		return zero, err
 	}
 	return fn(tx, now)
@@ -37,13 +37,13 @@ func (s *Store) Inspect(ctx context.Context, req lease.InspectRequest) (lease.Re
 	if err != nil {
 		return lease.Result{}, err
 	}
-	return read(s, ctx, deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.Result, error) {
+	return read(s, ctx, lease.Deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.Result, error) {
 		res := lease.Result{Code: lease.CodeInspected, BackendTime: now}
 		key := lockKey
 		if req.LeaseID != "" {
 			v := tx.Bucket(bucketLeases).Get([]byte(req.LeaseID))
 			if v == nil {
-				return res, notFound(now)
+				return res, lease.NotFound(now)
 			}
 			key = string(v[:bytes.IndexByte(v, 0)])
 		}
@@ -55,18 +55,14 @@ func (s *Store) Inspect(ctx context.Context, req lease.InspectRequest) (lease.Re
 			res.Lease = cur.ObservedAt(now)
 			return res, nil
 		case req.LeaseID == "":
-			return res, notFound(now)
+			return res, lease.NotFound(now)
 		}
 		if h := findHistory(tx, key, req.LeaseID); h != nil {
 			res.Lease = h.Record
 			return res, nil
 		}
-		return res, notFound(now)
+		return res, lease.NotFound(now)
 	})
-}
-
-func notFound(now lease.Timestamp) *lease.Error {
-	return &lease.Error{Code: lease.CodeNotFound, Reason: "no such lease", BackendTime: now.Time()}
 }
 
 // List pages through unexpired active leases of one filter in lease-id
@@ -78,7 +74,7 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 		return lease.ListResult{}, err
 	}
 	f, after, size := pg.Filter, pg.After, pg.Size
-	return read(s, ctx, deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.ListResult, error) {
+	return read(s, ctx, lease.Deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.ListResult, error) {
 		out := lease.ListResult{Leases: []*lease.Record{}, BackendTime: now}
 		prefix := append(join(string(f.By), f.Value), 0)
 		c := tx.Bucket(bucketIndex).Cursor()
@@ -115,7 +111,7 @@ func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.Hi
 		return lease.HistoryResult{}, err
 	}
 	lockKey, after, size := pg.LockKey, pg.After, pg.Size
-	return read(s, ctx, deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.HistoryResult, error) {
+	return read(s, ctx, lease.Deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.HistoryResult, error) {
 		out := lease.HistoryResult{Entries: []lease.HistoryEntry{}, BackendTime: now}
 		prefix := join(lockKey, "")
 		c := tx.Bucket(bucketHistory).Cursor()
@@ -157,18 +153,14 @@ func (s *Store) LookupRequest(ctx context.Context, req lease.LookupRequest) (lea
 	if err != nil {
 		return lease.Result{}, err
 	}
-	return read(s, ctx, deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.Result, error) {
+	return read(s, ctx, lease.Deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.Result, error) {
 		v := tx.Bucket(bucketIdem).Get([]byte(p.Scope))
 		if v == nil {
-			return lease.Result{}, &lease.Error{Code: lease.CodeNotFound, Reason: "no committed result for this request id", BackendTime: now.Time()}
+			return lease.Result{}, lease.RequestNotFound(now)
 		}
-		ev, err := lease.DecodeIdempotencyRecord(v)
-		if err != nil || ev.Op != p.Op || ev.Lease.LockKey != p.LockKey {
+		res, ok := p.Lookup(v, func(orig *lease.Record) (*lease.Record, error) { return s.currentOf(tx, orig, now) })
+		if !ok {
 			return lease.Result{}, s.quarantine(tx, p.LockKey, p.Identity, "idempotency evidence is corrupt")
-		}
-		res := ev.Result()
-		if cur, err := s.currentOf(tx, ev.Lease, now); err == nil && cur.State != ev.Lease.State {
-			res.Current = cur
 		}
 		return res, nil
 	})
