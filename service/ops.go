@@ -323,7 +323,7 @@ func (s *Service) inspect(ctx context.Context, o *op, in InspectInput) (lease.Re
 		return res, err
 	}
 	if !auth.CanView(p, res.Lease) {
-		return lease.Result{}, &lease.Error{Code: lease.CodeNotFound, Reason: "no such lease"}
+		return lease.Result{}, lease.NotFound(lease.Timestamp{})
 	}
 	o.identity(res.Lease.Identity())
 	return res, nil
@@ -449,7 +449,7 @@ func (s *Service) history(ctx context.Context, o *op, leaseID string, pageSize i
 	id := found.Lease.Identity()
 	o.identity(id)
 	if err := auth.AuthorizeHistory(p, id); err != nil {
-		return lease.HistoryResult{}, &lease.Error{Code: lease.CodeNotFound, Reason: "no such lease"}
+		return lease.HistoryResult{}, lease.NotFound(lease.Timestamp{})
 	}
 	bind := pageBinding(p, "history", found.Lease.LockKey)
 	cursor, err := s.tokens.open(bind, pageToken)
