@@ -140,7 +140,7 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 		}
 	}
 	s := &Store{
-		opts: o.StoreOptions.WithDefaults(), keys: layout{ns: ns}, lib: newLibrary(),
+		opts: o.StoreOptions.WithDefaults(), keys: layout{ns: ns}, lib: newLibrary("", librarySource),
 		allowUnknown: o.AllowUnverifiedDurability,
 		replyGrace:   orDefault(o.ReplyGrace, 2*time.Second),
 		reclaimGrace: orDefault(o.ReclaimGrace, 24*time.Hour),
@@ -210,7 +210,7 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 // (then the ACL needs no FUNCTION LOAD: an operator may preload it).
 func (s *Store) ensureLibrary(ctx context.Context) error {
 	err := s.client.Do(ctx, s.build(call{fn: "clock", ro: true})).Error()
-	if ve, ok := vk.IsValkeyErr(err); ok && strings.Contains(ve.Error(), "Function not found") {
+	if functionMissing(err) {
 		return s.lib.load(ctx, s.client)
 	}
 	return err
