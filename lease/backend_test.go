@@ -185,7 +185,8 @@ func TestEvidenceAnswers(t *testing.T) {
 // The reaper runs its pass every interval until stopped, bounding each
 // pass only when asked, and logs failures other than unavailability.
 func TestReaper(t *testing.T) {
-	var logs syncBuffer
+	// Read only once every reaper has stopped (wg.Wait).
+	var logs bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	for _, bounded := range []bool{false, true} {
 		var wg sync.WaitGroup
@@ -214,21 +215,4 @@ func TestReaper(t *testing.T) {
 	var wg sync.WaitGroup
 	Reaper{Interval: -1, Pass: func(context.Context) error { t.Fatal("a disabled reaper ran"); return nil }}.Start(&wg, nil)
 	wg.Wait()
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
