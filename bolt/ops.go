@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"strconv"
 	"time"
 
@@ -18,48 +19,33 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Re
 	if err != nil {
 		return lease.Result{}, err
 	}
-	due := deadline(ctx, req.DeadlineAt)
-	var res lease.Result
-	var opErr error
-	err = s.mutate(ctx, func(tx *bbolt.Tx) error {
-		res, opErr = lease.Result{}, nil
-		now, done, err := s.start(tx, p, due, &res, &opErr)
-		if done || err != nil {
-			return err
-		}
+	return s.mutation(ctx, p, req.DeadlineAt, func(tx *bbolt.Tx, now lease.Timestamp) (lease.Result, error) {
 		cur, err := s.loadActive(tx, p.LockKey)
 		if err != nil {
-			opErr = err
-			return nil
+			return lease.Result{}, refuse(err)
 		}
 		if cur != nil && cur.LiveAt(now) {
-			opErr = &lease.Error{Code: lease.CodeConflict, Reason: "another unexpired lease holds the identity",
-				RetryAfter: cur.ExpiresAt.Time().Sub(now.Time()), BackendTime: now.Time()}
-			return nil
+			return lease.Result{}, refuse(lease.Conflict(now, cur.ExpiresAt))
 		}
 		// Every check that can refuse runs before the first write.
 		counters := tx.Bucket(bucketCounters)
 		counter, ok := counterAt(counters, []byte(p.LockKey))
 		if !ok {
-			opErr = s.quarantine(tx, p.LockKey, p.Identity, "fencing counter is malformed")
-			return nil
+			return lease.Result{}, refuse(s.quarantine(tx, p.LockKey, p.Identity, "fencing counter is malformed"))
 		}
 		// After a recovery epoch every identity, even one the backup did
 		// not know, continues above the epoch's floor.
 		floor, ok := counterFloor(tx)
 		if !ok {
-			opErr = s.quarantine(tx, p.LockKey, p.Identity, "counter floor is malformed")
-			return nil
+			return lease.Result{}, refuse(s.quarantine(tx, p.LockKey, p.Identity, "counter floor is malformed"))
 		}
 		counter = max(counter, floor)
 		if counter >= lease.MaxFencingToken {
-			s.log.Error("ALERT fencing counter exhausted; acquisition refused", identityAttrs(p.Identity)...)
-			opErr = &lease.Error{Code: lease.CodeCounterExhausted, Reason: "the fencing counter reached 2^53-1", BackendTime: now.Time()}
-			return nil
+			return lease.Result{}, refuse(lease.CounterExhausted(s.log, p.Identity, now))
 		}
 		if cur != nil {
 			if err := s.archive(tx, cur, lease.StateExpired, cur.ExpiresAt, ended{}); err != nil {
-				return err
+				return lease.Result{}, err
 			}
 		}
 		rec := &lease.Record{
@@ -77,23 +63,21 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Re
 		}
 		rec.SetIdentity(p.Identity)
 		if err := counters.Put([]byte(p.LockKey), u64(rec.FencingToken)); err != nil {
-			return err
+			return lease.Result{}, err
 		}
 		if err := s.putActive(tx, rec); err != nil {
-			return err
+			return lease.Result{}, err
 		}
 		for _, k := range indexKeys(rec) {
 			if err := tx.Bucket(bucketIndex).Put(k, []byte(p.LockKey)); err != nil {
-				return err
+				return lease.Result{}, err
 			}
 		}
 		if err := putLeaseState(tx, rec.LeaseID, p.LockKey, lease.StateActive, 0); err != nil {
-			return err
+			return lease.Result{}, err
 		}
-		res = lease.Result{Code: lease.CodeAcquired, Lease: rec, BackendTime: now}
-		return s.remember(tx, p, res)
+		return lease.Result{Code: lease.CodeAcquired, Lease: rec, BackendTime: now}, nil
 	})
-	return finish(res, opErr, err)
 }
 
 // expiry is min(now+ttl, acquired+maximum lifetime).
@@ -111,18 +95,10 @@ func (s *Store) Renew(ctx context.Context, req lease.RenewRequest) (lease.Result
 	if err != nil {
 		return lease.Result{}, err
 	}
-	due := deadline(ctx, req.DeadlineAt)
-	var res lease.Result
-	var opErr error
-	err = s.mutate(ctx, func(tx *bbolt.Tx) error {
-		res, opErr = lease.Result{}, nil
-		now, done, err := s.start(tx, p, due, &res, &opErr)
-		if done || err != nil {
-			return err
-		}
-		cur, err := s.held(tx, p, now, req.LeaseID, req.FencingToken, req.Caller.PrincipalID, req.ServiceInstanceID, &opErr)
-		if cur == nil || err != nil {
-			return err
+	return s.mutation(ctx, p, req.DeadlineAt, func(tx *bbolt.Tx, now lease.Timestamp) (lease.Result, error) {
+		cur, err := s.held(tx, p.LockKey, now, req.LeaseID, req.FencingToken, req.Caller.PrincipalID, req.ServiceInstanceID)
+		if err != nil {
+			return lease.Result{}, err
 		}
 		ttl := req.TTL
 		if ttl == 0 {
@@ -133,12 +109,10 @@ func (s *Store) Renew(ctx context.Context, req lease.RenewRequest) (lease.Result
 		next.ExpiresAt = expiry(now, ttl, cur.AcquiredAt, time.Duration(cur.MaximumLifetimeMs)*time.Millisecond)
 		next.TTLMs = ttl.Milliseconds()
 		if err := s.putActive(tx, next); err != nil {
-			return err
+			return lease.Result{}, err
 		}
-		res = lease.Result{Code: lease.CodeRenewed, Lease: next, BackendTime: now}
-		return s.remember(tx, p, res)
+		return lease.Result{Code: lease.CodeRenewed, Lease: next, BackendTime: now}, nil
 	})
-	return finish(res, opErr, err)
 }
 
 // Release ends the exact matching active lease (compare-and-delete).
@@ -147,8 +121,8 @@ func (s *Store) Release(ctx context.Context, req lease.ReleaseRequest) (lease.Re
 	if err != nil {
 		return lease.Result{}, err
 	}
-	return s.end(ctx, p, req.DeadlineAt, lease.CodeReleased, lease.StateReleased, func(tx *bbolt.Tx, now lease.Timestamp, opErr *error) (*lease.Record, error) {
-		return s.held(tx, p, now, req.LeaseID, req.FencingToken, req.Caller.PrincipalID, req.ServiceInstanceID, opErr)
+	return s.end(ctx, p, req.DeadlineAt, lease.CodeReleased, lease.StateReleased, func(tx *bbolt.Tx, now lease.Timestamp) (*lease.Record, error) {
+		return s.held(tx, p.LockKey, now, req.LeaseID, req.FencingToken, req.Caller.PrincipalID, req.ServiceInstanceID)
 	}, ended{by: req.Caller.PrincipalID, requestID: req.RequestID})
 }
 
@@ -169,111 +143,126 @@ func (s *Store) admin(ctx context.Context, op lease.Op, req lease.AdminRequest) 
 		return lease.Result{}, err
 	}
 	code, state := lease.AdminOutcome(op)
-	return s.end(ctx, p, req.DeadlineAt, code, state, func(tx *bbolt.Tx, now lease.Timestamp, opErr *error) (*lease.Record, error) {
+	return s.end(ctx, p, req.DeadlineAt, code, state, func(tx *bbolt.Tx, now lease.Timestamp) (*lease.Record, error) {
 		cur, err := s.loadActive(tx, p.LockKey)
 		if err != nil {
-			*opErr = err
-			return nil, nil
+			return nil, refuse(err)
 		}
 		// Compare against the observed lease so an unseen successor survives.
 		if cur == nil || cur.LeaseID != req.LeaseID || cur.FencingToken != req.FencingToken {
-			*opErr = lost(now)
-			return nil, nil
+			return nil, refuse(lease.Lost(now))
 		}
 		if !cur.LiveAt(now) {
-			*opErr = lost(now)
-			return nil, s.archive(tx, cur, lease.StateExpired, cur.ExpiresAt, ended{})
+			return nil, s.lostExpired(tx, cur, now)
 		}
 		return cur, nil
 	}, ended{by: req.Caller.PrincipalID, requestID: req.RequestID, reason: req.Reason, incident: req.IncidentID})
 }
 
-// end runs a terminal transition: match finds the lease to end (or sets
-// opErr), then the lease is archived in state and the result remembered.
+// end runs a terminal transition: match finds the lease to end (or
+// refuses), then the lease is archived in state.
 func (s *Store) end(ctx context.Context, p lease.Prepared, at time.Time, code lease.Code, state lease.State,
-	match func(*bbolt.Tx, lease.Timestamp, *error) (*lease.Record, error), why ended) (lease.Result, error) {
-	due := deadline(ctx, at)
-	var res lease.Result
-	var opErr error
-	err := s.mutate(ctx, func(tx *bbolt.Tx) error {
-		res, opErr = lease.Result{}, nil
-		now, done, err := s.start(tx, p, due, &res, &opErr)
-		if done || err != nil {
-			return err
-		}
-		cur, err := match(tx, now, &opErr)
-		if cur == nil || err != nil {
-			return err
+	match func(*bbolt.Tx, lease.Timestamp) (*lease.Record, error), why ended) (lease.Result, error) {
+	return s.mutation(ctx, p, at, func(tx *bbolt.Tx, now lease.Timestamp) (lease.Result, error) {
+		cur, err := match(tx, now)
+		if err != nil {
+			return lease.Result{}, err
 		}
 		final := cur.Clone()
 		final.State = state
 		if err := s.archive(tx, cur, state, now, why); err != nil {
-			return err
+			return lease.Result{}, err
 		}
-		res = lease.Result{Code: code, Lease: final, BackendTime: now}
-		return s.remember(tx, p, res)
+		return lease.Result{Code: code, Lease: final, BackendTime: now}, nil
 	})
-	return finish(res, opErr, err)
 }
 
-// finish turns a transaction's outputs into the typed result.
-func finish(res lease.Result, opErr, err error) (lease.Result, error) {
-	if err != nil {
-		return lease.Result{}, err
+// mutation runs lease mutation p as one write transaction: it opens at
+// backend time (start), so a request past its deadline or answered by
+// its evidence goes no further; then op decides, and its result is
+// remembered as evidence in the same transaction.
+func (s *Store) mutation(ctx context.Context, p lease.Prepared, at time.Time,
+	op func(*bbolt.Tx, lease.Timestamp) (lease.Result, error)) (lease.Result, error) {
+	due := lease.Deadline(ctx, at)
+	return change(s, ctx, func(tx *bbolt.Tx) (lease.Result, error) {
+		now, replay, err := s.start(tx, p, due)
+		switch {
+		case err != nil:
+			return lease.Result{}, refuse(err)
+		case replay != nil:
+			return *replay, nil
+		}
+		res, err := op(tx, now)
+		if err != nil {
+			return lease.Result{}, err
+		}
+		return res, s.remember(tx, p, res)
+	})
+}
+
+// refusal is a typed answer decided inside a write transaction. Unlike a
+// storage error it does not roll the transaction back: what it wrote
+// stands (an expired lease archived, a quarantine mark).
+type refusal struct{ err error }
+
+func (r refusal) Error() string { return r.err.Error() }
+
+// refuse marks err, a typed answer, as a refusal; nil stays nil.
+func refuse(err error) error {
+	if err == nil {
+		return nil
 	}
-	if opErr != nil {
-		return lease.Result{}, opErr
+	return refusal{err}
+}
+
+// change runs fn as one write transaction (mutate; fn may run more than
+// once) and returns its result, or the typed answer of its refusal. Any
+// other error of fn rolls the transaction back.
+func change[T any](s *Store, ctx context.Context, fn func(*bbolt.Tx) (T, error)) (T, error) {
+	var res T
+	var refused error
+	err := s.mutate(ctx, func(tx *bbolt.Tx) error {
+		var err error
+		res, err = fn(tx)
+		var r refusal
+		if refused = nil; errors.As(err, &r) {
+			refused = r.err
+			return nil
+		}
+		return err
+	})
+	var zero T
+	switch {
+	case err != nil:
+		return zero, err
+	case refused != nil:
+		return zero, refused
 	}
 	return res, nil
 }
 
-// pastDeadline is deadline_exceeded if due has passed at backend time now.
-// It returns error, not *lease.Error, so a nil result is a nil interface.
-func pastDeadline(now, due lease.Timestamp) error {
-	if now.Before(due) {
-		return nil
-	}
-	return &lease.Error{Code: lease.CodeDeadlineExceeded, Reason: "deadline elapsed before the operation started", BackendTime: now.Time()}
-}
-
-func lost(now lease.Timestamp) *lease.Error {
-	return &lease.Error{Code: lease.CodeLost, Reason: "the lease is not held", BackendTime: now.Time()}
-}
-
 // start opens a mutation at backend time: the deadline check, then the
 // idempotency lookup before any other read, so a replay is answered from
-// evidence only. done reports that the result (replay or error) is final.
-func (s *Store) start(tx *bbolt.Tx, p lease.Prepared, due lease.Timestamp, res *lease.Result, opErr *error) (lease.Timestamp, bool, error) {
+// evidence only. It returns the time and, where the answer is already
+// final, the replayed result or a typed refusal.
+func (s *Store) start(tx *bbolt.Tx, p lease.Prepared, due lease.Timestamp) (lease.Timestamp, *lease.Result, error) {
 	now := s.clock(tx)
-	if *opErr = pastDeadline(now, due); *opErr != nil {
-		return now, true, nil
+	if err := lease.PastDeadline(now, due); err != nil {
+		return now, nil, err
 	}
 	v := tx.Bucket(bucketIdem).Get([]byte(p.Scope))
 	if v == nil {
-		return now, false, nil
+		return now, nil, nil
 	}
 	ev, err := lease.DecodeIdempotencyRecord(v)
 	if err != nil {
-		*opErr = s.quarantine(tx, p.LockKey, p.Identity, "idempotency evidence is corrupt")
-		return now, true, nil
+		return now, nil, s.quarantine(tx, p.LockKey, p.Identity, "idempotency evidence is corrupt")
 	}
-	if ev.Op != p.Op || ev.Digest != p.Digest || ev.Lease.LockKey != p.LockKey {
-		*opErr = &lease.Error{Code: lease.CodeIdempotencyConflict, Reason: "request id was reused with different inputs", BackendTime: now.Time()}
-		return now, true, nil
+	r, err := p.Replay(ev, now, func(orig *lease.Record) (*lease.Record, error) { return s.currentOf(tx, orig, now) })
+	if err != nil {
+		return now, nil, err
 	}
-	r := ev.Result()
-	if p.Op == lease.OpAcquire {
-		cur, err := s.currentOf(tx, ev.Lease, now)
-		if err != nil {
-			*opErr = err
-			return now, true, nil
-		}
-		if cur.State != ev.Lease.State {
-			r.Current = cur
-		}
-	}
-	*res = r
-	return now, true, nil
+	return now, &r, nil
 }
 
 // currentOf finds the state now of a lease: active, or its terminal record.
@@ -282,38 +271,34 @@ func (s *Store) currentOf(tx *bbolt.Tx, orig *lease.Record, now lease.Timestamp)
 	if err != nil {
 		return nil, err
 	}
-	if cur != nil && cur.LeaseID == orig.LeaseID {
-		return cur.ObservedAt(now), nil
-	}
-	if h := findHistory(tx, orig.LockKey, orig.LeaseID); h != nil {
-		return h.Record, nil
-	}
-	// Evidence of the end is gone (history retention); the lease is not
-	// active, and the only terminal state that needs no evidence is expiry.
-	gone := orig.Clone()
-	gone.State = lease.StateExpired
-	return gone, nil
+	return lease.CurrentOf(orig, cur, now, func() *lease.HistoryEntry { return findHistory(tx, orig.LockKey, orig.LeaseID) }), nil
 }
 
 // held returns the active lease matching every ownership field and
-// unexpired at now; otherwise it sets opErr to lease_lost (or corrupt) and
-// returns nil, archiving an expired match so it is never seen as active.
-func (s *Store) held(tx *bbolt.Tx, p lease.Prepared, now lease.Timestamp, leaseID string, token uint64, owner, instance string, opErr *error) (*lease.Record, error) {
-	cur, err := s.loadActive(tx, p.LockKey)
+// unexpired at now; otherwise it refuses with lease_lost (or corrupt),
+// archiving an expired match so it is never seen as active.
+func (s *Store) held(tx *bbolt.Tx, lockKey string, now lease.Timestamp, leaseID string, token uint64, owner, instance string) (*lease.Record, error) {
+	cur, err := s.loadActive(tx, lockKey)
 	if err != nil {
-		*opErr = err
-		return nil, nil
+		return nil, refuse(err)
 	}
 	if cur == nil || cur.LeaseID != leaseID || cur.FencingToken != token ||
 		cur.OwnerPrincipalID != owner || cur.ServiceInstanceID != instance {
-		*opErr = lost(now)
-		return nil, nil
+		return nil, refuse(lease.Lost(now))
 	}
 	if !cur.LiveAt(now) {
-		*opErr = lost(now)
-		return nil, s.archive(tx, cur, lease.StateExpired, cur.ExpiresAt, ended{})
+		return nil, s.lostExpired(tx, cur, now)
 	}
 	return cur, nil
+}
+
+// lostExpired archives cur, a match that expired, and refuses with
+// lease_lost.
+func (s *Store) lostExpired(tx *bbolt.Tx, cur *lease.Record, now lease.Timestamp) error {
+	if err := s.archive(tx, cur, lease.StateExpired, cur.ExpiresAt, ended{}); err != nil {
+		return err
+	}
+	return refuse(lease.Lost(now))
 }
 
 // remember stores the typed result as idempotency evidence in the same
@@ -355,19 +340,7 @@ func (s *Store) quarantine(tx *bbolt.Tx, lockKey string, id lease.Identity, reas
 	if tx.Writable() {
 		_ = tx.Bucket(bucketQuarantine).Put([]byte(lockKey), []byte(reason))
 	}
-	attrs := append([]any{"reason", reason}, identityAttrs(id)...)
-	s.log.Error("ALERT corrupt lease state; failing closed", attrs...)
-	return &lease.Error{Code: lease.CodeCorrupt, Reason: "stored lease state is corrupt; failing closed"}
-}
-
-// identityAttrs are the log attributes of an identity: its canonical scope,
-// never the raw lock key.
-func identityAttrs(id lease.Identity) []any {
-	if id == (lease.Identity{}) {
-		return nil
-	}
-	return []any{"tenant_id", id.TenantID, "program_id", id.ProgramID, "target_namespace", id.TargetNamespace,
-		"target_id", id.TargetID, "actor_name", id.ActorName, "workflow_name", id.WorkflowName, "operation_class", id.OperationClass}
+	return lease.CorruptState(s.log, id, reason)
 }
 
 func (s *Store) putActive(tx *bbolt.Tx, rec *lease.Record) error {
@@ -463,7 +436,7 @@ func findHistory(tx *bbolt.Tx, lockKey, leaseID string) *lease.HistoryEntry {
 	prefix := join(lockKey, "")
 	c := tx.Bucket(bucketHistory).Cursor()
 	for k, v := seekLast(c, prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Prev() {
-		if h, err := lease.DecodeHistoryEntry(v); err == nil && h.Record.LeaseID == leaseID {
+		if h := lease.MatchHistory(v, leaseID); h != nil {
 			return h
 		}
 	}

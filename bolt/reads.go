@@ -24,7 +24,7 @@ func read[T any](s *Store, ctx context.Context, due lease.Timestamp, fn func(*bb
 		return zero, s.storageReadError(err)
 	}
 	defer tx.Rollback()
-	if err := pastDeadline(now, due); err != nil {
+	if err := lease.PastDeadline(now, due); err != nil {
 		return zero, err
 	}
 	return fn(tx, now)
@@ -37,13 +37,13 @@ func (s *Store) Inspect(ctx context.Context, req lease.InspectRequest) (lease.Re
 	if err != nil {
 		return lease.Result{}, err
 	}
-	return read(s, ctx, deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.Result, error) {
+	return read(s, ctx, lease.Deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.Result, error) {
 		res := lease.Result{Code: lease.CodeInspected, BackendTime: now}
 		key := lockKey
 		if req.LeaseID != "" {
 			v := tx.Bucket(bucketLeases).Get([]byte(req.LeaseID))
 			if v == nil {
-				return res, notFound(now)
+				return res, lease.NotFound(now)
 			}
 			key = string(v[:bytes.IndexByte(v, 0)])
 		}
@@ -55,29 +55,26 @@ func (s *Store) Inspect(ctx context.Context, req lease.InspectRequest) (lease.Re
 			res.Lease = cur.ObservedAt(now)
 			return res, nil
 		case req.LeaseID == "":
-			return res, notFound(now)
+			return res, lease.NotFound(now)
 		}
 		if h := findHistory(tx, key, req.LeaseID); h != nil {
 			res.Lease = h.Record
 			return res, nil
 		}
-		return res, notFound(now)
+		return res, lease.NotFound(now)
 	})
-}
-
-func notFound(now lease.Timestamp) *lease.Error {
-	return &lease.Error{Code: lease.CodeNotFound, Reason: "no such lease", BackendTime: now.Time()}
 }
 
 // List pages through unexpired active leases of one filter in lease-id
 // order. It walks only the filter's index range, and at most a bounded
 // number of stale entries per page, so a page costs O(page size).
 func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResult, error) {
-	f, after, size, err := lease.PrepareList(req, s.opts)
+	pg, err := lease.PrepareList(req, s.opts)
 	if err != nil {
 		return lease.ListResult{}, err
 	}
-	return read(s, ctx, deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.ListResult, error) {
+	f, after, size := pg.Filter, pg.After, pg.Size
+	return read(s, ctx, lease.Deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.ListResult, error) {
 		out := lease.ListResult{Leases: []*lease.Record{}, BackendTime: now}
 		prefix := append(join(string(f.By), f.Value), 0)
 		c := tx.Bucket(bucketIndex).Cursor()
@@ -92,7 +89,7 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 		last := ""
 		for ; k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
 			if len(out.Leases) == size || budget == 0 {
-				out.NextPageToken = f.NextPageToken(last)
+				out.NextPageToken = pg.NextPageToken(last)
 				return out, nil
 			}
 			budget--
@@ -109,11 +106,12 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 
 // History pages through an identity's terminal evidence, newest first.
 func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.HistoryResult, error) {
-	req, lockKey, after, size, err := lease.PrepareHistory(req, s.opts)
+	pg, err := lease.PrepareHistory(req, s.opts)
 	if err != nil {
 		return lease.HistoryResult{}, err
 	}
-	return read(s, ctx, deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.HistoryResult, error) {
+	lockKey, after, size := pg.LockKey, pg.After, pg.Size
+	return read(s, ctx, lease.Deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.HistoryResult, error) {
 		out := lease.HistoryResult{Entries: []lease.HistoryEntry{}, BackendTime: now}
 		prefix := join(lockKey, "")
 		c := tx.Bucket(bucketHistory).Cursor()
@@ -135,12 +133,12 @@ func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.Hi
 		for ; k != nil && bytes.HasPrefix(k, prefix); k, v = c.Prev() {
 			if len(out.Entries) == size {
 				seq := binary.BigEndian.Uint64(k[len(prefix):])
-				out.NextPageToken = lease.HistoryPageToken(lockKey, strconv.FormatUint(seq, 10))
+				out.NextPageToken = pg.NextPageToken(strconv.FormatUint(seq, 10))
 				return out, nil
 			}
 			h, err := lease.DecodeHistoryEntry(v)
 			if err != nil {
-				s.quarantine(tx, lockKey, req.Identity, "history entry is corrupt")
+				s.quarantine(tx, lockKey, pg.Identity, "history entry is corrupt")
 				continue
 			}
 			out.Entries = append(out.Entries, *h)
@@ -149,136 +147,20 @@ func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.Hi
 	})
 }
 
-// AuthorizeCommit validates, at the linearization point, that the exact
-// lease is active and unexpired and its token is not below the sink's
-// high-water mark, then records the accepted commit and raises the mark.
-func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (lease.CommitResult, error) {
-	req, p, err := lease.PrepareCommit(req, s.opts)
-	if err != nil {
-		return lease.CommitResult{}, err
-	}
-	due := deadline(ctx, req.DeadlineAt)
-	var res lease.CommitResult
-	var opErr error
-	err = s.mutate(ctx, func(tx *bbolt.Tx) error {
-		res, opErr = lease.CommitResult{}, nil
-		now := s.clock(tx)
-		if opErr = pastDeadline(now, due); opErr != nil {
-			return nil
-		}
-		commits := tx.Bucket(bucketCommits)
-		if v := commits.Get([]byte(p.Scope)); v != nil {
-			c, err := lease.DecodeCommit(v)
-			switch {
-			case err != nil:
-				opErr = s.quarantine(tx, p.LockKey, p.Identity, "accepted-commit evidence is corrupt")
-			case c.Digest != p.Digest:
-				opErr = &lease.Error{Code: lease.CodeIdempotencyConflict, Reason: "commit id was reused with different inputs", BackendTime: now.Time()}
-			default:
-				res = lease.CommitResult{Code: lease.CodeCommitAuthorized, Commit: c, Replayed: true, BackendTime: now}
-			}
-			return nil
-		}
-		mp := lease.Prepared{LockKey: p.LockKey, Identity: p.Identity}
-		cur, err := s.held(tx, mp, now, req.LeaseID, req.FencingToken, req.Caller.PrincipalID, req.ServiceInstanceID, &opErr)
-		if cur == nil || err != nil {
-			return err
-		}
-		if cur.ExecutionID != req.ExecutionID || cur.JobID != req.JobID {
-			// A guard names the lease's own execution and job, never
-			// another one the caller claims.
-			opErr = lost(now)
-			return nil
-		}
-		marks := tx.Bucket(bucketHighWater)
-		markKey := join(p.LockKey, req.Sink)
-		mark, ok := counterAt(marks, markKey)
-		if !ok {
-			opErr = s.quarantine(tx, p.LockKey, p.Identity, "high-water mark is malformed")
-			return nil
-		}
-		if req.FencingToken < mark {
-			s.log.Error("ALERT commit token below the sink's high-water mark", identityAttrs(p.Identity)...)
-			opErr = &lease.Error{Code: lease.CodeCommitRejected, Reason: "fencing token is below the sink's high-water mark", BackendTime: now.Time()}
-			return nil
-		}
-		seqs := tx.Bucket(bucketCommitSeq)
-		seq, ok := counterAt(seqs, []byte(p.LockKey))
-		switch {
-		case !ok:
-			opErr = s.quarantine(tx, p.LockKey, p.Identity, "commit sequence is malformed")
-			return nil
-		case seq >= lease.MaxFencingToken:
-			opErr = s.quarantine(tx, p.LockKey, p.Identity, "commit sequence is exhausted")
-			return nil
-		}
-		if req.Outbox != nil {
-			// The outbox's bounds, in the same transaction as the append:
-			// a full outbox refuses before anything is written.
-			pending, bytes := outboxUsage(tx)
-			if full := s.opts.OutboxRoom(pending, bytes, req.Outbox.Size()); full != nil {
-				full.BackendTime = now.Time()
-				opErr = full
-				return nil
-			}
-		}
-		// Every check that can refuse has run: the writes follow.
-		seq++
-		if err := marks.Put(markKey, u64(req.FencingToken)); err != nil {
-			return err
-		}
-		if err := seqs.Put([]byte(p.LockKey), u64(seq)); err != nil {
-			return err
-		}
-		c := req.Commit(now, seq, p.Digest)
-		b, err := lease.EncodeCommit(c)
-		if err != nil {
-			return err
-		}
-		if err := commits.Put([]byte(p.Scope), b); err != nil {
-			return err
-		}
-		exp := now.Add(s.opts.CommitRetention).UnixMilli()
-		if err := tx.Bucket(bucketCommitExp).Put(append(u64(uint64(exp)), p.Scope...), nil); err != nil {
-			return err
-		}
-		if req.Outbox != nil {
-			if err := putOutbox(tx, lease.OutboxEntry{MessageID: lease.OutboxMessageID(p.Scope), Identity: p.Identity,
-				LockKey: p.LockKey, LeaseID: req.LeaseID, FencingToken: req.FencingToken, ExecutionID: req.ExecutionID,
-				TraceID: req.TraceID, Sink: req.Sink, CommitID: req.CommitID, AcceptedAt: now, Message: *req.Outbox}); err != nil {
-				return err
-			}
-		}
-		res = lease.CommitResult{Code: lease.CodeCommitAuthorized, Commit: c, BackendTime: now}
-		return nil
-	})
-	if err != nil {
-		return lease.CommitResult{}, err
-	}
-	if opErr != nil {
-		return lease.CommitResult{}, opErr
-	}
-	return res, nil
-}
-
 // LookupRequest returns the stored result of a mutation by its request id.
 func (s *Store) LookupRequest(ctx context.Context, req lease.LookupRequest) (lease.Result, error) {
 	p, err := lease.PrepareLookup(req, s.opts)
 	if err != nil {
 		return lease.Result{}, err
 	}
-	return read(s, ctx, deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.Result, error) {
+	return read(s, ctx, lease.Deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.Result, error) {
 		v := tx.Bucket(bucketIdem).Get([]byte(p.Scope))
 		if v == nil {
-			return lease.Result{}, &lease.Error{Code: lease.CodeNotFound, Reason: "no committed result for this request id", BackendTime: now.Time()}
+			return lease.Result{}, lease.RequestNotFound(now)
 		}
-		ev, err := lease.DecodeIdempotencyRecord(v)
-		if err != nil || ev.Op != p.Op || ev.Lease.LockKey != p.LockKey {
+		res, ok := p.Lookup(v, func(orig *lease.Record) (*lease.Record, error) { return s.currentOf(tx, orig, now) })
+		if !ok {
 			return lease.Result{}, s.quarantine(tx, p.LockKey, p.Identity, "idempotency evidence is corrupt")
-		}
-		res := ev.Result()
-		if cur, err := s.currentOf(tx, ev.Lease, now); err == nil && cur.State != ev.Lease.State {
-			res.Current = cur
 		}
 		return res, nil
 	})

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"time"
 
 	bbolt "go.etcd.io/bbolt"
 
@@ -14,22 +13,6 @@ import (
 // reapBatch bounds the work of one reaper transaction so it never holds the
 // writer long.
 const reapBatch = 512
-
-func (s *Store) reapLoop(interval time.Duration) {
-	defer s.wg.Done()
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-t.C:
-			if err := s.reap(context.Background()); err != nil && lease.CodeOf(err) != lease.CodeBackendUnavailable {
-				s.log.Warn("lease store cleanup failed", "code", lease.CodeOf(err))
-			}
-		}
-	}
-}
 
 // reap is storage reclamation, never a source of truth: every operation
 // already treats an expired record as expired. It archives expired active

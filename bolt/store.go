@@ -142,14 +142,7 @@ func Open(path string, o Options) (*Store, error) {
 	if s.gate != "" {
 		s.log.Warn("lease namespace is closed; mutations are refused", "reason", s.gate)
 	}
-	interval := o.ReapInterval
-	if interval == 0 {
-		interval = 30 * time.Second
-	}
-	if interval > 0 {
-		s.wg.Add(1)
-		go s.reapLoop(interval)
-	}
+	lease.Reaper{Interval: o.ReapInterval, Pass: s.reap, Log: s.log}.Start(&s.wg, s.stop)
 	return s, nil
 }
 
@@ -201,15 +194,7 @@ func classify(err error) string {
 
 // begin refuses work that cannot start: a closed store is unavailable, a
 // context already done is a deadline that passed before submission.
-func (s *Store) begin(ctx context.Context) error {
-	if s.closed.Load() {
-		return lease.Errorf(lease.CodeBackendUnavailable, "store is closed")
-	}
-	if ctx.Err() != nil {
-		return lease.Errorf(lease.CodeDeadlineExceeded, "deadline elapsed before the operation started")
-	}
-	return nil
-}
+func (s *Store) begin(ctx context.Context) error { return lease.CheckStart(ctx, s.closed.Load()) }
 
 // mutate runs fn as one write transaction. A caller alone uses its own
 // transaction; concurrent callers share one (and its fsync) through Batch.
@@ -312,14 +297,6 @@ func (s *Store) readTx() (*bbolt.Tx, lease.Timestamp, error) {
 		now = s.pendingMs
 	}
 	return tx, lease.UnixMilli(now), nil
-}
-
-// deadline is the earlier of the request's deadline and the context's.
-func deadline(ctx context.Context, at time.Time) lease.Timestamp {
-	if d, ok := ctx.Deadline(); ok && d.Before(at) {
-		at = d
-	}
-	return lease.At(at)
 }
 
 func u64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }

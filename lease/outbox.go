@@ -4,8 +4,246 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"maps"
+	"slices"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
+
+// MaxAMQPShortString bounds an outbox message's exchange and routing key.
+const MaxAMQPShortString = 255
+
+// MaxOutboxBody bounds an outbox message body.
+const MaxOutboxBody = 64 << 10
+
+// Bounds of an outbox message's application headers.
+const (
+	MaxOutboxHeaders          = 32
+	MaxOutboxHeaderNameBytes  = 128
+	MaxOutboxHeaderValueBytes = 4096
+	// MaxOutboxHeadersBytes bounds the names and values together.
+	MaxOutboxHeadersBytes = 16 << 10
+)
+
+// ReservedHeaderPrefix starts the names of the fence headers the relay sets
+// on every publication (package rabbitmq). An application header under it
+// is refused, in any case, so a caller can neither forge nor shadow a
+// fence header.
+const ReservedHeaderPrefix = "x-starintel-"
+
+// OutboxMessage is a publication that becomes visible only through the
+// fenced outbox. Exchange may be empty (the default exchange). Headers are
+// application headers the relay publishes as string values beside the
+// fence headers; nil and empty are the same (no headers).
+type OutboxMessage struct {
+	Exchange    string            `json:"exchange"`
+	RoutingKey  string            `json:"routing_key"`
+	ContentType string            `json:"content_type"`
+	Body        []byte            `json:"body"`
+	Headers     map[string]string `json:"headers,omitempty"`
+}
+
+// OutboxEntry is an accepted publication waiting for its relay. MessageID is
+// stable (derived from the commit), so a relay that publishes twice after a
+// crash publishes the same message id and consumers drop the duplicate.
+type OutboxEntry struct {
+	MessageID    string        `json:"message_id"`
+	Identity     Identity      `json:"lock_identity"`
+	LockKey      string        `json:"lock_key"`
+	LeaseID      string        `json:"lease_id"`
+	FencingToken uint64        `json:"fencing_token"`
+	ExecutionID  string        `json:"execution_id"`
+	TraceID      string        `json:"trace_id,omitempty"`
+	Sink         string        `json:"sink"`
+	CommitID     string        `json:"commit_id"`
+	AcceptedAt   Timestamp     `json:"accepted_at"`
+	Message      OutboxMessage `json:"message"`
+}
+
+// Outbox is the relay's side of the fenced outbox. Backends that accept
+// CommitRequest.Outbox implement it.
+type Outbox interface {
+	// OutboxPending returns up to limit entries, oldest accepted first.
+	OutboxPending(ctx context.Context, limit int) ([]OutboxEntry, error)
+	// OutboxDone removes an entry after the broker confirmed it. Removing
+	// an entry that is gone is not an error.
+	OutboxDone(ctx context.Context, messageID string) error
+}
+
+// MaxOutboxDeadLetters bounds an outbox's dead letters. Once it holds this
+// many, OutboxDeadLetter refuses (the entry stays pending and blocks the
+// relay, loudly) rather than dropping anything: dead letters are removed
+// only by an operator.
+const MaxOutboxDeadLetters = 10000
+
+// MaxDeadLetterReason bounds the reason kept with a dead letter (longer
+// ones are cut).
+const MaxDeadLetterReason = 512
+
+// OutboxDeadLetters is an outbox that can set aside a poison entry: one the
+// broker refuses for a reason retrying will not cure (an exchange that does
+// not exist, access refused, repeated nacks or returns). bolt and valkey
+// implement it.
+type OutboxDeadLetters interface {
+	// OutboxDeadLetter moves a pending entry out of the pending outbox into
+	// its dead letters, kept with reason and the time, so later entries are
+	// relayed. An entry that is not pending is not an error. With
+	// MaxOutboxDeadLetters held it refuses (CodeBackendUnavailable) and the
+	// entry stays pending.
+	OutboxDeadLetter(ctx context.Context, messageID, reason string) error
+	// OutboxDeadLetters returns up to limit dead letters, oldest first.
+	OutboxDeadLetters(ctx context.Context, limit int) ([]DeadLetter, error)
+	// OutboxDeadLen counts the dead letters.
+	OutboxDeadLen(ctx context.Context) (int64, error)
+}
+
+// DeadLetter is an outbox entry set aside as undeliverable.
+type DeadLetter struct {
+	Entry  OutboxEntry `json:"entry"`
+	Reason string      `json:"reason"`
+	DeadAt Timestamp   `json:"dead_at"`
+}
+
+// CutDeadLetterReason bounds a dead letter's reason to MaxDeadLetterReason
+// bytes (at a rune boundary).
+func CutDeadLetterReason(reason string) string {
+	if len(reason) <= MaxDeadLetterReason {
+		return reason
+	}
+	cut := MaxDeadLetterReason
+	for cut > 0 && !utf8.RuneStart(reason[cut]) {
+		cut--
+	}
+	return reason[:cut]
+}
+
+// checkOutboxMessage bounds an outbox message: exchange and routing key
+// follow the identifier rule (exchange may be empty), a content type of at
+// most 128 printable ASCII bytes, a body of at most MaxOutboxBody bytes.
+func checkOutboxMessage(m *OutboxMessage) error {
+	if err := CheckExchange(m.Exchange); err != nil {
+		return err
+	}
+	if err := CheckOpaqueID("outbox.routing_key", m.RoutingKey); err != nil {
+		return err
+	}
+	// AMQP carries the routing key as a short string: an entry that could
+	// never be published would wait at the head of the outbox forever.
+	if len(m.RoutingKey) > MaxAMQPShortString {
+		return Invalid("outbox.routing_key", "must be at most 255 bytes")
+	}
+	if len(m.ContentType) > 128 || strings.IndexFunc(m.ContentType, func(r rune) bool { return r < 0x20 || r > 0x7e }) >= 0 {
+		return Invalid("outbox.content_type", "must be at most 128 printable ASCII bytes")
+	}
+	if len(m.Body) > MaxOutboxBody {
+		return Invalid("outbox.body", "must be at most 64 KiB")
+	}
+	return checkOutboxHeaders(m.Headers)
+}
+
+// CheckExchange validates an outbox message's exchange: empty (the
+// default exchange) or an identifier of at most 255 bytes (an AMQP short
+// string; an entry that could never be published would wait at the head
+// of the outbox forever).
+func CheckExchange(x string) error {
+	if x == "" {
+		return nil
+	}
+	if err := CheckOpaqueID("outbox.exchange", x); err != nil {
+		return err
+	}
+	if len(x) > MaxAMQPShortString {
+		return Invalid("outbox.exchange", "must be at most 255 bytes")
+	}
+	return nil
+}
+
+// checkOutboxHeaders bounds application headers: at most MaxOutboxHeaders,
+// names of 1..128 printable ASCII bytes outside ReservedHeaderPrefix,
+// values of valid UTF-8 without control characters but tab, at most 4096
+// bytes, and at most 16 KiB of names and values together. Names are
+// checked in sorted order so the same headers always get the same answer.
+func checkOutboxHeaders(h map[string]string) error {
+	const field = "outbox.headers"
+	if len(h) > MaxOutboxHeaders {
+		return Invalid(field, "at most 32 headers")
+	}
+	total := 0
+	for _, name := range slices.Sorted(maps.Keys(h)) {
+		v := h[name]
+		if len(name) < 1 || len(name) > MaxOutboxHeaderNameBytes ||
+			strings.IndexFunc(name, func(r rune) bool { return r < 0x21 || r > 0x7e }) >= 0 {
+			return Invalid(field, "a header name must be 1 to 128 printable ASCII bytes without spaces")
+		}
+		if len(name) >= len(ReservedHeaderPrefix) && strings.EqualFold(name[:len(ReservedHeaderPrefix)], ReservedHeaderPrefix) {
+			return Invalid(field, "header names starting with "+ReservedHeaderPrefix+" are reserved for the fence headers")
+		}
+		// The broker routes by CC and BCC (sender-selected distribution):
+		// they would send a message past the exchange and routing key the
+		// publication names, and a value that is not an array makes the
+		// broker close the channel.
+		if strings.EqualFold(name, "CC") || strings.EqualFold(name, "BCC") {
+			return Invalid(field, "CC and BCC are routing headers the broker interprets; name the routing key instead")
+		}
+		if len(v) > MaxOutboxHeaderValueBytes {
+			return Invalid(field, "a header value must be at most 4096 bytes")
+		}
+		if !utf8.ValidString(v) || strings.IndexFunc(v, func(r rune) bool { return r != '\t' && unicode.IsControl(r) }) >= 0 {
+			return Invalid(field, "a header value must be UTF-8 without control characters (tab allowed)")
+		}
+		total += len(name) + len(v)
+	}
+	if total > MaxOutboxHeadersBytes {
+		return Invalid(field, "header names and values must total at most 16384 bytes")
+	}
+	return nil
+}
+
+// headersDigestInput is the canonical encoding of headers for the commit
+// digest: each name and value length-prefixed, in sorted name order.
+func headersDigestInput(h map[string]string) []byte {
+	d := &fieldHasher{}
+	for _, name := range slices.Sorted(maps.Keys(h)) {
+		d.add(name, h[name])
+	}
+	return d.buf
+}
+
+// OutboxMessageID is the stable message id of the publication of an
+// accepted commit: the same commit always yields the same id.
+func OutboxMessageID(commitScope string) string { return "msg_" + commitScope }
+
+// EncodeOutboxEntry and DecodeOutboxEntry are the stored form of an outbox
+// entry; decoding is strict.
+func EncodeOutboxEntry(e OutboxEntry) ([]byte, error) {
+	if e.MessageID == "" || e.FencingToken < 1 || e.FencingToken > MaxFencingToken || !e.AcceptedAt.inRange() {
+		return nil, corrupt("outbox: invalid entry")
+	}
+	if err := checkOutboxMessage(&e.Message); err != nil {
+		return nil, corrupt("outbox: " + AsError(err).Reason)
+	}
+	return json.Marshal(e)
+}
+
+// DecodeOutboxEntry strictly decodes a stored outbox entry.
+func DecodeOutboxEntry(b []byte) (OutboxEntry, error) {
+	var e OutboxEntry
+	if err := strictUnmarshal(b, &e); err != nil {
+		return OutboxEntry{}, corrupt("outbox: " + err.Error())
+	}
+	if e.MessageID == "" || e.FencingToken < 1 || e.FencingToken > MaxFencingToken || !e.AcceptedAt.inRange() {
+		return OutboxEntry{}, corrupt("outbox: invalid entry")
+	}
+	if f, ok := e.Identity.isCanonical(); !ok || e.Identity.lockKeyOfCanonical() != e.LockKey {
+		return OutboxEntry{}, corrupt("outbox: identity " + f + " does not match lock_key")
+	}
+	if err := checkOutboxMessage(&e.Message); err != nil {
+		return OutboxEntry{}, corrupt("outbox: " + AsError(err).Reason)
+	}
+	return e, nil
+}
 
 // MaxOutboxMessageBytes is the largest Size of a valid outbox message: a
 // body and headers at their bounds.

@@ -515,10 +515,11 @@ func validListTarget() ListRequest {
 }
 
 func TestPrepareListFilters(t *testing.T) {
-	f, after, size, err := PrepareList(validListTarget(), StoreOptions{})
+	pg, err := PrepareList(validListTarget(), StoreOptions{})
 	if err != nil {
 		t.Fatalf("by target: %v", err)
 	}
+	f, after, size := pg.Filter, pg.After, pg.Size
 	wantTarget := "\x00\x0btenant-main\x00\x09program-a\x00\x10starintel-target\x00\x09target_01"
 	if f.By != ListByTarget || f.Value != wantTarget || after != "" || size != DefaultMaxPageSize {
 		t.Fatalf("by target = %+v %q %d", f, after, size)
@@ -527,7 +528,8 @@ func TestPrepareListFilters(t *testing.T) {
 		t.Fatal("TargetIndexValue differs from the list filter")
 	}
 	prog := ListRequest{By: ListByProgram, TenantID: "TENANT-MAIN", ProgramID: " program-a", DeadlineAt: fixedDeadline, PageSize: 7}
-	f, _, size, err = PrepareList(prog, StoreOptions{})
+	pg, err = PrepareList(prog, StoreOptions{})
+	f, size = pg.Filter, pg.Size
 	if err != nil || f.By != ListByProgram || f.Value != "\x00\x0btenant-main\x00\x09program-a" || size != 7 {
 		t.Fatalf("by program = %+v %d %v", f, size, err)
 	}
@@ -535,7 +537,8 @@ func TestPrepareListFilters(t *testing.T) {
 		t.Fatal("ProgramIndexValue differs from the list filter")
 	}
 	own := ListRequest{By: ListByOwner, OwnerPrincipalID: "prn_actor_01", DeadlineAt: fixedDeadline}
-	f, _, _, err = PrepareList(own, StoreOptions{})
+	pg, err = PrepareList(own, StoreOptions{})
+	f = pg.Filter
 	if err != nil || f.By != ListByOwner || f.Value != "\x00\x0cprn_actor_01" || OwnerIndexValue("prn_actor_01") != f.Value {
 		t.Fatalf("by owner = %+v %v", f, err)
 	}
@@ -577,58 +580,59 @@ func TestPrepareListRejects(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := validListTarget()
 			tc.mut(&r)
-			_, _, _, err := PrepareList(r, StoreOptions{})
+			_, err := PrepareList(r, StoreOptions{})
 			wantErr(t, err, CodeInvalidRequest, tc.field, tc.reason)
 		})
 	}
 	// A configured maximum page size.
 	r := validListTarget()
 	r.PageSize = 11
-	_, _, _, err := PrepareList(r, StoreOptions{MaxPageSize: 10})
+	_, err := PrepareList(r, StoreOptions{MaxPageSize: 10})
 	wantErr(t, err, CodeInvalidRequest, "page_size", "must be between 1 and 10")
 	r.PageSize = 0
-	if _, _, size, err := PrepareList(r, StoreOptions{MaxPageSize: 10}); err != nil || size != 10 {
-		t.Fatalf("default page size = %d, %v", size, err)
+	if pg, err := PrepareList(r, StoreOptions{MaxPageSize: 10}); err != nil || pg.Size != 10 {
+		t.Fatalf("default page size = %d, %v", pg.Size, err)
 	}
 	r.PageSize = 10
-	if _, _, size, err := PrepareList(r, StoreOptions{MaxPageSize: 10}); err != nil || size != 10 {
-		t.Fatalf("max page size = %d, %v", size, err)
+	if pg, err := PrepareList(r, StoreOptions{MaxPageSize: 10}); err != nil || pg.Size != 10 {
+		t.Fatalf("max page size = %d, %v", pg.Size, err)
 	}
 }
 
 func TestPrepareListPageTokenRoundTrip(t *testing.T) {
-	f, _, _, err := PrepareList(validListTarget(), StoreOptions{})
+	pg, err := PrepareList(validListTarget(), StoreOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	f := pg.Filter
 	r := validListTarget()
 	r.PageToken = EncodePageToken("lease_01ABC", string(f.By)+"\x00"+f.Value)
 	r.TenantID = "TENANT-MAIN" // a canonically equal filter accepts the token
-	_, after, _, err := PrepareList(r, StoreOptions{})
-	if err != nil || after != "lease_01ABC" {
-		t.Fatalf("after = %q, %v", after, err)
+	pg, err = PrepareList(r, StoreOptions{})
+	if err != nil || pg.After != "lease_01ABC" {
+		t.Fatalf("after = %q, %v", pg.After, err)
 	}
 	// The same token on another target is refused.
 	r.TargetID = "target_02"
-	_, _, _, err = PrepareList(r, StoreOptions{})
+	_, err = PrepareList(r, StoreOptions{})
 	wantErr(t, err, CodeInvalidRequest, "page_token", "does not belong to this filter")
 	// ... and on a by-program list of the same tenant/program.
 	prog := ListRequest{By: ListByProgram, TenantID: "tenant-main", ProgramID: "program-a", DeadlineAt: fixedDeadline, PageToken: r.PageToken}
-	_, _, _, err = PrepareList(prog, StoreOptions{})
+	_, err = PrepareList(prog, StoreOptions{})
 	wantErr(t, err, CodeInvalidRequest, "page_token", "does not belong to this filter")
 }
 
 func TestPrepareHistory(t *testing.T) {
 	in := HistoryRequest{Identity: rawContractIdentity(), DeadlineAt: fixedDeadline, Caller: testCaller()}
-	req, key, after, size, err := PrepareHistory(in, StoreOptions{})
-	if err != nil || key != goldenContractKey || after != "" || size != DefaultMaxPageSize || req.Identity != contractIdentity() {
-		t.Fatalf("PrepareHistory = %+v %q %q %d %v", req.Identity, key, after, size, err)
+	pg, err := PrepareHistory(in, StoreOptions{})
+	if err != nil || pg.LockKey != goldenContractKey || pg.After != "" || pg.Size != DefaultMaxPageSize || pg.Identity != contractIdentity() {
+		t.Fatalf("PrepareHistory = %+v %q %q %d %v", pg.Identity, pg.LockKey, pg.After, pg.Size, err)
 	}
 	in.PageToken = EncodePageToken("h_0005", "history\x00"+goldenContractKey)
 	in.PageSize = 3
-	_, _, after, size, err = PrepareHistory(in, StoreOptions{})
-	if err != nil || after != "h_0005" || size != 3 {
-		t.Fatalf("with token: %q %d %v", after, size, err)
+	pg, err = PrepareHistory(in, StoreOptions{})
+	if err != nil || pg.After != "h_0005" || pg.Size != 3 {
+		t.Fatalf("with token: %q %d %v", pg.After, pg.Size, err)
 	}
 	cases := []struct {
 		name          string
@@ -649,7 +653,7 @@ func TestPrepareHistory(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := HistoryRequest{Identity: rawContractIdentity(), DeadlineAt: fixedDeadline}
 			tc.mut(&r)
-			_, _, _, _, err := PrepareHistory(r, StoreOptions{})
+			_, err := PrepareHistory(r, StoreOptions{})
 			wantErr(t, err, CodeInvalidRequest, tc.field, tc.reason)
 		})
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"time"
-	"unicode/utf8"
 )
 
 // Store is the lease-store protocol. Every method is one atomic backend
@@ -224,113 +223,6 @@ func (r CommitRequest) Commit(at Timestamp, seq uint64, digest string) Commit {
 
 // MaxCommitTargetBytes bounds CommitRequest.Target.
 const MaxCommitTargetBytes = 2048
-
-// MaxAMQPShortString bounds an outbox message's exchange and routing key.
-const MaxAMQPShortString = 255
-
-// MaxOutboxBody bounds an outbox message body.
-const MaxOutboxBody = 64 << 10
-
-// Bounds of an outbox message's application headers.
-const (
-	MaxOutboxHeaders          = 32
-	MaxOutboxHeaderNameBytes  = 128
-	MaxOutboxHeaderValueBytes = 4096
-	// MaxOutboxHeadersBytes bounds the names and values together.
-	MaxOutboxHeadersBytes = 16 << 10
-)
-
-// ReservedHeaderPrefix starts the names of the fence headers the relay sets
-// on every publication (package rabbitmq). An application header under it
-// is refused, in any case, so a caller can neither forge nor shadow a
-// fence header.
-const ReservedHeaderPrefix = "x-starintel-"
-
-// OutboxMessage is a publication that becomes visible only through the
-// fenced outbox. Exchange may be empty (the default exchange). Headers are
-// application headers the relay publishes as string values beside the
-// fence headers; nil and empty are the same (no headers).
-type OutboxMessage struct {
-	Exchange    string            `json:"exchange"`
-	RoutingKey  string            `json:"routing_key"`
-	ContentType string            `json:"content_type"`
-	Body        []byte            `json:"body"`
-	Headers     map[string]string `json:"headers,omitempty"`
-}
-
-// OutboxEntry is an accepted publication waiting for its relay. MessageID is
-// stable (derived from the commit), so a relay that publishes twice after a
-// crash publishes the same message id and consumers drop the duplicate.
-type OutboxEntry struct {
-	MessageID    string        `json:"message_id"`
-	Identity     Identity      `json:"lock_identity"`
-	LockKey      string        `json:"lock_key"`
-	LeaseID      string        `json:"lease_id"`
-	FencingToken uint64        `json:"fencing_token"`
-	ExecutionID  string        `json:"execution_id"`
-	TraceID      string        `json:"trace_id,omitempty"`
-	Sink         string        `json:"sink"`
-	CommitID     string        `json:"commit_id"`
-	AcceptedAt   Timestamp     `json:"accepted_at"`
-	Message      OutboxMessage `json:"message"`
-}
-
-// Outbox is the relay's side of the fenced outbox. Backends that accept
-// CommitRequest.Outbox implement it.
-type Outbox interface {
-	// OutboxPending returns up to limit entries, oldest accepted first.
-	OutboxPending(ctx context.Context, limit int) ([]OutboxEntry, error)
-	// OutboxDone removes an entry after the broker confirmed it. Removing
-	// an entry that is gone is not an error.
-	OutboxDone(ctx context.Context, messageID string) error
-}
-
-// MaxOutboxDeadLetters bounds an outbox's dead letters. Once it holds this
-// many, OutboxDeadLetter refuses (the entry stays pending and blocks the
-// relay, loudly) rather than dropping anything: dead letters are removed
-// only by an operator.
-const MaxOutboxDeadLetters = 10000
-
-// MaxDeadLetterReason bounds the reason kept with a dead letter (longer
-// ones are cut).
-const MaxDeadLetterReason = 512
-
-// OutboxDeadLetters is an outbox that can set aside a poison entry: one the
-// broker refuses for a reason retrying will not cure (an exchange that does
-// not exist, access refused, repeated nacks or returns). bolt and valkey
-// implement it.
-type OutboxDeadLetters interface {
-	// OutboxDeadLetter moves a pending entry out of the pending outbox into
-	// its dead letters, kept with reason and the time, so later entries are
-	// relayed. An entry that is not pending is not an error. With
-	// MaxOutboxDeadLetters held it refuses (CodeBackendUnavailable) and the
-	// entry stays pending.
-	OutboxDeadLetter(ctx context.Context, messageID, reason string) error
-	// OutboxDeadLetters returns up to limit dead letters, oldest first.
-	OutboxDeadLetters(ctx context.Context, limit int) ([]DeadLetter, error)
-	// OutboxDeadLen counts the dead letters.
-	OutboxDeadLen(ctx context.Context) (int64, error)
-}
-
-// DeadLetter is an outbox entry set aside as undeliverable.
-type DeadLetter struct {
-	Entry  OutboxEntry `json:"entry"`
-	Reason string      `json:"reason"`
-	DeadAt Timestamp   `json:"dead_at"`
-}
-
-// CutDeadLetterReason bounds a dead letter's reason to MaxDeadLetterReason
-// bytes (at a rune boundary).
-func CutDeadLetterReason(reason string) string {
-	if len(reason) <= MaxDeadLetterReason {
-		return reason
-	}
-	cut := MaxDeadLetterReason
-	for cut > 0 && !utf8.RuneStart(reason[cut]) {
-		cut--
-	}
-	return reason[:cut]
-}
 
 // LookupRequest names a mutation by its idempotency scope.
 type LookupRequest struct {

@@ -323,7 +323,7 @@ func (s *Service) inspect(ctx context.Context, o *op, in InspectInput) (lease.Re
 		return res, err
 	}
 	if !auth.CanView(p, res.Lease) {
-		return lease.Result{}, &lease.Error{Code: lease.CodeNotFound, Reason: "no such lease"}
+		return lease.Result{}, lease.NotFound(lease.Timestamp{})
 	}
 	o.identity(res.Lease.Identity())
 	return res, nil
@@ -353,10 +353,11 @@ func (s *Service) list(ctx context.Context, o *op, req lease.ListRequest) (lease
 	token := req.PageToken
 	req.PageToken, req.DeadlineAt, req.Caller = "", deadline, p.Caller(o.call.CorrelationID)
 	opts := lease.StoreOptions{OperationClasses: s.classes}
-	filter, _, size, err := lease.PrepareList(req, opts)
+	want, err := lease.PrepareList(req, opts)
 	if err != nil {
 		return lease.ListResult{}, err
 	}
+	filter, size := want.Filter, want.Size
 	// A caller who may see only its own leases walks its own index
 	// (bounded by its active-lease quota), whatever the filter: what that
 	// walk skips is the caller's own leases, never another owner's.
@@ -365,7 +366,7 @@ func (s *Service) list(ctx context.Context, o *op, req lease.ListRequest) (lease
 		walk = lease.ListRequest{By: lease.ListByOwner, OwnerPrincipalID: p.ID, DeadlineAt: deadline, Caller: req.Caller}
 		visible = func(r *lease.Record) bool { return access.Visible(r) && selects(filter, r) }
 	}
-	walked, _, _, err := lease.PrepareList(walk, opts)
+	walked, err := lease.PrepareList(walk, opts)
 	if err != nil {
 		return lease.ListResult{}, err
 	}
@@ -448,7 +449,7 @@ func (s *Service) history(ctx context.Context, o *op, leaseID string, pageSize i
 	id := found.Lease.Identity()
 	o.identity(id)
 	if err := auth.AuthorizeHistory(p, id); err != nil {
-		return lease.HistoryResult{}, &lease.Error{Code: lease.CodeNotFound, Reason: "no such lease"}
+		return lease.HistoryResult{}, lease.NotFound(lease.Timestamp{})
 	}
 	bind := pageBinding(p, "history", found.Lease.LockKey)
 	cursor, err := s.tokens.open(bind, pageToken)

@@ -18,19 +18,37 @@ import (
 //go:embed library.lua
 var librarySource string
 
-// library is the function library with its content-addressed names.
+// library is a function library with its content-addressed names.
 type library struct {
 	name   string // library name, e.g. starlease_v1_0123456789ab
 	prefix string // function name prefix, e.g. sl1_0123456789ab_
 	code   string
 }
 
-func newLibrary() *library {
-	sum := sha256.Sum256([]byte(librarySource))
+// newLibrary is the function library of an embedded Lua source, its
+// library and function names carrying a hash of its code, so builds with
+// different code never call each other's functions: the lease library
+// (kind "") is starlease_v1_<hash> with functions sl1_<hash>_<fn>; one
+// beside it, such as the credential store's (kind "cred"), is
+// starlease_cred_v1_<hash> with functions slcred1_<hash>_<fn>.
+func newLibrary(kind, src string) *library {
+	sum := sha256.Sum256([]byte(src))
 	h := hex.EncodeToString(sum[:6])
-	l := &library{name: "starlease_v1_" + h, prefix: "sl1_" + h + "_"}
-	l.code = strings.NewReplacer("__LIBRARY__", l.name, "__FN__", l.prefix).Replace(librarySource)
+	name := "starlease_v1_" + h
+	if kind != "" {
+		name = "starlease_" + kind + "_v1_" + h
+	}
+	l := &library{name: name, prefix: "sl" + kind + "1_" + h + "_"}
+	l.code = strings.NewReplacer("__LIBRARY__", l.name, "__FN__", l.prefix).Replace(src)
 	return l
+}
+
+// functionMissing reports whether err is the server's answer to a call of
+// a function it does not have: its library was never loaded or was
+// flushed, so the function did not run.
+func functionMissing(err error) bool {
+	ve, ok := vk.IsValkeyErr(err)
+	return ok && strings.Contains(ve.Error(), "Function not found")
 }
 
 // load installs the library unless a library of the same name (so the same
@@ -117,17 +135,14 @@ func (r reply) at(i int) string {
 
 // fcall runs one function and maps every failure to a typed error.
 func (s *Store) fcall(ctx context.Context, c call) (reply, error) {
-	if s.closed.Load() {
-		return reply{}, lease.Errorf(lease.CodeBackendUnavailable, "store is closed")
-	}
-	if ctx.Err() != nil {
-		return reply{}, lease.Errorf(lease.CodeDeadlineExceeded, "deadline elapsed before the operation started")
+	if err := lease.CheckStart(ctx, s.closed.Load()); err != nil {
+		return reply{}, err
 	}
 	cctx := ctx
 	if !c.wait.IsZero() {
 		if !time.Now().Before(c.wait) {
 			// Nothing was sent; the backend would refuse it anyway.
-			return reply{}, lease.Errorf(lease.CodeDeadlineExceeded, "deadline elapsed before the operation started")
+			return reply{}, lease.DeadlineExceeded(lease.Timestamp{})
 		}
 		var cancel context.CancelFunc
 		cctx, cancel = context.WithDeadline(ctx, c.wait)
@@ -138,7 +153,7 @@ func (s *Store) fcall(ctx context.Context, c call) (reply, error) {
 		if err != nil {
 			// A flushed or never-loaded library: the function did not run,
 			// so loading it and calling again is safe.
-			if ve, ok := vk.IsValkeyErr(err); ok && attempt == 0 && strings.Contains(ve.Error(), "Function not found") {
+			if attempt == 0 && functionMissing(err) {
 				if lerr := s.lib.load(cctx, s.client); lerr == nil {
 					continue
 				}
@@ -208,15 +223,6 @@ func (s *Store) failure(c call, err error) error {
 	// reset, a closed connection or a script failure after submission.
 	s.log.Warn("lease backend outcome unknown", "function", c.fn, "class", class)
 	return lease.Errorf(lease.CodeOutcomeUnknown, "backend outcome unknown; resolve by request id")
-}
-
-// due is the deadline the function enforces: the earlier of the request's
-// deadline and the context's.
-func due(ctx context.Context, at time.Time) lease.Timestamp {
-	if d, ok := ctx.Deadline(); ok && d.Before(at) {
-		at = d
-	}
-	return lease.At(at)
 }
 
 // waitFor bounds a mutation's wait for its reply: the deadline plus the

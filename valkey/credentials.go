@@ -2,8 +2,7 @@ package valkey
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
+	_ "embed"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -19,58 +18,11 @@ import (
 // atomic function; every check that can fail runs before the first write.
 // Records are built and checked in Go (auth.EncodeCredential,
 // auth.DecodeCredential); the functions only compare and store bytes.
-const credLibrarySource = `#!lua name=__LIBRARY__
-local FN = '__FN__'
+//
+//go:embed credentials.lua
+var credLibrarySource string
 
-local function type_ok(k, want)
-  local t = redis.call('TYPE', k).ok
-  return t == 'none' or t == want
-end
-
--- create stores a new credential: SET NX and its index entry together.
--- KEYS 1 record, 2 index. ARGV 1 credential id, 2 record.
-local function create(keys, args)
-  if not type_ok(keys[1], 'string') or not type_ok(keys[2], 'zset') then return 'corrupt' end
-  if not redis.call('SET', keys[1], args[2], 'NX') then return 'exists' end
-  redis.call('ZADD', keys[2], 0, args[1])
-  return 'ok'
-end
-
--- swap replaces a record if it still holds exactly the bytes the caller
--- read, and optionally creates another credential in the same step
--- (rotation). KEYS 1 record, 2 index, [3 next record]. ARGV 1 expected
--- bytes, 2 replacement, [3 next id, 4 next record].
-local function swap(keys, args)
-  if not type_ok(keys[1], 'string') or not type_ok(keys[2], 'zset') then return 'corrupt' end
-  local cur = redis.call('GET', keys[1])
-  if not cur then return 'notfound' end
-  if cur ~= args[1] then return 'changed' end
-  if keys[3] then
-    if redis.call('EXISTS', keys[3]) == 1 then return 'exists' end
-    redis.call('SET', keys[3], args[4])
-    redis.call('ZADD', keys[2], 0, args[3])
-  end
-  redis.call('SET', keys[1], args[2])
-  return 'ok'
-end
-
-redis.register_function(FN .. 'create', create)
-redis.register_function(FN .. 'swap', swap)
-`
-
-// newAuxLibrary makes a small function library beside the lease library,
-// content-addressed like it: its library and function names carry a hash
-// of its code, so builds with different code never call each other's
-// functions.
-func newAuxLibrary(kind, src string) *library {
-	sum := sha256.Sum256([]byte(src))
-	h := hex.EncodeToString(sum[:6])
-	l := &library{name: "starlease_" + kind + "_v1_" + h, prefix: "sl" + kind + "1_" + h + "_"}
-	l.code = strings.NewReplacer("__LIBRARY__", l.name, "__FN__", l.prefix).Replace(src)
-	return l
-}
-
-var credLibrary = newAuxLibrary("cred", credLibrarySource)
+var credLibrary = newLibrary("cred", credLibrarySource)
 
 // callAux runs function fn of l with FCALL and returns its string reply. A
 // library missing from the server (never loaded, or flushed) is loaded
@@ -80,7 +32,7 @@ func (s *Store) callAux(ctx context.Context, l *library, fn string, keys, args [
 		return s.client.B().Fcall().Function(l.prefix + fn).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
 	}
 	v, err := s.client.Do(ctx, build()).ToString()
-	if ve, ok := vk.IsValkeyErr(err); ok && strings.Contains(ve.Error(), "Function not found") {
+	if functionMissing(err) {
 		if lerr := l.load(ctx, s.client); lerr != nil {
 			return "", lerr
 		}

@@ -109,8 +109,8 @@
 // (Store.CredentialStore, or OpenCredentialStore for tools: auth.Store, so
 // several servers in front of one Valkey share their keys) and the audit
 // stream (Store.AuditSink: audit.Sink). Their atomic steps are two small
-// function libraries of their own, content-addressed like the lease
-// library and loaded the same way: create (SET NX plus the index entry)
+// function libraries of their own (credentials.lua, audit.lua),
+// content-addressed like the lease library and loaded the same way: create (SET NX plus the index entry)
 // and swap (a compare-and-set of a record, optionally creating the
 // rotation's new credential) for credentials; add (XADD, the entry id's
 // time the event's or, to keep the stream ordered, the newest entry's,

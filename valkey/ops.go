@@ -18,7 +18,7 @@ type mutation struct {
 }
 
 func (s *Store) prepare(ctx context.Context, p lease.Prepared, at time.Time) mutation {
-	return mutation{p: p, tag: tagOf(p.LockKey), due: due(ctx, at)}
+	return mutation{p: p, tag: tagOf(p.LockKey), due: lease.Deadline(ctx, at)}
 }
 
 // keys are the common KEYS: active, history, index, expiry schedule,
@@ -77,11 +77,9 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Re
 		if err != nil {
 			return lease.Result{}, s.malformed(call{fn: "acquire", mutation: true})
 		}
-		return lease.Result{}, &lease.Error{Code: lease.CodeConflict, Reason: "another unexpired lease holds the identity",
-			RetryAfter: time.Duration(exp-rep.now.UnixMilli()) * time.Millisecond, BackendTime: rep.now.Time()}
+		return lease.Result{}, lease.Conflict(rep.now, lease.UnixMilli(exp))
 	case "exhausted":
-		s.log.Error("ALERT fencing counter exhausted; acquisition refused", identityAttrs(p.Identity)...)
-		return lease.Result{}, &lease.Error{Code: lease.CodeCounterExhausted, Reason: "the fencing counter reached 2^53-1", BackendTime: rep.now.Time()}
+		return lease.Result{}, lease.CounterExhausted(s.log, p.Identity, rep.now)
 	case "collision":
 		// A fresh 80-bit random lease id already in use: nothing changed.
 		return lease.Result{}, lease.Errorf(lease.CodeBackendUnavailable, "lease id collision; retry")
@@ -118,8 +116,8 @@ func (s *Store) Release(ctx context.Context, req lease.ReleaseRequest) (lease.Re
 	if err != nil {
 		return lease.Result{}, err
 	}
-	return s.finish(ctx, p, req.DeadlineAt, lease.CodeReleased, req.LeaseID, req.FencingToken, req.Caller.PrincipalID,
-		req.ServiceInstanceID, req.RequestID, "", "")
+	return s.finish(ctx, p, req.DeadlineAt, ending{code: lease.CodeReleased, leaseID: req.LeaseID, token: req.FencingToken,
+		principal: req.Caller.PrincipalID, instance: req.ServiceInstanceID, requestID: req.RequestID})
 }
 
 // ForceRelease ends the observed active lease with the operational terminal
@@ -147,27 +145,39 @@ func (s *Store) admin(ctx context.Context, op lease.Op, req lease.AdminRequest) 
 		}
 		reason = string(b)
 	}
-	return s.finish(ctx, p, req.DeadlineAt, code, req.LeaseID, req.FencingToken, req.Caller.PrincipalID, "",
-		req.RequestID, reason, req.IncidentID)
+	return s.finish(ctx, p, req.DeadlineAt, ending{code: code, leaseID: req.LeaseID, token: req.FencingToken,
+		principal: req.Caller.PrincipalID, requestID: req.RequestID, reason: reason, incident: req.IncidentID})
 }
 
-// finish runs release, force-release or revoke (p.Op says which). reason
-// is JSON-encoded, as the history entry stores it.
-func (s *Store) finish(ctx context.Context, p lease.Prepared, at time.Time, code lease.Code, leaseID string, token uint64,
-	principal, instance, requestID, reason, incident string) (lease.Result, error) {
+// ending is how a lease ends: the success code, the lease as the request
+// names it, who ends it (and, for a release, from which service
+// instance) and why.
+type ending struct {
+	code      lease.Code
+	leaseID   string
+	token     uint64
+	principal string
+	instance  string
+	requestID string
+	reason    string // JSON-encoded, as the history entry stores it
+	incident  string
+}
+
+// finish runs release, force-release or revoke (p.Op says which).
+func (s *Store) finish(ctx context.Context, p lease.Prepared, at time.Time, e ending) (lease.Result, error) {
 	if err := s.writable(ctx); err != nil {
 		return lease.Result{}, err
 	}
 	m := s.prepare(ctx, p, at)
 	args := append(s.commonArgs(m.due, p.LockKey, m.tag, p.Identity, s.opts.IdempotencyRetention),
-		leaseID, utoa(token), principal, instance, p.Digest, requestID, reason, incident, string(p.Op))
+		e.leaseID, utoa(e.token), e.principal, e.instance, p.Digest, e.requestID, e.reason, e.incident, string(p.Op))
 	rep, err := s.fcall(ctx, call{fn: "finish", mutation: true, keys: s.commonKeys(m.tag, s.keys.idem(m.tag, p.Scope)),
 		args: args, wait: s.waitFor(m.due)})
 	if err != nil {
 		return lease.Result{}, err
 	}
 	if rep.status == "ok" {
-		return s.leaseResult(m, rep, code)
+		return s.leaseResult(m, rep, e.code)
 	}
 	return s.common(m, rep, string(p.Op))
 }
@@ -183,19 +193,29 @@ func (s *Store) leaseResult(m mutation, rep reply, code lease.Code) (lease.Resul
 
 // common maps the replies every lease mutation shares.
 func (s *Store) common(m mutation, rep reply, fn string) (lease.Result, error) {
-	switch rep.status {
-	case "deadline":
-		return lease.Result{}, &lease.Error{Code: lease.CodeDeadlineExceeded, Reason: "deadline elapsed before the operation started", BackendTime: rep.now.Time()}
-	case "closed":
-		return lease.Result{}, s.closedNamespace(rep)
-	case "lost":
-		return lease.Result{}, lost(rep.now)
-	case "corrupt":
-		return lease.Result{}, s.corrupt(m.p.Identity, rep.at(0))
-	case "evidence":
+	if err := s.refused(m.p.Identity, rep); err != nil {
+		return lease.Result{}, err
+	}
+	if rep.status == "evidence" {
 		return s.replay(m.p, rep)
 	}
 	return lease.Result{}, s.malformed(call{fn: fn, mutation: true})
+}
+
+// refused maps the refusals every mutation (commits included) shares; nil
+// for another reply.
+func (s *Store) refused(id lease.Identity, rep reply) error {
+	switch rep.status {
+	case "deadline":
+		return lease.DeadlineExceeded(rep.now)
+	case "closed":
+		return s.closedNamespace(rep)
+	case "lost":
+		return lease.Lost(rep.now)
+	case "corrupt":
+		return s.corrupt(id, rep.at(0))
+	}
+	return nil
 }
 
 // closedNamespace is the refusal of a mutation while the namespace's gate
@@ -206,10 +226,6 @@ func (s *Store) closedNamespace(rep reply) *lease.Error {
 		BackendTime: rep.now.Time()}
 }
 
-func lost(now lease.Timestamp) *lease.Error {
-	return &lease.Error{Code: lease.CodeLost, Reason: "the lease is not held", BackendTime: now.Time()}
-}
-
 // replay answers a mutation from its stored idempotency evidence: the
 // original result, or idempotency_conflict if the request id was used with
 // other inputs. A replayed acquire also reports the lease's state now.
@@ -218,20 +234,7 @@ func (s *Store) replay(p lease.Prepared, rep reply) (lease.Result, error) {
 	if err != nil {
 		return lease.Result{}, s.corrupt(p.Identity, "idempotency evidence is corrupt")
 	}
-	if ev.Op != p.Op || ev.Digest != p.Digest || ev.Lease.LockKey != p.LockKey {
-		return lease.Result{}, &lease.Error{Code: lease.CodeIdempotencyConflict, Reason: "request id was reused with different inputs", BackendTime: rep.now.Time()}
-	}
-	r := ev.Result()
-	if p.Op == lease.OpAcquire {
-		cur, err := s.currentOf(ev.Lease, rep, p.Identity)
-		if err != nil {
-			return lease.Result{}, err
-		}
-		if cur.State != ev.Lease.State {
-			r.Current = cur
-		}
-	}
-	return r, nil
+	return p.Replay(ev, rep.now, func(orig *lease.Record) (*lease.Record, error) { return s.currentOf(orig, rep, p.Identity) })
 }
 
 // currentOf finds the state now of a lease from an evidence reply: its
@@ -243,22 +246,14 @@ func (s *Store) currentOf(orig *lease.Record, rep reply, id lease.Identity) (*le
 	if err != nil {
 		return nil, err
 	}
-	if cur != nil && cur.LeaseID == orig.LeaseID {
-		return cur.ObservedAt(rep.now), nil
-	}
-	if h := findHistory(rep.f[min(3, len(rep.f)):], orig.LeaseID); h != nil {
-		return h.Record, nil
-	}
-	gone := orig.Clone()
-	gone.State = lease.StateExpired
-	return gone, nil
+	return lease.CurrentOf(orig, cur, rep.now, func() *lease.HistoryEntry { return findHistory(rep.f[min(3, len(rep.f)):], orig.LeaseID) }), nil
 }
 
 // findHistory returns the first entry (newest first) that strictly decodes
 // and names leaseID.
 func findHistory(entries []string, leaseID string) *lease.HistoryEntry {
 	for _, e := range entries {
-		if h, err := lease.DecodeHistoryEntry([]byte(e)); err == nil && h.Record.LeaseID == leaseID {
+		if h := lease.MatchHistory([]byte(e), leaseID); h != nil {
 			return h
 		}
 	}
@@ -296,19 +291,7 @@ func (s *Store) decodeActive(raw, pttl, lockKey string, id lease.Identity) (*lea
 // corrupt alerts operators and fails closed with the uniform corrupt
 // error; reason goes to the log only.
 func (s *Store) corrupt(id lease.Identity, reason string) *lease.Error {
-	attrs := append([]any{"reason", reason}, identityAttrs(id)...)
-	s.log.Error("ALERT corrupt lease state; failing closed", attrs...)
-	return &lease.Error{Code: lease.CodeCorrupt, Reason: "stored lease state is corrupt; failing closed"}
-}
-
-// identityAttrs are the log attributes of an identity: its canonical scope,
-// never the raw lock key.
-func identityAttrs(id lease.Identity) []any {
-	if id == (lease.Identity{}) {
-		return nil
-	}
-	return []any{"tenant_id", id.TenantID, "program_id", id.ProgramID, "target_namespace", id.TargetNamespace,
-		"target_id", id.TargetID, "actor_name", id.ActorName, "workflow_name", id.WorkflowName, "operation_class", id.OperationClass}
+	return lease.CorruptState(s.log, id, reason)
 }
 
 // AuthorizeCommit validates, at the linearization point, that the exact
@@ -322,7 +305,7 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 	if err := s.writable(ctx); err != nil {
 		return lease.CommitResult{}, err
 	}
-	tag, d := tagOf(p.LockKey), due(ctx, req.DeadlineAt)
+	tag, d := tagOf(p.LockKey), lease.Deadline(ctx, req.DeadlineAt)
 	head, tail, err := commitTemplate(req, p.Digest)
 	if err != nil {
 		return lease.CommitResult{}, err
@@ -356,7 +339,7 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 			return lease.CommitResult{Code: lease.CodeCommitAuthorized, Commit: c, BackendTime: rep.now}, nil
 		}
 		if c.Digest != p.Digest {
-			return lease.CommitResult{}, &lease.Error{Code: lease.CodeIdempotencyConflict, Reason: "commit id was reused with different inputs", BackendTime: rep.now.Time()}
+			return lease.CommitResult{}, lease.CommitIdempotencyConflict(rep.now)
 		}
 		return lease.CommitResult{Code: lease.CodeCommitAuthorized, Commit: c, Replayed: true, BackendTime: rep.now}, nil
 	case "full":
@@ -364,16 +347,10 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 		full.BackendTime = rep.now.Time()
 		return lease.CommitResult{}, full
 	case "rejected":
-		s.log.Error("ALERT commit token below the sink's high-water mark", identityAttrs(p.Identity)...)
-		return lease.CommitResult{}, &lease.Error{Code: lease.CodeCommitRejected, Reason: "fencing token is below the sink's high-water mark", BackendTime: rep.now.Time()}
-	case "deadline":
-		return lease.CommitResult{}, &lease.Error{Code: lease.CodeDeadlineExceeded, Reason: "deadline elapsed before the operation started", BackendTime: rep.now.Time()}
-	case "closed":
-		return lease.CommitResult{}, s.closedNamespace(rep)
-	case "lost":
-		return lease.CommitResult{}, lost(rep.now)
-	case "corrupt":
-		return lease.CommitResult{}, s.corrupt(p.Identity, rep.at(0))
+		return lease.CommitResult{}, lease.CommitRejected(s.log, p.Identity, rep.now)
+	}
+	if err := s.refused(p.Identity, rep); err != nil {
+		return lease.CommitResult{}, err
 	}
 	return lease.CommitResult{}, s.malformed(call{fn: "commit", mutation: true})
 }

@@ -13,13 +13,9 @@ import (
 func (s *Store) read(ctx context.Context, d lease.Timestamp, fn string, keys []string, args ...string) (reply, error) {
 	rep, err := s.fcall(ctx, call{fn: fn, ro: true, keys: keys, args: append([]string{itoa(d.UnixMilli())}, args...), wait: s.waitFor(d)})
 	if err == nil && rep.status == "deadline" {
-		return reply{}, &lease.Error{Code: lease.CodeDeadlineExceeded, Reason: "deadline elapsed before the operation started", BackendTime: rep.now.Time()}
+		return reply{}, lease.DeadlineExceeded(rep.now)
 	}
 	return rep, err
-}
-
-func notFound(now lease.Timestamp) *lease.Error {
-	return &lease.Error{Code: lease.CodeNotFound, Reason: "no such lease", BackendTime: now.Time()}
 }
 
 // Inspect reads the lease of an identity (active, or expired if its time
@@ -29,7 +25,7 @@ func (s *Store) Inspect(ctx context.Context, req lease.InspectRequest) (lease.Re
 	if err != nil {
 		return lease.Result{}, err
 	}
-	d := due(ctx, req.DeadlineAt)
+	d := lease.Deadline(ctx, req.DeadlineAt)
 	if req.LeaseID == "" {
 		id, tag := req.Identity, tagOf(lockKey)
 		rep, err := s.read(ctx, d, "inspect", []string{s.keys.active(tag)},
@@ -46,7 +42,7 @@ func (s *Store) Inspect(ctx context.Context, req lease.InspectRequest) (lease.Re
 				return lease.Result{}, err
 			}
 			if cur == nil {
-				return lease.Result{}, notFound(rep.now)
+				return lease.Result{}, lease.NotFound(rep.now)
 			}
 			return lease.Result{Code: lease.CodeInspected, Lease: cur.ObservedAt(rep.now), BackendTime: rep.now}, nil
 		}
@@ -61,7 +57,7 @@ func (s *Store) Inspect(ctx context.Context, req lease.InspectRequest) (lease.Re
 	}
 	tag := ref.at(0)
 	if ref.status != "ok" || tag == "" {
-		return lease.Result{}, notFound(ref.now)
+		return lease.Result{}, lease.NotFound(ref.now)
 	}
 	if !validTag(tag) {
 		return lease.Result{}, s.corrupt(lease.Identity{}, "lease-id lookup holds a malformed value")
@@ -82,12 +78,12 @@ func (s *Store) Inspect(ctx context.Context, req lease.InspectRequest) (lease.Re
 		if cur != nil && cur.LeaseID == req.LeaseID {
 			return lease.Result{Code: lease.CodeInspected, Lease: cur.ObservedAt(rep.now), BackendTime: rep.now}, nil
 		}
-		return lease.Result{}, notFound(rep.now)
+		return lease.Result{}, lease.NotFound(rep.now)
 	case "history":
 		if h := findHistory(rep.f, req.LeaseID); h != nil {
 			return lease.Result{Code: lease.CodeInspected, Lease: h.Record, BackendTime: rep.now}, nil
 		}
-		return lease.Result{}, notFound(rep.now)
+		return lease.Result{}, lease.NotFound(rep.now)
 	}
 	return lease.Result{}, s.malformed(call{fn: "inspect_id"})
 }
@@ -98,14 +94,14 @@ func (s *Store) Inspect(ctx context.Context, req lease.InspectRequest) (lease.Re
 // examines at most 4×page size + 64 entries per page, so a page costs
 // O(page size) whatever the number of stale entries.
 func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResult, error) {
-	f, after, size, err := lease.PrepareList(req, s.opts)
+	pg, err := lease.PrepareList(req, s.opts)
 	if err != nil {
 		return lease.ListResult{}, err
 	}
-	scope := string(f.By) + "\x00" + f.Value
-	prefix := scope // index members: filter ‖ 0 ‖ value ‖ lease id ‖ 0 ‖ tag
+	f, after, size := pg.Filter, pg.After, pg.Size
+	prefix := string(f.By) + "\x00" + f.Value // index members: filter ‖ 0 ‖ value ‖ lease id ‖ 0 ‖ tag
 	upper := "(" + prefix + "\xff"
-	d := due(ctx, req.DeadlineAt)
+	d := lease.Deadline(ctx, req.DeadlineAt)
 	out := lease.ListResult{Leases: []*lease.Record{}}
 	budget := 4*size + 64
 	lower := "[" + prefix
@@ -161,7 +157,7 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 			return out, nil // the filter's range is exhausted
 		}
 		if len(out.Leases) == size || budget == 0 {
-			out.NextPageToken = lease.EncodePageToken(after, scope)
+			out.NextPageToken = pg.NextPageToken(after)
 			return out, nil
 		}
 	}
@@ -171,10 +167,11 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 // Entries are pushed in token order (an identity's leases end one after
 // another), so the page token is the fencing token of the next entry.
 func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.HistoryResult, error) {
-	req, lockKey, after, size, err := lease.PrepareHistory(req, s.opts)
+	pg, err := lease.PrepareHistory(req, s.opts)
 	if err != nil {
 		return lease.HistoryResult{}, err
 	}
+	lockKey, after, size := pg.LockKey, pg.After, pg.Size
 	var cursor uint64
 	if after != "" {
 		if cursor, err = strconv.ParseUint(after, 10, 64); err != nil {
@@ -182,7 +179,7 @@ func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.Hi
 		}
 	}
 	tag := tagOf(lockKey)
-	rep, err := s.read(ctx, due(ctx, req.DeadlineAt), "history", []string{s.keys.history(tag)})
+	rep, err := s.read(ctx, lease.Deadline(ctx, req.DeadlineAt), "history", []string{s.keys.history(tag)})
 	if err != nil {
 		return lease.HistoryResult{}, err
 	}
@@ -193,7 +190,7 @@ func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.Hi
 			err = lease.Errorf(lease.CodeCorrupt, "history entry of a foreign lock key")
 		}
 		if err != nil {
-			s.corrupt(req.Identity, "history entry is corrupt")
+			s.corrupt(pg.Identity, "history entry is corrupt")
 			continue
 		}
 		// Resume at the entry the token names, or the next older one if
@@ -202,7 +199,7 @@ func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.Hi
 			continue
 		}
 		if len(out.Entries) == size {
-			out.NextPageToken = lease.EncodePageToken(utoa(h.Record.FencingToken), "history\x00"+lockKey)
+			out.NextPageToken = pg.NextPageToken(utoa(h.Record.FencingToken))
 			break
 		}
 		out.Entries = append(out.Entries, *h)
@@ -217,23 +214,19 @@ func (s *Store) LookupRequest(ctx context.Context, req lease.LookupRequest) (lea
 		return lease.Result{}, err
 	}
 	tag := tagOf(p.LockKey)
-	rep, err := s.read(ctx, due(ctx, req.DeadlineAt), "lookup", []string{s.keys.idem(tag, p.Scope), s.keys.active(tag), s.keys.history(tag)})
+	rep, err := s.read(ctx, lease.Deadline(ctx, req.DeadlineAt), "lookup", []string{s.keys.idem(tag, p.Scope), s.keys.active(tag), s.keys.history(tag)})
 	if err != nil {
 		return lease.Result{}, err
 	}
 	switch rep.status {
 	case "none":
-		return lease.Result{}, &lease.Error{Code: lease.CodeNotFound, Reason: "no committed result for this request id", BackendTime: rep.now.Time()}
+		return lease.Result{}, lease.RequestNotFound(rep.now)
 	case "corrupt":
 		return lease.Result{}, s.corrupt(p.Identity, rep.at(0))
 	case "evidence":
-		ev, err := lease.DecodeIdempotencyRecord([]byte(rep.at(0)))
-		if err != nil || ev.Op != p.Op || ev.Lease.LockKey != p.LockKey {
+		res, ok := p.Lookup([]byte(rep.at(0)), func(orig *lease.Record) (*lease.Record, error) { return s.currentOf(orig, rep, p.Identity) })
+		if !ok {
 			return lease.Result{}, s.corrupt(p.Identity, "idempotency evidence is corrupt")
-		}
-		res := ev.Result()
-		if cur, err := s.currentOf(ev.Lease, rep, p.Identity); err == nil && cur.State != ev.Lease.State {
-			res.Current = cur
 		}
 		return res, nil
 	}

@@ -4,31 +4,12 @@ import (
 	"context"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/starintel/starlease/lease"
 )
 
 // reapBatch bounds one reaper pass.
 const reapBatch = 512
-
-func (s *Store) reapLoop(interval time.Duration) {
-	defer s.wg.Done()
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-t.C:
-			ctx, cancel := context.WithTimeout(context.Background(), interval)
-			if err := s.reap(ctx); err != nil && lease.CodeOf(err) != lease.CodeBackendUnavailable {
-				s.log.Warn("lease store cleanup failed", "code", lease.CodeOf(err))
-			}
-			cancel()
-		}
-	}
-}
 
 // reap is storage reclamation, never a source of truth: every operation
 // already treats an expired record as expired. It archives leases whose

@@ -19,11 +19,8 @@ import (
 // because no reaper ran for Options.ReclaimGrace stays counted until the
 // reaper drops its entry. It is meant for metrics, never for decisions.
 func (s *Store) ActiveLeases(ctx context.Context) (int64, error) {
-	if s.closed.Load() {
-		return 0, lease.Errorf(lease.CodeBackendUnavailable, "store is closed")
-	}
-	if ctx.Err() != nil {
-		return 0, lease.Errorf(lease.CodeDeadlineExceeded, "deadline elapsed before the operation started")
+	if err := lease.CheckStart(ctx, s.closed.Load()); err != nil {
+		return 0, err
 	}
 	ctx, cancel := bounded(ctx, 5*time.Second)
 	defer cancel()

@@ -140,7 +140,7 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 		}
 	}
 	s := &Store{
-		opts: o.StoreOptions.WithDefaults(), keys: layout{ns: ns}, lib: newLibrary(),
+		opts: o.StoreOptions.WithDefaults(), keys: layout{ns: ns}, lib: newLibrary("", librarySource),
 		allowUnknown: o.AllowUnverifiedDurability,
 		replyGrace:   orDefault(o.ReplyGrace, 2*time.Second),
 		reclaimGrace: orDefault(o.ReclaimGrace, 24*time.Hour),
@@ -202,14 +202,7 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 		// is below the truth until the outbox drains.
 		s.log.Warn("cannot count the pending outbox's bytes", "reason", lease.AsError(err).Reason)
 	}
-	interval := o.ReapInterval
-	if interval == 0 {
-		interval = 30 * time.Second
-	}
-	if interval > 0 {
-		s.wg.Add(1)
-		go s.reapLoop(interval)
-	}
+	lease.Reaper{Interval: o.ReapInterval, Bounded: true, Pass: s.reap, Log: s.log}.Start(&s.wg, s.stop)
 	return s, nil
 }
 
@@ -217,7 +210,7 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 // (then the ACL needs no FUNCTION LOAD: an operator may preload it).
 func (s *Store) ensureLibrary(ctx context.Context) error {
 	err := s.client.Do(ctx, s.build(call{fn: "clock", ro: true})).Error()
-	if ve, ok := vk.IsValkeyErr(err); ok && strings.Contains(ve.Error(), "Function not found") {
+	if functionMissing(err) {
 		return s.lib.load(ctx, s.client)
 	}
 	return err

@@ -212,7 +212,7 @@ func setupList(fs *flag.FlagSet) build {
 		if e.remote != nil {
 			check.PageToken = "" // the server's token, which the server checks
 		}
-		if _, _, _, err := lease.PrepareList(check, e.opts); err != nil {
+		if _, err := lease.PrepareList(check, e.opts); err != nil {
 			return nil, err
 		}
 		return func(ctx context.Context, s lease.Store) (any, error) {
@@ -250,7 +250,7 @@ func setupHistory(fs *flag.FlagSet) build {
 			check.PageToken = ""
 			check.Identity = lease.Identity{TenantID: "x", ProgramID: "x", TargetNamespace: "x", TargetID: "x", ActorName: "x"}
 		}
-		if _, _, _, _, err := lease.PrepareHistory(check, e.optsFor(check.Identity)); err != nil {
+		if _, err := lease.PrepareHistory(check, e.optsFor(check.Identity)); err != nil {
 			return nil, err
 		}
 		return func(ctx context.Context, s lease.Store) (any, error) {

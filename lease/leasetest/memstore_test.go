@@ -374,10 +374,11 @@ func (m *memStore) Inspect(ctx context.Context, req lease.InspectRequest) (lease
 }
 
 func (m *memStore) List(ctx context.Context, req lease.ListRequest) (lease.ListResult, error) {
-	f, after, size, err := lease.PrepareList(req, m.opts)
+	pg, err := lease.PrepareList(req, m.opts)
 	if err != nil {
 		return lease.ListResult{}, err
 	}
+	f, after, size := pg.Filter, pg.After, pg.Size
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now, err := m.begin(req.DeadlineAt)
@@ -414,10 +415,11 @@ func (m *memStore) List(ctx context.Context, req lease.ListRequest) (lease.ListR
 }
 
 func (m *memStore) History(ctx context.Context, req lease.HistoryRequest) (lease.HistoryResult, error) {
-	req, key, after, size, err := lease.PrepareHistory(req, m.opts)
+	pg, err := lease.PrepareHistory(req, m.opts)
 	if err != nil {
 		return lease.HistoryResult{}, err
 	}
+	key, after, size := pg.LockKey, pg.After, pg.Size
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now, err := m.begin(req.DeadlineAt)
