@@ -169,43 +169,52 @@ func (s *Store) OutboxDeadLetter(ctx context.Context, messageID, reason string) 
 	if err := lease.CheckOpaqueID("message_id", messageID); err != nil {
 		return err
 	}
-	return s.mutate(ctx, func(tx *bbolt.Tx) error {
-		ids := tx.Bucket(bucketOutboxIDs)
-		seq := ids.Get([]byte(messageID))
-		if seq == nil {
-			return nil
-		}
-		box, dead := tx.Bucket(bucketOutbox), tx.Bucket(bucketOutboxDead)
-		raw := box.Get(seq)
-		if raw == nil {
-			return ids.Delete([]byte(messageID))
-		}
-		if dead.Stats().KeyN >= lease.MaxOutboxDeadLetters {
-			return lease.Errorf(lease.CodeBackendUnavailable, "the outbox holds %d dead letters (the bound); an operator must clear them", lease.MaxOutboxDeadLetters)
-		}
-		e, err := lease.DecodeOutboxEntry(raw)
-		if err != nil {
-			return s.quarantine(tx, "", lease.Identity{}, "outbox entry is corrupt")
-		}
-		b, err := json.Marshal(lease.DeadLetter{Entry: e, Reason: lease.CutDeadLetterReason(reason), DeadAt: lease.At(s.now())})
-		if err != nil {
-			return err
-		}
-		dseq, err := dead.NextSequence()
-		if err != nil {
-			return err
-		}
-		if err := dead.Put(u64(dseq), b); err != nil {
-			return err
-		}
-		if err := box.Delete(seq); err != nil {
-			return err
-		}
-		if err := addOutboxUsage(tx, -1, -e.Message.Size()); err != nil {
-			return err
-		}
-		return ids.Delete([]byte(messageID))
+	// A full dead-letter bucket is a typed refusal (backend_unavailable),
+	// not a failed write: change commits the (empty) transaction and
+	// returns it.
+	_, err := change(s, ctx, func(tx *bbolt.Tx) (struct{}, error) {
+		return struct{}{}, s.deadLetter(tx, messageID, reason)
 	})
+	return err
+}
+
+// deadLetter is OutboxDeadLetter's transaction.
+func (s *Store) deadLetter(tx *bbolt.Tx, messageID, reason string) error {
+	ids := tx.Bucket(bucketOutboxIDs)
+	seq := ids.Get([]byte(messageID))
+	if seq == nil {
+		return nil
+	}
+	box, dead := tx.Bucket(bucketOutbox), tx.Bucket(bucketOutboxDead)
+	raw := box.Get(seq)
+	if raw == nil {
+		return ids.Delete([]byte(messageID))
+	}
+	if dead.Stats().KeyN >= lease.MaxOutboxDeadLetters {
+		return refuse(lease.Errorf(lease.CodeBackendUnavailable, "the outbox holds %d dead letters (the bound); an operator must clear them", lease.MaxOutboxDeadLetters))
+	}
+	e, err := lease.DecodeOutboxEntry(raw)
+	if err != nil {
+		return s.quarantine(tx, "", lease.Identity{}, "outbox entry is corrupt")
+	}
+	b, err := json.Marshal(lease.DeadLetter{Entry: e, Reason: lease.CutDeadLetterReason(reason), DeadAt: lease.At(s.now())})
+	if err != nil {
+		return err
+	}
+	dseq, err := dead.NextSequence()
+	if err != nil {
+		return err
+	}
+	if err := dead.Put(u64(dseq), b); err != nil {
+		return err
+	}
+	if err := box.Delete(seq); err != nil {
+		return err
+	}
+	if err := addOutboxUsage(tx, -1, -e.Message.Size()); err != nil {
+		return err
+	}
+	return ids.Delete([]byte(messageID))
 }
 
 // OutboxDeadLetters returns up to limit dead letters, oldest first.
