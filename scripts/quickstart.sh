@@ -21,7 +21,7 @@ require_go
 # rabbitmq-server and pouchdb-server processes on 127.0.0.1, and run the
 # Python and Nim client suites.
 if [[ $(id -u) == 0 ]]; then
-	echo "# checking what the tests need (the first run installs it: apt 1-3 min, npm about 30 s)"
+	echo "# checking what the tests need (the first run installs it: apt a few minutes, npm about 30 s)"
 	bash .ci/install-servers.sh >/dev/null
 else
 	echo "# note: the tests need redis-server, rabbitmq-server, pouchdb-server and redocly; install them as root with: sudo bash .ci/install-servers.sh"
