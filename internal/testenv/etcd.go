@@ -64,6 +64,8 @@ type EtcdCluster struct {
 	bin     string
 	token   string
 	members []*EtcdMember
+	peers   *peerNet
+	proxies []*peerProxy
 }
 
 // EtcdMember is one member of an EtcdCluster.
@@ -73,7 +75,8 @@ type EtcdMember struct {
 	name       string
 	dir        string // data dir is dir/data, log is dir/etcd.log
 	clientPort int
-	peerPort   int
+	peerPort   int // etcd listens here
+	proxyPort  int // and advertises this: its peerProxy
 	args       []string
 
 	mu     sync.Mutex
@@ -107,7 +110,7 @@ func StartEtcdCluster(t testing.TB, n int) *EtcdCluster {
 }
 
 func startEtcdCluster(t testing.TB, bin string, n int) (*EtcdCluster, error) {
-	ports, err := freePorts(2 * n)
+	ports, err := freePorts(3 * n)
 	if err != nil {
 		return nil, fmt.Errorf("no free loopback ports: %v", err)
 	}
@@ -115,7 +118,7 @@ func startEtcdCluster(t testing.TB, bin string, n int) (*EtcdCluster, error) {
 	var initial []string
 	for i := 0; i < n; i++ {
 		m := &EtcdMember{t: t, bin: bin, name: fmt.Sprintf("m%d", i), dir: t.TempDir(),
-			clientPort: ports[2*i], peerPort: ports[2*i+1]}
+			clientPort: ports[3*i], peerPort: ports[3*i+1], proxyPort: ports[3*i+2]}
 		c.members = append(c.members, m)
 		initial = append(initial, m.name+"="+m.PeerURL())
 	}
@@ -125,7 +128,7 @@ func startEtcdCluster(t testing.TB, bin string, n int) (*EtcdCluster, error) {
 			"--data-dir", filepath.Join(m.dir, "data"),
 			"--listen-client-urls", m.ClientURL(),
 			"--advertise-client-urls", m.ClientURL(),
-			"--listen-peer-urls", m.PeerURL(),
+			"--listen-peer-urls", m.listenPeerURL(),
 			"--initial-advertise-peer-urls", m.PeerURL(),
 			"--initial-cluster", strings.Join(initial, ","),
 			"--initial-cluster-state", "new",
@@ -136,7 +139,17 @@ func startEtcdCluster(t testing.TB, bin string, n int) (*EtcdCluster, error) {
 			"--log-outputs", filepath.Join(m.dir, "etcd.log"),
 		}
 	}
+	c.peers = newPeerNet(t, n, func(i int) int { return c.members[i].Pid() })
 	t.Cleanup(c.Stop)
+	for i, m := range c.members {
+		p, err := c.peers.listen(i, net.JoinHostPort("127.0.0.1", strconv.Itoa(m.proxyPort)),
+			net.JoinHostPort("127.0.0.1", strconv.Itoa(m.peerPort)))
+		if err != nil {
+			c.Stop()
+			return nil, fmt.Errorf("peer proxy of %s: %v", m.name, err)
+		}
+		c.proxies = append(c.proxies, p)
+	}
 	for _, m := range c.members {
 		if err := m.start(); err != nil {
 			c.Stop()
@@ -168,12 +181,28 @@ func (c *EtcdCluster) Size() int { return len(c.members) }
 // Member is member i (0-based).
 func (c *EtcdCluster) Member(i int) *EtcdMember { return c.members[i] }
 
-// Stop kills every member and waits for them. t.Cleanup calls it.
+// Stop kills every member and waits for them, and closes the peer
+// proxies. t.Cleanup calls it.
 func (c *EtcdCluster) Stop() {
 	for _, m := range c.members {
 		m.kill()
 	}
+	for _, p := range c.proxies {
+		p.close()
+	}
+	if c.peers != nil {
+		c.peers.closeAll()
+	}
 }
+
+// Isolate cuts member i off from the other members in both directions (a
+// network partition of one): its open peer connections are reset and new
+// ones refused, while it keeps running and serving its client port. Heal
+// ends it.
+func (c *EtcdCluster) Isolate(i int) { c.peers.isolate(i) }
+
+// Heal lets member i reach the other members again.
+func (c *EtcdCluster) Heal(i int) { c.peers.heal(i) }
 
 // Client returns a v3 client on the given members' endpoints (all if none
 // are given), closed in t.Cleanup. Its dial timeout is 2 s; requests
@@ -292,8 +321,13 @@ func (m *EtcdMember) ClientURL() string {
 	return "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(m.clientPort))
 }
 
-// PeerURL is the member's peer URL on 127.0.0.1.
+// PeerURL is the member's advertised peer URL on 127.0.0.1: its peer
+// proxy's, which the other members dial (see EtcdCluster.Isolate).
 func (m *EtcdMember) PeerURL() string {
+	return "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(m.proxyPort))
+}
+
+func (m *EtcdMember) listenPeerURL() string {
 	return "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(m.peerPort))
 }
 

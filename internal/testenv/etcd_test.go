@@ -73,6 +73,12 @@ func TestEtcdClusterFormsWithOneLeader(t *testing.T) {
 	if len(ml.Members) != 3 {
 		t.Fatalf("member list has %d members, want 3", len(ml.Members))
 	}
+	// Every peer connection runs through the proxies, each attributed to
+	// the member that dialed it (which Isolate relies on).
+	known, unknown := c.peers.dialers()
+	if known == 0 || unknown != 0 {
+		t.Fatalf("peer connections: %d from known members, %d from unknown dialers", known, unknown)
+	}
 }
 
 func TestEtcdWriteOnOneMemberReadOnAnother(t *testing.T) {
@@ -201,6 +207,68 @@ func TestEtcdPausedLeaderIsReplaced(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("resumed member does not serve the write: %v, %v", err, r)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestEtcdIsolatedLeaderIsReplacedAndRejoins(t *testing.T) {
+	c := StartEtcdCluster(t, 3)
+	etcdPut(t, c.Client(), "k", "1")
+	old := c.Leader()
+	oldID := c.statuses(time.Second)[old].id
+	if oldID == 0 {
+		t.Fatal("no id for the leader")
+	}
+	c.Isolate(old)
+	var rest []int
+	for i := 0; i < 3; i++ {
+		if i != old {
+			rest = append(rest, i)
+		}
+	}
+	// The majority elects a new leader and takes writes.
+	deadline := time.Now().Add(failoverBound)
+	isolated := time.Now()
+	for {
+		st := c.statuses(time.Second)
+		a, b := st[rest[0]], st[rest[1]]
+		if a.err == nil && b.err == nil && a.leader != 0 && a.leader == b.leader && a.leader != oldID {
+			t.Logf("leader %s isolated; the majority follows %x after %v", c.Member(old).Name(), a.leader, time.Since(isolated).Round(time.Millisecond))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no new leader among the majority: %+v", st)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	etcdPut(t, c.Client(rest...), "k", "2")
+	// The isolated member neither writes nor reads linearizably.
+	oldCli := c.Client(old)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	_, err := oldCli.Put(ctx, "k", "lost")
+	cancel()
+	if err == nil {
+		t.Fatal("the isolated member took a write")
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 2*time.Second)
+	_, err = oldCli.Get(ctx, "k")
+	cancel()
+	if err == nil {
+		t.Fatal("the isolated member answered a linearizable read")
+	}
+	c.Heal(old)
+	c.WaitLeader(failoverBound)
+	deadline = time.Now().Add(failoverBound)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		r, err := oldCli.Get(ctx, "k")
+		cancel()
+		if err == nil && len(r.Kvs) == 1 && string(r.Kvs[0].Value) == "2" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("healed member does not serve the majority's write: %v, %v", err, r)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
