@@ -601,7 +601,9 @@ func TestLeaseStoreRunsTheExecutor(t *testing.T) {
 	sink := fencetest.NewMemorySink("results")
 	spec := func(inst string) executor.Spec {
 		return executor.Spec{Identity: storeIdent, ServiceInstanceID: inst, ExecutionID: "exec-" + inst, JobID: "job-1",
-			TraceID: "trace-" + inst, TTL: 600 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)}
+			// 1.5 s: renewals over HTTP under -race on a loaded machine
+			// (CI runs every package at once) need more than 600 ms.
+			TraceID: "trace-" + inst, TTL: 1500 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)}
 	}
 	var first *lease.Record
 	err := executor.Run(t.Context(), a, spec("inst-a"), func(ctx context.Context, l *executor.Lease) error {
@@ -612,10 +614,10 @@ func TestLeaseStoreRunsTheExecutor(t *testing.T) {
 		select {
 		case <-ctx.Done():
 			return context.Cause(ctx)
-		case <-time.After(time.Second): // more than a TTL: renewals must keep it
+		case <-time.After(2 * time.Second): // more than a TTL: renewals must keep it
 		}
 		if l.Renewals() < 1 {
-			t.Errorf("no renewal in a second of a 600 ms lease")
+			t.Errorf("no renewal in 2 s of a 1.5 s lease")
 		}
 		if r := l.Record(); r.ExecutionID != "exec-inst-a" || r.OwnerPrincipalID != "prn-a" || r.MaximumLifetimeMs != time.Hour.Milliseconds() {
 			t.Errorf("record after renewals: %+v", r)
