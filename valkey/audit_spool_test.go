@@ -73,7 +73,14 @@ func TestSpoolForwardsAfterValkeyRestart(t *testing.T) {
 			t.Fatalf("%d events still spooled 20 s after Valkey came back", sp.Pending())
 		}
 	}
-	got, err := s.AuditSink(AuditOptions{}).Read(bg, audit.Filter{}, 0)
+	// The client's connection may still be coming back: read until it
+	// answers.
+	var got []audit.Event
+	for limit := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if got, err = s.AuditSink(AuditOptions{}).Read(bg, audit.Filter{}, 0); err == nil || time.Now().After(limit) {
+			break
+		}
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -169,8 +169,13 @@ func TestEtcdQuorumLossAndRecovery(t *testing.T) {
 	c.Member(2).Restart()
 	_, took := c.WaitLeader(failoverBound)
 	t.Logf("leader %v after the restarts", took.Round(time.Millisecond))
-	if got := etcdGet(t, c.Client(0), "k"); got != "kept" {
-		t.Fatalf("read %q after recovery, want kept", got)
+	// The write that timed out had an unknown outcome, not a failed one:
+	// member 0 may have logged it and committed it once quorum returned.
+	// Either value is right; anything else is not.
+	if got := etcdGet(t, c.Client(0), "k"); got != "kept" && got != "lost" {
+		t.Fatalf("read %q after recovery, want kept or (the in-doubt write) lost", got)
+	} else {
+		t.Logf("after recovery k = %q (the in-doubt write %s)", got, map[bool]string{true: "was committed", false: "was not"}[got == "lost"])
 	}
 	etcdPut(t, c.Client(2), "k2", "new")
 	if got := etcdGet(t, c.Client(1), "k2"); got != "new" {
