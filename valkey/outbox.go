@@ -21,33 +21,71 @@ var (
 // as the lease check; this read needs no atomicity (an entry removed in
 // between is simply not returned). A corrupt entry fails the call closed.
 func (s *Store) OutboxPending(ctx context.Context, limit int) ([]lease.OutboxEntry, error) {
+	rows, err := s.outboxRows(ctx, s.keys.outbox(), "outbox_pending", limit, s.keys.outboxMsg)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]lease.OutboxEntry, 0, len(rows))
+	for _, r := range rows {
+		if !r.found[0] {
+			continue // removed in between
+		}
+		e, derr := lease.DecodeOutboxEntry([]byte(r.vals[0]))
+		if derr != nil || e.MessageID != r.id {
+			return nil, &lease.Error{Code: lease.CodeCorrupt, Reason: "outbox entry is corrupt; failing closed"}
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// outboxRow is one id of an outbox set and the values of its keys.
+type outboxRow struct {
+	id    string
+	vals  []string
+	found []bool
+}
+
+// outboxRows reads up to limit ids of the sorted set set, oldest first,
+// then, in one pipelined round trip, the value of every key keysOf names
+// for each id (found false where the key is gone).
+func (s *Store) outboxRows(ctx context.Context, set, fn string, limit int, keysOf ...func(string) string) ([]outboxRow, error) {
 	if limit <= 0 || limit > s.opts.MaxPageSize {
 		limit = s.opts.MaxPageSize
 	}
 	if s.closed.Load() {
 		return nil, lease.Errorf(lease.CodeBackendUnavailable, "store is closed")
 	}
-	ids, err := s.client.Do(ctx, s.client.B().Zrangebyscore().Key(s.keys.outbox()).Min("-inf").Max("+inf").
+	ids, err := s.client.Do(ctx, s.client.B().Zrangebyscore().Key(set).Min("-inf").Max("+inf").
 		Limit(0, int64(limit)).Build()).AsStrSlice()
 	if err != nil {
-		return nil, s.failure(call{fn: "outbox_pending"}, err)
+		return nil, s.failure(call{fn: fn}, err)
 	}
-	out := make([]lease.OutboxEntry, 0, len(ids))
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	cmds := make(vk.Commands, 0, len(ids)*len(keysOf))
 	for _, id := range ids {
-		raw, err := s.client.Do(ctx, s.client.B().Get().Key(s.keys.outboxMsg(id)).Build()).ToString()
-		if vk.IsValkeyNil(err) {
-			continue
+		for _, key := range keysOf {
+			cmds = append(cmds, s.client.B().Get().Key(key(id)).Build())
 		}
-		if err != nil {
-			return nil, s.failure(call{fn: "outbox_pending"}, err)
-		}
-		e, derr := lease.DecodeOutboxEntry([]byte(raw))
-		if derr != nil || e.MessageID != id {
-			return nil, &lease.Error{Code: lease.CodeCorrupt, Reason: "outbox entry is corrupt; failing closed"}
-		}
-		out = append(out, e)
 	}
-	return out, nil
+	res := s.client.DoMulti(ctx, cmds...)
+	rows := make([]outboxRow, len(ids))
+	for i, id := range ids {
+		rows[i] = outboxRow{id: id, vals: make([]string, len(keysOf)), found: make([]bool, len(keysOf))}
+		for j := range keysOf {
+			v, err := res[i*len(keysOf)+j].ToString()
+			switch {
+			case vk.IsValkeyNil(err):
+			case err != nil:
+				return nil, s.failure(call{fn: fn}, err)
+			default:
+				rows[i].vals[j], rows[i].found[j] = v, true
+			}
+		}
+	}
+	return rows, nil
 }
 
 // OutboxDone removes a publication after the broker confirmed it.
@@ -198,33 +236,18 @@ func (s *Store) OutboxDeadLetter(ctx context.Context, messageID, reason string) 
 
 // OutboxDeadLetters returns up to limit dead letters, oldest first.
 func (s *Store) OutboxDeadLetters(ctx context.Context, limit int) ([]lease.DeadLetter, error) {
-	if limit <= 0 || limit > s.opts.MaxPageSize {
-		limit = s.opts.MaxPageSize
-	}
-	if s.closed.Load() {
-		return nil, lease.Errorf(lease.CodeBackendUnavailable, "store is closed")
-	}
-	ids, err := s.client.Do(ctx, s.client.B().Zrangebyscore().Key(s.keys.outboxDead()).Min("-inf").Max("+inf").
-		Limit(0, int64(limit)).Build()).AsStrSlice()
+	rows, err := s.outboxRows(ctx, s.keys.outboxDead(), "outbox_dead_letters", limit, s.keys.outboxMsg, s.keys.outboxDeadWhy)
 	if err != nil {
-		return nil, s.failure(call{fn: "outbox_dead_letters"}, err)
+		return nil, err
 	}
-	out := make([]lease.DeadLetter, 0, len(ids))
-	for _, id := range ids {
-		raw, err := s.client.Do(ctx, s.client.B().Get().Key(s.keys.outboxMsg(id)).Build()).ToString()
-		if vk.IsValkeyNil(err) {
+	out := make([]lease.DeadLetter, 0, len(rows))
+	for _, r := range rows {
+		if !r.found[0] {
 			continue
 		}
-		if err != nil {
-			return nil, s.failure(call{fn: "outbox_dead_letters"}, err)
-		}
-		why, err := s.client.Do(ctx, s.client.B().Get().Key(s.keys.outboxDeadWhy(id)).Build()).ToString()
-		if err != nil && !vk.IsValkeyNil(err) {
-			return nil, s.failure(call{fn: "outbox_dead_letters"}, err)
-		}
 		var d lease.DeadLetter
-		e, derr := lease.DecodeOutboxEntry([]byte(raw))
-		if derr != nil || e.MessageID != id || (why != "" && json.Unmarshal([]byte(why), &d) != nil) {
+		e, derr := lease.DecodeOutboxEntry([]byte(r.vals[0]))
+		if derr != nil || e.MessageID != r.id || (r.vals[1] != "" && json.Unmarshal([]byte(r.vals[1]), &d) != nil) {
 			return nil, &lease.Error{Code: lease.CodeCorrupt, Reason: "outbox dead letter is corrupt; failing closed"}
 		}
 		d.Entry = e
