@@ -3,7 +3,6 @@ package valkey
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"log/slog"
 	"net"
@@ -16,6 +15,7 @@ import (
 
 	vk "github.com/valkey-io/valkey-go"
 
+	"github.com/starintel/starlease/internal/tlsca"
 	"github.com/starintel/starlease/lease"
 )
 
@@ -128,7 +128,7 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 		return nil, lease.Invalid("tls", "certificate verification cannot be disabled")
 	}
 	if o.TLS == nil && o.TLSCAFile != "" {
-		cfg, err := tlsFromCAFile(o.TLSCAFile, o.TLSServerName)
+		cfg, err := tlsca.FromFile(o.TLSCAFile, o.TLSServerName)
 		if err != nil {
 			return nil, err
 		}
@@ -214,20 +214,6 @@ func (s *Store) ensureLibrary(ctx context.Context) error {
 		return s.lib.load(ctx, s.client)
 	}
 	return err
-}
-
-// tlsFromCAFile is a client configuration trusting only the CA
-// certificates of a PEM file.
-func tlsFromCAFile(file, serverName string) (*tls.Config, error) {
-	pem, err := os.ReadFile(file)
-	if err != nil {
-		return nil, lease.Invalid("tls_ca_file", "cannot read the file")
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, lease.Invalid("tls_ca_file", "holds no PEM certificate")
-	}
-	return &tls.Config{RootCAs: pool, ServerName: serverName, MinVersion: tls.VersionTLS12}, nil
 }
 
 func orDefault(d, def time.Duration) time.Duration {
