@@ -1,0 +1,274 @@
+package etcd
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/starintel/starlease/lease"
+)
+
+var (
+	_ lease.Outbox            = (*Store)(nil)
+	_ lease.OutboxDeadLetters = (*Store)(nil)
+	_ lease.OutboxMeter       = (*Store)(nil)
+)
+
+// The pending outbox's usage (entries, bytes) is one key, meta/outbox_usage,
+// changed in the same transaction as every entry that enters or leaves, so
+// a commit checks the bounds without a range read. Every publication reads
+// and writes it (and the sequence): publications serialize on it, which
+// the compare-and-retry of change absorbs.
+
+// usage decodes the usage key: 16 bytes, pending then bytes; zero if
+// absent or malformed (the recount at the next drain corrects it).
+func usage(v []byte) (pending, bytes int64) {
+	if len(v) != 16 {
+		return 0, 0
+	}
+	return int64(binary.BigEndian.Uint64(v[:8])), int64(binary.BigEndian.Uint64(v[8:]))
+}
+
+func encodeUsage(pending, bytes int64) []byte {
+	b := binary.BigEndian.AppendUint64(nil, uint64(max(pending, 0)))
+	return binary.BigEndian.AppendUint64(b, uint64(max(bytes, 0)))
+}
+
+// outboxRoom is an admitted publication's place: the usage after it and
+// the entry it replaces, if any.
+type outboxRoom struct {
+	pending, bytes int64
+	replaces       string // key of a pending entry with the same message id
+}
+
+// outboxRoomFor checks the outbox's bounds for m in attempt t (a refusal
+// when full).
+func (s *Store) outboxRoomFor(t *txn, m *lease.OutboxMessage, now lease.Timestamp) (*outboxRoom, error) {
+	uv, err := t.get(s.keys.outboxUsage())
+	if err != nil {
+		return nil, err
+	}
+	pending, bytes := usage(uv)
+	if full := s.opts.OutboxRoom(pending, bytes, m.Size()); full != nil {
+		full.BackendTime = now.Time()
+		return nil, refuse(full)
+	}
+	return &outboxRoom{pending: pending, bytes: bytes}, nil
+}
+
+// putOutbox appends an accepted publication, in the commit's transaction.
+func (s *Store) putOutbox(t *txn, room *outboxRoom, e lease.OutboxEntry) error {
+	b, err := lease.EncodeOutboxEntry(e)
+	if err != nil {
+		return err
+	}
+	pending, bytes := room.pending+1, room.bytes+e.Message.Size()
+	// A message id is pending already only if its commit's evidence
+	// expired while the entry waited and the same commit id was accepted
+	// again: the new entry replaces the old one.
+	idKey := s.keys.outboxID(e.MessageID)
+	old, err := t.get(idKey)
+	if err != nil {
+		return err
+	}
+	if old != nil {
+		oldKey := s.keys.outboxPrefix() + string(old)
+		raw, err := t.get(oldKey)
+		if err != nil {
+			return err
+		}
+		if raw != nil {
+			pending, bytes = pending-1, bytes-lease.OutboxEntrySize(raw)
+			t.del(oldKey)
+		}
+	}
+	seq, ok, err := t.getU64(s.keys.outboxSeq())
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return s.quarantine(t, "", lease.Identity{}, "outbox sequence is malformed")
+	}
+	seq++
+	t.put(s.keys.outboxSeq(), u64(seq))
+	t.put(s.keys.outbox(seq), b)
+	t.put(idKey, []byte(hex16(seq)))
+	t.put(s.keys.outboxUsage(), encodeUsage(pending, bytes))
+	return nil
+}
+
+// rangeRead is a linearizable range read of the prefix's first limit keys
+// in key order, starting at from (inclusive).
+func (s *Store) rangeRead(ctx context.Context, from, prefix string, limit int64) (*clientv3.GetResponse, error) {
+	if err := s.begin(ctx); err != nil {
+		return nil, err
+	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	r, err := s.cli.Get(ctx, from, clientv3.WithRange(clientv3.GetPrefixRangeEnd(prefix)), clientv3.WithLimit(limit))
+	if err != nil {
+		return nil, s.failure(err, false)
+	}
+	return r, nil
+}
+
+// getOne is a linearizable read of one key (nil if absent).
+func (s *Store) getOne(ctx context.Context, key string) ([]byte, error) {
+	if err := s.begin(ctx); err != nil {
+		return nil, err
+	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	r, err := s.cli.Get(ctx, key)
+	if err != nil {
+		return nil, s.failure(err, false)
+	}
+	if len(r.Kvs) == 0 {
+		return nil, nil
+	}
+	return r.Kvs[0].Value, nil
+}
+
+// OutboxPending returns up to limit entries, oldest accepted first. A
+// corrupt entry fails the call closed rather than being skipped.
+func (s *Store) OutboxPending(ctx context.Context, limit int) ([]lease.OutboxEntry, error) {
+	if limit <= 0 || limit > s.opts.MaxPageSize {
+		limit = s.opts.MaxPageSize
+	}
+	r, err := s.rangeRead(ctx, s.keys.outboxPrefix(), s.keys.outboxPrefix(), int64(limit))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]lease.OutboxEntry, 0, len(r.Kvs))
+	for _, kv := range r.Kvs {
+		e, err := lease.DecodeOutboxEntry(kv.Value)
+		if err != nil {
+			return nil, lease.CorruptState(s.log, lease.Identity{}, "outbox entry is corrupt")
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// OutboxDone removes an entry once the broker confirmed it.
+func (s *Store) OutboxDone(ctx context.Context, messageID string) error {
+	_, err := change(s, ctx, func(t *txn) (struct{}, error) {
+		_, raw, key, err := s.pendingEntry(t, messageID)
+		if err != nil || key == "" {
+			return struct{}{}, err
+		}
+		return struct{}{}, s.leaveOutbox(t, messageID, key, lease.OutboxEntrySize(raw))
+	})
+	return err
+}
+
+// pendingEntry finds the pending entry of messageID in attempt t: its
+// key is "" if it is not pending (a stale id entry is then removed).
+func (s *Store) pendingEntry(t *txn, messageID string) (idKey string, raw []byte, key string, err error) {
+	idKey = s.keys.outboxID(messageID)
+	if err := t.fetch(idKey, s.keys.outboxUsage()); err != nil {
+		return "", nil, "", err
+	}
+	seq := t.seen[idKey].val
+	if seq == nil {
+		return idKey, nil, "", nil
+	}
+	key = s.keys.outboxPrefix() + string(seq)
+	if raw, err = t.get(key); err != nil {
+		return "", nil, "", err
+	}
+	if raw == nil {
+		t.del(idKey)
+		return idKey, nil, "", nil
+	}
+	return idKey, raw, key, nil
+}
+
+// leaveOutbox removes a pending entry of size bytes and its id.
+func (s *Store) leaveOutbox(t *txn, messageID, key string, size int64) error {
+	pending, bytes := usage(t.seen[s.keys.outboxUsage()].val)
+	t.put(s.keys.outboxUsage(), encodeUsage(pending-1, bytes-size))
+	t.del(key)
+	t.del(s.keys.outboxID(messageID))
+	return nil
+}
+
+// OutboxLen counts the pending entries (for the relay's backlog metric).
+func (s *Store) OutboxLen(ctx context.Context) (int64, error) {
+	u, err := s.OutboxUsage(ctx)
+	return u.Pending, err
+}
+
+// OutboxUsage reads the pending outbox's counters and bounds.
+func (s *Store) OutboxUsage(ctx context.Context) (lease.OutboxUsage, error) {
+	u := lease.OutboxUsage{MaxPending: s.opts.OutboxMaxPending, MaxBytes: s.opts.OutboxMaxBytes}
+	v, err := s.getOne(ctx, s.keys.outboxUsage())
+	u.Pending, u.Bytes = usage(v)
+	return u, err
+}
+
+// OutboxDeadLetter moves a pending entry to the dead letters, with its
+// reason, in one transaction. Nothing is dropped: with
+// MaxOutboxDeadLetters held it refuses and the entry stays pending.
+func (s *Store) OutboxDeadLetter(ctx context.Context, messageID, reason string) error {
+	if err := lease.CheckOpaqueID("message_id", messageID); err != nil {
+		return err
+	}
+	_, err := change(s, ctx, func(t *txn) (struct{}, error) {
+		_, raw, key, err := s.pendingEntry(t, messageID)
+		if err != nil || key == "" {
+			return struct{}{}, err
+		}
+		if err := t.fetch(s.keys.deadSeq(), s.keys.deadCount()); err != nil {
+			return struct{}{}, err
+		}
+		n, _ := readU64(t.seen[s.keys.deadCount()].val)
+		if n >= lease.MaxOutboxDeadLetters {
+			return struct{}{}, refuse(lease.Errorf(lease.CodeBackendUnavailable, "the outbox holds %d dead letters (the bound); an operator must clear them", lease.MaxOutboxDeadLetters))
+		}
+		e, err := lease.DecodeOutboxEntry(raw)
+		if err != nil {
+			return struct{}{}, refuse(lease.CorruptState(s.log, lease.Identity{}, "outbox entry is corrupt"))
+		}
+		b, err := json.Marshal(lease.DeadLetter{Entry: e, Reason: lease.CutDeadLetterReason(reason), DeadAt: lease.UnixMilli(s.clock())})
+		if err != nil {
+			return struct{}{}, err
+		}
+		dseq, _ := readU64(t.seen[s.keys.deadSeq()].val)
+		dseq++
+		t.put(s.keys.deadSeq(), u64(dseq))
+		t.put(s.keys.deadCount(), u64(n+1))
+		t.put(s.keys.dead(dseq), b)
+		return struct{}{}, s.leaveOutbox(t, messageID, key, e.Message.Size())
+	})
+	return err
+}
+
+// OutboxDeadLetters returns up to limit dead letters, oldest first.
+func (s *Store) OutboxDeadLetters(ctx context.Context, limit int) ([]lease.DeadLetter, error) {
+	if limit <= 0 || limit > s.opts.MaxPageSize {
+		limit = s.opts.MaxPageSize
+	}
+	r, err := s.rangeRead(ctx, s.keys.deadPrefix(), s.keys.deadPrefix(), int64(limit))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]lease.DeadLetter, 0, len(r.Kvs))
+	for _, kv := range r.Kvs {
+		var d lease.DeadLetter
+		if err := json.Unmarshal(kv.Value, &d); err != nil {
+			return nil, &lease.Error{Code: lease.CodeCorrupt, Reason: "outbox dead letter is corrupt; failing closed"}
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// OutboxDeadLen counts the dead letters.
+func (s *Store) OutboxDeadLen(ctx context.Context) (int64, error) {
+	v, err := s.getOne(ctx, s.keys.deadCount())
+	n, _ := readU64(v)
+	return int64(n), err
+}
