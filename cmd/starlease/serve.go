@@ -22,6 +22,7 @@ import (
 	"github.com/starintel/starlease/auth"
 	"github.com/starintel/starlease/bolt"
 	"github.com/starintel/starlease/console"
+	"github.com/starintel/starlease/etcd"
 	"github.com/starintel/starlease/httpapi"
 	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/service"
@@ -62,10 +63,12 @@ type backendFlags struct {
 	valkeyPrefix                               string
 	valkeyTLSCAFile, valkeyTLSServerName       string
 	valkeyUnverified                           bool
+	etcdEndpoints, etcdUser, etcdPasswordFile  string
+	etcdTLSCAFile, etcdPrefix                  string
 }
 
 func (f *backendFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.backend, "backend", "bolt", "backend: bolt (embedded, default) or valkey (leases, credentials and audit on a shared Valkey)")
+	fs.StringVar(&f.backend, "backend", "bolt", "backend: bolt (embedded, default), valkey (leases, credentials and audit on a shared Valkey) or etcd (the same on an etcd cluster: fails over without an operator)")
 	fs.StringVar(&f.valkeyAddr, "valkey-addr", "127.0.0.1:6379", "valkey backend: server address")
 	fs.StringVar(&f.valkeyUser, "valkey-username", "", "valkey backend: ACL user name")
 	fs.StringVar(&f.valkeyPasswordFile, "valkey-password-file", "", "valkey backend: file holding the password")
@@ -73,14 +76,31 @@ func (f *backendFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.valkeyTLSCAFile, "valkey-tls-ca-file", "", "valkey backend: TLS, verifying the server against the CA certificates of this PEM file")
 	fs.StringVar(&f.valkeyTLSServerName, "valkey-tls-server-name", "", "valkey backend: the name the server's certificate must hold (default: the address's host)")
 	fs.BoolVar(&f.valkeyUnverified, "valkey-allow-unverified-durability", false, "valkey backend: accept a server that hides CONFIG (durability verified out of band)")
+	fs.StringVar(&f.etcdEndpoints, "etcd-endpoints", "http://127.0.0.1:2379", "etcd backend: comma-separated client URLs of the cluster's members")
+	fs.StringVar(&f.etcdUser, "etcd-username", "", "etcd backend: user name (with --etcd-password-file)")
+	fs.StringVar(&f.etcdPasswordFile, "etcd-password-file", "", "etcd backend: file holding the password")
+	fs.StringVar(&f.etcdTLSCAFile, "etcd-tls-ca-file", "", "etcd backend: TLS, verifying the members against the CA certificates of this PEM file (use https:// endpoints)")
+	fs.StringVar(&f.etcdPrefix, "etcd-key-prefix", etcd.DefaultKeyPrefix, "etcd backend: key namespace")
 }
 
 // check refuses an unknown backend.
 func (f *backendFlags) check() error {
-	if f.backend != "bolt" && f.backend != "valkey" {
-		return errors.New("--backend must be bolt or valkey")
+	if f.backend != "bolt" && f.backend != "valkey" && f.backend != "etcd" {
+		return errors.New("--backend must be bolt, valkey or etcd")
 	}
 	return nil
+}
+
+// etcdOptions are the connection options of the etcd backend.
+func (f *backendFlags) etcdOptions(opts lease.StoreOptions) etcd.Options {
+	var eps []string
+	for _, e := range strings.Split(f.etcdEndpoints, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			eps = append(eps, e)
+		}
+	}
+	return etcd.Options{Endpoints: eps, Username: f.etcdUser, PasswordFile: f.etcdPasswordFile,
+		TLSCAFile: f.etcdTLSCAFile, KeyPrefix: f.etcdPrefix, StoreOptions: opts}
 }
 
 // valkeyOptions are the connection options of the valkey backend.
@@ -93,6 +113,19 @@ func (f *backendFlags) valkeyOptions(opts lease.StoreOptions) valkey.Options {
 // keysFlags are the backend flags to repeat in a keys command line so it
 // reaches the same credentials (empty for bolt).
 func (f *backendFlags) keysFlags() string {
+	if f.backend == "etcd" {
+		s := " --backend etcd --etcd-endpoints " + f.etcdEndpoints
+		if f.etcdUser != "" {
+			s += " --etcd-username " + f.etcdUser + " --etcd-password-file " + f.etcdPasswordFile
+		}
+		if f.etcdTLSCAFile != "" {
+			s += " --etcd-tls-ca-file " + f.etcdTLSCAFile
+		}
+		if f.etcdPrefix != etcd.DefaultKeyPrefix {
+			s += " --etcd-key-prefix " + f.etcdPrefix
+		}
+		return s
+	}
 	if f.backend != "valkey" {
 		return ""
 	}
