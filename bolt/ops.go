@@ -65,7 +65,7 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Re
 		if err := counters.Put([]byte(p.LockKey), u64(rec.FencingToken)); err != nil {
 			return lease.Result{}, err
 		}
-		if err := s.putActive(tx, rec); err != nil {
+		if err := s.putActive(tx, rec, nil); err != nil {
 			return lease.Result{}, err
 		}
 		for _, k := range indexKeys(rec) {
@@ -108,7 +108,7 @@ func (s *Store) Renew(ctx context.Context, req lease.RenewRequest) (lease.Result
 		next.RenewedAt = now
 		next.ExpiresAt = expiry(now, ttl, cur.AcquiredAt, time.Duration(cur.MaximumLifetimeMs)*time.Millisecond)
 		next.TTLMs = ttl.Milliseconds()
-		if err := s.putActive(tx, next); err != nil {
+		if err := s.putActive(tx, next, cur); err != nil {
 			return lease.Result{}, err
 		}
 		return lease.Result{Code: lease.CodeRenewed, Lease: next, BackendTime: now}, nil
@@ -343,12 +343,35 @@ func (s *Store) quarantine(tx *bbolt.Tx, lockKey string, id lease.Identity, reas
 	return lease.CorruptState(s.log, id, reason)
 }
 
-func (s *Store) putActive(tx *bbolt.Tx, rec *lease.Record) error {
+// putActive writes rec as the active record and its expiry index entry,
+// replacing prev's (nil for a new lease).
+func (s *Store) putActive(tx *bbolt.Tx, rec, prev *lease.Record) error {
 	b, err := rec.Encode()
 	if err != nil {
 		return err
 	}
+	exp := tx.Bucket(bucketActiveExp)
+	if prev != nil {
+		if err := exp.Delete(activeExpKey(prev)); err != nil {
+			return err
+		}
+	}
+	if err := exp.Put(activeExpKey(rec), nil); err != nil {
+		return err
+	}
 	return tx.Bucket(bucketActive).Put([]byte(rec.LockKey), b)
+}
+
+// activeExpKey is the reaper's index entry of an active record, ordered by
+// expires_at.
+func activeExpKey(rec *lease.Record) []byte {
+	return append(u64(uint64(max(rec.ExpiresAt.UnixMilli(), 0))), rec.LockKey...)
+}
+
+// historyExpKey is the retention index entry of history entry k, ordered
+// by ended_at.
+func historyExpKey(endedAt lease.Timestamp, k []byte) []byte {
+	return append(u64(uint64(max(endedAt.UnixMilli(), 0))), k...)
 }
 
 // ended says who ended a lease and why.
@@ -371,10 +394,17 @@ func (s *Store) archive(tx *bbolt.Tx, cur *lease.Record, state lease.State, ende
 	if err != nil {
 		return err
 	}
-	if err := hist.Put(append(join(cur.LockKey, ""), u64(seq)...), b); err != nil {
+	hk := append(join(cur.LockKey, ""), u64(seq)...)
+	if err := hist.Put(hk, b); err != nil {
+		return err
+	}
+	if err := tx.Bucket(bucketHistoryExp).Put(historyExpKey(endedAt, hk), nil); err != nil {
 		return err
 	}
 	if err := tx.Bucket(bucketActive).Delete([]byte(cur.LockKey)); err != nil {
+		return err
+	}
+	if err := tx.Bucket(bucketActiveExp).Delete(activeExpKey(cur)); err != nil {
 		return err
 	}
 	for _, k := range indexKeys(cur) {
@@ -413,6 +443,9 @@ func forgetHistory(tx *bbolt.Tx, k []byte) error {
 	hist := tx.Bucket(bucketHistory)
 	if h, err := lease.DecodeHistoryEntry(hist.Get(k)); err == nil {
 		if err := tx.Bucket(bucketLeases).Delete([]byte(h.Record.LeaseID)); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketHistoryExp).Delete(historyExpKey(h.EndedAt, k)); err != nil {
 			return err
 		}
 	}

@@ -4,92 +4,126 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"time"
 
 	bbolt "go.etcd.io/bbolt"
 
 	"github.com/starintel/starlease/lease"
 )
 
-// reapBatch bounds the work of one reaper transaction so it never holds the
-// writer long.
-const reapBatch = 512
+// reapSlice bounds the work of one reaper transaction, so a writer never
+// waits long behind it (a slice of expiries takes a few milliseconds); a
+// pass runs slices until nothing is due.
+const reapSlice = 128
+
+// reapPassBudget bounds one pass, so a huge backlog is worked off over
+// several passes rather than in one that never ends.
+const reapPassBudget = 20 * time.Second
 
 // reap is storage reclamation, never a source of truth: every operation
-// already treats an expired record as expired. It archives expired active
-// records (each conditional on its lease id and token), and drops
-// idempotency evidence, accepted-commit records and history past retention.
-// Counters and high-water marks are never dropped.
+// already treats an expired record as expired. It consumes the time
+// indexes from their oldest end, in bounded slices: it archives expired
+// active records (each conditional on the record its index entry names
+// still being there and expired), and drops idempotency evidence,
+// accepted-commit records and history past retention. Counters and
+// high-water marks are never dropped.
 func (s *Store) reap(ctx context.Context) error {
-	type stale struct {
-		key, leaseID string
-		token        uint64
-	}
-	var expired []stale
-	if err := s.view(ctx, func(tx *bbolt.Tx) error {
-		now := s.clock(tx)
-		expired = expired[:0]
-		return tx.Bucket(bucketActive).ForEach(func(k, v []byte) error {
-			if len(expired) == reapBatch {
-				return nil
-			}
-			if rec, err := lease.DecodeRecord(v); err == nil && !rec.LiveAt(now) {
-				expired = append(expired, stale{string(k), rec.LeaseID, rec.FencingToken})
-			}
-			return nil
-		})
-	}); err != nil {
-		return err
-	}
-	for _, e := range expired {
-		if err := s.expireIfCurrent(ctx, e.key, e.leaseID, e.token); err != nil {
-			return err
-		}
-	}
-	return s.mutate(ctx, func(tx *bbolt.Tx) error {
-		now := s.clock(tx).UnixMilli()
-		if err := dropExpired(tx, bucketIdemExp, bucketIdem, now); err != nil {
-			return err
-		}
-		if err := dropExpired(tx, bucketCommitExp, bucketCommits, now); err != nil {
-			return err
-		}
-		cutoff := now - s.opts.HistoryRetention.Milliseconds()
-		var old [][]byte
-		c := tx.Bucket(bucketHistory).Cursor()
-		for k, v := c.First(); k != nil && len(old) < reapBatch; k, v = c.Next() {
-			if h, err := lease.DecodeHistoryEntry(v); err == nil && h.EndedAt.UnixMilli() < cutoff {
-				old = append(old, bytes.Clone(k))
-			}
-		}
-		for _, k := range old {
-			if err := forgetHistory(tx, k); err != nil {
+	ctx, cancel := context.WithTimeout(ctx, reapPassBudget)
+	defer cancel()
+	for _, step := range []func(*bbolt.Tx) (int, error){s.expireSlice, s.dropSlice(bucketIdemExp, bucketIdem), s.dropSlice(bucketCommitExp, bucketCommits), s.retireHistorySlice} {
+		for ctx.Err() == nil {
+			var n int
+			if err := s.mutate(ctx, func(tx *bbolt.Tx) error {
+				var err error
+				n, err = step(tx)
+				return err
+			}); err != nil {
 				return err
 			}
+			if n < reapSlice {
+				break
+			}
 		}
-		return nil
-	})
+	}
+	return nil
 }
 
-// dropExpired deletes, oldest first, entries of data whose expiry index
-// entry (expiry ms ‖ key) is due.
-func dropExpired(tx *bbolt.Tx, index, data []byte, now int64) error {
+// expireSlice archives up to reapSlice active records whose expires_at
+// passed, oldest first, and returns how many index entries it consumed.
+func (s *Store) expireSlice(tx *bbolt.Tx) (int, error) {
+	now := s.clock(tx).UnixMilli()
+	due := dueKeys(tx.Bucket(bucketActiveExp), now)
+	for _, k := range due {
+		lockKey := k[8:]
+		// The entry goes whatever the record says: a live or corrupt
+		// record (or none) under it is not this entry's lease any more.
+		if err := tx.Bucket(bucketActiveExp).Delete(k); err != nil {
+			return 0, err
+		}
+		v := tx.Bucket(bucketActive).Get(lockKey)
+		if v == nil {
+			continue
+		}
+		cur, err := lease.DecodeRecord(v)
+		if err != nil || cur.LockKey != string(lockKey) || cur.LiveAt(lease.UnixMilli(now)) {
+			continue
+		}
+		if !bytes.Equal(activeExpKey(cur), k) {
+			continue // the record's own entry is another one
+		}
+		if err := s.archive(tx, cur, lease.StateExpired, cur.ExpiresAt, ended{}); err != nil {
+			return 0, err
+		}
+	}
+	return len(due), nil
+}
+
+// dropSlice deletes, oldest first, up to reapSlice entries of data whose
+// expiry index entry (expiry ms ‖ key) is due.
+func (s *Store) dropSlice(index, data []byte) func(*bbolt.Tx) (int, error) {
+	return func(tx *bbolt.Tx) (int, error) {
+		due := dueKeys(tx.Bucket(index), s.clock(tx).UnixMilli())
+		for _, k := range due {
+			if err := tx.Bucket(data).Delete(k[8:]); err != nil {
+				return 0, err
+			}
+			if err := tx.Bucket(index).Delete(k); err != nil {
+				return 0, err
+			}
+		}
+		return len(due), nil
+	}
+}
+
+// retireHistorySlice drops up to reapSlice history entries that ended
+// before the retention cutoff, oldest first.
+func (s *Store) retireHistorySlice(tx *bbolt.Tx) (int, error) {
+	cutoff := s.clock(tx).UnixMilli() - s.opts.HistoryRetention.Milliseconds() - 1
+	due := dueKeys(tx.Bucket(bucketHistoryExp), cutoff)
+	for _, k := range due {
+		if err := forgetHistory(tx, k[8:]); err != nil {
+			return 0, err
+		}
+		// An entry that does not decode leaves its index entry to us.
+		if err := tx.Bucket(bucketHistoryExp).Delete(k); err != nil {
+			return 0, err
+		}
+	}
+	return len(due), nil
+}
+
+// dueKeys returns up to reapSlice keys of a time index (ms ‖ …) due at
+// atMs, oldest first.
+func dueKeys(index *bbolt.Bucket, atMs int64) [][]byte {
 	var due [][]byte
-	c := tx.Bucket(index).Cursor()
-	for k, _ := c.First(); k != nil && len(due) < reapBatch; k, _ = c.Next() {
-		if int64(binary.BigEndian.Uint64(k[:8])) > now {
+	c := index.Cursor()
+	for k, _ := c.First(); k != nil && len(due) < reapSlice; k, _ = c.Next() {
+		if len(k) < 8 || int64(binary.BigEndian.Uint64(k[:8])) > atMs {
 			break
 		}
 		due = append(due, bytes.Clone(k))
 	}
-	for _, k := range due {
-		if err := tx.Bucket(data).Delete(k[8:]); err != nil {
-			return err
-		}
-		if err := tx.Bucket(index).Delete(k); err != nil {
-			return err
-		}
-	}
-	return nil
+	return due
 }
 
 // expireIfCurrent is the delayed expiry cleanup of one lease: it archives
@@ -104,4 +138,28 @@ func (s *Store) expireIfCurrent(ctx context.Context, lockKey, leaseID string, to
 		}
 		return s.archive(tx, cur, lease.StateExpired, cur.ExpiresAt, ended{})
 	})
+}
+
+// migrateV1 brings a schema 1 file to schema 2 in the transaction that
+// opens it: it builds the time indexes from the active records and the
+// history (one pass each, once), then records the version.
+func migrateV1(tx *bbolt.Tx) error {
+	aexp, hexp := tx.Bucket(bucketActiveExp), tx.Bucket(bucketHistoryExp)
+	if err := tx.Bucket(bucketActive).ForEach(func(k, v []byte) error {
+		if rec, err := lease.DecodeRecord(v); err == nil && rec.LockKey == string(k) {
+			return aexp.Put(activeExpKey(rec), nil)
+		}
+		return nil // corrupt: never reaped, as before
+	}); err != nil {
+		return err
+	}
+	if err := tx.Bucket(bucketHistory).ForEach(func(k, v []byte) error {
+		if h, err := lease.DecodeHistoryEntry(v); err == nil {
+			return hexp.Put(historyExpKey(h.EndedAt, k), nil)
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	return tx.Bucket(bucketMeta).Put(keySchema, []byte(schemaVersion))
 }

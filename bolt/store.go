@@ -27,8 +27,13 @@ import (
 	"github.com/starintel/starlease/lease"
 )
 
-// schemaVersion is the layout version stored in the meta bucket.
-const schemaVersion = "1"
+// schemaVersion is the layout version stored in the meta bucket. Version
+// 2 added the time indexes active_exp and history_exp; a version 1 file is
+// migrated when it is opened (migrate), and a backup of either restores.
+const (
+	schemaVersion   = "2"
+	schemaVersionV1 = "1"
+)
 
 var (
 	bucketMeta       = []byte("meta")
@@ -47,9 +52,11 @@ var (
 	bucketOutbox     = []byte("outbox")      // seq → outbox entry, in acceptance order
 	bucketOutboxIDs  = []byte("outbox_ids")  // message id → seq
 	bucketOutboxDead = []byte("outbox_dead") // seq → dead letter (JSON: entry, reason, dead_at), oldest first
+	bucketActiveExp  = []byte("active_exp")  // expires ms ‖ lock key → ∅, one per active record (schema 2)
+	bucketHistoryExp = []byte("history_exp") // ended ms ‖ history key → ∅, one per history entry (schema 2)
 	allBuckets       = [][]byte{bucketMeta, bucketActive, bucketCounters, bucketIdem, bucketIdemExp, bucketHistory,
 		bucketLeases, bucketIndex, bucketHighWater, bucketCommits, bucketCommitExp, bucketCommitSeq, bucketQuarantine,
-		bucketOutbox, bucketOutboxIDs, bucketOutboxDead}
+		bucketOutbox, bucketOutboxIDs, bucketOutboxDead, bucketActiveExp, bucketHistoryExp}
 
 	keySchema = []byte("schema")
 	keyClock  = []byte("clock_ms")
@@ -126,6 +133,10 @@ func Open(path string, o Options) (*Store, error) {
 		switch v := meta.Get(keySchema); {
 		case v == nil:
 			if err := meta.Put(keySchema, []byte(schemaVersion)); err != nil {
+				return err
+			}
+		case string(v) == schemaVersionV1:
+			if err := migrateV1(tx); err != nil {
 				return err
 			}
 		case string(v) != schemaVersion:

@@ -1,0 +1,217 @@
+package bolt
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	bbolt "go.etcd.io/bbolt"
+
+	"github.com/starintel/starlease/lease"
+	"github.com/starintel/starlease/lease/leasetest"
+)
+
+// acquireMany acquires n leases on distinct targets, TTL ttl, and returns
+// their records.
+func acquireMany(t *testing.T, s *Store, n int, ttl time.Duration, far time.Time) []*lease.Record {
+	t.Helper()
+	out := make([]*lease.Record, n)
+	for i := range n {
+		req := acquireReq(fmt.Sprintf("req-%d", i), ttl, far)
+		req.Identity.TargetID = fmt.Sprintf("target-%d", i)
+		r, err := s.Acquire(context.Background(), req)
+		if err != nil {
+			t.Fatalf("acquire %d: %v", i, err)
+		}
+		out[i] = r.Lease
+	}
+	return out
+}
+
+// bucketLen counts a bucket's keys.
+func bucketLen(t *testing.T, s *Store, b []byte) int {
+	t.Helper()
+	var n int
+	if err := s.db.View(func(tx *bbolt.Tx) error { n = tx.Bucket(b).Stats().KeyN; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// One pass works off a backlog far larger than one slice: every expired
+// lease reaches history, and later every piece of evidence and history
+// past retention goes, each through its time index, leaving the indexes
+// empty. Counters stay.
+func TestReapWorksOffBacklogInOnePass(t *testing.T) {
+	ctx := context.Background()
+	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
+	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1})
+	far := time.Now().Add(time.Hour)
+	const n = 3*reapSlice + 17
+	recs := acquireMany(t, s, n, time.Second, far)
+	c.Add(2 * time.Second)
+	if err := s.reap(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := bucketLen(t, s, bucketActive); got != 0 {
+		t.Fatalf("active records after one pass: %d", got)
+	}
+	for _, i := range []int{0, n / 2, n - 1} {
+		r, err := s.Inspect(ctx, lease.InspectRequest{LeaseID: recs[i].LeaseID, DeadlineAt: far})
+		if err != nil || r.Lease.State != lease.StateExpired {
+			t.Fatalf("lease %d after the pass: %v %+v", i, err, r.Lease)
+		}
+	}
+	if got := bucketLen(t, s, bucketHistory); got != n {
+		t.Fatalf("history entries: %d, want %d", got, n)
+	}
+	if got := bucketLen(t, s, bucketActiveExp); got != 0 {
+		t.Fatalf("active_exp entries left: %d", got)
+	}
+	c.Add(lease.DefaultHistoryRetention + time.Hour)
+	if err := s.reap(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range [][]byte{bucketHistory, bucketHistoryExp, bucketLeases, bucketIdem, bucketIdemExp} {
+		if got := bucketLen(t, s, b); got != 0 {
+			t.Fatalf("bucket %s after retention: %d entries", b, got)
+		}
+	}
+	if got := bucketLen(t, s, bucketCounters); got != n {
+		t.Fatalf("counters: %d, want %d (never reclaimed)", got, n)
+	}
+}
+
+// A renewal moves the lease's index entry: the reaper neither archives the
+// renewed lease at its old expiry nor misses it at its new one.
+func TestReapFollowsRenewal(t *testing.T) {
+	ctx := context.Background()
+	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
+	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1})
+	far := time.Now().Add(time.Hour)
+	r, err := s.Acquire(ctx, acquireReq("a", 2*time.Second, far))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Add(time.Second)
+	rn, err := s.Renew(ctx, lease.RenewRequest{Identity: testIdentity, LeaseID: r.Lease.LeaseID, FencingToken: r.Lease.FencingToken,
+		ServiceInstanceID: "instance-1", Mutation: lease.Mutation{RequestID: "r", DeadlineAt: far, Caller: callerOfRecord(r.Lease)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Add(1500 * time.Millisecond) // past the first expiry, before the renewed one
+	if err := s.reap(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Inspect(ctx, lease.InspectRequest{Identity: testIdentity, DeadlineAt: far})
+	if err != nil || got.Lease.State != lease.StateActive || got.Lease.ExpiresAt != rn.Lease.ExpiresAt {
+		t.Fatalf("renewed lease after its old expiry: %v %+v", err, got.Lease)
+	}
+	c.Add(time.Second)
+	if err := s.reap(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Inspect(ctx, lease.InspectRequest{Identity: testIdentity, DeadlineAt: far}); code(err) != lease.CodeNotFound {
+		t.Fatalf("renewed lease past its new expiry must be reaped, got %v", err)
+	}
+}
+
+func callerOfRecord(r *lease.Record) lease.Caller {
+	return lease.Caller{PrincipalID: r.OwnerPrincipalID, ClientID: r.OwnerClientID, CredentialID: r.OwnerCredentialID}
+}
+
+// A file of schema 1 (no time indexes) is migrated when opened: its
+// expired leases and old history are then reaped like new ones, and the
+// file says schema 2.
+func TestSchemaV1Migrates(t *testing.T) {
+	ctx := context.Background()
+	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
+	path := filepath.Join(t.TempDir(), "leases.db")
+	o := Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1}
+	s, err := Open(path, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	far := time.Now().Add(time.Hour)
+	recs := acquireMany(t, s, 40, time.Second, far)
+	// Release half, so there is history to retire.
+	for _, rec := range recs[:20] {
+		id := rec.Identity()
+		if _, err := s.Release(ctx, lease.ReleaseRequest{Identity: id, LeaseID: rec.LeaseID, FencingToken: rec.FencingToken,
+			ServiceInstanceID: rec.ServiceInstanceID, Mutation: lease.Mutation{RequestID: "rel-" + rec.LeaseID, DeadlineAt: far, Caller: callerOfRecord(rec)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Close()
+	// Make it a schema 1 file: no time indexes.
+	db, err := bbolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bbolt.Tx) error {
+		for _, b := range [][]byte{bucketActiveExp, bucketHistoryExp} {
+			if err := tx.DeleteBucket(b); err != nil {
+				return err
+			}
+		}
+		return tx.Bucket(bucketMeta).Put(keySchema, []byte(schemaVersionV1))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	c.Add(2 * time.Second)
+	s, err = Open(path, o)
+	if err != nil {
+		t.Fatalf("open schema 1: %v", err)
+	}
+	defer s.Close()
+	if err := s.db.View(func(tx *bbolt.Tx) error {
+		if v := string(tx.Bucket(bucketMeta).Get(keySchema)); v != schemaVersion {
+			return fmt.Errorf("schema after open: %q", v)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.reap(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := bucketLen(t, s, bucketActive); got != 0 {
+		t.Fatalf("expired leases of the migrated file not reaped: %d active", got)
+	}
+	if got := bucketLen(t, s, bucketHistory); got != 40 {
+		t.Fatalf("history entries: %d, want 40", got)
+	}
+	c.Add(lease.DefaultHistoryRetention + time.Hour)
+	if err := s.reap(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := bucketLen(t, s, bucketHistory); got != 0 {
+		t.Fatalf("history of the migrated file past retention: %d left", got)
+	}
+}
+
+// A store of an unknown future schema is refused, not opened.
+func TestUnknownSchemaRefused(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "leases.db")
+	db, err := bbolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bbolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists(bucketMeta)
+		if err != nil {
+			return err
+		}
+		return b.Put(keySchema, []byte("3"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	if _, err := Open(path, Options{}); lease.CodeOf(err) != lease.CodeCorrupt {
+		t.Fatalf("schema 3: %v, want corrupt", err)
+	}
+}
