@@ -8,7 +8,8 @@ import (
 	"github.com/starintel/starlease/lease"
 )
 
-// reapBatch bounds one reaper pass.
+// reapBatch bounds one read of the expiry schedule; a pass reads batches
+// until what is due is worked off (or its bounded context ends).
 const reapBatch = 512
 
 // reap is storage reclamation, never a source of truth: every operation
@@ -21,19 +22,32 @@ func (s *Store) reap(ctx context.Context) error {
 	if err := s.writable(ctx); err != nil {
 		return err
 	}
-	rep, err := s.fcall(ctx, call{fn: "due", ro: true, keys: []string{s.keys.expiry()}, args: []string{strconv.Itoa(reapBatch)}})
-	if err != nil {
-		return err
-	}
-	for _, m := range rep.f {
-		parts := strings.Split(m, "\x00")
-		token, perr := strconv.ParseUint(safeIndex(parts, 2), 10, 64)
-		if len(parts) != 3 || !validTag(parts[0]) || lease.CheckOpaqueID("lease_id", parts[1]) != nil || perr != nil {
-			s.log.Error("ALERT malformed expiry schedule entry skipped")
-			continue
-		}
-		if err := s.expireIfCurrent(ctx, lease.KeyPrefix+parts[0], parts[1], token); err != nil {
+	for ctx.Err() == nil {
+		rep, err := s.fcall(ctx, call{fn: "due", ro: true, keys: []string{s.keys.expiry()}, args: []string{strconv.Itoa(reapBatch)}})
+		if err != nil {
 			return err
+		}
+		moved := 0
+		for _, m := range rep.f {
+			parts := strings.Split(m, "\x00")
+			token, perr := strconv.ParseUint(safeIndex(parts, 2), 10, 64)
+			if len(parts) != 3 || !validTag(parts[0]) || lease.CheckOpaqueID("lease_id", parts[1]) != nil || perr != nil {
+				s.log.Error("ALERT malformed expiry schedule entry skipped")
+				continue
+			}
+			done, err := s.expireOne(ctx, lease.KeyPrefix+parts[0], parts[1], token)
+			if err != nil {
+				return err
+			}
+			if done {
+				moved++
+			}
+		}
+		// A short batch was everything due; a batch of entries the
+		// function left in place (corrupt identities) would come back
+		// unchanged.
+		if len(rep.f) < reapBatch || moved == 0 {
+			return nil
 		}
 	}
 	return nil
@@ -51,19 +65,29 @@ func safeIndex(p []string, i int) string {
 // and is expired at backend time, so a late cleanup never touches a
 // successor. Corruption is alerted and left alone.
 func (s *Store) expireIfCurrent(ctx context.Context, lockKey, leaseID string, token uint64) error {
+	_, err := s.expireOne(ctx, lockKey, leaseID, token)
+	return err
+}
+
+// expireOne is expireIfCurrent reporting whether the schedule entry left
+// the schedule (archived, or a stale entry removed).
+func (s *Store) expireOne(ctx context.Context, lockKey, leaseID string, token uint64) (bool, error) {
 	tag := tagOf(lockKey)
 	var none lease.Identity
 	args := append(s.commonArgs(lease.UnixMilli(0), lockKey, tag, none, 0), leaseID, utoa(token))
 	// expire keeps no evidence: slot 5 repeats the quarantine key.
 	rep, err := s.fcall(ctx, call{fn: "expire", mutation: true, keys: s.commonKeys(tag, s.keys.quarantine(tag)), args: args})
 	if err != nil {
-		return err
+		return false, err
 	}
 	switch rep.status {
 	case "corrupt":
 		s.corrupt(none, rep.at(0))
+		return false, nil
 	case "closed":
-		return s.closedNamespace(rep)
+		return false, s.closedNamespace(rep)
+	case "live":
+		return false, nil
 	}
-	return nil
+	return true, nil
 }

@@ -900,3 +900,32 @@ func onlyHistoryEntry(t *testing.T, s *Store, tag string) *lease.HistoryEntry {
 	}
 	return h
 }
+
+// One reaper pass works off a backlog larger than one read of the
+// schedule: every lease that expired together reaches history.
+func TestReaperWorksOffBacklog(t *testing.T) {
+	s := open(t, sharedServer(t), Options{StoreOptions: leasetest.StoreOptions(), ReapInterval: -1})
+	const n = reapBatch + 88
+	ids := make([]lease.Identity, n)
+	for i := range ids {
+		ids[i] = newIdentity()
+		req := acquireReq(ids[i])
+		req.TTL = 300 * time.Millisecond
+		if _, err := s.Acquire(bg, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(400 * time.Millisecond)
+	if err := s.reap(bg); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := s.client.Do(bg, s.client.B().Zcard().Key(s.keys.expiry()).Build()).AsInt64(); n != 0 {
+		t.Fatalf("schedule holds %d entries after one pass, want 0", n)
+	}
+	for _, i := range []int{0, n / 2, n - 1} {
+		h, err := s.History(bg, lease.HistoryRequest{Identity: ids[i], DeadlineAt: far()})
+		if err != nil || len(h.Entries) != 1 || h.Entries[0].Record.State != lease.StateExpired {
+			t.Fatalf("history of lease %d after one pass: %v %+v", i, err, h.Entries)
+		}
+	}
+}
