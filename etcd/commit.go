@@ -30,6 +30,7 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 		if err := lease.PastDeadline(now, due); err != nil {
 			return lease.CommitResult{}, err
 		}
+		s.stamp(t, p.LockKey, now) // every answer records its time (see "Backend time")
 		if v := t.seen[commitKey].val; v != nil {
 			c, err := lease.DecodeCommit(v)
 			switch {
@@ -40,11 +41,7 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 			}
 			return lease.CommitResult{Code: lease.CodeCommitAuthorized, Commit: c, Replayed: true, BackendTime: now}, nil
 		}
-		res, err := s.authorize(t, req, p, now, markKey, seqKey, commitKey)
-		if t.dirty() {
-			s.stamp(t, p.LockKey, now)
-		}
-		return res, err
+		return s.authorize(t, req, p, now, markKey, seqKey, commitKey)
 	})
 }
 

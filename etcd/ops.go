@@ -216,6 +216,10 @@ func (s *Store) mutation(ctx context.Context, p lease.Prepared, at time.Time,
 		if err := lease.PastDeadline(now, due); err != nil {
 			return lease.Result{}, err
 		}
+		// Every answer decided at now records it, refusals and replays
+		// included, so no transition that commits after this attempt's
+		// read can carry an earlier time (see "Backend time").
+		s.stamp(t, p.LockKey, now)
 		if v := t.seen[s.keys.idem(p.Scope)].val; v != nil {
 			ev, err := lease.DecodeIdempotencyRecord(v)
 			if err != nil {
@@ -225,9 +229,6 @@ func (s *Store) mutation(ctx context.Context, p lease.Prepared, at time.Time,
 			return r, refuse(err)
 		}
 		res, err := op(t, now)
-		if t.dirty() {
-			s.stamp(t, p.LockKey, now)
-		}
 		if err != nil {
 			return lease.Result{}, err
 		}

@@ -11,14 +11,22 @@ import (
 
 // readAt opens a read of one identity: its keys and more in one
 // linearizable round trip, and backend time for it; past the deadline it
-// refuses. A closed namespace still answers reads.
+// refuses. The read records its time like a transition (see "Backend
+// time"), except in a closed namespace, which still answers reads but
+// changes nothing.
 func (s *Store) readAt(t *txn, lockKey string, due lease.Timestamp, more ...string) (lease.Timestamp, error) {
 	if err := t.fetch(s.identityKeys(lockKey, more...)...); err != nil {
 		return lease.Timestamp{}, err
 	}
 	recorded, _ := readU64(t.seen[s.keys.time(lockKey)].val)
 	now := s.identityTime(int64(recorded))
-	return now, lease.PastDeadline(now, due)
+	if err := lease.PastDeadline(now, due); err != nil {
+		return now, err
+	}
+	if t.seen[s.keys.gate()].val == nil {
+		s.stamp(t, lockKey, now)
+	}
+	return now, nil
 }
 
 // observed records, for a read that reports rec past its expiry at now,

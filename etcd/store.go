@@ -17,9 +17,17 @@
 //
 // A transaction has no clock, so backend time is defined per identity:
 // every operation on an identity takes max(this server's clock, the last
-// time recorded for that identity), and every transition records the time
-// it used in the same compare-and-swap (key t/). Time is thereby monotonic
-// per identity whatever the servers' skew: two holders never overlap and a
+// time recorded for that identity), and every answer on an identity
+// records the time it used in the same compare-and-swap (key t/):
+// transitions, and also refusals, replays and reads (Inspect,
+// LookupRequest), which thereby cost a write. An attempt takes its time
+// between its read and its commit, so an answer that recorded nothing
+// could carry a later time than a transition that commits after it (an
+// inspect saying not_found at 12:00:00.045 while a lease committed just
+// after says acquired_at 12:00:00.001); recording every answer makes such
+// a transition lose its compare and decide again, later. Time is thereby
+// monotonic per identity, in the order the cluster linearizes the
+// operations, whatever the servers' skew: two holders never overlap and a
 // lease reported ended never comes back, because every decision that an
 // expiry was reached is itself a recorded transition (an expired lease is
 // archived by the operation that finds it). Skew can only shorten or
