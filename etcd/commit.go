@@ -27,7 +27,7 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 		if err != nil {
 			return lease.CommitResult{}, err
 		}
-		if err := lease.PastDeadline(now, due); err != nil {
+		if err := s.pastDeadline(due); err != nil {
 			return lease.CommitResult{}, err
 		}
 		s.stamp(t, p.LockKey, now) // every answer records its time (see "Backend time")

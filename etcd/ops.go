@@ -198,7 +198,9 @@ func (s *Store) open(t *txn, lockKey string, more ...string) (lease.Timestamp, e
 
 // stamp records now as the identity's time, in the attempt's transaction.
 func (s *Store) stamp(t *txn, lockKey string, now lease.Timestamp) {
-	t.put(s.keys.time(lockKey), u64(uint64(now.UnixMilli())))
+	k := s.keys.time(lockKey)
+	t.put(k, u64(uint64(now.UnixMilli())))
+	t.clocks[k] = true
 }
 
 // mutation runs lease mutation p in attempts: each opens at backend time,
@@ -213,14 +215,14 @@ func (s *Store) mutation(ctx context.Context, p lease.Prepared, at time.Time,
 		if err != nil {
 			return lease.Result{}, err
 		}
-		if err := lease.PastDeadline(now, due); err != nil {
+		if err := s.pastDeadline(due); err != nil {
 			return lease.Result{}, err
 		}
 		// Every answer decided at now records it, refusals and replays
 		// included, so no transition that commits after this attempt's
 		// read can carry an earlier time (see "Backend time").
 		s.stamp(t, p.LockKey, now)
-		if v := t.seen[s.keys.idem(p.Scope)].val; v != nil {
+		if v := t.seen[s.keys.idem(p.Scope)].val; v != nil && !isTombstone(v) {
 			ev, err := lease.DecodeIdempotencyRecord(v)
 			if err != nil {
 				return lease.Result{}, s.quarantine(t, p.LockKey, p.Identity, "idempotency evidence is corrupt")
@@ -286,10 +288,38 @@ func (s *Store) remember(t *txn, p lease.Prepared, res lease.Result) error {
 	if err != nil {
 		return err
 	}
+	if ms, ok := tombstoneExpiry(t.seen[s.keys.idem(p.Scope)].val); ok {
+		// The tombstone's retention entry would drop this evidence.
+		t.del(s.keys.expiry(idemExpiry, ms, p.Scope))
+	}
 	t.put(s.keys.idem(p.Scope), b)
 	exp := res.BackendTime.Add(s.opts.IdempotencyRetention).UnixMilli()
 	t.put(s.keys.expiry(idemExpiry, exp, p.Scope), nil)
 	return nil
+}
+
+// A tombstone stands where a request's evidence would be once a lookup
+// answered not found: "\x00tombstone:" and its retention end (16 hex ms).
+const tombstonePrefix = "\x00tombstone:"
+
+// tombstone puts a tombstone for scope, kept like evidence.
+func (s *Store) tombstone(t *txn, scope string, now lease.Timestamp) {
+	exp := now.Add(s.opts.IdempotencyRetention).UnixMilli()
+	t.put(s.keys.idem(scope), []byte(tombstonePrefix+hex16(uint64(exp))))
+	t.put(s.keys.expiry(idemExpiry, exp, scope), nil)
+}
+
+func isTombstone(v []byte) bool { return strings.HasPrefix(string(v), tombstonePrefix) }
+
+// tombstoneExpiry is the retention end of tombstone v; ok is false if v is
+// not one.
+func tombstoneExpiry(v []byte) (int64, bool) {
+	h, ok := strings.CutPrefix(string(v), tombstonePrefix)
+	if !ok {
+		return 0, false
+	}
+	ms, err := strconv.ParseUint(h, 16, 64)
+	return int64(ms), err == nil
 }
 
 // loadActive strictly decodes the active record of lockKey; nil if none. A
@@ -334,9 +364,10 @@ func (s *Store) putActive(t *txn, rec, prev *lease.Record) error {
 }
 
 // activeExpiry is the reaper's index entry of an active record: ordered by
-// expires_at, naming the lease it is for.
+// expires_at, naming the identity and the lease it is for (so a successor
+// expiring in the same millisecond has an entry of its own).
 func (s *Store) activeExpiry(rec *lease.Record) string {
-	return s.keys.expiry(activeExpiry, rec.ExpiresAt.UnixMilli(), rec.LockKey)
+	return s.keys.expiry(activeExpiry, rec.ExpiresAt.UnixMilli(), rec.LockKey+"/"+rec.LeaseID)
 }
 
 const activeExpiry = "ae"

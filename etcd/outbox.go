@@ -22,8 +22,48 @@ var (
 // and writes it (and the sequence): publications serialize on it, which
 // the compare-and-retry of change absorbs.
 
-// usage decodes the usage key: 16 bytes, pending then bytes; zero if
-// absent or malformed (the recount at the next drain corrects it).
+// outboxUsageOf is the pending outbox's usage in attempt t: the usage key,
+// or, where it is missing while entries were ever appended or malformed,
+// a recount of the entries at the attempt's revision. The recount is as
+// current as the key would be: every change to the entries writes the
+// key, which the attempt compares.
+func (s *Store) outboxUsageOf(t *txn) (pending, bytes int64, err error) {
+	if err := t.fetch(s.keys.outboxUsage(), s.keys.outboxSeq()); err != nil {
+		return 0, 0, err
+	}
+	v := t.writes[s.keys.outboxUsage()]
+	if v == nil {
+		v = t.seen[s.keys.outboxUsage()].val
+	}
+	if len(v) == 16 {
+		pending, bytes = usage(v)
+		return pending, bytes, nil
+	}
+	if v == nil && t.seen[s.keys.outboxSeq()].val == nil {
+		return 0, 0, nil // nothing was ever appended
+	}
+	s.log.Warn("the outbox usage counter is missing or malformed; recounting the pending entries")
+	from := s.keys.outboxPrefix()
+	for {
+		ctx, cancel := s.bound(t.ctx)
+		r, err := s.cli.Get(ctx, from, clientv3.WithRange(clientv3.GetPrefixRangeEnd(s.keys.outboxPrefix())),
+			clientv3.WithRev(t.rev), clientv3.WithLimit(500))
+		cancel()
+		if err != nil {
+			return 0, 0, errRead{err}
+		}
+		for _, kv := range r.Kvs {
+			pending++
+			bytes += lease.OutboxEntrySize(kv.Value)
+		}
+		if !r.More || len(r.Kvs) == 0 {
+			return pending, bytes, nil
+		}
+		from = string(r.Kvs[len(r.Kvs)-1].Key) + "\x00"
+	}
+}
+
+// usage decodes the usage key: 16 bytes, pending then bytes.
 func usage(v []byte) (pending, bytes int64) {
 	if len(v) != 16 {
 		return 0, 0
@@ -46,11 +86,10 @@ type outboxRoom struct {
 // outboxRoomFor checks the outbox's bounds for m in attempt t (a refusal
 // when full).
 func (s *Store) outboxRoomFor(t *txn, m *lease.OutboxMessage, now lease.Timestamp) (*outboxRoom, error) {
-	uv, err := t.get(s.keys.outboxUsage())
+	pending, bytes, err := s.outboxUsageOf(t)
 	if err != nil {
 		return nil, err
 	}
-	pending, bytes := usage(uv)
 	if full := s.opts.OutboxRoom(pending, bytes, m.Size()); full != nil {
 		full.BackendTime = now.Time()
 		return nil, refuse(full)
@@ -188,7 +227,10 @@ func (s *Store) pendingEntry(t *txn, messageID string) (idKey string, raw []byte
 
 // leaveOutbox removes a pending entry of size bytes and its id.
 func (s *Store) leaveOutbox(t *txn, messageID, key string, size int64) error {
-	pending, bytes := usage(t.seen[s.keys.outboxUsage()].val)
+	pending, bytes, err := s.outboxUsageOf(t)
+	if err != nil {
+		return err
+	}
 	t.put(s.keys.outboxUsage(), encodeUsage(pending-1, bytes-size))
 	t.del(key)
 	t.del(s.keys.outboxID(messageID))

@@ -20,7 +20,7 @@ func (s *Store) readAt(t *txn, lockKey string, due lease.Timestamp, more ...stri
 	}
 	recorded, _ := readU64(t.seen[s.keys.time(lockKey)].val)
 	now := s.identityTime(int64(recorded))
-	if err := lease.PastDeadline(now, due); err != nil {
+	if err := s.pastDeadline(due); err != nil {
 		return now, err
 	}
 	if t.seen[s.keys.gate()].val == nil {
@@ -104,7 +104,7 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 		return lease.ListResult{}, err
 	}
 	now := lease.UnixMilli(s.clock())
-	if err := lease.PastDeadline(now, lease.Deadline(ctx, req.DeadlineAt)); err != nil {
+	if err := s.pastDeadline(lease.Deadline(ctx, req.DeadlineAt)); err != nil {
 		return lease.ListResult{}, err
 	}
 	ctx, cancel := s.bound(ctx)
@@ -119,7 +119,10 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 	var rev int64
 	last := ""
 	for budget > 0 {
-		opts := []clientv3.OpOption{clientv3.WithRange(clientv3.GetPrefixRangeEnd(prefix)), clientv3.WithLimit(int64(min(pg.Size-len(out.Leases)+1, budget)))}
+		// At most listChunk entries a round: each costs two reads of the
+		// records' transaction (etcd allows 128 operations in one).
+		opts := []clientv3.OpOption{clientv3.WithRange(clientv3.GetPrefixRangeEnd(prefix)),
+			clientv3.WithLimit(int64(min(pg.Size-len(out.Leases)+1, budget, listChunk)))}
 		if rev > 0 {
 			opts = append(opts, clientv3.WithRev(rev))
 		}
@@ -130,9 +133,10 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 		if rev == 0 {
 			rev = r.Header.Revision
 		}
-		ops := make([]clientv3.Op, len(r.Kvs))
-		for i, kv := range r.Kvs {
-			ops[i] = clientv3.OpGet(s.keys.active(string(kv.Value)), clientv3.WithRev(rev))
+		ops := make([]clientv3.Op, 0, 2*len(r.Kvs))
+		for _, kv := range r.Kvs {
+			ops = append(ops, clientv3.OpGet(s.keys.active(string(kv.Value)), clientv3.WithRev(rev)),
+				clientv3.OpGet(s.keys.time(string(kv.Value)), clientv3.WithRev(rev)))
 		}
 		var recs *clientv3.TxnResponse
 		if len(ops) > 0 {
@@ -147,7 +151,7 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 			}
 			budget--
 			last = string(kv.Key[len(prefix):])
-			got := recs.Responses[i].GetResponseRange().Kvs
+			got := recs.Responses[2*i].GetResponseRange().Kvs
 			if len(got) == 0 {
 				continue // ended since: not listed
 			}
@@ -156,7 +160,16 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 				lease.CorruptState(s.log, lease.Identity{}, "record listed by an index is corrupt")
 				continue
 			}
-			if rec.LeaseID != last || !rec.LiveAt(now) {
+			// Expiry at the identity's time where it is ahead of this
+			// clock: a lease another server reported expired is not
+			// listed here as active.
+			at := now
+			if tk := recs.Responses[2*i+1].GetResponseRange().Kvs; len(tk) == 1 {
+				if recorded, ok := readU64(tk[0].Value); ok && int64(recorded) > at.UnixMilli() {
+					at = lease.UnixMilli(int64(recorded))
+				}
+			}
+			if rec.LeaseID != last || !rec.LiveAt(at) {
 				continue
 			}
 			out.Leases = append(out.Leases, rec)
@@ -170,6 +183,9 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 	return out, nil
 }
 
+// listChunk bounds the index entries List reads in one round.
+const listChunk = 60
+
 // History pages through an identity's terminal evidence, newest first.
 func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.HistoryResult, error) {
 	pg, err := lease.PrepareHistory(req, s.opts)
@@ -180,7 +196,7 @@ func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.Hi
 		return lease.HistoryResult{}, err
 	}
 	now := lease.UnixMilli(s.clock())
-	if err := lease.PastDeadline(now, lease.Deadline(ctx, req.DeadlineAt)); err != nil {
+	if err := s.pastDeadline(lease.Deadline(ctx, req.DeadlineAt)); err != nil {
 		return lease.HistoryResult{}, err
 	}
 	prefix := s.keys.historyPrefix(pg.LockKey)
@@ -234,7 +250,15 @@ func (s *Store) LookupRequest(ctx context.Context, req lease.LookupRequest) (lea
 			return lease.Result{}, refuse(err)
 		}
 		v := t.seen[s.keys.idem(p.Scope)].val
-		if v == nil {
+		if v == nil || isTombstone(v) {
+			// Not found is final: a tombstone in the evidence's place
+			// makes an attempt of this request still in flight (its
+			// bytes held up in the network) lose its compare, so it can
+			// no longer commit after this answer. A retry by the client
+			// reads the tombstone and runs as a new attempt.
+			if v == nil && t.seen[s.keys.gate()].val == nil {
+				s.tombstone(t, p.Scope, now)
+			}
 			return lease.Result{}, refuse(lease.RequestNotFound(now))
 		}
 		var observedErr error

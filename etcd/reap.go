@@ -29,6 +29,10 @@ const (
 
 // reap runs one pass until nothing is due or ctx ends.
 func (s *Store) reap(ctx context.Context) error {
+	// A server ahead would expire leases and drop evidence early.
+	if err := s.refuseIfAhead(); err != nil {
+		return err
+	}
 	for {
 		n, err := s.reapExpired(ctx)
 		if err != nil {
@@ -90,9 +94,10 @@ func (s *Store) reapExpired(ctx context.Context) (int, error) {
 		token                 uint64
 	}
 	var group []stale
+	prefix := s.keys.expiryPrefix(activeExpiry)
 	for _, kv := range r.Kvs {
 		k := string(kv.Key)
-		lockKey := k[strings.LastIndexByte(k, '/')+1:]
+		lockKey, _, _ := strings.Cut(k[len(prefix)+17:], "/") // past "<16 hex ms>/"
 		leaseID, tok, _ := strings.Cut(string(kv.Value), "\x00")
 		token, _ := strconv.ParseUint(tok, 10, 64)
 		group = append(group, stale{k, lockKey, leaseID, token})

@@ -107,6 +107,10 @@ type Options struct {
 	// ReapInterval is how often expired leases are archived and evidence
 	// past retention dropped. Zero means 30 s; negative disables.
 	ReapInterval time.Duration
+	// MaxClockSkew is how far this server's clock may run ahead of the
+	// other starlease servers' on the prefix before it refuses lease
+	// operations (see clock.go); zero means DefaultMaxClockSkew.
+	MaxClockSkew time.Duration
 	// Now is this server's clock; nil means time.Now. Tests skew it.
 	Now func() time.Time
 	// Client, if set, is used instead of dialing Endpoints and is not
@@ -129,6 +133,7 @@ type Store struct {
 	wg     sync.WaitGroup
 	// skewWarned limits the clock-behind warning to one per minute.
 	skewWarned atomic.Int64
+	clockGuard *clockGuard
 }
 
 var _ lease.Store = (*Store)(nil)
@@ -152,7 +157,8 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 		own = true
 	}
 	s := &Store{cli: cli, ownClient: own, keys: layout{p: ns + "/"}, opts: o.StoreOptions.WithDefaults(),
-		now: o.Now, opTimeout: orDefault(o.OpTimeout, 5*time.Second), stop: make(chan struct{})}
+		now: o.Now, opTimeout: orDefault(o.OpTimeout, 5*time.Second), stop: make(chan struct{}),
+		clockGuard: newClockGuard(orDefault(o.MaxClockSkew, DefaultMaxClockSkew))}
 	s.log = s.opts.Logger
 	if s.now == nil {
 		s.now = time.Now
@@ -165,6 +171,12 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	}
 	if gate, err := s.gate(ctx); err == nil && gate != "" {
 		s.log.Warn("lease namespace is closed; mutations are refused", "reason", gate)
+	}
+	if err := s.startClockGuard(ctx); err != nil {
+		if own {
+			cli.Close()
+		}
+		return nil, lease.Errorf(lease.CodeBackendUnavailable, "cannot publish this server's clock: %s", classify(err))
 	}
 	lease.Reaper{Interval: o.ReapInterval, Bounded: true, Pass: s.reap, Log: s.log}.Start(&s.wg, s.stop)
 	return s, nil
@@ -266,6 +278,9 @@ func (s *Store) Health(ctx context.Context) lease.Health {
 	if gate != "" {
 		return lease.Health{Status: lease.HealthDegraded, Reason: "namespace is closed: " + gate}
 	}
+	if err := s.refuseIfAhead(); err != nil {
+		return lease.Health{Status: lease.HealthUnsuitable, Reason: lease.AsError(err).Reason}
+	}
 	return lease.Health{Status: lease.HealthOK}
 }
 
@@ -363,6 +378,7 @@ func (l layout) outboxSeq() string                { return l.p + "meta/outbox_se
 func (l layout) outboxUsage() string              { return l.p + "meta/outbox_usage" }
 func (l layout) deadSeq() string                  { return l.p + "meta/dead_seq" }
 func (l layout) deadCount() string                { return l.p + "meta/dead_count" }
+func (l layout) clockPrefix() string              { return l.p + "meta/clock/" }
 func (l layout) active(lk string) string          { return l.p + "a/" + lk }
 func (l layout) counter(lk string) string         { return l.p + "c/" + lk }
 func (l layout) time(lk string) string            { return l.p + "t/" + lk }

@@ -2,6 +2,7 @@ package etcd
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"time"
 
@@ -21,6 +22,11 @@ type txn struct {
 	seen   map[string]seenKey
 	writes map[string][]byte // nil value: delete
 	order  []string
+	// clocks are the identity-time keys the attempt raises (stamp): their
+	// compare is "not past the value written", not an unchanged mod
+	// revision, so answers that only record a time do not void each
+	// other (they would all retry, one per round, under contention).
+	clocks map[string]bool
 }
 
 type seenKey struct {
@@ -29,7 +35,7 @@ type seenKey struct {
 }
 
 func (s *Store) newTxn(ctx context.Context) *txn {
-	return &txn{s: s, ctx: ctx, seen: map[string]seenKey{}, writes: map[string][]byte{}}
+	return &txn{s: s, ctx: ctx, seen: map[string]seenKey{}, writes: map[string][]byte{}, clocks: map[string]bool{}}
 }
 
 // errRead marks a failed read: nothing was written, so the transition did
@@ -137,6 +143,15 @@ func (t *txn) commit() (bool, error) {
 	}
 	cmps := make([]clientv3.Cmp, 0, len(t.seen))
 	for k, v := range t.seen {
+		if w, ok := t.writes[k]; ok && t.clocks[k] && v.mod != 0 && len(w) == 8 {
+			// The identity's time may have been raised since the read,
+			// to at most this attempt's time: every decision made at
+			// this time still holds. Later is a lost compare (8-byte
+			// big-endian values compare as numbers).
+			next := binary.BigEndian.Uint64(w) + 1
+			cmps = append(cmps, clientv3.Compare(clientv3.Value(k), "<", string(u64(next))))
+			continue
+		}
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", v.mod))
 	}
 	ops := make([]clientv3.Op, 0, len(t.order))
@@ -192,6 +207,9 @@ func observe[T any](s *Store, ctx context.Context, fn func(*txn) (T, error)) (T,
 func attempt[T any](s *Store, ctx context.Context, mutating bool, fn func(*txn) (T, error)) (T, error) {
 	var zero T
 	if err := s.begin(ctx); err != nil {
+		return zero, err
+	}
+	if err := s.refuseIfAhead(); err != nil {
 		return zero, err
 	}
 	for n := 0; ; n++ {
