@@ -502,6 +502,16 @@ func TestCredentialStoreFailover(t *testing.T) {
 		t.Fatalf("read back after failover: %v %v", read, err)
 	}
 	_, second := credIssue(t, cs)
+	// A new client (a server starting, the keys command) connects with a
+	// member down.
+	tool, err := OpenCredentialStore(t.Context(), Options{Endpoints: c.Endpoints(), KeyPrefix: strings.TrimSuffix(s.keys.p, "/")})
+	if err != nil {
+		t.Fatalf("connecting with one member down: %v", err)
+	}
+	if read, err := tool.Get(t.Context(), second.ID); err != nil || read.ID != second.ID {
+		t.Fatalf("read through the new client: %v %v", read, err)
+	}
+	tool.Close()
 
 	// Quorum lost: a second member down.
 	other := (leader + 1) % 3
