@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/starintel/starlease/auth"
+	"github.com/starintel/starlease/lease"
 )
 
 // Credential keys: cred/<id> holds exactly the bytes of
@@ -61,6 +62,9 @@ func OpenCredentialStore(ctx context.Context, o Options) (*CredentialStore, erro
 	o.ReapInterval = -1
 	s, err := Open(ctx, o)
 	if err != nil {
+		if lease.CodeOf(err) == lease.CodeInvalidRequest {
+			return nil, err // bad options, not an unavailable store
+		}
 		return nil, fmt.Errorf("%w: %v", auth.ErrUnavailable, err)
 	}
 	return &CredentialStore{s: s, owned: true}, nil

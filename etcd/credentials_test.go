@@ -19,6 +19,7 @@ import (
 	"github.com/starintel/starlease/auth"
 	"github.com/starintel/starlease/auth/authtest"
 	"github.com/starintel/starlease/internal/testenv"
+	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/lease/leasetest"
 )
 
@@ -436,6 +437,11 @@ func TestCredentialStore(t *testing.T) {
 			err := call()
 			if err == nil || strings.HasPrefix(err.Error(), "want ") {
 				t.Fatalf("%s: %v", name, err)
+			}
+		}
+		for _, o := range []Options{{Endpoints: a.c.Endpoints(), KeyPrefix: "bad/prefix"}, {KeyPrefix: "ok"}} {
+			if _, err := OpenCredentialStore(t.Context(), o); lease.CodeOf(err) != lease.CodeInvalidRequest {
+				t.Fatalf("OpenCredentialStore(%+v) = %v, want invalid_lease_request", o, err)
 			}
 		}
 		if page, err := cs.List(t.Context(), "\xff", 0); err != nil || len(page) != 0 {
