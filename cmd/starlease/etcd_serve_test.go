@@ -93,7 +93,7 @@ func etcdLeader(t *testing.T, c *testenv.EtcdCluster, root *clientv3.Client) int
 // request; both servers' audit events reach the shared stream, which is
 // read back.
 func TestEtcdServersShareOneCluster(t *testing.T) {
-	bin := buildBinary(t)
+	bin := starleaseBin(t)
 	tmp := t.TempDir()
 	c := testenv.StartEtcdCluster(t, 3)
 	const prefix = "starlease-shared"
