@@ -611,7 +611,9 @@ func TestAuditSink(t *testing.T) {
 // the outage reach the stream when quorum is back, in order, once each.
 func TestAuditSinkQuorumLoss(t *testing.T) {
 	c := testenv.StartEtcdCluster(t, 3)
-	s := open(t, c, Options{OpTimeout: 500 * time.Millisecond})
+	// Long enough for a loaded machine with quorum, short enough that the
+	// calls refused during the outage keep the test short.
+	s := open(t, c, Options{OpTimeout: 3 * time.Second})
 	sink := s.AuditSink(AuditOptions{})
 
 	store, err := bolt.Open(filepath.Join(t.TempDir(), "starlease.db"), bolt.Options{ReapInterval: -1})
@@ -641,7 +643,7 @@ func TestAuditSinkQuorumLoss(t *testing.T) {
 	}
 
 	sp, err := audit.OpenSpool(filepath.Join(t.TempDir(), "audit-spool.jsonl"), s.AuditSink(AuditOptions{}),
-		audit.SpoolOptions{RetryInterval: 50 * time.Millisecond, ForwardTimeout: time.Second})
+		audit.SpoolOptions{RetryInterval: 50 * time.Millisecond, ForwardTimeout: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -486,7 +486,7 @@ func TestCredentialStore(t *testing.T) {
 // there.
 func TestCredentialStoreFailover(t *testing.T) {
 	c := testenv.StartEtcdCluster(t, 3)
-	s := open(t, c, Options{OpTimeout: time.Second})
+	s := open(t, c, Options{OpTimeout: 3 * time.Second})
 	cs := s.CredentialStore()
 	_, cred := credIssue(t, cs)
 
