@@ -201,10 +201,11 @@ func Dial(o Options) (*clientv3.Client, error) {
 		Logger:               zap.NewNop(),
 		DialKeepAliveTime:    2 * time.Second,
 		DialKeepAliveTimeout: 2 * time.Second,
-		// A member that lost the cluster (partitioned) refuses
-		// linearizable requests; the client then tries another.
-		RejectOldCluster: true,
-		DialOptions:      []grpc.DialOption{},
+		// No RejectOldCluster: its version check needs every endpoint to
+		// answer, so one member down would stop a server from starting.
+		// A member that lost the cluster refuses linearizable requests
+		// anyway; the client then tries another.
+		DialOptions: []grpc.DialOption{},
 	}
 	var tlsCfg *tls.Config
 	if o.TLSCAFile != "" {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/starintel/starlease/auth"
+	"github.com/starintel/starlease/etcd"
 	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/valkey"
 )
@@ -25,15 +26,18 @@ const keysUsage = `usage:
   starlease keys rotate --data-dir DIR --pepper-file F --id CREDENTIAL_ID
 
   any of them with --backend valkey [--valkey-addr HOST:PORT --valkey-username U
-  --valkey-password-file F --valkey-key-prefix P --valkey-tls-ca-file F] instead of --data-dir
+  --valkey-password-file F --valkey-key-prefix P --valkey-tls-ca-file F] instead of --data-dir,
+  or --backend etcd [--etcd-endpoints URL,URL,URL --etcd-username U --etcd-password-file F
+  --etcd-key-prefix P --etcd-tls-ca-file F] instead of --data-dir
 
 create and rotate print the new API key exactly once on stdout; it is never
 stored and cannot be read back. With the default --backend bolt, keys live
 in DIR/credentials, shared with a running "starlease serve" on the same
 directory. With --backend valkey and the same --valkey-* flags as the
 servers (--data-dir is then not needed), keys live on the Valkey server,
-shared by every server in front of it. Either way changes apply to the
-servers' next request. Flags can also be set as STARLEASE_<FLAG>.
+shared by every server in front of it; likewise with --backend etcd and the
+servers' --etcd-* flags, on the etcd cluster. Either way changes apply to
+the servers' next request. Flags can also be set as STARLEASE_<FLAG>.
 `
 
 func runKeys(args []string, stdout, stderr io.Writer) int {
@@ -146,11 +150,19 @@ func runKeys(args []string, stdout, stderr io.Writer) int {
 
 // openCredentials opens the credential store the servers of backend bf
 // use: files in dataDir/credentials for bolt, the Valkey server's for
-// valkey (its connection only: no reaper).
+// valkey, the etcd cluster's for etcd (a connection of its own, without
+// a reaper).
 func openCredentials(ctx context.Context, bf backendFlags, dataDir string, stderr io.Writer) (auth.Store, error) {
-	if bf.backend == "valkey" {
-		log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	switch bf.backend {
+	case "valkey":
 		s, err := valkey.OpenCredentialStore(ctx, bf.valkeyOptions(lease.StoreOptions{Logger: log}))
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
+	case "etcd":
+		s, err := etcd.OpenCredentialStore(ctx, bf.etcdOptions(lease.StoreOptions{Logger: log}))
 		if err != nil {
 			return nil, err
 		}

@@ -66,8 +66,13 @@ func (f *relayFlags) register(fsf interface {
 
 // outboxName names a backend's outbox in the relay's lock identity.
 func outboxName(f backendFlags) string {
-	if f.backend == "valkey" {
+	switch f.backend {
+	case "valkey":
 		return "valkey." + f.valkeyPrefix
+	case "etcd":
+		// Servers on one cluster and prefix share the outbox, so they
+		// share its relay lease.
+		return "etcd." + f.etcdPrefix
 	}
 	return "bolt"
 }

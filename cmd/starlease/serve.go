@@ -33,8 +33,8 @@ import (
 const (
 	credentialsDir = "credentials"
 	auditFile      = "audit.jsonl"
-	// auditSpoolFile holds, with --backend valkey, the events the Valkey
-	// audit stream could not take, until they are forwarded.
+	// auditSpoolFile holds, with --backend valkey or etcd, the events the
+	// backend's audit stream could not take, until they are forwarded.
 	auditSpoolFile = "audit-spool.jsonl"
 )
 
@@ -230,7 +230,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	var f serveFlags
 	f.register(fs)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: starlease serve --data-dir DIR --pepper-file FILE [--listen HOST:PORT] [--backend bolt|valkey ...]\n\n"+
+		fmt.Fprintf(fs.Output(), "usage: starlease serve --data-dir DIR --pepper-file FILE [--listen HOST:PORT] [--backend bolt|valkey|etcd ...]\n\n"+
 			"Serves the lease HTTP API. Every flag can also be set as STARLEASE_<FLAG> (e.g. STARLEASE_PEPPER_FILE).\n\nflags:\n")
 		fs.PrintDefaults()
 	}
@@ -280,6 +280,8 @@ func (b backend) close() {
 // Valkey server, so several servers in front of it share API keys and
 // audit (valkey.Store.CredentialStore and AuditSink, on its connections),
 // with a local spool in dataDir for the audit events Valkey cannot take.
+// etcd: the same on an etcd cluster (etcd.Store.CredentialStore and
+// AuditSink, on its client), spool included.
 func openBackend(ctx context.Context, f backendFlags, dataDir string, opts lease.StoreOptions) (backend, error) {
 	var b backend
 	switch f.backend {
@@ -316,8 +318,23 @@ func openBackend(ctx context.Context, f backendFlags, dataDir string, opts lease
 			return backend{}, err
 		}
 		b.sink = sp
+	case "etcd":
+		es, err := etcd.Open(ctx, f.etcdOptions(opts))
+		if err != nil {
+			return backend{}, err
+		}
+		b.store, b.creds = es, es.CredentialStore()
+		// The stream is unavailable without quorum: events wait in the
+		// spool as with Valkey, and are forwarded once each when the
+		// cluster has a leader again.
+		sp, err := audit.OpenSpool(filepath.Join(dataDir, auditSpoolFile), es.AuditSink(etcd.AuditOptions{}), audit.SpoolOptions{})
+		if err != nil {
+			b.close()
+			return backend{}, err
+		}
+		b.sink = sp
 	default:
-		return backend{}, errors.New("--backend must be bolt or valkey")
+		return backend{}, errors.New("--backend must be bolt, valkey or etcd")
 	}
 	return b, nil
 }
