@@ -76,12 +76,8 @@ func encodeUsage(pending, bytes int64) []byte {
 	return binary.BigEndian.AppendUint64(b, uint64(max(bytes, 0)))
 }
 
-// outboxRoom is an admitted publication's place: the usage after it and
-// the entry it replaces, if any.
-type outboxRoom struct {
-	pending, bytes int64
-	replaces       string // key of a pending entry with the same message id
-}
+// outboxRoom is an admitted publication's place: the usage before it.
+type outboxRoom struct{ pending, bytes int64 }
 
 // outboxRoomFor checks the outbox's bounds for m in attempt t (a refusal
 // when full).

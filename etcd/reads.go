@@ -273,10 +273,8 @@ func (s *Store) LookupRequest(ctx context.Context, req lease.LookupRequest) (lea
 			}
 			return cur, nil
 		})
-		if observedErr != nil {
-			if _, isRead := observedErr.(errRead); isRead {
-				return lease.Result{}, observedErr
-			}
+		if _, isRead := observedErr.(errRead); isRead {
+			return lease.Result{}, observedErr
 		}
 		if !ok {
 			return lease.Result{}, refuse(lease.CorruptState(s.log, p.Identity, "idempotency evidence is corrupt"))

@@ -82,7 +82,13 @@ func (t *txn) fetch(keys ...string) error {
 			t.seen[want[i]] = seenKey{}
 			continue
 		}
-		t.seen[want[i]] = seenKey{val: kvs[0].Value, mod: kvs[0].ModRevision}
+		// A key that exists is never nil, even with an empty value: nil
+		// means absent throughout.
+		v := kvs[0].Value
+		if v == nil {
+			v = []byte{}
+		}
+		t.seen[want[i]] = seenKey{val: v, mod: kvs[0].ModRevision}
 	}
 	return nil
 }
