@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,22 +39,59 @@ const (
 const etcdStartTimeout = 30 * time.Second
 
 // BuildEtcd builds internal/etcdserver (etcd's server at the pinned
-// version) into a temporary directory of t and returns the binary's path.
-// The Go build cache makes repeated builds fast.
+// version) and returns the binary's path. The binary is built once per
+// machine and version: into a directory under the system temp dir named
+// after the etcd server module's version and the Go toolchain, written
+// under a temporary name and renamed into place, so concurrent test
+// binaries share it and none sees a half-written file.
 func BuildEtcd(t testing.TB) string {
 	t.Helper()
+	etcdBuild.Do(func() { etcdBin, etcdBuildErr = buildEtcd(t) })
+	if etcdBuildErr != nil {
+		t.Fatalf("go build ./internal/etcdserver: %v", etcdBuildErr)
+	}
+	return etcdBin
+}
+
+var (
+	etcdBuild    sync.Once
+	etcdBin      string
+	etcdBuildErr error
+)
+
+func buildEtcd(t testing.TB) (string, error) {
 	goTool, err := exec.LookPath("go")
 	if err != nil {
 		goTool = "/usr/local/go/bin/go"
 	}
-	bin := filepath.Join(t.TempDir(), "etcd")
+	version := "unknown"
+	if info, ok := debug.ReadBuildInfo(); ok {
+		for _, d := range info.Deps {
+			if d.Path == "go.etcd.io/etcd/server/v3" {
+				version = d.Version
+			}
+		}
+	}
+	dir := filepath.Join(os.TempDir(), "starlease-etcd-"+version+"-"+runtime.Version())
+	bin := filepath.Join(dir, "etcd")
+	if st, err := os.Stat(bin); err == nil && st.Mode().IsRegular() && version != "unknown" {
+		return bin, nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	tmp := filepath.Join(dir, "etcd."+randomHex(6))
 	start := time.Now()
-	cmd := exec.Command(goTool, "build", "-o", bin, "github.com/starintel/starlease/internal/etcdserver")
+	cmd := exec.Command(goTool, "build", "-o", tmp, "github.com/starintel/starlease/internal/etcdserver")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./internal/etcdserver: %v\n%s", err, out)
+		os.Remove(tmp)
+		return "", fmt.Errorf("%v\n%s", err, out)
+	}
+	if err := os.Rename(tmp, bin); err != nil {
+		return "", err
 	}
 	t.Logf("testenv: built etcd server in %v", time.Since(start).Round(10*time.Millisecond))
-	return bin
+	return bin, nil
 }
 
 // EtcdCluster is a running multi-member etcd cluster on 127.0.0.1: one
