@@ -1023,9 +1023,10 @@ func attackTxn(t *testing.T, c *testenv.EtcdCluster) {
 		prefix := atkPrefix()
 		t0 := time.Now().Truncate(time.Millisecond)
 		hClk, rClk := &atkClock{fixed: t0}, &atkClock{fixed: t0.Add(20 * time.Second)}
-		// Fixed clocks 20 s apart: the clock guard's bound is raised.
-		holder := atkOpen(t, c, atkOpts{prefix: prefix, clock: hClk, maxSkew: time.Minute})
-		reaper := atkOpen(t, c, atkOpts{prefix: prefix, clock: rClk, maxSkew: time.Minute})
+		// Fixed clocks 20 s apart, and a hook counting the reaper's clock
+		// readings: the clock guard (its beats read the clock) is off.
+		holder := atkOpen(t, c, atkOpts{prefix: prefix, clock: hClk, maxSkew: -1})
+		reaper := atkOpen(t, c, atkOpts{prefix: prefix, clock: rClk, maxSkew: -1})
 		id := atkIdentity()
 		o1, o2 := atkCaller(), atkCaller()
 		l1 := atkAcquire(t, holder, atkAcquireReq(id, o1, 10*time.Second, atkSoon()))
@@ -1785,7 +1786,9 @@ func attackOutcome(t *testing.T, c *testenv.EtcdCluster) {
 		prefix := atkPrefix()
 		px := atkStartHoldProxy(t, strings.TrimPrefix(c.Member(0).ClientURL(), "http://"))
 		clk := &atkClock{}
-		s1 := atkOpen(t, c, atkOpts{prefix: prefix, clock: clk, endpoints: []string{"http://" + px.addr()}})
+		// A hook on s1's next clock reading: its clock guard (whose beats
+		// read the clock) is off.
+		s1 := atkOpen(t, c, atkOpts{prefix: prefix, clock: clk, endpoints: []string{"http://" + px.addr()}, maxSkew: -1})
 		s2 := atkOpen(t, c, atkOpts{prefix: prefix})
 		id, owner := atkIdentity(), atkCaller()
 		req := atkAcquireReq(id, owner, 30*time.Second, time.Now().Add(time.Minute))
@@ -1907,7 +1910,7 @@ func attackOutcome(t *testing.T, c *testenv.EtcdCluster) {
 	t.Run("PauseLeaderMidCommit", func(t *testing.T) {
 		prefix := atkPrefix()
 		clk := &atkClock{}
-		s := atkOpen(t, c, atkOpts{prefix: prefix, clock: clk})
+		s := atkOpen(t, c, atkOpts{prefix: prefix, clock: clk, maxSkew: -1}) // a hook on its next clock reading
 		s2 := atkOpen(t, c, atkOpts{prefix: prefix})
 		lead, _ := c.WaitLeader(10 * time.Second)
 		paused := false

@@ -51,6 +51,7 @@
 package etcd
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/binary"
@@ -109,7 +110,9 @@ type Options struct {
 	ReapInterval time.Duration
 	// MaxClockSkew is how far this server's clock may run ahead of the
 	// other starlease servers' on the prefix before it refuses lease
-	// operations (see clock.go); zero means DefaultMaxClockSkew.
+	// operations (see clock.go); zero means DefaultMaxClockSkew, negative
+	// disables the guard (tests that step fixed clocks; a deployment
+	// whose clocks are guarded otherwise).
 	MaxClockSkew time.Duration
 	// Now is this server's clock; nil means time.Now. Tests skew it.
 	Now func() time.Time
@@ -158,7 +161,7 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	}
 	s := &Store{cli: cli, ownClient: own, keys: layout{p: ns + "/"}, opts: o.StoreOptions.WithDefaults(),
 		now: o.Now, opTimeout: orDefault(o.OpTimeout, 5*time.Second), stop: make(chan struct{}),
-		clockGuard: newClockGuard(orDefault(o.MaxClockSkew, DefaultMaxClockSkew))}
+		clockGuard: newClockGuard(cmp.Or(o.MaxClockSkew, DefaultMaxClockSkew))}
 	s.log = s.opts.Logger
 	if s.now == nil {
 		s.now = time.Now
