@@ -913,7 +913,8 @@ func attackTxn(t *testing.T, c *testenv.EtcdCluster) {
 		var holders []*holder
 		for i := 0; i < 4; i++ {
 			h := &holder{owner: atkCaller()}
-			h.req = atkAcquireReq(atkIdentity(), h.owner, 3*time.Second, atkSoon())
+			// 10 s: margin for renewals delayed on a loaded machine.
+			h.req = atkAcquireReq(atkIdentity(), h.owner, 10*time.Second, atkSoon())
 			h.rec = atkAcquire(t, stores[i%3], h.req)
 			holders = append(holders, h)
 		}
@@ -925,7 +926,7 @@ func attackTxn(t *testing.T, c *testenv.EtcdCluster) {
 				for ctx.Err() == nil {
 					time.Sleep(100 * time.Millisecond)
 					s := stores[mrand.IntN(3)]
-					r, err := s.Renew(atkBG, atkRenewReq(h.rec, h.owner, 3*time.Second, time.Now().Add(2*time.Second)))
+					r, err := s.Renew(atkBG, atkRenewReq(h.rec, h.owner, 10*time.Second, time.Now().Add(2*time.Second)))
 					switch {
 					case err == nil:
 						h.rec = r.Lease

@@ -56,7 +56,7 @@ func newClockGuard(maxSkew time.Duration) *clockGuard {
 func (g *clockGuard) ahead() (time.Duration, bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.aheadBy, g.aheadBy > g.maxSkew
+	return g.aheadBy, g.maxSkew >= 0 && g.aheadBy > g.maxSkew
 }
 
 // refuseIfAhead is the refusal of work on a server whose clock is ahead.
