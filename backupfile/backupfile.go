@@ -77,6 +77,19 @@ var (
 	ErrChecksum  = errors.New("backup: payload checksum mismatch")
 )
 
+// ErrBackend is matched (errors.Is) by the refusal of a backup written by
+// another backend than the one restoring it.
+var ErrBackend = errors.New("backup: written by another backend")
+
+// CheckBackend refuses, with an error matching ErrBackend, a backup whose
+// header names another backend than name.
+func CheckBackend(h Header, name string) error {
+	if h.Backend != name {
+		return fmt.Errorf("%w: backup is of backend %q, not %q", ErrBackend, h.Backend, name)
+	}
+	return nil
+}
+
 // ErrRestoreTarget is matched (errors.Is) by every backend's refusal to
 // restore into a target that is not empty, so a caller driving any backend
 // (package recovery) can tell that refusal from a bad backup. A restore

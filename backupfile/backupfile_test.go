@@ -214,3 +214,14 @@ func TestTargetError(t *testing.T) {
 		t.Fatalf("message %q", err.Error())
 	}
 }
+
+// A backup of another backend is refused with ErrBackend.
+func TestCheckBackend(t *testing.T) {
+	h := Header{Backend: "bolt"}
+	if err := CheckBackend(h, "bolt"); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckBackend(h, "etcd"); !errors.Is(err, ErrBackend) || !strings.Contains(err.Error(), `"bolt"`) {
+		t.Fatalf("another backend's backup: %v", err)
+	}
+}

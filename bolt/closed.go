@@ -106,6 +106,9 @@ func (c *Closed) Finish(ctx context.Context, plan lease.RecoveryPlan) (lease.Rec
 	if err := c.s.begin(ctx); err != nil {
 		return lease.RecoveryResult{}, err
 	}
+	if err := plan.Check(); err != nil {
+		return lease.RecoveryResult{}, err
+	}
 	// Not mutate: a refusal here must roll the whole transaction back.
 	err := c.s.db.Update(func(tx *bbolt.Tx) error {
 		res = lease.RecoveryResult{}
@@ -113,9 +116,6 @@ func (c *Closed) Finish(ctx context.Context, plan lease.RecoveryPlan) (lease.Rec
 		res.At = now
 		counters := tx.Bucket(bucketCounters)
 		for key, want := range plan.Counters {
-			if want > lease.MaxFencingToken {
-				return lease.Errorf(lease.CodeCounterExhausted, "recovery epoch would exceed the fencing token limit")
-			}
 			var cur uint64
 			if v := counters.Get([]byte(key)); v != nil {
 				if len(v) != 8 {
@@ -142,17 +142,11 @@ func (c *Closed) Finish(ctx context.Context, plan lease.RecoveryPlan) (lease.Rec
 			return err
 		}
 		for _, rec := range active {
-			var err error
-			if rec.LiveAt(now) {
-				err = c.s.archive(tx, rec, lease.StateRevoked, now, ended{by: lease.RecoveryPrincipal, reason: plan.Reason})
-				res.Revoked = append(res.Revoked, rec.LeaseID)
-			} else {
-				err = c.s.archive(tx, rec, lease.StateExpired, rec.ExpiresAt, ended{})
-				res.Expired = append(res.Expired, rec.LeaseID)
-			}
-			if err != nil {
+			e := plan.Ending(rec, now)
+			if err := c.s.archive(tx, rec, e.State, e.At, ended{by: e.By, reason: e.Reason}); err != nil {
 				return err
 			}
+			res.Note(rec.LeaseID, e)
 		}
 		meta := tx.Bucket(bucketMeta)
 		if plan.Epoch > 0 {

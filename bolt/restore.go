@@ -55,8 +55,8 @@ func (n *Namespace) Restore(_ context.Context, r io.Reader) (h backupfile.Header
 	if err != nil {
 		return backupfile.Header{}, err
 	}
-	if h.Backend != BackendName {
-		return backupfile.Header{}, fmt.Errorf("backup is of backend %q, not %q", h.Backend, BackendName)
+	if err := backupfile.CheckBackend(h, BackendName); err != nil {
+		return backupfile.Header{}, err
 	}
 	db, err := bbolt.Open(tmp, 0o600, &bbolt.Options{Timeout: time.Second})
 	if err != nil {

@@ -42,12 +42,59 @@ type RecoveryPlan struct {
 	Reason string
 }
 
+// Check refuses a plan no backend may apply: a counter of a malformed lock
+// key (invalid_lease_request), or a counter or floor past the token limit
+// (counter_exhausted). A backend checks it before it changes anything, so
+// a refused plan changes nothing.
+func (p RecoveryPlan) Check() error {
+	for k, v := range p.Counters {
+		if err := CheckLockKey(k); err != nil {
+			return err
+		}
+		if v > MaxFencingToken {
+			return Errorf(CodeCounterExhausted, "recovery epoch would exceed the fencing token limit")
+		}
+	}
+	if p.Floor > MaxFencingToken {
+		return Errorf(CodeCounterExhausted, "recovery epoch would exceed the fencing token limit")
+	}
+	return nil
+}
+
+// RecoveryEnding is how recovery ends one active record.
+type RecoveryEnding struct {
+	State  State     // StateRevoked or StateExpired
+	At     Timestamp // the ended_at to record
+	By     string    // RecoveryPrincipal for a revocation, "" for an expiry
+	Reason string    // the plan's reason for a revocation
+}
+
+// Ending is how recovery ends rec at backend time now, through the
+// backend's normal archive path: revoked at now by RecoveryPrincipal with
+// the plan's reason if it is still live, else expired at its own
+// expires_at (a restored TTL is never resurrected).
+func (p RecoveryPlan) Ending(rec *Record, now Timestamp) RecoveryEnding {
+	if rec.LiveAt(now) {
+		return RecoveryEnding{State: StateRevoked, At: now, By: RecoveryPrincipal, Reason: p.Reason}
+	}
+	return RecoveryEnding{State: StateExpired, At: rec.ExpiresAt}
+}
+
 // RecoveryResult reports what finishing a recovery changed.
 type RecoveryResult struct {
 	Raised  int      // counters raised or created
 	Revoked []string // lease ids of live leases revoked
 	Expired []string // lease ids of leases already expired, archived as expired
 	At      Timestamp
+}
+
+// Note records that leaseID was ended as e.
+func (r *RecoveryResult) Note(leaseID string, e RecoveryEnding) {
+	if e.State == StateRevoked {
+		r.Revoked = append(r.Revoked, leaseID)
+	} else {
+		r.Expired = append(r.Expired, leaseID)
+	}
 }
 
 // RecoveryPrincipal is recorded as the ender of leases recovery revokes.

@@ -152,15 +152,15 @@ func (c *Closed) actives(ctx context.Context) ([]*lease.Record, error) {
 func (c *Closed) Finish(ctx context.Context, plan lease.RecoveryPlan) (lease.RecoveryResult, error) {
 	s := c.s
 	var res lease.RecoveryResult
+	if err := plan.Check(); err != nil {
+		return res, err
+	}
 	keys := make([]string, 0, len(plan.Counters))
 	for k := range plan.Counters {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		if err := lease.CheckLockKey(k); err != nil {
-			return res, err
-		}
 		rep, err := s.fcall(ctx, call{fn: "recover_raise", mutation: true,
 			keys: []string{s.keys.counter(tagOf(k)), s.keys.gate()}, args: []string{utoa(plan.Counters[k]), c.gate}})
 		if err != nil {

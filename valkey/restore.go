@@ -64,8 +64,8 @@ func (s *Store) Restore(ctx context.Context, r io.Reader) (backupfile.Header, er
 	if err != nil {
 		return backupfile.Header{}, err
 	}
-	if h.Backend != BackendName {
-		return backupfile.Header{}, fmt.Errorf("backup is of backend %q, not %q", h.Backend, BackendName)
+	if err := backupfile.CheckBackend(h, BackendName); err != nil {
+		return backupfile.Header{}, err
 	}
 	entries, err := readPayload(payload.Bytes())
 	if err != nil {
