@@ -2,6 +2,7 @@ package lease
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -99,6 +100,12 @@ func (r *RecoveryResult) Note(leaseID string, e RecoveryEnding) {
 
 // RecoveryPrincipal is recorded as the ender of leases recovery revokes.
 const RecoveryPrincipal = "starlease-recovery"
+
+// ErrNamespaceOpen is a backend's refusal to open a namespace that is not
+// closed for recovery: recovery decides only for a namespace no lease
+// operation can change meanwhile (a restore or a seal closes it). It is
+// the operator's to fix, not the backend's, so it is no *Error.
+var ErrNamespaceOpen = errors.New("namespace is open; restore into it or Seal it before recovery")
 
 // ClosedNamespace is a namespace awaiting recovery verification.
 //

@@ -3,7 +3,6 @@ package valkey
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"sort"
 	"strings"
 	"time"
@@ -16,7 +15,7 @@ import (
 // ErrNamespaceOpen is returned by OpenClosed for a namespace that is not
 // closed: recovery decides only for a namespace no lease operation can
 // change meanwhile (Seal closes one after a failover).
-var ErrNamespaceOpen = errors.New("namespace is open; restore into it or Seal it before recovery")
+var ErrNamespaceOpen = lease.ErrNamespaceOpen
 
 // Closed is a closed namespace awaiting recovery verification
 // (lease.ClosedNamespace).
