@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/starintel/starlease/bolt"
+	"github.com/starintel/starlease/etcd"
 	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/recovery"
 	"github.com/starintel/starlease/valkey"
@@ -21,10 +22,11 @@ import (
 const recoveryUsage = `usage:
   starlease backup         --data-dir DIR --out FILE
   starlease backup         --backend valkey [--valkey-...] --out FILE [--pause D]
+  starlease backup         --backend etcd [--etcd-...] --out FILE
   starlease restore        --in FILE --data-dir NEWDIR
-  starlease restore        --backend valkey [--valkey-...] --in FILE
-  starlease seal           --backend valkey [--valkey-...]
-  starlease verify-restore (--data-dir DIR | --backend valkey [--valkey-...])
+  starlease restore        --backend valkey|etcd [--valkey-...|--etcd-...] --in FILE
+  starlease seal           --backend valkey|etcd [--valkey-...|--etcd-...]
+  starlease verify-restore (--data-dir DIR | --backend valkey|etcd [--valkey-...|--etcd-...])
                            [--couchdb-url URL --couchdb-db NAME[,NAME...]
                             [--couchdb-username U --couchdb-password-file F]]
                            [--rabbitmq-url-file F --rabbitmq-queue Q[,Q...]]
@@ -36,15 +38,20 @@ and prints its manifest. bolt: one read transaction of the store in DIR,
 with the credentials of DIR/credentials (verifiers only); bbolt admits one
 process per store file, so run it with "starlease serve" on DIR stopped.
 valkey: the whole namespace, credentials included, while lease mutations
-are paused (refused, retryably) for at most --pause.
+are paused (refused, retryably) for at most --pause. etcd: the whole key
+prefix, credentials included, at one revision of the cluster; lease
+operations go on meanwhile (the revision must not be compacted before the
+backup ends).
 
 restore verifies FILE and restores it into an empty target: NEWDIR, which
-must not hold a store, or the Valkey namespace, which must hold no key. The
-namespace stays closed (every mutation refused with
+must not hold a store, or the Valkey namespace or etcd key prefix, which
+must hold no key. The namespace stays closed (every mutation refused with
 lease_backend_unavailable) until verify-restore succeeds.
 
-seal closes a Valkey namespace after a replica's promotion (failover):
-mutations are refused until verify-restore has raised its counters.
+seal closes a Valkey namespace after a replica's promotion (failover), or
+an etcd key prefix that came back behind what was issued (a cluster
+restored from an etcd snapshot): mutations are refused until
+verify-restore has raised its counters.
 
 verify-restore reads the downstream high-water marks: every fenced CouchDB
 database named (each document's starintel_fence), every RabbitMQ queue
@@ -56,8 +63,8 @@ otherwise the epoch path raises every counter, and the namespace's counter
 floor, to the maximum known token + --epoch-gap. Either way active leases
 are ended and holders must acquire again. The report is printed as JSON.
 Every step is a durable audit event (the bolt audit file in the data
-directory, or the Valkey namespace's audit stream) and a log record on
-stderr. Flags can also be set as STARLEASE_<FLAG>.
+directory, or the Valkey namespace's or etcd key prefix's audit stream)
+and a log record on stderr. Flags can also be set as STARLEASE_<FLAG>.
 `
 
 // recoveryFlagSet is the flag set of one recovery command.
@@ -100,7 +107,7 @@ func auditLogger(stderr io.Writer) *slog.Logger {
 }
 
 // recoveryBackend is what a recovery command needs of the backend: for
-// bolt the data directory, for valkey the connection flags.
+// bolt the data directory, for valkey and etcd the connection flags.
 type recoveryBackend struct {
 	backendFlags
 	dataDir string
@@ -120,18 +127,28 @@ func (b *recoveryBackend) check() error {
 	if b.backend == "bolt" && strings.TrimSpace(b.dataDir) == "" {
 		return lease.Invalid("data_dir", "--data-dir is required with --backend bolt")
 	}
+	if b.backend == "etcd" && strings.TrimSpace(b.dataDir) == "" {
+		return lease.Invalid("data_dir", "--data-dir is required with --backend etcd: the directory of the audit file the recovery steps are written to")
+	}
 	return nil
 }
 
 // site maps --backend, once, to the namespace the recovery commands act
 // on, and to the flags that name it on a later command line. bolt keeps
 // its credentials and audit file in the data directory, beside the store;
-// a Valkey namespace holds both itself.
+// a Valkey namespace or an etcd key prefix holds both itself.
 func (b *recoveryBackend) site(log *slog.Logger) (*recovery.Site, string) {
-	if b.backend == "valkey" {
+	switch b.backend {
+	case "valkey":
 		o := b.valkeyOptions(lease.StoreOptions{Logger: log})
 		o.BackupPause = b.pause
 		return &recovery.Site{Backend: valkey.NewNamespace(o), Field: "valkey_key_prefix", Logger: log}, b.keysFlags()
+	case "etcd":
+		// The steps go to an audit file in the data directory: the etcd
+		// backend does not yet offer its audit stream to recovery.
+		site := &recovery.Site{Backend: etcd.NewNamespace(b.etcdOptions(lease.StoreOptions{Logger: log})),
+			Field: "etcd_key_prefix", Dir: b.dataDir, AuditFile: filepath.Join(b.dataDir, bolt.AuditFileName), Logger: log}
+		return site, b.keysFlags() + " --data-dir " + b.dataDir
 	}
 	return &recovery.Site{
 		Backend:     bolt.NewNamespace(filepath.Join(b.dataDir, storeFile), bolt.Options{StoreOptions: lease.StoreOptions{Logger: log}}),
@@ -192,7 +209,7 @@ func runRestore(args []string, stdout, stderr io.Writer) int {
 func runSeal(args []string, stdout, stderr io.Writer) int {
 	fs := recoveryFlagSet("seal", stderr)
 	var rb recoveryBackend
-	rb.register(fs, "unused: seal is for a Valkey namespace")
+	rb.register(fs, "unused: seal is for a Valkey namespace or an etcd key prefix")
 	timeout := fs.Duration("timeout", time.Minute, "deadline of the seal")
 	if code, ok := parseRecovery(fs, args, stderr); !ok {
 		return code
