@@ -25,7 +25,7 @@ import (
 // out. The audit stream (audit/) does not: it is append-only evidence a
 // restore must not roll back, and it stays where it is. The gate and the
 // restore marker are the prefix's recovery state, never carried: a
-// restore writes its own.
+// restore writes its own. Nor are the clocks the servers publish.
 
 // entry is one key of a backup payload (one JSON line): its name within
 // the prefix and its value, both bytes (base64 in JSON), since keys hold
@@ -86,9 +86,12 @@ var metaKeys = map[string]valueRule{
 	"outbox_usage": anyValue, "dead_seq": u64Value, "dead_count": u64Value, "last_recovery": anyValue,
 }
 
-// skipped reports a key (within the prefix) a backup leaves out.
+// skipped reports a key (within the prefix) a backup leaves out. The
+// servers' published clocks (meta/clock/) go too: each lives under an etcd
+// lease of its server, and restored without one it would never expire.
 func skipped(key string) bool {
-	return key == "meta/gate" || key == "meta/restored" || strings.HasPrefix(key, "audit/")
+	return key == "meta/gate" || key == "meta/restored" || strings.HasPrefix(key, "audit/") ||
+		strings.HasPrefix(key, "meta/clock/")
 }
 
 // checkEntry validates a key (within the prefix) to carry and its value

@@ -17,8 +17,9 @@ import (
 )
 
 // ErrRestoreTarget is returned when the restore target prefix holds any
-// key but its layout version: a restore never merges into or replaces a
-// prefix (that could roll its counters back). It matches
+// key but its layout version and the clocks servers (and the restore
+// itself) publish there: a restore never merges into or replaces a prefix
+// (that could roll its counters back). It matches
 // backupfile.ErrRestoreTarget.
 var ErrRestoreTarget = backupfile.TargetError("restore target key prefix is not empty; restore only into an empty prefix")
 
@@ -55,7 +56,7 @@ func readPayload(b []byte) ([]entry, error) {
 			return nil, lease.Errorf(lease.CodeCorrupt, "backup entry %d is out of key order", n+1)
 		}
 		if skipped(key) {
-			return nil, lease.Errorf(lease.CodeCorrupt, "backup holds the prefix's recovery state or audit stream")
+			return nil, lease.Errorf(lease.CodeCorrupt, "backup holds keys a backup never carries (recovery state, clocks or audit stream)")
 		}
 		if _, err := checkEntry(key, e.Value); err != nil {
 			return nil, err
@@ -151,20 +152,21 @@ func partial(why string) error {
 // marker, in the one transaction that finds it empty. It returns the
 // gate's mod revision, which every later write of the restore compares.
 func (s *Store) closeForRestore(ctx context.Context, marker []byte) (int64, error) {
-	p, schema := s.keys.p, s.keys.schema()
+	p, schema, clocks := s.keys.p, s.keys.schema(), s.keys.clockPrefix()
 	cctx, cancel := s.bound(ctx)
 	defer cancel()
-	// Empty but for the layout version: no key in [p, schema) nor in
-	// (schema, end of p).
+	// Empty but for the layout version and the clocks: no key in
+	// [p, clocks), [end of clocks, schema) nor (schema, end of p).
 	r, err := s.cli.Txn(cctx).If(
 		clientv3.Compare(clientv3.Value(schema), "=", schemaVersion),
-		clientv3.Compare(clientv3.CreateRevision(p), "=", 0).WithRange(schema),
+		clientv3.Compare(clientv3.CreateRevision(p), "=", 0).WithRange(clocks),
+		clientv3.Compare(clientv3.CreateRevision(clientv3.GetPrefixRangeEnd(clocks)), "=", 0).WithRange(schema),
 		clientv3.Compare(clientv3.CreateRevision(schema+"\x00"), "=", 0).WithRange(clientv3.GetPrefixRangeEnd(p)),
 	).Then(
 		clientv3.OpPut(s.keys.gate(), gateRestoring),
 		clientv3.OpPut(s.keys.restored(), string(marker)),
 	).Else(
-		clientv3.OpGet(p, clientv3.WithRange(clientv3.GetPrefixRangeEnd(p)), clientv3.WithKeysOnly(), clientv3.WithLimit(2)),
+		clientv3.OpGet(p, clientv3.WithRange(clientv3.GetPrefixRangeEnd(p)), clientv3.WithKeysOnly(), clientv3.WithLimit(64)),
 	).Commit()
 	if err != nil {
 		return 0, lease.Errorf(lease.CodeOutcomeUnknown,
@@ -172,12 +174,12 @@ func (s *Store) closeForRestore(ctx context.Context, marker []byte) (int64, erro
 	}
 	if !r.Succeeded {
 		for _, kv := range r.Responses[0].GetResponseRange().Kvs {
-			if k := string(kv.Key); k != schema {
+			if k := string(kv.Key); k != schema && !strings.HasPrefix(k, clocks) {
 				fam, _, _ := bytes.Cut(kv.Key[len(p):], []byte("/"))
 				return 0, fmt.Errorf("%w: it holds keys under %s/", ErrRestoreTarget, strings.ToValidUTF8(string(fam[:min(len(fam), 16)]), "?"))
 			}
 		}
-		return 0, fmt.Errorf("%w: its layout version changed", ErrRestoreTarget)
+		return 0, fmt.Errorf("%w: it holds keys (or its layout version changed)", ErrRestoreTarget)
 	}
 	return r.Header.Revision, nil
 }
