@@ -9,6 +9,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/starintel/starlease/audit"
 	"github.com/starintel/starlease/backupfile"
 	"github.com/starintel/starlease/lease"
 )
@@ -96,6 +97,16 @@ func (n *Namespace) OpenClosed(ctx context.Context) (lease.ClosedNamespace, erro
 		return nil, err
 	}
 	return closed, nil
+}
+
+// AuditSink connects and returns the prefix's audit stream (see
+// Store.AuditSink), where the recovery steps are recorded beside the
+// servers' events. It writes whether the prefix is open or closed.
+func (n *Namespace) AuditSink(ctx context.Context) (audit.Sink, error) {
+	if err := n.Open(ctx); err != nil {
+		return nil, err
+	}
+	return n.c.s.AuditSink(AuditOptions{}), nil
 }
 
 // Close closes the connection Open made, if any; the prefix can be opened

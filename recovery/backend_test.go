@@ -8,7 +8,7 @@ import (
 
 // Every backend is recovery's Backend, with the same names; Valkey and
 // etcd namespaces can be sealed (after a failover, or a cluster restored
-// from its own snapshot), and Valkey's holds its own audit stream.
+// from its own snapshot) and hold their own audit streams.
 var (
 	_ Backend = (*bolt.Namespace)(nil)
 	_ Backend = (*valkey.Namespace)(nil)
@@ -16,4 +16,5 @@ var (
 	_ Sealer  = (*valkey.Namespace)(nil)
 	_ Sealer  = (*etcd.Namespace)(nil)
 	_ Auditor = (*valkey.Namespace)(nil)
+	_ Auditor = (*etcd.Namespace)(nil)
 )

@@ -18,7 +18,6 @@ import (
 
 	"github.com/starintel/starlease/audit"
 	"github.com/starintel/starlease/audit/audittest"
-	"github.com/starintel/starlease/bolt"
 	"github.com/starintel/starlease/couchdb"
 	"github.com/starintel/starlease/etcd"
 	"github.com/starintel/starlease/fence"
@@ -350,28 +349,46 @@ func testEtcdSealEpoch(t *testing.T, c *testenv.EtcdCluster) {
 	}
 }
 
-// etcdSite is an etcd prefix as the recovery commands reach it, with its
-// steps audited in a file of dir.
-func etcdSite(c *testenv.EtcdCluster, prefix, dir string) *Site {
-	return &Site{Backend: etcd.NewNamespace(etcdOptions(c, prefix)), Field: "etcd_key_prefix", Dir: dir,
-		AuditFile: filepath.Join(dir, "audit.db")}
+// etcdSite is an etcd prefix as the recovery commands reach it: its
+// steps are audited in its own audit stream.
+func etcdSite(c *testenv.EtcdCluster, prefix string) *Site {
+	return &Site{Backend: etcd.NewNamespace(etcdOptions(c, prefix)), Field: "etcd_key_prefix"}
+}
+
+// recoveryEvents lists the recovery events of prefix's audit stream, in
+// append order.
+func recoveryEvents(t *testing.T, s *etcd.Store) []audit.EventType {
+	t.Helper()
+	events, err := s.AuditSink(etcd.AuditOptions{}).Read(context.Background(), audit.Filter{}, audit.MaxReadLimit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var types []audit.EventType
+	for _, e := range events {
+		if e.EventType.Recovery() {
+			types = append(types, e.EventType)
+		}
+	}
+	return types
 }
 
 // An etcd site's backup, restore, seal and verification, each one call:
-// the refusals name the site's field, and every step is audited.
+// the refusals name the site's field, and every step is audited in the
+// prefix's own stream (a step on a closed prefix included).
 func testEtcdSite(t *testing.T, c *testenv.EtcdCluster) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	out := filepath.Join(dir, "backup.slb")
-	if _, err := etcdSite(c, etcdPrefix(), dir).Backup(ctx, out); lease.AsError(err).Field != "etcd_key_prefix" {
+	if _, err := etcdSite(c, etcdPrefix()).Backup(ctx, out); lease.AsError(err).Field != "etcd_key_prefix" {
 		t.Fatalf("backup of a prefix without a store: %v", err)
 	}
 	if _, err := os.Stat(out); !os.IsNotExist(err) {
 		t.Fatalf("a refused backup left %s: %v", out, err)
 	}
 	live := etcdPrefix()
-	held := underLease(t, openEtcd(t, c, live), "target-1", "req-1", true, func(*lease.Record, *fence.Committer) {})
-	src := etcdSite(c, live, dir)
+	liveStore := openEtcd(t, c, live)
+	held := underLease(t, liveStore, "target-1", "req-1", true, func(*lease.Record, *fence.Committer) {})
+	src := etcdSite(c, live)
 	m, err := src.Backup(ctx, out)
 	if err != nil || m.Backend != "etcd" || len(m.Sections) != 0 || m.Counts["counter"] != 1 {
 		t.Fatalf("backup: %+v %v", m, err)
@@ -383,45 +400,30 @@ func testEtcdSite(t *testing.T, c *testenv.EtcdCluster) {
 		t.Fatalf("restore over a live prefix: %v", err)
 	}
 
+	if got := recoveryEvents(t, liveStore); !slices.Equal(got, []audit.EventType{audit.EventRecoveryBackup}) {
+		t.Fatalf("audit of the live prefix: %v", got)
+	}
 	restored := etcdPrefix()
-	dstDir := t.TempDir()
-	dst := etcdSite(c, restored, dstDir)
+	dst := etcdSite(c, restored)
 	if r, err := dst.Restore(ctx, out); err != nil || r.PayloadSHA256 != m.PayloadSHA256 {
 		t.Fatalf("restore: %+v %v", r, err)
 	}
-	if sealed, err := etcdSite(c, restored, dstDir).Seal(ctx); err != nil || sealed {
+	if sealed, err := etcdSite(c, restored).Seal(ctx); err != nil || sealed {
 		t.Fatalf("seal of a restored prefix: %t %v", sealed, err)
 	}
-	rep, proof, err := etcdSite(c, restored, dstDir).Verify(ctx, Sources{}, Options{EpochGap: 10})
+	rep, proof, err := etcdSite(c, restored).Verify(ctx, Sources{}, Options{EpochGap: 10})
 	if err != nil || !rep.Epoch || proof.Complete || rep.Floor != held.FencingToken+10 || !slices.Equal(rep.Revoked, []string{held.LeaseID}) {
 		t.Fatalf("verify: %+v %+v %v", rep, proof, err)
 	}
-	if _, _, err := etcdSite(c, restored, dstDir).Verify(ctx, Sources{}, Options{}); lease.AsError(err).Field != "backend" {
+	if _, _, err := etcdSite(c, restored).Verify(ctx, Sources{}, Options{}); lease.AsError(err).Field != "backend" {
 		t.Fatalf("verify of an open prefix: %v", err)
 	}
-	sink, err := bolt.OpenAudit(dst.AuditFile, bolt.AuditOptions{})
-	if err != nil {
-		t.Fatal(err)
+	rs := openEtcd(t, c, restored)
+	if got := recoveryEvents(t, rs); !slices.Equal(got, []audit.EventType{audit.EventRecoveryRestore, audit.EventRecoveryRestore,
+		audit.EventRecoveryVerify, audit.EventRecoveryRevoke, audit.EventRecoveryReopen}) {
+		t.Fatalf("audit of the restored prefix: %v", got)
 	}
-	defer sink.Close()
-	events, err := sink.Read(ctx, audit.Filter{}, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The file reads in event id order, and ids written in the same
-	// millisecond are random in their order: compared as a set.
-	var types []audit.EventType
-	for _, e := range events {
-		types = append(types, e.EventType)
-	}
-	slices.Sort(types)
-	want := []audit.EventType{audit.EventRecoveryRestore, audit.EventRecoveryRestore, audit.EventRecoveryVerify,
-		audit.EventRecoveryRevoke, audit.EventRecoveryReopen}
-	slices.Sort(want)
-	if !slices.Equal(types, want) {
-		t.Fatalf("audit of the restored site: %v", types)
-	}
-	next := underLease(t, openEtcd(t, c, restored), "target-1", "req-next", false, func(*lease.Record, *fence.Committer) {})
+	next := underLease(t, rs, "target-1", "req-next", false, func(*lease.Record, *fence.Committer) {})
 	if next.FencingToken != rep.Floor+1 {
 		t.Fatalf("token after recovery %d, want %d", next.FencingToken, rep.Floor+1)
 	}
