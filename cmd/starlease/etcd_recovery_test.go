@@ -13,7 +13,6 @@ import (
 
 	"github.com/starintel/starlease/audit"
 	"github.com/starintel/starlease/backupfile"
-	"github.com/starintel/starlease/bolt"
 	"github.com/starintel/starlease/couchdb"
 	"github.com/starintel/starlease/etcd"
 	"github.com/starintel/starlease/fence"
@@ -36,7 +35,6 @@ func etcdRecPrefix() string {
 type etcdRecWorld struct {
 	c      *testenv.EtcdCluster
 	writer *couchdb.Writer
-	dir    string // the recovery steps' audit file is here
 	n      int
 }
 
@@ -55,7 +53,7 @@ func (w *etcdRecWorld) open(t *testing.T, prefix string) *etcd.Store {
 // cmd is the command line of recovery command name on prefix.
 func (w *etcdRecWorld) cmd(name, prefix string, more ...string) []string {
 	return append([]string{name, "--backend", "etcd", "--etcd-endpoints", strings.Join(w.c.Endpoints(), ","),
-		"--etcd-key-prefix", prefix, "--data-dir", w.dir}, more...)
+		"--etcd-key-prefix", prefix}, more...)
 }
 
 // work acquires target's lease on s and has CouchDB accept a document
@@ -107,7 +105,6 @@ func TestEtcdRecoveryCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	w.dir = filepath.Join(dir, "recovery")
 	live := etcdRecPrefix()
 	s := w.open(t, live)
 	stale := w.work(t, s, "target-a", true) // held at backup time
@@ -127,7 +124,7 @@ func TestEtcdRecoveryCommands(t *testing.T) {
 		refused(t, exitUsage, lease.CodeInvalidRequest); e.Field != "etcd_key_prefix" {
 		t.Fatalf("backup of a prefix without a store: %+v", e)
 	}
-	if got := etcdRecAudit(t, w); !slices.Equal(got, []string{"recovery_backup/allow"}) {
+	if got := etcdRecAudit(t, s); !slices.Equal(got, []string{"recovery_backup/allow"}) {
 		t.Fatalf("audit after the backup: %v", got)
 	}
 
@@ -180,8 +177,8 @@ func TestEtcdRecoveryCommands(t *testing.T) {
 		v.Report.Floor != consumed.FencingToken+1000 || !slices.Equal(v.Report.Revoked, []string{stale.LeaseID}) {
 		t.Fatalf("verify-restore printed %+v", v)
 	}
-	if got := etcdRecAudit(t, w); !slices.Equal(got, sortedStrings("recovery_backup/allow", "recovery_restore/allow",
-		"recovery_reopened/deny", "recovery_verify/allow", "recovery_lease_revoked/allow", "recovery_reopened/allow")) {
+	if got := etcdRecAudit(t, rs); !slices.Equal(got, []string{"recovery_restore/allow", "recovery_reopened/deny",
+		"recovery_verify/allow", "recovery_lease_revoked/allow", "recovery_reopened/allow"}) {
 		t.Fatalf("audit of the restored prefix: %v", got)
 	}
 	// New tokens are above every token issued before and after the backup,
@@ -223,19 +220,11 @@ func TestEtcdRecoveryCommands(t *testing.T) {
 	runCLI(t, w.cmd("verify-restore", live)...).refused(t, exitUsage, lease.CodeInvalidRequest)
 }
 
-func sortedStrings(v ...string) []string { slices.Sort(v); return v }
-
-// etcdRecAudit lists the recovery events of the audit file the commands
-// write to, as type/decision, sorted: the file reads in event id order,
-// and ids of one millisecond are random in their order.
-func etcdRecAudit(t *testing.T, w *etcdRecWorld) []string {
+// etcdRecAudit lists the recovery events of the prefix's audit stream, in
+// append order, as type/decision.
+func etcdRecAudit(t *testing.T, s *etcd.Store) []string {
 	t.Helper()
-	sink, err := bolt.OpenAudit(filepath.Join(w.dir, bolt.AuditFileName), bolt.AuditOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sink.Close()
-	events, err := sink.Read(context.Background(), audit.Filter{}, audit.MaxReadLimit)
+	events, err := s.AuditSink(etcd.AuditOptions{}).Read(context.Background(), audit.Filter{}, audit.MaxReadLimit)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,6 +234,5 @@ func etcdRecAudit(t *testing.T, w *etcdRecWorld) []string {
 			out = append(out, string(e.EventType)+"/"+string(e.Decision))
 		}
 	}
-	slices.Sort(out)
 	return out
 }

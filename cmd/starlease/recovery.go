@@ -127,9 +127,6 @@ func (b *recoveryBackend) check() error {
 	if b.backend == "bolt" && strings.TrimSpace(b.dataDir) == "" {
 		return lease.Invalid("data_dir", "--data-dir is required with --backend bolt")
 	}
-	if b.backend == "etcd" && strings.TrimSpace(b.dataDir) == "" {
-		return lease.Invalid("data_dir", "--data-dir is required with --backend etcd: the directory of the audit file the recovery steps are written to")
-	}
 	return nil
 }
 
@@ -144,11 +141,8 @@ func (b *recoveryBackend) site(log *slog.Logger) (*recovery.Site, string) {
 		o.BackupPause = b.pause
 		return &recovery.Site{Backend: valkey.NewNamespace(o), Field: "valkey_key_prefix", Logger: log}, b.keysFlags()
 	case "etcd":
-		// The steps go to an audit file in the data directory: the etcd
-		// backend does not yet offer its audit stream to recovery.
-		site := &recovery.Site{Backend: etcd.NewNamespace(b.etcdOptions(lease.StoreOptions{Logger: log})),
-			Field: "etcd_key_prefix", Dir: b.dataDir, AuditFile: filepath.Join(b.dataDir, bolt.AuditFileName), Logger: log}
-		return site, b.keysFlags() + " --data-dir " + b.dataDir
+		return &recovery.Site{Backend: etcd.NewNamespace(b.etcdOptions(lease.StoreOptions{Logger: log})),
+			Field: "etcd_key_prefix", Logger: log}, b.keysFlags()
 	}
 	return &recovery.Site{
 		Backend:     bolt.NewNamespace(filepath.Join(b.dataDir, storeFile), bolt.Options{StoreOptions: lease.StoreOptions{Logger: log}}),
