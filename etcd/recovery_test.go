@@ -18,6 +18,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/starintel/starlease/audit"
+	"github.com/starintel/starlease/auth"
 	"github.com/starintel/starlease/backupfile"
 	"github.com/starintel/starlease/internal/testenv"
 	"github.com/starintel/starlease/lease"
@@ -830,5 +832,80 @@ func testCompactedBackup(t *testing.T, c *testenv.EtcdCluster) {
 	h, err := s.Backup(bg, io.Discard)
 	if err != nil || h.Counts["counter"] != 6 {
 		t.Fatalf("backup after the compaction: %+v %v", h, err)
+	}
+}
+
+// Backup, restore and recovery need nothing beyond the documented
+// permission (read-write on the prefix): as that user, a backup of one
+// granted prefix restores into another, carrying the credentials but not
+// the audit stream, and recovery reopens it. A restore into a prefix the
+// user may not write is refused, with nothing written.
+func TestRecoveryLeastPrivilege(t *testing.T) {
+	a := startPrivilegeCluster(t)
+	srcOpts := a.options(t, Options{ReapInterval: -1})
+	src := open(t, a.c, srcOpts)
+	key, cred := credIssue(t, src.CredentialStore())
+	held, err := src.Acquire(bg, recAcquire("lp", "acq-lp", time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := src.AuditSink(AuditOptions{})
+	if err := sink.Write(bg, auditEvent(audit.EventAcquire, time.Now())); err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	h, err := NewNamespace(srcOpts).Backup(bg, &b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Counts["credential"] != 1 || h.Counts["counter"] != 1 {
+		t.Fatalf("manifest %+v", h)
+	}
+
+	denied := srcOpts
+	denied.KeyPrefix = randomPrefix() // never granted
+	if _, err := NewNamespace(denied).Restore(bg, bytes.NewReader(b.Bytes())); lease.CodeOf(err) != lease.CodeBackendUnavailable {
+		t.Fatalf("restore into a prefix the user may not write: %v", err)
+	}
+	if r, err := a.root.Get(bg, denied.KeyPrefix+"/", clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || r.Count != 0 {
+		t.Fatalf("a refused restore wrote %d keys (%v)", r.Count, err)
+	}
+
+	dstOpts := a.options(t, Options{ReapInterval: -1})
+	ns := NewNamespace(dstOpts)
+	defer ns.Close()
+	if _, err := ns.Restore(bg, bytes.NewReader(b.Bytes())); err != nil {
+		t.Fatal(err)
+	}
+	cn, err := ns.OpenClosed(bg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cn.Close()
+	st, err := cn.State(bg)
+	if err != nil || st.Counters[held.Lease.LockKey] != 1 || len(st.Active) != 1 {
+		t.Fatalf("state: %+v %v", st, err)
+	}
+	if res, err := cn.Finish(bg, lease.RecoveryPlan{Counters: map[string]uint64{held.Lease.LockKey: 100}, Floor: 100, Epoch: 1, Reason: "lp"}); err != nil ||
+		!slices.Equal(res.Revoked, []string{held.Lease.LeaseID}) {
+		t.Fatalf("finish: %+v %v", res, err)
+	}
+	dst := open(t, a.c, dstOpts)
+	// The key issued before the backup authenticates against the restored
+	// prefix.
+	authn, err := auth.NewAuthenticator(dst.CredentialStore(), credPepper, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := authn.Authenticate(bg, []string{"Bearer " + key}); err != nil || p.CredentialID != cred.ID {
+		t.Fatalf("the restored credential: %+v %v", p, err)
+	}
+	events, err := dst.AuditSink(AuditOptions{}).Read(bg, audit.Filter{}, audit.MaxReadLimit)
+	if err != nil || len(events) != 0 {
+		t.Fatalf("the restored prefix holds %d audit events (%v); the stream is not carried", len(events), err)
+	}
+	next, err := dst.Acquire(bg, recAcquire("lp", "acq-next", time.Hour))
+	if err != nil || next.Lease.FencingToken != 101 {
+		t.Fatalf("acquire after recovery: %+v %v", next, err)
 	}
 }
