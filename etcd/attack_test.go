@@ -1329,6 +1329,41 @@ func attackTxn(t *testing.T, c *testenv.EtcdCluster) {
 		}
 	})
 
+	// HELD (found in review): a closed namespace's outbox changes nothing:
+	// after a seal the relay's OutboxDone and OutboxDeadLetter are refused
+	// and the entry stays pending, and the reaper drops no evidence.
+	t.Run("ClosedNamespaceOutboxAndReaper", func(t *testing.T) {
+		t.Parallel()
+		prefix := atkPrefix()
+		s := atkOpen(t, c, atkOpts{prefix: prefix})
+		owner := atkCaller()
+		rec := atkAcquire(t, s, atkAcquireReq(atkIdentity(), owner, time.Minute, atkSoon()))
+		if _, err := s.AuthorizeCommit(atkBG, atkOutboxCommitReq(rec, owner, atkSoon(), []byte("m"))); err != nil {
+			t.Fatal(err)
+		}
+		es, err := s.OutboxPending(atkBG, 10)
+		if err != nil || len(es) != 1 {
+			t.Fatalf("pending: %v %d", err, len(es))
+		}
+		ns := NewNamespace(Options{Endpoints: c.Endpoints(), KeyPrefix: prefix})
+		defer ns.Close()
+		if closed, err := ns.Seal(atkBG); err != nil || !closed {
+			t.Fatalf("seal: %v %v", closed, err)
+		}
+		if err := s.OutboxDone(atkBG, es[0].MessageID); atkCode(err) != lease.CodeBackendUnavailable {
+			t.Errorf("OutboxDone in a sealed namespace: %v, want lease_backend_unavailable", err)
+		}
+		if err := s.OutboxDeadLetter(atkBG, es[0].MessageID, "poison"); atkCode(err) != lease.CodeBackendUnavailable {
+			t.Errorf("OutboxDeadLetter in a sealed namespace: %v, want lease_backend_unavailable", err)
+		}
+		if err := s.reap(atkBG); atkCode(err) != lease.CodeBackendUnavailable {
+			t.Errorf("reap in a sealed namespace: %v, want lease_backend_unavailable", err)
+		}
+		if after, err := s.OutboxPending(atkBG, 10); err != nil || len(after) != 1 || after[0].MessageID != es[0].MessageID {
+			t.Errorf("the entry must stay pending: %v %+v", err, after)
+		}
+	})
+
 	// HELD: prefixes "X" and "X1" are isolated: separate counters, lists,
 	// histories and reapers (the layout puts "/" after the prefix).
 	t.Run("PrefixIsolation", func(t *testing.T) {

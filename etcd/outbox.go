@@ -203,8 +203,13 @@ func (s *Store) OutboxDone(ctx context.Context, messageID string) error {
 // key is "" if it is not pending (a stale id entry is then removed).
 func (s *Store) pendingEntry(t *txn, messageID string) (idKey string, raw []byte, key string, err error) {
 	idKey = s.keys.outboxID(messageID)
-	if err := t.fetch(idKey, s.keys.outboxUsage()); err != nil {
+	if err := t.fetch(idKey, s.keys.outboxUsage(), s.keys.gate()); err != nil {
 		return "", nil, "", err
+	}
+	// A closed namespace (restored, awaiting verification) changes
+	// nothing, its outbox included: the relay waits.
+	if gate := t.seen[s.keys.gate()].val; gate != nil {
+		return "", nil, "", lease.Errorf(lease.CodeBackendUnavailable, "namespace is closed: %s", gate)
 	}
 	seq := t.seen[idKey].val
 	if seq == nil {

@@ -33,6 +33,13 @@ func (s *Store) reap(ctx context.Context) error {
 	if err := s.refuseIfAhead(); err != nil {
 		return err
 	}
+	// Nor does a closed namespace lose evidence before its verification.
+	if gate, err := s.gate(ctx); err != nil || gate != "" {
+		if err != nil {
+			return s.failure(err, false)
+		}
+		return lease.Errorf(lease.CodeBackendUnavailable, "namespace is closed: %s", gate)
+	}
 	for {
 		n, err := s.reapExpired(ctx)
 		if err != nil {
