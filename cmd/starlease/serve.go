@@ -65,6 +65,7 @@ type backendFlags struct {
 	valkeyUnverified                           bool
 	etcdEndpoints, etcdUser, etcdPasswordFile  string
 	etcdTLSCAFile, etcdPrefix                  string
+	etcdMaxClockSkew                           time.Duration
 }
 
 func (f *backendFlags) register(fs *flag.FlagSet) {
@@ -81,6 +82,7 @@ func (f *backendFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.etcdPasswordFile, "etcd-password-file", "", "etcd backend: file holding the password")
 	fs.StringVar(&f.etcdTLSCAFile, "etcd-tls-ca-file", "", "etcd backend: TLS, verifying the members against the CA certificates of this PEM file (use https:// endpoints)")
 	fs.StringVar(&f.etcdPrefix, "etcd-key-prefix", etcd.DefaultKeyPrefix, "etcd backend: key namespace")
+	fs.DurationVar(&f.etcdMaxClockSkew, "etcd-max-clock-skew", etcd.DefaultMaxClockSkew, "etcd backend: a server whose clock runs ahead of the other servers' by more than this refuses lease operations (unsuitable) until its clock is fixed")
 }
 
 // check refuses an unknown backend.
@@ -100,7 +102,7 @@ func (f *backendFlags) etcdOptions(opts lease.StoreOptions) etcd.Options {
 		}
 	}
 	return etcd.Options{Endpoints: eps, Username: f.etcdUser, PasswordFile: f.etcdPasswordFile,
-		TLSCAFile: f.etcdTLSCAFile, KeyPrefix: f.etcdPrefix, StoreOptions: opts}
+		TLSCAFile: f.etcdTLSCAFile, KeyPrefix: f.etcdPrefix, StoreOptions: opts, MaxClockSkew: f.etcdMaxClockSkew}
 }
 
 // valkeyOptions are the connection options of the valkey backend.
