@@ -80,6 +80,9 @@ type Output struct {
 	// Attempts counts the calls made to resolve an outcome_unknown with the
 	// same request id (1 when the first answer was definite).
 	Attempts int `json:"attempts,omitempty"`
+	// ByLookup reports that LookupRequest found the answer (the original
+	// result) of an outcome_unknown (Options.ResolveByLookup).
+	ByLookup bool `json:"by_lookup,omitempty"`
 }
 
 func msOf(t time.Time) int64 {
@@ -135,6 +138,18 @@ func errorOutput(err error) Output {
 	return Output{Code: le.Code, BackendMs: msOf(le.BackendTime), Reason: le.Reason}
 }
 
+// Ack is a success the traffic was told of, with the request that got it,
+// for tests that read acknowledged results back after the run (a store
+// must not lose them, whatever happened to the backend): an acquisition
+// (Acquire and Lease) or an accepted commit (Commit and Accepted).
+type Ack struct {
+	Ident    int
+	Acquire  *lease.AcquireRequest
+	Lease    *lease.Record
+	Commit   *lease.CommitRequest
+	Accepted *lease.Commit
+}
+
 // History is a recorded run: every completed operation with its call and
 // return times (nanoseconds on the monotonic clock since the run started),
 // input and output, as porcupine checks them.
@@ -146,6 +161,7 @@ type History struct {
 	mu    sync.Mutex
 	start time.Time
 	ops   []porcupine.Operation
+	acks  []Ack
 	// tainted maps an identity to why its history cannot be checked (an
 	// outcome_unknown that retries with the same request id did not resolve).
 	tainted map[int]string
@@ -169,6 +185,21 @@ func (h *History) Add(client int, in Input, call int64, out Output, ret int64) {
 	defer h.mu.Unlock()
 	h.ops = append(h.ops, porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: ret,
 		Metadata: in.RequestID})
+}
+
+// ack records an acknowledged acquisition or commit.
+func (h *History) ack(a Ack) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.acks = append(h.acks, a)
+}
+
+// Acks returns the acknowledged acquisitions and commits, in the order
+// they were acknowledged.
+func (h *History) Acks() []Ack {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.acks)
 }
 
 // Taint marks an identity's history as uncheckable.

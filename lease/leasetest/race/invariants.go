@@ -108,6 +108,8 @@ type Stats struct {
 	Capped   int // renewals whose expires_at the maximum lifetime capped
 	Commits  int
 	Resolved int // operations whose outcome_unknown a retry with the same request id resolved
+	// ResolvedByLookup are those of Resolved that LookupRequest resolved.
+	ResolvedByLookup int
 	// Guarded sink writes after authorizations: landed, refused by a
 	// higher token, and misuses of a guard (another document or body)
 	// refused.
@@ -146,6 +148,9 @@ func checkInvariants(ops []porcupine.Operation) ([]string, Stats) {
 		st.Codes[string(in.Kind)+" "+string(out.Code)]++
 		if out.Attempts > 1 {
 			st.Resolved++
+			if out.ByLookup {
+				st.ResolvedByLookup++
+			}
 		}
 		if in.Kind != KindAcquire || out.Code != lease.CodeAcquired || out.Lease == nil {
 			continue

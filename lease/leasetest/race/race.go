@@ -58,6 +58,17 @@ type Options struct {
 	ReportDir string
 	// Seed seeds the operation mix (default: random, logged).
 	Seed uint64
+	// Stop, if not nil, ends the traffic when closed, as Duration would
+	// (operations under way finish; none is canceled). Tests that inject
+	// faults during the traffic set a long Duration and close Stop once
+	// the faults are over.
+	Stop <-chan struct{}
+	// ResolveByLookup makes a worker resolve an outcome_unknown mutation
+	// (acquire, renew, release, force-release, revoke) by LookupRequest
+	// with its request id first: a stored result is the answer; only when
+	// the lookup finds none is the same request sent again. Commits are
+	// resolved by sending the same commit id again, as always.
+	ResolveByLookup bool
 }
 
 func (o Options) withDefaults() Options {
@@ -92,10 +103,18 @@ func (o Options) withDefaults() Options {
 
 // Record runs the traffic against store and returns its history.
 func Record(ctx context.Context, store lease.Store, opts Options) *History {
+	return RecordStores(ctx, []lease.Store{store}, opts)
+}
+
+// RecordStores runs the traffic against several stores that share one
+// backend, as several starlease servers in front of one cluster do: each
+// operation goes to a store picked at random, and each retry that resolves
+// an outcome_unknown to the next store. It returns the history.
+func RecordStores(ctx context.Context, stores []lease.Store, opts Options) *History {
 	opts = opts.withDefaults()
 	h := NewHistory(opts.Identities)
 	start := time.Now()
-	traffic(ctx, store, opts, h)
+	traffic(ctx, stores, opts, h)
 	h.Elapsed = time.Since(start)
 	return h
 }
@@ -229,10 +248,10 @@ func (r Report) Summary(h *History, o Options) string {
 	fmt.Fprintf(&b, "%d operations by %d workers on %d identities in %v (seed %d); porcupine %s in %v; "+
 		"%d leases (%d ended explicitly, %d expired or still live), %d renewals (%d capped by the maximum lifetime), "+
 		"%d accepted commits (guarded writes: %d landed, %d refused by a higher token or a later commit, %d misused guards refused); "+
-		"%d outcome_unknown resolved by retry; median latency %v",
+		"%d outcome_unknown resolved (%d by lookup); median latency %v",
 		s.Ops, o.Workers, o.Identities, h.Elapsed.Round(time.Millisecond), o.Seed, r.Result,
 		r.CheckTime.Round(time.Millisecond), s.Leases, s.Ended, s.Expired, s.Renewals, s.Capped, s.Commits,
-		s.WritesLanded, s.WritesRefused, s.MisusesRefused, s.Resolved, s.MedianLatency)
+		s.WritesLanded, s.WritesRefused, s.MisusesRefused, s.Resolved, s.ResolvedByLookup, s.MedianLatency)
 	b.WriteString("\n  answers:")
 	for _, k := range slices.Sorted(maps.Keys(s.Codes)) {
 		fmt.Fprintf(&b, " %s=%d", strings.ReplaceAll(k, " ", ":"), s.Codes[k])

@@ -22,7 +22,10 @@ import (
 // result or performs the operation now, exactly once. The recorded operation
 // spans from the first call to the resolving return and carries the resolved
 // answer, so the model sees one operation that took effect once somewhere in
-// that interval. If the retries do not resolve it, the identity is tainted:
+// that interval. With Options.ResolveByLookup a mutation's outcome_unknown
+// is resolved by LookupRequest first, and its request sent again only when
+// the lookup finds no stored result. If the retries do not resolve it, the
+// identity is tainted:
 // the run fails with the reason and that identity's history is not checked,
 // since the model cannot know whether or when the operation took effect.
 
@@ -54,12 +57,13 @@ type held struct {
 
 // world is what the workers share.
 type world struct {
-	store lease.Store
-	opts  Options
-	ids   []lease.Identity
-	admin lease.Caller
-	hist  *History
-	until time.Time
+	// stores share one backend; each operation picks one.
+	stores []lease.Store
+	opts   Options
+	ids    []lease.Identity
+	admin  lease.Caller
+	hist   *History
+	until  time.Time
 
 	// writes are the guarded sink writes the traffic makes after its
 	// authorizations (guarded.go).
@@ -114,6 +118,8 @@ type worker struct {
 	// holding are the identities whose newest lease this worker believes
 	// it still holds (it acquired or renewed it and has not lost it).
 	holding map[int]bool
+	// found is the result the last resolving LookupRequest returned.
+	found *lease.Result
 }
 
 func newCaller(class string) lease.Caller {
@@ -127,10 +133,10 @@ func newIdentity() lease.Identity {
 		TargetID: uid("target_"), ActorName: "racer", WorkflowName: "default", OperationClass: "default"}
 }
 
-// traffic runs the workers until each has done OpsPerWorker operations or
-// Duration has passed.
-func traffic(ctx context.Context, store lease.Store, o Options, hist *History) {
-	w := &world{store: store, opts: o, admin: newCaller("admin"), hist: hist,
+// traffic runs the workers until each has done OpsPerWorker operations,
+// Duration has passed or Stop is closed.
+func traffic(ctx context.Context, stores []lease.Store, o Options, hist *History) {
+	w := &world{stores: stores, opts: o, admin: newCaller("admin"), hist: hist,
 		until: time.Now().Add(o.Duration), seen: make([][]held, o.Identities)}
 	for range o.Identities {
 		w.ids = append(w.ids, newIdentity())
@@ -145,12 +151,22 @@ func traffic(ctx context.Context, store lease.Store, o Options, hist *History) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for n := 0; n < o.OpsPerWorker && time.Now().Before(w.until) && ctx.Err() == nil; n++ {
+			for n := 0; n < o.OpsPerWorker && time.Now().Before(w.until) && ctx.Err() == nil && !w.stopped(); n++ {
 				wk.step(ctx)
 			}
 		}()
 	}
 	wg.Wait()
+}
+
+// stopped reports whether Options.Stop was closed.
+func (w *world) stopped() bool {
+	select {
+	case <-w.opts.Stop:
+		return true
+	default:
+		return false
+	}
 }
 
 func (k *worker) deadline() time.Time { return time.Now().Add(5 * time.Second) }
@@ -265,17 +281,40 @@ func (k *worker) target(ident int) (held, lease.Caller, string, bool) {
 	return h, k.caller, h.instance, true
 }
 
+// store picks the store of an operation's first call: one at random
+// when there are several (the rng is not drawn from with one store, so a
+// seed replays the same operation mix).
+func (k *worker) store() int {
+	if n := len(k.w.stores); n > 1 {
+		return k.rng.IntN(n)
+	}
+	return 0
+}
+
 // call records one operation. do is called again with the same request
-// while the answer is outcome_unknown.
-func (k *worker) call(ident int, in Input, do func() Output) Output {
+// while the answer is outcome_unknown, each time on the next store. With
+// Options.ResolveByLookup and lookup set (a mutation), a LookupRequest by
+// its request id comes first: its stored result is the answer, and the
+// request is sent again only when it finds none.
+func (k *worker) call(ident int, in Input, lookup *lease.LookupRequest, do func(lease.Store) Output) Output {
 	hist := k.w.hist
 	start := hist.now()
+	first := k.store()
 	var out Output
 	for attempt := 1; ; attempt++ {
-		out = do()
+		st := k.w.stores[(first+attempt-1)%len(k.w.stores)]
+		out = do(st)
 		out.Attempts = attempt
 		if out.Code != lease.CodeOutcomeUnknown {
 			break
+		}
+		if lookup != nil && k.w.opts.ResolveByLookup {
+			if found, ok := k.lookup(first+attempt, lookup); ok {
+				out = resultOutput(found, nil)
+				out.Attempts, out.ByLookup = attempt+1, true
+				k.found = &found
+				break
+			}
 		}
 		if attempt == resolveAttempts {
 			hist.Taint(ident, "outcome_unknown of "+string(in.Kind)+" "+in.RequestID+
@@ -288,6 +327,26 @@ func (k *worker) call(ident int, in Input, do func() Output) Output {
 	return out
 }
 
+// lookup asks the stores, from store number from on, for the stored
+// result of the mutation lookup names, until one answers: ok with the
+// result, or not ok when there is none (or no store could tell; the
+// request is then sent again, which resolves it just as well).
+func (k *worker) lookup(from int, lookup *lease.LookupRequest) (lease.Result, bool) {
+	for i := range k.w.stores {
+		req := *lookup
+		req.DeadlineAt = k.deadline()
+		res, err := k.w.stores[(from+i)%len(k.w.stores)].LookupRequest(context.Background(), req)
+		switch {
+		case err == nil:
+			return res, true
+		case lease.CodeOf(err) == lease.CodeNotFound:
+			return lease.Result{}, false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return lease.Result{}, false
+}
+
 func (k *worker) acquire(ctx context.Context, ident int) {
 	ttl := k.ttl()
 	req := lease.AcquireRequest{Identity: k.w.ids[ident], ServiceInstanceID: k.instance, TTL: ttl,
@@ -296,15 +355,20 @@ func (k *worker) acquire(ctx context.Context, ident int) {
 	in := Input{Kind: KindAcquire, Ident: ident, Owner: k.caller.PrincipalID, Instance: k.instance,
 		TTLMs: ttl.Milliseconds(), MaxLifetimeMs: k.w.opts.MaxLifetime.Milliseconds(), RequestID: req.RequestID}
 	var rec *lease.Record
-	k.call(ident, in, func() Output {
+	lookup := &lease.LookupRequest{Op: lease.OpAcquire, Identity: req.Identity, PrincipalID: k.caller.PrincipalID, RequestID: req.RequestID}
+	out := k.call(ident, in, lookup, func(st lease.Store) Output {
 		req.DeadlineAt = k.deadline()
-		res, err := k.w.store.Acquire(ctx, req)
+		res, err := st.Acquire(ctx, req)
 		if err == nil {
 			rec = res.Lease
 		}
 		return resultOutput(res, err)
 	})
+	if out.ByLookup && out.Code == lease.CodeAcquired {
+		rec = k.found.Lease
+	}
 	if rec != nil {
+		k.w.hist.ack(Ack{Ident: ident, Acquire: &req, Lease: rec})
 		h := held{leaseID: rec.LeaseID, token: rec.FencingToken, owner: k.caller, instance: k.instance,
 			execution: req.ExecutionID, job: req.JobID, trace: req.TraceID}
 		if len(k.mine[ident]) >= 16 {
@@ -325,9 +389,10 @@ func (k *worker) renew(ctx context.Context, ident int, h held, c lease.Caller, i
 		ServiceInstanceID: inst, TTL: ttl, Mutation: k.mutation(c)}
 	in := Input{Kind: KindRenew, Ident: ident, Owner: c.PrincipalID, Instance: inst, LeaseID: h.leaseID,
 		Token: h.token, TTLMs: ttl.Milliseconds(), RequestID: req.RequestID}
-	out := k.call(ident, in, func() Output {
+	lookup := &lease.LookupRequest{Op: lease.OpRenew, Identity: req.Identity, PrincipalID: c.PrincipalID, RequestID: req.RequestID}
+	out := k.call(ident, in, lookup, func(st lease.Store) Output {
 		req.DeadlineAt = k.deadline()
-		return resultOutput(k.w.store.Renew(ctx, req))
+		return resultOutput(st.Renew(ctx, req))
 	})
 	if c == k.caller && inst == h.instance {
 		k.note(ident, h, out)
@@ -339,9 +404,10 @@ func (k *worker) release(ctx context.Context, ident int, h held, c lease.Caller,
 		ServiceInstanceID: inst, Mutation: k.mutation(c)}
 	in := Input{Kind: KindRelease, Ident: ident, Owner: c.PrincipalID, Instance: inst, LeaseID: h.leaseID,
 		Token: h.token, RequestID: req.RequestID}
-	out := k.call(ident, in, func() Output {
+	lookup := &lease.LookupRequest{Op: lease.OpRelease, Identity: req.Identity, PrincipalID: c.PrincipalID, RequestID: req.RequestID}
+	out := k.call(ident, in, lookup, func(st lease.Store) Output {
 		req.DeadlineAt = k.deadline()
-		return resultOutput(k.w.store.Release(ctx, req))
+		return resultOutput(st.Release(ctx, req))
 	})
 	if c == k.caller && inst == h.instance {
 		k.note(ident, h, out)
@@ -362,12 +428,13 @@ func (k *worker) admin(ctx context.Context, ident int, op lease.Op) {
 	}
 	in := Input{Kind: kind, Ident: ident, Owner: k.w.admin.PrincipalID, LeaseID: h.leaseID, Token: h.token,
 		RequestID: req.RequestID}
-	k.call(ident, in, func() Output {
+	lookup := &lease.LookupRequest{Op: op, Identity: req.Identity, PrincipalID: k.w.admin.PrincipalID, RequestID: req.RequestID}
+	k.call(ident, in, lookup, func(st lease.Store) Output {
 		req.DeadlineAt = k.deadline()
 		if op == lease.OpRevoke {
-			return resultOutput(k.w.store.Revoke(ctx, req))
+			return resultOutput(st.Revoke(ctx, req))
 		}
-		return resultOutput(k.w.store.ForceRelease(ctx, req))
+		return resultOutput(st.ForceRelease(ctx, req))
 	})
 }
 
@@ -380,16 +447,18 @@ func (k *worker) commit(ctx context.Context, ident int, h held, c lease.Caller, 
 	in := Input{Kind: KindCommit, Ident: ident, Owner: c.PrincipalID, Instance: inst, LeaseID: h.leaseID,
 		Token: h.token, Sink: sink, RequestID: req.CommitID}
 	var res lease.CommitResult
-	out := k.call(ident, in, func() Output {
+	out := k.call(ident, in, nil, func(st lease.Store) Output {
 		req.DeadlineAt = k.deadline()
 		var err error
-		res, err = k.w.store.AuthorizeCommit(ctx, req)
+		res, err = st.AuthorizeCommit(ctx, req)
 		return commitOutput(res, err)
 	})
 	if c == k.caller && inst == h.instance {
 		k.note(ident, h, out)
 	}
 	if out.Code == lease.CodeCommitAuthorized {
+		accepted := res.Commit
+		k.w.hist.ack(Ack{Ident: ident, Commit: &req, Accepted: &accepted})
 		k.w.writes.authorized(ctx, k.rng, ident, res.Commit, doc)
 	}
 }
@@ -398,9 +467,9 @@ func (k *worker) inspect(ctx context.Context, ident int) {
 	req := lease.InspectRequest{Identity: k.w.ids[ident], Caller: k.caller}
 	in := Input{Kind: KindInspect, Ident: ident, RequestID: uid("corr_")}
 	var rec *lease.Record
-	k.call(ident, in, func() Output {
+	k.call(ident, in, nil, func(st lease.Store) Output {
 		req.DeadlineAt = k.deadline()
-		res, err := k.w.store.Inspect(ctx, req)
+		res, err := st.Inspect(ctx, req)
 		if err == nil {
 			rec = res.Lease
 		}
@@ -422,8 +491,8 @@ func (k *worker) inspectID(ctx context.Context, ident int) {
 	}
 	req := lease.InspectRequest{LeaseID: h.leaseID, Caller: k.caller}
 	in := Input{Kind: KindInspectID, Ident: ident, LeaseID: h.leaseID, Token: h.token, RequestID: uid("corr_")}
-	k.call(ident, in, func() Output {
+	k.call(ident, in, nil, func(st lease.Store) Output {
 		req.DeadlineAt = k.deadline()
-		return resultOutput(k.w.store.Inspect(ctx, req))
+		return resultOutput(st.Inspect(ctx, req))
 	})
 }
