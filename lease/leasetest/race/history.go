@@ -80,8 +80,10 @@ type Output struct {
 	// Attempts counts the calls made to resolve an outcome_unknown with the
 	// same request id (1 when the first answer was definite).
 	Attempts int `json:"attempts,omitempty"`
-	// ByLookup reports that LookupRequest found the answer (the original
-	// result) of an outcome_unknown (Options.ResolveByLookup).
+	// Lookups counts the LookupRequest calls made to resolve an
+	// outcome_unknown (Options.ResolveByLookup); ByLookup reports that one
+	// found the answer (the original result).
+	Lookups  int  `json:"lookups,omitempty"`
 	ByLookup bool `json:"by_lookup,omitempty"`
 }
 

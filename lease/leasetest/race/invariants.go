@@ -108,8 +108,9 @@ type Stats struct {
 	Capped   int // renewals whose expires_at the maximum lifetime capped
 	Commits  int
 	Resolved int // operations whose outcome_unknown a retry with the same request id resolved
-	// ResolvedByLookup are those of Resolved that LookupRequest resolved.
-	ResolvedByLookup int
+	// ResolvedByLookup are those of Resolved that LookupRequest resolved;
+	// Lookups counts the LookupRequest calls made to resolve them.
+	ResolvedByLookup, Lookups int
 	// Guarded sink writes after authorizations: landed, refused by a
 	// higher token, and misuses of a guard (another document or body)
 	// refused.
@@ -146,6 +147,7 @@ func checkInvariants(ops []porcupine.Operation) ([]string, Stats) {
 	for _, op := range ops {
 		in, out := op.Input.(Input), op.Output.(Output)
 		st.Codes[string(in.Kind)+" "+string(out.Code)]++
+		st.Lookups += out.Lookups
 		if out.Attempts > 1 {
 			st.Resolved++
 			if out.ByLookup {

@@ -248,10 +248,10 @@ func (r Report) Summary(h *History, o Options) string {
 	fmt.Fprintf(&b, "%d operations by %d workers on %d identities in %v (seed %d); porcupine %s in %v; "+
 		"%d leases (%d ended explicitly, %d expired or still live), %d renewals (%d capped by the maximum lifetime), "+
 		"%d accepted commits (guarded writes: %d landed, %d refused by a higher token or a later commit, %d misused guards refused); "+
-		"%d outcome_unknown resolved (%d by lookup); median latency %v",
+		"%d outcome_unknown resolved (%d found by %d lookups); median latency %v",
 		s.Ops, o.Workers, o.Identities, h.Elapsed.Round(time.Millisecond), o.Seed, r.Result,
 		r.CheckTime.Round(time.Millisecond), s.Leases, s.Ended, s.Expired, s.Renewals, s.Capped, s.Commits,
-		s.WritesLanded, s.WritesRefused, s.MisusesRefused, s.Resolved, s.ResolvedByLookup, s.MedianLatency)
+		s.WritesLanded, s.WritesRefused, s.MisusesRefused, s.Resolved, s.ResolvedByLookup, s.Lookups, s.MedianLatency)
 	b.WriteString("\n  answers:")
 	for _, k := range slices.Sorted(maps.Keys(s.Codes)) {
 		fmt.Fprintf(&b, " %s=%d", strings.ReplaceAll(k, " ", ":"), s.Codes[k])

@@ -301,17 +301,20 @@ func (k *worker) call(ident int, in Input, lookup *lease.LookupRequest, do func(
 	start := hist.now()
 	first := k.store()
 	var out Output
+	lookups := 0
 	for attempt := 1; ; attempt++ {
 		st := k.w.stores[(first+attempt-1)%len(k.w.stores)]
 		out = do(st)
-		out.Attempts = attempt
+		out.Attempts, out.Lookups = attempt, lookups
 		if out.Code != lease.CodeOutcomeUnknown {
 			break
 		}
 		if lookup != nil && k.w.opts.ResolveByLookup {
-			if found, ok := k.lookup(first+attempt, lookup); ok {
+			found, ok, n := k.lookup(first+attempt, lookup)
+			lookups += n
+			if ok {
 				out = resultOutput(found, nil)
-				out.Attempts, out.ByLookup = attempt+1, true
+				out.Attempts, out.Lookups, out.ByLookup = attempt+1, lookups, true
 				k.found = &found
 				break
 			}
@@ -330,21 +333,23 @@ func (k *worker) call(ident int, in Input, lookup *lease.LookupRequest, do func(
 // lookup asks the stores, from store number from on, for the stored
 // result of the mutation lookup names, until one answers: ok with the
 // result, or not ok when there is none (or no store could tell; the
-// request is then sent again, which resolves it just as well).
-func (k *worker) lookup(from int, lookup *lease.LookupRequest) (lease.Result, bool) {
+// request is then sent again, which resolves it just as well). n counts
+// the calls.
+func (k *worker) lookup(from int, lookup *lease.LookupRequest) (res lease.Result, ok bool, n int) {
 	for i := range k.w.stores {
 		req := *lookup
 		req.DeadlineAt = k.deadline()
 		res, err := k.w.stores[(from+i)%len(k.w.stores)].LookupRequest(context.Background(), req)
+		n++
 		switch {
 		case err == nil:
-			return res, true
+			return res, true, n
 		case lease.CodeOf(err) == lease.CodeNotFound:
-			return lease.Result{}, false
+			return lease.Result{}, false, n
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return lease.Result{}, false
+	return lease.Result{}, false, n
 }
 
 func (k *worker) acquire(ctx context.Context, ident int) {
