@@ -58,6 +58,10 @@ type Options struct {
 	ReportDir string
 	// Seed seeds the operation mix (default: random, logged).
 	Seed uint64
+	// CallTimeout is the deadline of each call, from when it is sent
+	// (default 5 s). Tests of servers with skewed clocks lengthen it: a
+	// server whose clock runs ahead sees every deadline that much sooner.
+	CallTimeout time.Duration
 	// Stop, if not nil, ends the traffic when closed, as Duration would
 	// (operations under way finish; none is canceled). Tests that inject
 	// faults during the traffic set a long Duration and close Stop once
@@ -92,6 +96,9 @@ func (o Options) withDefaults() Options {
 		o.MaxLifetime = 2 * o.TTL
 	}
 	o.MaxLifetime = o.MaxLifetime.Truncate(time.Millisecond)
+	if o.CallTimeout <= 0 {
+		o.CallTimeout = 5 * time.Second
+	}
 	if o.CheckTimeout <= 0 {
 		o.CheckTimeout = 30 * time.Second
 	}

@@ -169,7 +169,7 @@ func (w *world) stopped() bool {
 	}
 }
 
-func (k *worker) deadline() time.Time { return time.Now().Add(5 * time.Second) }
+func (k *worker) deadline() time.Time { return time.Now().Add(k.w.opts.CallTimeout) }
 
 func (k *worker) mutation(c lease.Caller) lease.Mutation {
 	return lease.Mutation{RequestID: uid("req_"), DeadlineAt: k.deadline(), Caller: c}
