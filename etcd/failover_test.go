@@ -192,3 +192,49 @@ func TestFailoverUnderLoad(t *testing.T) {
 		t.Errorf("failover: the traffic ran %v only; it did not span the faults", h.Elapsed)
 	}
 }
+
+// TestIsolatedMemberDoesNotStall cuts one follower off from its peers: the
+// other two keep quorum, so the cluster can answer everything, and every
+// operation through a server must succeed promptly. The isolated member
+// still accepts client connections and the client keeps routing some
+// calls to it; such a call must not wait out the store's OpTimeout (5 s
+// here, the default) and fail, but be answered by the members that have
+// a leader.
+func TestIsolatedMemberDoesNotStall(t *testing.T) {
+	c := testenv.StartEtcdCluster(t, 3)
+	s := open(t, c, Options{StoreOptions: leasetest.StoreOptions(), ReapInterval: -1, OpTimeout: 5 * time.Second})
+	a := newActor("actor")
+	li, _ := c.WaitLeader(20 * time.Second)
+	f := (li + 1) % c.Size()
+	c.Isolate(f)
+	defer c.Heal(f)
+	// Past the election timeout the isolated member knows it has no
+	// leader.
+	time.Sleep(3 * testenv.EtcdElectionTimeout)
+	var slowest time.Duration
+	failed := 0
+	for i := 0; i < 9; i++ {
+		id := freshIdentity()
+		start := time.Now()
+		res, err := s.Acquire(bg, a.acquire(id, time.Minute))
+		took := time.Since(start)
+		slowest = max(slowest, took)
+		if err != nil {
+			failed++
+			t.Errorf("acquire %d with %s isolated: %v after %v", i, c.Member(f).Name(), err, took.Round(time.Millisecond))
+			continue
+		}
+		if _, err := s.Inspect(bg, a.inspect(id)); err != nil {
+			failed++
+			t.Errorf("inspect %d with %s isolated: %v", i, c.Member(f).Name(), err)
+		}
+		if _, err := s.Release(bg, a.release(res.Lease)); err != nil {
+			failed++
+			t.Errorf("release %d with %s isolated: %v", i, c.Member(f).Name(), err)
+		}
+	}
+	t.Logf("isolated-member: follower %s isolated; 27 operations, %d failed, slowest acquisition %dms", c.Member(f).Name(), failed, slowest.Milliseconds())
+	if slowest > 2500*time.Millisecond {
+		t.Errorf("an acquisition took %v with one follower isolated (OpTimeout 5 s)", slowest.Round(time.Millisecond))
+	}
+}

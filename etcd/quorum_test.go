@@ -2,6 +2,7 @@ package etcd
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"slices"
 	"sync"
@@ -21,9 +22,19 @@ type mutationCase struct {
 	// is resolved by sending its commit id again).
 	lookup *lease.LookupRequest
 	// send sends the request with a fresh deadline d away and returns the
-	// code (CodeOf the error, or the success code) and, for an
-	// acquisition, the lease.
-	send func(s *Store, d time.Duration) (lease.Code, *lease.Record)
+	// code (CodeOf the error, or the success code), for an acquisition the
+	// lease, and the error.
+	send func(s *Store, d time.Duration) (lease.Code, *lease.Record, error)
+}
+
+// typed fails the test if err is not a *lease.Error: the Store interface
+// never lets a raw backend error (whose text may name endpoints) through.
+func typed(t *testing.T, what string, err error) {
+	t.Helper()
+	var le *lease.Error
+	if err != nil && !errors.As(err, &le) {
+		t.Errorf("%s: the error is a raw %T, not a *lease.Error: %q", what, err, err.Error())
+	}
 }
 
 // inFlight is one acquisition of the background load and its answer.
@@ -41,11 +52,11 @@ func quorumCases(owner, admin actor, free lease.Identity, held *lease.Record) []
 		ctx, cancel := context.WithTimeout(bg, d)
 		return ctx, cancel, time.Now().Add(d)
 	}
-	result := func(res lease.Result, err error) (lease.Code, *lease.Record) {
+	result := func(res lease.Result, err error) (lease.Code, *lease.Record, error) {
 		if err != nil {
-			return lease.CodeOf(err), nil
+			return lease.CodeOf(err), nil, err
 		}
-		return res.Code, res.Lease
+		return res.Code, res.Lease, nil
 	}
 	acq := owner.acquire(free, time.Minute)
 	renew := owner.renew(held)
@@ -57,46 +68,46 @@ func quorumCases(owner, admin actor, free lease.Identity, held *lease.Record) []
 		return &lease.LookupRequest{Op: op, Identity: id, PrincipalID: c.PrincipalID, RequestID: rid}
 	}
 	return []mutationCase{
-		{"acquire", look(lease.OpAcquire, free, owner.caller, acq.RequestID), func(s *Store, d time.Duration) (lease.Code, *lease.Record) {
+		{"acquire", look(lease.OpAcquire, free, owner.caller, acq.RequestID), func(s *Store, d time.Duration) (lease.Code, *lease.Record, error) {
 			ctx, cancel, at := timed(d)
 			defer cancel()
 			r := acq
 			r.DeadlineAt = at
 			return result(s.Acquire(ctx, r))
 		}},
-		{"renew", look(lease.OpRenew, held.Identity(), owner.caller, renew.RequestID), func(s *Store, d time.Duration) (lease.Code, *lease.Record) {
+		{"renew", look(lease.OpRenew, held.Identity(), owner.caller, renew.RequestID), func(s *Store, d time.Duration) (lease.Code, *lease.Record, error) {
 			ctx, cancel, at := timed(d)
 			defer cancel()
 			r := renew
 			r.DeadlineAt = at
 			return result(s.Renew(ctx, r))
 		}},
-		{"commit", nil, func(s *Store, d time.Duration) (lease.Code, *lease.Record) {
+		{"commit", nil, func(s *Store, d time.Duration) (lease.Code, *lease.Record, error) {
 			ctx, cancel, at := timed(d)
 			defer cancel()
 			r := commit
 			r.DeadlineAt = at
 			res, err := s.AuthorizeCommit(ctx, r)
 			if err != nil {
-				return lease.CodeOf(err), nil
+				return lease.CodeOf(err), nil, err
 			}
-			return res.Code, nil
+			return res.Code, nil, nil
 		}},
-		{"release", look(lease.OpRelease, held.Identity(), owner.caller, release.RequestID), func(s *Store, d time.Duration) (lease.Code, *lease.Record) {
+		{"release", look(lease.OpRelease, held.Identity(), owner.caller, release.RequestID), func(s *Store, d time.Duration) (lease.Code, *lease.Record, error) {
 			ctx, cancel, at := timed(d)
 			defer cancel()
 			r := release
 			r.DeadlineAt = at
 			return result(s.Release(ctx, r))
 		}},
-		{"force_release", look(lease.OpForceRelease, held.Identity(), admin.caller, force.RequestID), func(s *Store, d time.Duration) (lease.Code, *lease.Record) {
+		{"force_release", look(lease.OpForceRelease, held.Identity(), admin.caller, force.RequestID), func(s *Store, d time.Duration) (lease.Code, *lease.Record, error) {
 			ctx, cancel, at := timed(d)
 			defer cancel()
 			r := force
 			r.DeadlineAt = at
 			return result(s.ForceRelease(ctx, r))
 		}},
-		{"revoke", look(lease.OpRevoke, held.Identity(), admin.caller, revoke.RequestID), func(s *Store, d time.Duration) (lease.Code, *lease.Record) {
+		{"revoke", look(lease.OpRevoke, held.Identity(), admin.caller, revoke.RequestID), func(s *Store, d time.Duration) (lease.Code, *lease.Record, error) {
 			ctx, cancel, at := timed(d)
 			defer cancel()
 			r := revoke
@@ -196,8 +207,9 @@ func TestQuorumLost(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					start := time.Now()
-					code, _ := mc.send(s, deadline)
+					code, _, err := mc.send(s, deadline)
 					took := time.Since(start)
+					typed(t, mc.name+" without quorum", err)
 					mu.Lock()
 					defer mu.Unlock()
 					slowest = max(slowest, took)
@@ -220,8 +232,18 @@ func TestQuorumLost(t *testing.T) {
 				ctx, cancel := context.WithTimeout(bg, deadline)
 				_, err := s.Inspect(ctx, owner.inspect(heldID))
 				cancel()
+				typed(t, "inspect without quorum", err)
 				if lease.CodeOf(err) != lease.CodeBackendUnavailable {
 					t.Errorf("quorum: inspect through server %c without quorum: %v, want backend_unavailable", 'a'+si, err)
+				}
+				lookup := *cases[0].lookup
+				lookup.DeadlineAt = time.Now().Add(deadline)
+				ctx, cancel = context.WithTimeout(bg, deadline)
+				_, err = s.LookupRequest(ctx, lookup)
+				cancel()
+				typed(t, "lookup without quorum", err)
+				if lease.CodeOf(err) != lease.CodeBackendUnavailable {
+					t.Errorf("quorum: lookup through server %c without quorum: %v, want backend_unavailable", 'a'+si, err)
 				}
 				ctx, cancel = context.WithTimeout(bg, deadline)
 				h := s.Health(ctx)
@@ -285,7 +307,7 @@ func TestQuorumLost(t *testing.T) {
 			var code lease.Code
 			var rec *lease.Record
 			for try := 0; try < 5; try++ {
-				if code, rec = mc.send(s, 5*time.Second); code != lease.CodeOutcomeUnknown && code != lease.CodeBackendUnavailable {
+				if code, rec, _ = mc.send(s, 5*time.Second); code != lease.CodeOutcomeUnknown && code != lease.CodeBackendUnavailable {
 					break
 				}
 				time.Sleep(200 * time.Millisecond)
