@@ -184,10 +184,14 @@ type refusal struct{ err error }
 
 func (r refusal) Error() string { return r.err.Error() }
 
-// refuse marks err, a typed answer, as a refusal; nil stays nil.
+// refuse marks err, a typed answer, as a refusal; nil stays nil. Anything
+// else passes unchanged: a storage error (a failed read must void the
+// attempt and be classified, never reach the caller raw) or a refusal
+// already made.
 func refuse(err error) error {
-	if err == nil {
-		return nil
+	var le *lease.Error
+	if _, done := err.(refusal); err == nil || done || !errors.As(err, &le) {
+		return err
 	}
 	return refusal{err}
 }
