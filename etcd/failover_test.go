@@ -197,12 +197,11 @@ func TestFailoverUnderLoad(t *testing.T) {
 // other two keep quorum, so the cluster can answer everything, and every
 // operation through a server must succeed promptly. The isolated member
 // still accepts client connections and the client keeps routing some
-// calls to it; such a call must not wait out the store's OpTimeout (5 s
-// here, the default) and fail, but be answered by the members that have
-// a leader.
+// calls to it; such a call must not wait out the store's OpTimeout (10 s
+// here) and fail, but be answered by the members that have a leader.
 func TestIsolatedMemberDoesNotStall(t *testing.T) {
 	c := testenv.StartEtcdCluster(t, 3)
-	s := open(t, c, Options{StoreOptions: leasetest.StoreOptions(), ReapInterval: -1, OpTimeout: 5 * time.Second})
+	s := open(t, c, Options{StoreOptions: leasetest.StoreOptions(), ReapInterval: -1, OpTimeout: 10 * time.Second})
 	a := newActor("actor")
 	li, _ := c.WaitLeader(20 * time.Second)
 	f := (li + 1) % c.Size()
@@ -234,7 +233,7 @@ func TestIsolatedMemberDoesNotStall(t *testing.T) {
 		}
 	}
 	t.Logf("isolated-member: follower %s isolated; 27 operations, %d failed, slowest acquisition %dms", c.Member(f).Name(), failed, slowest.Milliseconds())
-	if slowest > 2500*time.Millisecond {
-		t.Errorf("an acquisition took %v with one follower isolated (OpTimeout 5 s)", slowest.Round(time.Millisecond))
+	if slowest > 5*time.Second {
+		t.Errorf("an acquisition took %v with one follower isolated (OpTimeout 10 s)", slowest.Round(time.Millisecond))
 	}
 }

@@ -302,8 +302,12 @@ func (s *Store) gate(ctx context.Context) (string, error) {
 	return string(r.Kvs[0].Value), nil
 }
 
-// bound gives ctx the store's per-call timeout unless it ends sooner.
+// bound gives ctx the store's per-call timeout unless it ends sooner, and
+// requires a leader: a member that has none (cut off from the others, or
+// without quorum) refuses the call at once instead of holding it until the
+// timeout (transitions send it again, to another member; see sendAgain).
 func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx = clientv3.WithRequireLeader(ctx)
 	if d, ok := ctx.Deadline(); ok && time.Until(d) < s.opTimeout {
 		return context.WithCancel(ctx)
 	}

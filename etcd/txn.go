@@ -6,6 +6,7 @@ import (
 	"errors"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/starintel/starlease/lease"
@@ -222,17 +223,25 @@ func attempt[T any](s *Store, ctx context.Context, mutating bool, fn func(*txn) 
 	if err := s.refuseIfAhead(); err != nil {
 		return zero, err
 	}
+	begun := time.Now()
 	for n := 0; ; n++ {
 		t := s.newTxn(ctx)
 		res, err := fn(t)
 		var r refusal
 		refused := errors.As(err, &r)
 		if err != nil && !refused {
+			if s.sendAgain(ctx, err, begun) {
+				continue
+			}
 			return zero, s.failure(err, false)
 		}
 		ok, cerr := t.commit()
 		if cerr != nil {
-			return zero, s.failure(cerr, mutating)
+			if s.sendAgain(ctx, cerr, begun) {
+				continue
+			}
+			// A member without a leader refused it: not submitted.
+			return zero, s.failure(cerr, mutating && !noLeader(cerr))
 		}
 		if ok {
 			if refused {
@@ -250,6 +259,36 @@ func attempt[T any](s *Store, ctx context.Context, mutating bool, fn func(*txn) 
 		case <-time.After(pause):
 		}
 	}
+}
+
+// sendAgain reports, after waiting a little, whether an attempt that
+// failed with err is to be made again: when a member refused its request
+// because it has no leader (every call requires one, see bound), the
+// request was not processed, and the client sends the next one to another
+// member; a member cut off from the others thereby costs a round trip, not
+// the whole call. Within the call's context and the store's OpTimeout
+// from the first attempt (no member with a leader: quorum is lost).
+func (s *Store) sendAgain(ctx context.Context, err error, begun time.Time) bool {
+	if !noLeader(err) || time.Since(begun) >= s.opTimeout {
+		return false
+	}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(retryPause):
+		return true
+	}
+}
+
+// noLeader reports whether err is a member's refusal of a request because
+// it has no leader.
+func noLeader(err error) bool {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if rpctypes.ErrorDesc(e) == rpctypes.ErrNoLeader.Error() {
+			return true
+		}
+	}
+	return false
 }
 
 // failure maps an error of an attempt to the typed answer: a *lease.Error
