@@ -206,8 +206,10 @@ func Dial(o Options) (*clientv3.Client, error) {
 		DialKeepAliveTimeout: 2 * time.Second,
 		// No RejectOldCluster: its version check needs every endpoint to
 		// answer, so one member down would stop a server from starting.
-		// A member that lost the cluster refuses linearizable requests
-		// anyway; the client then tries another.
+		// A member cut off from the others does not refuse by itself (it
+		// holds a linearizable request until the call times out, and the
+		// client does not try another): every call requires a leader
+		// instead (see bound).
 		DialOptions: []grpc.DialOption{},
 	}
 	var tlsCfg *tls.Config
