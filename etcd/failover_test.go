@@ -21,7 +21,7 @@ func failoverStores(t *testing.T, c *testenv.EtcdCluster, n int, opTimeout time.
 	prefix := randomPrefix()
 	var out []*Store
 	for i := 0; i < n; i++ {
-		o := Options{KeyPrefix: prefix, StoreOptions: leasetest.StoreOptions(), ReapInterval: 100 * time.Millisecond,
+		o := Options{KeyPrefix: prefix, StoreOptions: leasetest.StoreOptions(), ReapInterval: 250 * time.Millisecond,
 			OpTimeout: opTimeout, DialTimeout: 2 * time.Second}
 		if i < len(now) {
 			o.Now = now[i]

@@ -27,7 +27,7 @@ import (
 // renew and commit before its lease ends.
 func TestRace(t *testing.T) {
 	c := testenv.StartEtcdCluster(t, 3)
-	s := open(t, c, Options{StoreOptions: leasetest.StoreOptions(), ReapInterval: 50 * time.Millisecond})
+	s := open(t, c, Options{StoreOptions: leasetest.StoreOptions(), ReapInterval: 250 * time.Millisecond})
 	race.Run(t, s, race.Options{TTL: 500 * time.Millisecond, Duration: 4 * time.Second})
 }
 
