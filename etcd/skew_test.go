@@ -47,7 +47,7 @@ func (c *stallClock) arm() (reached <-chan struct{}, release chan<- struct{}) {
 	return c.reached, c.release
 }
 
-// TestBackendTimeFollowsLinearization checks that backend time never runs
+// backendTimeFollowsLinearization checks that backend time never runs
 // against the order in which the cluster linearized two operations on one
 // identity: an operation that saw the state before another one's commit
 // cannot report a later backend time than that commit's decision. Server A
@@ -55,8 +55,7 @@ func (c *stallClock) arm() (reached <-chan struct{}, release chan<- struct{}) {
 // clock is held); server B answers meanwhile from the state before A's
 // commit. B's answer is linearized first, so A's decision, which commits
 // after, must carry a backend time no earlier than B's.
-func TestBackendTimeFollowsLinearization(t *testing.T) {
-	c := testenv.StartEtcdCluster(t, 3)
+func backendTimeFollowsLinearization(t *testing.T, c *testenv.EtcdCluster) {
 	prefix := randomPrefix()
 	clk := &stallClock{}
 	a := open(t, c, Options{KeyPrefix: prefix, StoreOptions: leasetest.StoreOptions(), ReapInterval: -1, Now: clk.now})
@@ -126,13 +125,12 @@ func skewed(d time.Duration) func() time.Time { return func() time.Time { return
 // skew is how far the two servers' clocks are off, one ahead, one behind.
 const skew = 3 * time.Second
 
-// TestSkewedClocksRace runs the race suite's traffic through two stores on
-// one cluster whose clocks are 3 s ahead and 3 s behind the real one (6 s
+// skewedClocksRace runs the race suite's traffic through two stores on
+// cluster c whose clocks are 3 s ahead and 3 s behind the real one (6 s
 // apart): backend time is per identity, so the linearizability check and
 // the invariants must find nothing, and every acknowledged success reads
 // back.
-func TestSkewedClocksRace(t *testing.T) {
-	c := testenv.StartEtcdCluster(t, 3)
+func skewedClocksRace(t *testing.T, c *testenv.EtcdCluster) {
 	stores := failoverStores(t, c, 2, 5*time.Second, skewed(skew), skewed(-skew))
 	opts := race.Options{Workers: 8, Identities: 3, TTL: 800 * time.Millisecond, Duration: 5 * time.Second,
 		CallTimeout: 10 * time.Second, ResolveByLookup: true, Seed: seed()}
@@ -141,13 +139,12 @@ func TestSkewedClocksRace(t *testing.T) {
 	readBack(t, "skew", stores, h)
 }
 
-// TestSkewedClocksExpiredStaysExpired checks, step by step, that a lease
+// skewedClocksExpiredStaysExpired checks, step by step, that a lease
 // seen expired through the server whose clock runs ahead (fast, +3 s) can
 // never be renewed, committed or released through the server whose clock
 // runs behind (slow, -3 s), though by the slow clock it has time left, and
 // that tokens strictly increase whichever server grants them.
-func TestSkewedClocksExpiredStaysExpired(t *testing.T) {
-	c := testenv.StartEtcdCluster(t, 3)
+func skewedClocksExpiredStaysExpired(t *testing.T, c *testenv.EtcdCluster) {
 	stores := failoverStores(t, c, 2, 5*time.Second, skewed(skew), skewed(-skew))
 	fast, slow := stores[0], stores[1]
 	owner, other := newActor("actor"), newActor("actor")
@@ -223,12 +220,13 @@ func TestSkewedClocksExpiredStaysExpired(t *testing.T) {
 	afterExpiry("the fast server's commit was lease_lost", rec)
 
 	// 4. On an identity no server touched yet, a lease acquired through
-	// the slow server with a 4 s TTL: another owner's acquisition
-	// conflicts through the slow server, whose clock gives it 4 s, and
-	// succeeds through the fast one, by whose clock it is over; the slow
-	// server then sees the successor, and the old lease stays lost.
+	// the slow server (its TTL leaves the slow clock 5.7 s and ends 0.3 s
+	// before the fast clock's now): another owner's acquisition conflicts
+	// through the slow server, by whose clock it is live, and succeeds
+	// through the fast one, by whose clock it is over; the slow server
+	// then sees the successor, and the old lease stays lost.
 	id2 := freshIdentity()
-	rec = acquire(slow, id2, 4*time.Second)
+	rec = acquire(slow, id2, 2*skew-300*time.Millisecond)
 	_, err = slow.Acquire(bg, other.acquire(id2, time.Minute))
 	refused(t, "another owner's acquisition through the slow server while live by its clock", err, lease.CodeConflict)
 	res, err = fast.Acquire(bg, other.acquire(id2, time.Minute))
