@@ -213,11 +213,6 @@ func (a actor) inspect(id lease.Identity) lease.InspectRequest {
 	return lease.InspectRequest{Identity: id, DeadlineAt: time.Now().Add(10 * time.Second), Caller: a.caller}
 }
 
-func (a actor) lookup(op lease.Op, id lease.Identity, requestID string) lease.LookupRequest {
-	return lease.LookupRequest{Op: op, Identity: id, PrincipalID: a.caller.PrincipalID, RequestID: requestID,
-		DeadlineAt: time.Now().Add(10 * time.Second)}
-}
-
 // must fails the test unless err is nil and res has code want.
 func must(t *testing.T, what string, res lease.Result, err error, want lease.Code) *lease.Record {
 	t.Helper()
