@@ -54,7 +54,7 @@ func probe(stores []*Store, since time.Time, limit time.Duration) (wait func() (
 			defer wg.Done()
 			per[i] = limit
 			for time.Since(since) < limit {
-				ctx, cancel := context.WithTimeout(bg, time.Second)
+				ctx, cancel := context.WithTimeout(bgCtx, time.Second)
 				req := p.acquire(freshIdentity(), 30*time.Second)
 				req.DeadlineAt = time.Now().Add(time.Second)
 				_, err := s.Acquire(ctx, req)
@@ -99,7 +99,7 @@ func TestFailoverUnderLoad(t *testing.T) {
 	opts := race.Options{Workers: 8, Identities: 3, OpsPerWorker: 1 << 20, Duration: 2 * time.Minute,
 		TTL: 400 * time.Millisecond, Stop: stop, ResolveByLookup: true, CheckTimeout: time.Minute, Seed: seed()}
 	done := make(chan *race.History, 1)
-	go func() { done <- race.RecordStores(bg, asStores(stores), opts) }()
+	go func() { done <- race.RecordStores(bgCtx, asStores(stores), opts) }()
 	var h *race.History
 	var stopOnce sync.Once
 	halt := func() { stopOnce.Do(func() { close(stop) }) }
@@ -221,7 +221,7 @@ func isolatedFollowerDoesNotStall(t *testing.T, c *testenv.EtcdCluster) {
 		ops += 3
 		id := freshIdentity()
 		start := time.Now()
-		res, err := s.Acquire(bg, a.acquire(id, time.Minute))
+		res, err := s.Acquire(bgCtx, a.acquire(id, time.Minute))
 		took := time.Since(start)
 		slowest = max(slowest, took)
 		if err != nil {
@@ -233,8 +233,8 @@ func isolatedFollowerDoesNotStall(t *testing.T, c *testenv.EtcdCluster) {
 			what string
 			do   func() error
 		}{
-			{"inspect", func() error { _, err := s.Inspect(bg, a.inspect(id)); return err }},
-			{"release", func() error { _, err := s.Release(bg, a.release(res.Lease)); return err }},
+			{"inspect", func() error { _, err := s.Inspect(bgCtx, a.inspect(id)); return err }},
+			{"release", func() error { _, err := s.Release(bgCtx, a.release(res.Lease)); return err }},
 		} {
 			start := time.Now()
 			err := op.do()

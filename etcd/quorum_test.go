@@ -49,7 +49,7 @@ type inFlight struct {
 // of the lease held. Each may be sent by several goroutines at once.
 func quorumCases(owner, admin actor, free lease.Identity, held *lease.Record) []mutationCase {
 	timed := func(d time.Duration) (context.Context, context.CancelFunc, time.Time) {
-		ctx, cancel := context.WithTimeout(bg, d)
+		ctx, cancel := context.WithTimeout(bgCtx, d)
 		return ctx, cancel, time.Now().Add(d)
 	}
 	result := func(res lease.Result, err error) (lease.Code, *lease.Record, error) {
@@ -139,13 +139,13 @@ func TestQuorumLost(t *testing.T) {
 	free, heldID := freshIdentity(), freshIdentity()
 	var before uint64
 	for i := 0; i < 3; i++ {
-		res, err := stores[i%2].Acquire(bg, owner.acquire(free, time.Minute))
+		res, err := stores[i%2].Acquire(bgCtx, owner.acquire(free, time.Minute))
 		rec := must(t, "acquire before the outage", res, err, lease.CodeAcquired)
 		before = max(before, rec.FencingToken)
-		res, err = stores[(i+1)%2].Release(bg, owner.release(rec))
+		res, err = stores[(i+1)%2].Release(bgCtx, owner.release(rec))
 		must(t, "release before the outage", res, err, lease.CodeReleased)
 	}
-	res, err := stores[0].Acquire(bg, owner.acquire(heldID, 10*time.Minute))
+	res, err := stores[0].Acquire(bgCtx, owner.acquire(heldID, 10*time.Minute))
 	held := must(t, "acquire the lease held through the outage", res, err, lease.CodeAcquired)
 	cases := quorumCases(owner, admin, free, held)
 
@@ -164,7 +164,7 @@ func TestQuorumLost(t *testing.T) {
 				default:
 				}
 				req := owner.acquire(freshIdentity(), time.Minute)
-				ctx, cancel := context.WithTimeout(bg, time.Second)
+				ctx, cancel := context.WithTimeout(bgCtx, time.Second)
 				req.DeadlineAt = time.Now().Add(time.Second)
 				_, err := s.Acquire(ctx, req)
 				cancel()
@@ -229,7 +229,7 @@ func TestQuorumLost(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				ctx, cancel := context.WithTimeout(bg, deadline)
+				ctx, cancel := context.WithTimeout(bgCtx, deadline)
 				_, err := s.Inspect(ctx, owner.inspect(heldID))
 				cancel()
 				typed(t, "inspect without quorum", err)
@@ -238,14 +238,14 @@ func TestQuorumLost(t *testing.T) {
 				}
 				lookup := *cases[0].lookup
 				lookup.DeadlineAt = time.Now().Add(deadline)
-				ctx, cancel = context.WithTimeout(bg, deadline)
+				ctx, cancel = context.WithTimeout(bgCtx, deadline)
 				_, err = s.LookupRequest(ctx, lookup)
 				cancel()
 				typed(t, "lookup without quorum", err)
 				if lease.CodeOf(err) != lease.CodeBackendUnavailable {
 					t.Errorf("quorum: lookup through server %c without quorum: %v, want backend_unavailable", 'a'+si, err)
 				}
-				ctx, cancel = context.WithTimeout(bg, deadline)
+				ctx, cancel = context.WithTimeout(bgCtx, deadline)
 				h := s.Health(ctx)
 				cancel()
 				if h.Status != lease.HealthUnavailable {
@@ -267,7 +267,7 @@ func TestQuorumLost(t *testing.T) {
 	// No operator step: the same servers answer again.
 	var resumed time.Duration
 	for {
-		ctx, cancel := context.WithTimeout(bg, deadline)
+		ctx, cancel := context.WithTimeout(bgCtx, deadline)
 		h := stores[0].Health(ctx)
 		cancel()
 		if h.Status == lease.HealthOK {
@@ -292,7 +292,7 @@ func TestQuorumLost(t *testing.T) {
 		if mc.lookup != nil {
 			req := *mc.lookup
 			req.DeadlineAt = time.Now().Add(5 * time.Second)
-			res, err := s.LookupRequest(bg, req)
+			res, err := s.LookupRequest(bgCtx, req)
 			switch {
 			case err == nil:
 				how = "lookup found " + string(res.Code)
@@ -339,7 +339,7 @@ func TestQuorumLost(t *testing.T) {
 		}
 		loadDoubt++
 		s := stores[i%2]
-		res, err := s.LookupRequest(bg, lease.LookupRequest{Op: lease.OpAcquire, Identity: f.req.Identity,
+		res, err := s.LookupRequest(bgCtx, lease.LookupRequest{Op: lease.OpAcquire, Identity: f.req.Identity,
 			PrincipalID: owner.caller.PrincipalID, RequestID: f.req.RequestID, DeadlineAt: time.Now().Add(5 * time.Second)})
 		switch {
 		case err == nil:
@@ -347,7 +347,7 @@ func TestQuorumLost(t *testing.T) {
 		case lease.CodeOf(err) == lease.CodeNotFound:
 			req := f.req
 			req.DeadlineAt = time.Now().Add(5 * time.Second)
-			res, err = s.Acquire(bg, req)
+			res, err = s.Acquire(bgCtx, req)
 			if err != nil {
 				t.Errorf("quorum: in-doubt acquisition sent again after the restart: %v", err)
 				continue
@@ -367,12 +367,12 @@ func TestQuorumLost(t *testing.T) {
 	if lateAcquire != nil {
 		before = max(before, lateAcquire.FencingToken)
 		if lateAcquire.State == lease.StateActive {
-			if _, err := stores[1].Release(bg, owner.release(lateAcquire)); err != nil && lease.CodeOf(err) != lease.CodeLost {
+			if _, err := stores[1].Release(bgCtx, owner.release(lateAcquire)); err != nil && lease.CodeOf(err) != lease.CodeLost {
 				t.Fatalf("quorum: release the outage's acquisition: %v", err)
 			}
 		}
 	}
-	res, err = stores[1].Acquire(bg, owner.acquire(free, time.Minute))
+	res, err = stores[1].Acquire(bgCtx, owner.acquire(free, time.Minute))
 	rec := must(t, "acquire after the restart", res, err, lease.CodeAcquired)
 	if rec.FencingToken <= before {
 		t.Errorf("quorum: token %d after the outage is not above %d, the highest before", rec.FencingToken, before)
@@ -381,7 +381,7 @@ func TestQuorumLost(t *testing.T) {
 
 	// The lease held through the outage is in a definite state: every
 	// mutation on it was resolved, so it ended, with its token.
-	ctx, cancel := context.WithTimeout(bg, 5*time.Second)
+	ctx, cancel := context.WithTimeout(bgCtx, 5*time.Second)
 	defer cancel()
 	res, err = stores[0].Inspect(ctx, lease.InspectRequest{LeaseID: held.LeaseID, DeadlineAt: time.Now().Add(5 * time.Second), Caller: owner.caller})
 	if err != nil {

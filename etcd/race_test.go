@@ -65,7 +65,7 @@ func raceLostAnswers(t *testing.T, c *testenv.EtcdCluster) {
 	}
 	opts := race.Options{Workers: 8, Identities: 3, TTL: 400 * time.Millisecond, Duration: 4 * time.Second,
 		ResolveByLookup: true, Seed: seed()}
-	h := race.RecordStores(bg, stores, opts)
+	h := race.RecordStores(bgCtx, stores, opts)
 	rep := checkRun(t, "lost-answers", h, opts)
 	lost := lossy[0].lost.Load() + lossy[1].lost.Load()
 	t.Logf("lost-answers: answers lost=%d found_by_lookup=%d lookups=%d", lost, rep.Stats.ResolvedByLookup, rep.Stats.Lookups)
@@ -239,7 +239,7 @@ func refused(t *testing.T, what string, err error, want lease.Code) *lease.Error
 	return le
 }
 
-var bg = context.Background()
+var bgCtx = context.Background()
 
 // checkRun checks a recorded run with the linearizability check and the
 // invariants, logs its summary and the figures the notes quote (history
@@ -313,7 +313,7 @@ func readBack(t *testing.T, name string, stores []*Store, h *race.History) {
 					}
 					var res lease.Result
 					err = patiently(func() (err error) {
-						res, err = s.LookupRequest(bg, lease.LookupRequest{Op: lease.OpAcquire, Identity: a.Acquire.Identity,
+						res, err = s.LookupRequest(bgCtx, lease.LookupRequest{Op: lease.OpAcquire, Identity: a.Acquire.Identity,
 							PrincipalID: a.Acquire.Caller.PrincipalID, RequestID: a.Acquire.RequestID, DeadlineAt: time.Now().Add(10 * time.Second)})
 						return err
 					})
@@ -324,7 +324,7 @@ func readBack(t *testing.T, name string, stores []*Store, h *race.History) {
 						t.Errorf("%s: acknowledged acquisition %s (token %d) reads back as %+v", name, a.Lease.LeaseID, a.Lease.FencingToken, res.Lease)
 					}
 					var counter uint64
-					err = patiently(func() (err error) { counter, err = faults{s}.Counter(bg, lockKey); return err })
+					err = patiently(func() (err error) { counter, err = faults{s}.Counter(bgCtx, lockKey); return err })
 					if err != nil {
 						t.Errorf("%s: read counter: %v", name, err)
 					} else if counter < a.Lease.FencingToken {
@@ -340,7 +340,7 @@ func readBack(t *testing.T, name string, stores []*Store, h *race.History) {
 					var res lease.CommitResult
 					err := patiently(func() (err error) {
 						req.DeadlineAt = time.Now().Add(10 * time.Second)
-						res, err = s.AuthorizeCommit(bg, req)
+						res, err = s.AuthorizeCommit(bgCtx, req)
 						return err
 					})
 					switch {

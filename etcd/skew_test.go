@@ -72,12 +72,12 @@ func backendTimeFollowsLinearization(t *testing.T, c *testenv.EtcdCluster) {
 		}
 		done := make(chan answer, 1)
 		go func() {
-			res, err := a.Acquire(bg, owner.acquire(id, time.Minute))
+			res, err := a.Acquire(bgCtx, owner.acquire(id, time.Minute))
 			done <- answer{res, err}
 		}()
 		<-reached
 		time.Sleep(5 * time.Millisecond)
-		_, err := b.Inspect(bg, other.inspect(id))
+		_, err := b.Inspect(bgCtx, other.inspect(id))
 		seen := refused(t, "inspect through B while A's acquire is in flight", err, lease.CodeNotFound)
 		close(release)
 		got := <-done
@@ -92,7 +92,7 @@ func backendTimeFollowsLinearization(t *testing.T, c *testenv.EtcdCluster) {
 
 	t.Run("conflict_then_release", func(t *testing.T) {
 		id := freshIdentity()
-		res, err := a.Acquire(bg, owner.acquire(id, time.Minute))
+		res, err := a.Acquire(bgCtx, owner.acquire(id, time.Minute))
 		rec := must(t, "acquire through A", res, err, lease.CodeAcquired)
 		reached, release := clk.arm()
 		type answer struct {
@@ -101,12 +101,12 @@ func backendTimeFollowsLinearization(t *testing.T, c *testenv.EtcdCluster) {
 		}
 		done := make(chan answer, 1)
 		go func() {
-			res, err := a.Release(bg, owner.release(rec))
+			res, err := a.Release(bgCtx, owner.release(rec))
 			done <- answer{res, err}
 		}()
 		<-reached
 		time.Sleep(5 * time.Millisecond)
-		_, err = b.Acquire(bg, other.acquire(id, time.Minute))
+		_, err = b.Acquire(bgCtx, other.acquire(id, time.Minute))
 		seen := refused(t, "acquire through B while A's release is in flight", err, lease.CodeConflict)
 		close(release)
 		got := <-done
@@ -135,7 +135,7 @@ func skewedClocksRace(t *testing.T, c *testenv.EtcdCluster) {
 	stores := failoverStores(t, c, 2, 5*time.Second, skewed(skew), skewed(-skew))
 	opts := race.Options{Workers: 8, Identities: 3, TTL: 800 * time.Millisecond, Duration: 5 * time.Second,
 		CallTimeout: 10 * time.Second, ResolveByLookup: true, Seed: seed()}
-	h := race.RecordStores(bg, asStores(stores), opts)
+	h := race.RecordStores(bgCtx, asStores(stores), opts)
 	checkRun(t, "skew", h, opts)
 	readBack(t, "skew", stores, h)
 }
@@ -166,7 +166,7 @@ func skewedClocksExpiredStaysExpired(t *testing.T, c *testenv.EtcdCluster) {
 	}
 	acquire := func(s *Store, id lease.Identity, ttl time.Duration) *lease.Record {
 		t.Helper()
-		res, err := s.Acquire(bg, owner.acquire(id, ttl))
+		res, err := s.Acquire(bgCtx, owner.acquire(id, ttl))
 		rec := must(t, "acquire", res, err, lease.CodeAcquired)
 		granted(rec)
 		return rec
@@ -176,13 +176,13 @@ func skewedClocksExpiredStaysExpired(t *testing.T, c *testenv.EtcdCluster) {
 	// expired, another acquisition succeeds with a greater token.
 	afterExpiry := func(how string, rec *lease.Record) {
 		t.Helper()
-		_, err := slow.Renew(bg, owner.renew(rec))
+		_, err := slow.Renew(bgCtx, owner.renew(rec))
 		refused(t, "renew through the slow server after "+how, err, lease.CodeLost)
-		_, err = slow.AuthorizeCommit(bg, owner.commit(rec, "couchdb"))
+		_, err = slow.AuthorizeCommit(bgCtx, owner.commit(rec, "couchdb"))
 		refused(t, "commit through the slow server after "+how, err, lease.CodeLost)
-		_, err = slow.Release(bg, owner.release(rec))
+		_, err = slow.Release(bgCtx, owner.release(rec))
 		refused(t, "release through the slow server after "+how, err, lease.CodeLost)
-		res, err := slow.Inspect(bg, lease.InspectRequest{LeaseID: rec.LeaseID, DeadlineAt: time.Now().Add(10 * time.Second), Caller: owner.caller})
+		res, err := slow.Inspect(bgCtx, lease.InspectRequest{LeaseID: rec.LeaseID, DeadlineAt: time.Now().Add(10 * time.Second), Caller: owner.caller})
 		if err != nil || res.Lease.State != lease.StateExpired {
 			t.Errorf("inspect through the slow server after %s: %v %+v, want the lease expired", how, err, res.Lease)
 		}
@@ -192,7 +192,7 @@ func skewedClocksExpiredStaysExpired(t *testing.T, c *testenv.EtcdCluster) {
 	// clock it has 4 s, by the fast one it is already over. The fast
 	// server's inspect says expired; from then on it stays expired.
 	rec := acquire(slow, id, 4*time.Second)
-	res, err := fast.Inspect(bg, owner.inspect(id))
+	res, err := fast.Inspect(bgCtx, owner.inspect(id))
 	if err != nil || res.Lease.LeaseID != rec.LeaseID || res.Lease.State != lease.StateExpired {
 		t.Fatalf("inspect through the fast server: %v %+v, want lease %s expired", err, res.Lease, rec.LeaseID)
 	}
@@ -205,10 +205,10 @@ func skewedClocksExpiredStaysExpired(t *testing.T, c *testenv.EtcdCluster) {
 	rec = acquire(fast, id, time.Second)
 	r := owner.renew(rec)
 	r.TTL = time.Second
-	res, err = slow.Renew(bg, r)
+	res, err = slow.Renew(bgCtx, r)
 	rec = must(t, "renew through the slow server while live", res, err, lease.CodeRenewed)
 	time.Sleep(time.Until(rec.ExpiresAt.Time().Add(-skew + 200*time.Millisecond)))
-	_, err = fast.Renew(bg, owner.renew(rec))
+	_, err = fast.Renew(bgCtx, owner.renew(rec))
 	refused(t, "renew through the fast server past expires_at", err, lease.CodeLost)
 	afterExpiry("the fast server's renewal was lease_lost", rec)
 
@@ -216,7 +216,7 @@ func skewedClocksExpiredStaysExpired(t *testing.T, c *testenv.EtcdCluster) {
 	// is lease_lost, then the slow server's commit too.
 	rec = acquire(fast, id, time.Second)
 	time.Sleep(time.Until(rec.ExpiresAt.Time().Add(-skew + 200*time.Millisecond)))
-	_, err = fast.AuthorizeCommit(bg, owner.commit(rec, "rabbitmq"))
+	_, err = fast.AuthorizeCommit(bgCtx, owner.commit(rec, "rabbitmq"))
 	refused(t, "commit through the fast server past expires_at", err, lease.CodeLost)
 	afterExpiry("the fast server's commit was lease_lost", rec)
 
@@ -228,13 +228,13 @@ func skewedClocksExpiredStaysExpired(t *testing.T, c *testenv.EtcdCluster) {
 	// then sees the successor, and the old lease stays lost.
 	id2 := freshIdentity()
 	rec = acquire(slow, id2, 2*skew-300*time.Millisecond)
-	_, err = slow.Acquire(bg, other.acquire(id2, time.Minute))
+	_, err = slow.Acquire(bgCtx, other.acquire(id2, time.Minute))
 	refused(t, "another owner's acquisition through the slow server while live by its clock", err, lease.CodeConflict)
-	res, err = fast.Acquire(bg, other.acquire(id2, time.Minute))
+	res, err = fast.Acquire(bgCtx, other.acquire(id2, time.Minute))
 	succ := must(t, "another owner's acquisition through the fast server, past expires_at by its clock", res, err, lease.CodeAcquired)
 	granted(succ)
 	afterExpiry("a successor was acquired through the fast server", rec)
-	res, err = slow.Inspect(bg, owner.inspect(id2))
+	res, err = slow.Inspect(bgCtx, owner.inspect(id2))
 	if err != nil || res.Lease.LeaseID != succ.LeaseID || res.Lease.State != lease.StateActive {
 		t.Errorf("inspect through the slow server: %v %+v, want the successor %s active", err, res.Lease, succ.LeaseID)
 	}
