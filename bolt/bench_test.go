@@ -147,4 +147,3 @@ func BenchmarkReapBacklog(b *testing.B) {
 		b.StartTimer()
 	}
 }
-
