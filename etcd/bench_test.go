@@ -52,8 +52,10 @@ import (
 //	                 time
 //	inspect          Inspect by identity of a held lease
 //
-// reads-only and writes-only split a pair's cost between its round trips;
-// what acquire+release costs beyond their sum is the store's own work.
+// reads-only and writes-only split a pair's cost between its round trips.
+// What acquire+release costs beyond their sum is the store's own work, and
+// the wait of each of its reads for the member serving it to have applied
+// the write just before (replayed reads follow no write, so never wait).
 //
 // Each reports ops/s (pairs/s for pairs) and cost ratios against the
 // floors measured in the same run at the same concurrency: x_floor, the
@@ -66,14 +68,14 @@ import (
 // sent (retries of a lost compare included), reads/op those that only read
 // (a Range, or a Txn of ranges without compares: etcd serves them with a
 // ReadIndex, no raft proposal), writes/op those that propose, req_B/op the
-// bytes of their requests, fsync/op the leader's WAL fsyncs (below 1 per
-// write when raft batches), srv_cpu_us/op the CPU time of the three
-// members, cli_cpu_us/op that of this process (the store, the client, and
-// the harness's peer proxies, which relay the members' raft traffic), and
-// other_cores the CPU other processes of the machine used meanwhile, in
-// cores (a busy machine makes the run noisy), and leader_changes, only when
-// the leader changed during the measurement. The table at the end repeats
-// the main numbers.
+// bytes of their requests; fsync/op the leader's WAL fsyncs (below 1 per
+// write when raft batches) and fsync_us their mean duration; srv_cpu_us/op
+// the CPU time of the three members, cli_cpu_us/op that of this process
+// (the store, the client, and the harness's peer proxies, which relay the
+// members' raft traffic); other_cores the CPU other processes of the
+// machine used meanwhile, in cores (a busy machine makes the run noisy);
+// and leader_changes, only when the leader changed during the measurement.
+// The table at the end repeats the main numbers.
 //
 // The store's reaper is off (nothing expires during the run) and the
 // cluster's revision history is compacted before each measurement, so no
@@ -128,14 +130,14 @@ type leaseBench struct {
 	pair, read bool
 	// worker prepares goroutine g's state (untimed) and returns its op and
 	// what to undo after the run (nil for nothing).
-	worker func(b *testing.B, g int) (op func() error, done func())
+	worker func(b testing.TB, g int) (op func() error, done func())
 }
 
 var benchCtx = context.Background()
 
 func (e *benchEnv) benches() []leaseBench {
 	s := e.s
-	hold := func(b *testing.B) *lease.Record {
+	hold := func(b testing.TB) *lease.Record {
 		a, err := s.Acquire(benchCtx, benchAcquire(benchIdentity()))
 		if err != nil {
 			b.Fatal(err)
@@ -143,11 +145,11 @@ func (e *benchEnv) benches() []leaseBench {
 		return a.Lease
 	}
 	return []leaseBench{
-		{name: "floor-get", read: true, worker: func(_ *testing.B, g int) (func() error, func()) {
+		{name: "floor-get", read: true, worker: func(_ testing.TB, g int) (func() error, func()) {
 			key := e.scratch + "get/" + strconv.Itoa(g)
 			return func() error { _, err := e.cli.Get(benchCtx, key); return err }, nil
 		}},
-		{name: "floor", pair: true, worker: func(_ *testing.B, g int) (func() error, func()) {
+		{name: "floor", pair: true, worker: func(_ testing.TB, g int) (func() error, func()) {
 			key := e.scratch + "floor/" + strconv.Itoa(g)
 			return func() error {
 				if _, err := e.cli.Put(benchCtx, key, "x"); err != nil {
@@ -157,7 +159,7 @@ func (e *benchEnv) benches() []leaseBench {
 				return err
 			}, nil
 		}},
-		{name: "mutex", pair: true, worker: func(b *testing.B, g int) (func() error, func()) {
+		{name: "mutex", pair: true, worker: func(b testing.TB, g int) (func() error, func()) {
 			sess, err := concurrency.NewSession(e.cli, concurrency.WithTTL(60))
 			if err != nil {
 				b.Fatal(err)
@@ -170,13 +172,13 @@ func (e *benchEnv) benches() []leaseBench {
 				return m.Unlock(benchCtx)
 			}, func() { _ = sess.Close() }
 		}},
-		{name: "reads-only", pair: true, worker: func(b *testing.B, _ int) (func() error, func()) {
+		{name: "reads-only", pair: true, worker: func(b testing.TB, _ int) (func() error, func()) {
 			return e.replayPair(b, false), nil
 		}},
-		{name: "writes-only", pair: true, worker: func(b *testing.B, _ int) (func() error, func()) {
+		{name: "writes-only", pair: true, worker: func(b testing.TB, _ int) (func() error, func()) {
 			return e.replayPair(b, true), nil
 		}},
-		{name: "acquire+release", pair: true, worker: func(*testing.B, int) (func() error, func()) {
+		{name: "acquire+release", pair: true, worker: func(testing.TB, int) (func() error, func()) {
 			id := benchIdentity()
 			return func() error {
 				a, err := s.Acquire(benchCtx, benchAcquire(id))
@@ -187,15 +189,15 @@ func (e *benchEnv) benches() []leaseBench {
 				return err
 			}, nil
 		}},
-		{name: "renew", worker: func(b *testing.B, _ int) (func() error, func()) {
+		{name: "renew", worker: func(b testing.TB, _ int) (func() error, func()) {
 			l := hold(b)
 			return func() error { _, err := s.Renew(benchCtx, benchRenew(l)); return err }, nil
 		}},
-		{name: "authorize-commit", worker: func(b *testing.B, _ int) (func() error, func()) {
+		{name: "authorize-commit", worker: func(b testing.TB, _ int) (func() error, func()) {
 			l := hold(b)
 			return func() error { _, err := s.AuthorizeCommit(benchCtx, benchCommit(l)); return err }, nil
 		}},
-		{name: "inspect", read: true, worker: func(b *testing.B, _ int) (func() error, func()) {
+		{name: "inspect", read: true, worker: func(b testing.TB, _ int) (func() error, func()) {
 			id := hold(b).Identity()
 			return func() error {
 				_, err := s.Inspect(benchCtx, lease.InspectRequest{Identity: id, DeadlineAt: time.Now().Add(time.Minute)})
@@ -210,7 +212,7 @@ func (e *benchEnv) benches() []leaseBench {
 // returns an op that sends them again, in order. A write's compares are
 // kept on their keys, made to hold (mod revision > -1), so the server
 // evaluates as many; a read reads the same keys at the newest revision.
-func (e *benchEnv) replayPair(b *testing.B, writes bool) func() error {
+func (e *benchEnv) replayPair(b testing.TB, writes bool) func() error {
 	var recorded []*pb.TxnRequest
 	e.rt.record(func(r *pb.TxnRequest) {
 		if txnReadOnly(r) != writes {
@@ -273,7 +275,7 @@ type benchMeasure struct {
 
 // run runs b.N ops on conc goroutines (each with its own state from
 // worker) and returns ops per second, reporting the diagnostics.
-func (e *benchEnv) run(b *testing.B, conc int, worker func(*testing.B, int) (func() error, func())) benchMeasure {
+func (e *benchEnv) run(b *testing.B, conc int, worker func(testing.TB, int) (func() error, func())) benchMeasure {
 	ops := make([]func() error, conc)
 	for g := range ops {
 		op, done := worker(b, g)
@@ -322,6 +324,9 @@ func (e *benchEnv) run(b *testing.B, conc int, worker func(*testing.B, int) (fun
 	b.ReportMetric(float64(after.writes-before.writes)/n, "writes/op")
 	b.ReportMetric(float64(after.reqBytes-before.reqBytes)/n, "req_B/op")
 	b.ReportMetric(float64(after.fsyncs-before.fsyncs)/n, "fsync/op")
+	if f := after.fsyncs - before.fsyncs; f > 0 {
+		b.ReportMetric(float64(after.fsyncTime-before.fsyncTime)/float64(time.Microsecond)/float64(f), "fsync_us")
+	}
 	b.ReportMetric(m.srvCPU, "srv_cpu_us/op")
 	b.ReportMetric(m.cliCPU, "cli_cpu_us/op")
 	b.ReportMetric(m.otherCores, "other_cores")
@@ -353,6 +358,7 @@ type benchSample struct {
 	at                            time.Time
 	rpcs, reads, writes, reqBytes int64
 	fsyncs, leaderChanges         int64
+	fsyncTime                     time.Duration
 	// srvCPU, cliCPU: CPU time of the members and of this process; busy:
 	// of the whole machine.
 	srvCPU, cliCPU, busy time.Duration
@@ -368,7 +374,7 @@ func (e *benchEnv) sample(b *testing.B, leader int) benchSample {
 		st.cliCPU = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
 	if leader >= 0 {
-		st.fsyncs, st.leaderChanges = memberMetrics(b, e.c.Member(leader).ClientURL())
+		st.fsyncs, st.fsyncTime, st.leaderChanges = memberMetrics(b, e.c.Member(leader).ClientURL())
 	}
 	return st
 }
@@ -417,9 +423,9 @@ func machineBusy() time.Duration {
 // userHZ is the unit of /proc's CPU times on Linux.
 const userHZ = 100
 
-// memberMetrics reads a member's counts of WAL fsyncs and of leader
-// changes it has seen.
-func memberMetrics(b *testing.B, url string) (fsyncs, leaderChanges int64) {
+// memberMetrics reads a member's count of WAL fsyncs and their total
+// duration, and its count of the leader changes it has seen.
+func memberMetrics(b *testing.B, url string) (fsyncs int64, fsyncTime time.Duration, leaderChanges int64) {
 	r, err := http.Get(url + "/metrics")
 	if err != nil {
 		b.Fatal(err)
@@ -432,11 +438,13 @@ func memberMetrics(b *testing.B, url string) (fsyncs, leaderChanges int64) {
 		switch name {
 		case "etcd_disk_wal_fsync_duration_seconds_count":
 			fsyncs = int64(n)
+		case "etcd_disk_wal_fsync_duration_seconds_sum":
+			fsyncTime = time.Duration(n * float64(time.Second))
 		case "etcd_server_leader_changes_seen_total":
 			leaderChanges = int64(n)
 		}
 	}
-	return fsyncs, leaderChanges
+	return fsyncs, fsyncTime, leaderChanges
 }
 
 // rpcCounter counts the unary RPCs of a client, by kind, and can hand
