@@ -3,6 +3,7 @@ package etcd
 import (
 	"bufio"
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -75,11 +76,21 @@ import (
 // members' raft traffic); other_cores the CPU other processes of the
 // machine used meanwhile, in cores (a busy machine makes the run noisy);
 // and leader_changes, only when the leader changed during the measurement.
-// The table at the end repeats the main numbers.
+//
+// Measured one after the other, a floor and acquire+release can be a
+// minute apart, and on a shared machine the load changes in a minute. So
+// the last sub-benchmark, summary, measures every operation again at 1 and
+// 50 goroutines interleaved: rounds in which each takes a turn of a
+// fraction of -benchtime (ops counted once every goroutine has finished
+// one, so no turn measures its ramp), in a rotating order, so that all see
+// the same load. It prints the table of ratios, with rpcs/op and the CPU
+// per op of the same turns, and reports the ratios of acquire+release as
+// x_floor_g1, x_mutex_g1, x_floor_g50 and x_mutex_g50.
 //
 // The store's reaper is off (nothing expires during the run) and the
-// cluster's revision history is compacted before each measurement, so no
-// measurement pays for the history of the previous ones.
+// cluster's revision history is compacted before each sub-benchmark (and
+// before each concurrency of the summary), so none pays for the history of
+// the previous ones.
 func BenchmarkLease(b *testing.B) {
 	c := testenv.StartEtcdCluster(b, 3)
 	rt := &rpcCounter{}
@@ -109,7 +120,120 @@ func BenchmarkLease(b *testing.B) {
 			})
 		}
 	}
-	res.print(os.Stdout)
+	b.Run("summary", func(b *testing.B) {
+		turn := summaryTurn()
+		tab := &benchResults{m: map[string]benchMeasure{}}
+		for _, conc := range []int{1, 50} {
+			env.interleave(b, conc, env.benches(), summaryRounds, turn, tab)
+		}
+		tab.print(os.Stdout)
+		for _, conc := range []int{1, 50} {
+			pair := leaseBench{name: "acquire+release", pair: true}
+			b.ReportMetric(tab.xFloor(pair, conc), "x_floor_g"+strconv.Itoa(conc))
+			b.ReportMetric(tab.xMutex(pair, conc), "x_mutex_g"+strconv.Itoa(conc))
+		}
+	})
+}
+
+// summaryRounds is how many turns each operation takes in the summary.
+const summaryRounds = 5
+
+// summaryTurn is the length of one turn of the summary: a fifth of
+// -benchtime, from 100 ms to 1 s (400 ms when -benchtime is a count).
+func summaryTurn() time.Duration {
+	d := 2 * time.Second
+	if f := flag.Lookup("test.benchtime"); f != nil {
+		if v, err := time.ParseDuration(f.Value.String()); err == nil {
+			d = v
+		}
+	}
+	return min(max(d/5, 100*time.Millisecond), time.Second)
+}
+
+// interleave measures benches at conc goroutines in rounds: in each round
+// every bench takes one turn, the first in turn r being bench r (mod the
+// count). A turn starts the bench's goroutines, waits until each has
+// finished one op (at most 10 s), then counts the ops that finish within
+// the next turn long; the goroutines then stop after their current op. Its
+// results go to tab.
+func (e *benchEnv) interleave(b *testing.B, conc int, benches []leaseBench, rounds int, turn time.Duration, tab *benchResults) {
+	ops := make([][]func() error, len(benches))
+	for i, bm := range benches {
+		for g := 0; g < conc; g++ {
+			op, done := bm.worker(b, g)
+			ops[i] = append(ops[i], op)
+			if done != nil {
+				defer done()
+			}
+		}
+	}
+	e.compact(b)
+	type total struct {
+		n, rpcs                 int64
+		window                  time.Duration
+		srvCPU, cliCPU, busyCPU time.Duration
+	}
+	totals := make([]total, len(benches))
+	for r := 0; r < rounds; r++ {
+		for k := range benches {
+			i := (r + k) % len(benches)
+			var phase atomic.Int32 // 0 warming up, 1 counting, 2 stopping
+			var started, counted atomic.Int64
+			var firstErr atomic.Pointer[error]
+			var wg sync.WaitGroup
+			for g := 0; g < conc; g++ {
+				wg.Add(1)
+				go func(op func() error) {
+					defer wg.Done()
+					for first := true; phase.Load() < 2; first = false {
+						if err := op(); err != nil {
+							firstErr.CompareAndSwap(nil, &err)
+							phase.Store(2)
+							return
+						}
+						if phase.Load() == 1 {
+							counted.Add(1)
+						}
+						if first {
+							started.Add(1)
+						}
+					}
+				}(ops[i][g])
+			}
+			for limit := time.Now().Add(10 * time.Second); started.Load() < int64(conc) && phase.Load() == 0 && time.Now().Before(limit); {
+				time.Sleep(time.Millisecond)
+			}
+			// No member metrics here: a turn's samples must be quick, as
+			// the ops go on meanwhile.
+			before := e.sample(b, -1)
+			phase.CompareAndSwap(0, 1)
+			time.Sleep(turn)
+			after := e.sample(b, -1)
+			phase.Store(2)
+			wg.Wait()
+			if p := firstErr.Load(); p != nil {
+				b.Fatalf("%s: op failed: %v", benches[i].name, *p)
+			}
+			t := &totals[i]
+			t.n += counted.Load()
+			t.window += after.at.Sub(before.at)
+			t.rpcs += after.rpcs - before.rpcs
+			t.srvCPU += after.srvCPU - before.srvCPU
+			t.cliCPU += after.cliCPU - before.cliCPU
+			t.busyCPU += after.busy - before.busy
+		}
+	}
+	for i, bm := range benches {
+		t := totals[i]
+		if t.n == 0 || t.window <= 0 {
+			continue
+		}
+		n := float64(t.n)
+		us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / n }
+		tab.set(bm, conc, benchMeasure{ops: n / t.window.Seconds(), rpcs: float64(t.rpcs) / n,
+			srvCPU: us(t.srvCPU), cliCPU: us(t.cliCPU),
+			otherCores: max(float64(t.busyCPU-t.srvCPU-t.cliCPU)/float64(t.window), 0)})
+	}
 }
 
 // benchEnv is what every measurement shares: one cluster, one client (the
@@ -521,7 +645,8 @@ func benchClient(b testing.TB, c *testenv.EtcdCluster, rt *rpcCounter) *clientv3
 }
 
 // benchIdentity is a new identity; benchAcquire acquires it without
-// metadata, with the longest lifetime, so renewals never reach it.
+// metadata, for an hour (the summary holds leases for minutes), with the
+// longest lifetime, so renewals never reach it.
 func benchIdentity() lease.Identity {
 	return lease.Identity{TenantID: "tenant-" + randomPrefix(), ProgramID: "program-" + randomPrefix(),
 		TargetNamespace: "starintel-target", TargetID: "target_" + randomPrefix(), ActorName: "usernamegen",
@@ -535,7 +660,7 @@ func benchMutation() lease.Mutation {
 }
 
 func benchAcquire(id lease.Identity) lease.AcquireRequest {
-	return lease.AcquireRequest{Identity: id, ServiceInstanceID: "instance_1", TTL: 30 * time.Second,
+	return lease.AcquireRequest{Identity: id, ServiceInstanceID: "instance_1", TTL: time.Hour,
 		MaximumLifetime: lease.MaxLifetime, ExecutionID: "execution_" + randomPrefix(), JobID: "job_" + randomPrefix(),
 		TraceID: "trace_" + randomPrefix(), Mutation: benchMutation()}
 }
@@ -633,7 +758,7 @@ func (r *benchResults) print(out io.Writer) {
 		}
 	}
 	w.Flush()
-	fmt.Fprintln(out, "ops/s: pairs/s for floor, mutex, reads-only, writes-only and acquire+release")
+	fmt.Fprintln(out, "interleaved; ops/s: pairs/s for floor, mutex, reads-only, writes-only and acquire+release")
 	fmt.Fprintln(out, "x_floor: cost per op over the floor's (a pair over a put+delete pair, a write over half one, a read over a get); goal for acquire+release <= 1.50")
 	fmt.Fprintln(out, "x_mutex: a pair's cost over a concurrency.Mutex Lock+Unlock pair's; goal < 1.00")
 }
