@@ -81,9 +81,9 @@ import (
 // minute apart, and on a shared machine the load changes in a minute. So
 // the last sub-benchmark, summary, measures every operation again at 1 and
 // 50 goroutines interleaved: rounds in which each takes a turn of a
-// fraction of -benchtime (ops counted once every goroutine has finished
-// one, so no turn measures its ramp), in a rotating order, so that all see
-// the same load. It prints the table of ratios, with rpcs/op and the CPU
+// fraction of -benchtime or three op latencies, whichever is longer (ops
+// counted once every goroutine has finished one, so no turn measures its
+// ramp), in a rotating order, so that all see the same load. It prints the table of ratios, with rpcs/op and the CPU
 // per op of the same turns, and reports the ratios of acquire+release as
 // x_floor_g1, x_mutex_g1, x_floor_g50 and x_mutex_g50.
 //
@@ -136,7 +136,7 @@ func BenchmarkLease(b *testing.B) {
 }
 
 // summaryRounds is how many turns each operation takes in the summary.
-const summaryRounds = 5
+const summaryRounds = 4
 
 // summaryTurn is the length of one turn of the summary: a fifth of
 // -benchtime, from 100 ms to 1 s (400 ms when -benchtime is a count).
@@ -154,8 +154,8 @@ func summaryTurn() time.Duration {
 // every bench takes one turn, the first in turn r being bench r (mod the
 // count). A turn starts the bench's goroutines, waits until each has
 // finished one op (at most 10 s), then counts the ops that finish within
-// the next turn long; the goroutines then stop after their current op. Its
-// results go to tab.
+// the next turn long, or three times that wait if longer; the goroutines
+// then stop after their current op. Its results go to tab.
 func (e *benchEnv) interleave(b *testing.B, conc int, benches []leaseBench, rounds int, turn time.Duration, tab *benchResults) {
 	ops := make([][]func() error, len(benches))
 	for i, bm := range benches {
@@ -200,14 +200,17 @@ func (e *benchEnv) interleave(b *testing.B, conc int, benches []leaseBench, roun
 					}
 				}(ops[i][g])
 			}
-			for limit := time.Now().Add(10 * time.Second); started.Load() < int64(conc) && phase.Load() == 0 && time.Now().Before(limit); {
+			warm := time.Now()
+			for limit := warm.Add(10 * time.Second); started.Load() < int64(conc) && phase.Load() == 0 && time.Now().Before(limit); {
 				time.Sleep(time.Millisecond)
 			}
 			// No member metrics here: a turn's samples must be quick, as
 			// the ops go on meanwhile.
 			before := e.sample(b, -1)
 			phase.CompareAndSwap(0, 1)
-			time.Sleep(turn)
+			// The count is exact only at the edges' mercy: a turn lasts at
+			// least three op latencies (the warm-up is one).
+			time.Sleep(max(turn, 3*before.at.Sub(warm)))
 			after := e.sample(b, -1)
 			phase.Store(2)
 			wg.Wait()
