@@ -66,16 +66,18 @@ import (
 // x_floor <= 1.5 and x_mutex < 1.
 //
 // Diagnostics, over the timed part only: rpcs/op the unary RPCs the client
-// sent (retries of a lost compare included), reads/op those that only read
-// (a Range, or a Txn of ranges without compares: etcd serves them with a
-// ReadIndex, no raft proposal), writes/op those that propose, req_B/op the
-// bytes of their requests; fsync/op the leader's WAL fsyncs (below 1 per
-// write when raft batches) and fsync_us their mean duration; srv_cpu_us/op
-// the CPU time of the three members, cli_cpu_us/op that of this process
-// (the store, the client, and the harness's peer proxies, which relay the
-// members' raft traffic); other_cores the CPU other processes of the
-// machine used meanwhile, in cores (a busy machine makes the run noisy);
-// and leader_changes, only when the leader changed during the measurement.
+// sent (retries of a lost compare included; the store's clock beat, a Put
+// and a Get a second on the same client, adds a little), reads/op those
+// that only read (a Range, or a Txn of ranges without compares: etcd
+// serves them with a ReadIndex, no raft proposal), writes/op those that
+// propose, req_B/op the bytes of their requests; fsync/op the leader's WAL
+// fsyncs (below 1 per write when raft batches) and fsync_us their mean
+// duration; srv_cpu_us/op the CPU time of the three members, cli_cpu_us/op
+// that of this process (the store, the client, and the harness's peer
+// proxies, which relay the members' raft traffic); other_cores the CPU
+// other processes of the machine used meanwhile, in cores (a busy machine
+// makes the run noisy); and leader_changes, only when the leader changed
+// during the measurement.
 //
 // Measured one after the other, a floor and acquire+release can be a
 // minute apart, and on a shared machine the load changes in a minute. So
@@ -83,9 +85,10 @@ import (
 // 50 goroutines interleaved: rounds in which each takes a turn of a
 // fraction of -benchtime or three op latencies, whichever is longer (ops
 // counted once every goroutine has finished one, so no turn measures its
-// ramp), in a rotating order, so that all see the same load. It prints the table of ratios, with rpcs/op and the CPU
-// per op of the same turns, and reports the ratios of acquire+release as
-// x_floor_g1, x_mutex_g1, x_floor_g50 and x_mutex_g50.
+// ramp), in a rotating order, so that all see the same load. It prints the
+// table of ratios, with rpcs/op and the CPU per op of the same turns, and
+// reports the ratios of acquire+release as x_floor_g1, x_mutex_g1,
+// x_floor_g50 and x_mutex_g50.
 //
 // The store's reaper is off (nothing expires during the run) and the
 // cluster's revision history is compacted before each sub-benchmark (and
