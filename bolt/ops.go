@@ -48,20 +48,7 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Re
 				return lease.Result{}, err
 			}
 		}
-		rec := &lease.Record{
-			RecordVersion: lease.RecordVersion, LockKey: p.LockKey,
-			LeaseID:          lease.NewLeaseID(now),
-			OwnerPrincipalID: req.Caller.PrincipalID, OwnerClientID: req.Caller.ClientID,
-			OwnerCredentialID: req.Caller.CredentialID, ServiceInstanceID: req.ServiceInstanceID,
-			FencingToken: counter + 1,
-			AcquiredAt:   now, RenewedAt: now,
-			ExpiresAt:         expiry(now, req.TTL, now, req.MaximumLifetime),
-			TTLMs:             req.TTL.Milliseconds(),
-			MaximumLifetimeMs: req.MaximumLifetime.Milliseconds(),
-			ExecutionID:       req.ExecutionID, JobID: req.JobID, TraceID: req.TraceID,
-			RequestID: req.RequestID, Metadata: req.Metadata, State: lease.StateActive,
-		}
-		rec.SetIdentity(p.Identity)
+		rec := lease.NewLease(req, p, now, counter+1)
 		if err := counters.Put([]byte(p.LockKey), u64(rec.FencingToken)); err != nil {
 			return lease.Result{}, err
 		}
@@ -80,15 +67,6 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Re
 	})
 }
 
-// expiry is min(now+ttl, acquired+maximum lifetime).
-func expiry(now lease.Timestamp, ttl time.Duration, acquired lease.Timestamp, lifetime time.Duration) lease.Timestamp {
-	e, limit := now.Add(ttl), acquired.Add(lifetime)
-	if limit.Before(e) {
-		return limit
-	}
-	return e
-}
-
 // Renew extends the exact matching active lease.
 func (s *Store) Renew(ctx context.Context, req lease.RenewRequest) (lease.Result, error) {
 	req, p, err := lease.PrepareRenew(req, s.opts)
@@ -100,14 +78,7 @@ func (s *Store) Renew(ctx context.Context, req lease.RenewRequest) (lease.Result
 		if err != nil {
 			return lease.Result{}, err
 		}
-		ttl := req.TTL
-		if ttl == 0 {
-			ttl = time.Duration(cur.TTLMs) * time.Millisecond
-		}
-		next := cur.Clone()
-		next.RenewedAt = now
-		next.ExpiresAt = expiry(now, ttl, cur.AcquiredAt, time.Duration(cur.MaximumLifetimeMs)*time.Millisecond)
-		next.TTLMs = ttl.Milliseconds()
+		next := lease.Renewed(cur, req.TTL, now)
 		if err := s.putActive(tx, next, cur); err != nil {
 			return lease.Result{}, err
 		}
@@ -282,8 +253,7 @@ func (s *Store) held(tx *bbolt.Tx, lockKey string, now lease.Timestamp, leaseID 
 	if err != nil {
 		return nil, refuse(err)
 	}
-	if cur == nil || cur.LeaseID != leaseID || cur.FencingToken != token ||
-		cur.OwnerPrincipalID != owner || cur.ServiceInstanceID != instance {
+	if cur == nil || !cur.HeldBy(leaseID, token, owner, instance) {
 		return nil, refuse(lease.Lost(now))
 	}
 	if !cur.LiveAt(now) {

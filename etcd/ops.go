@@ -49,20 +49,7 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Re
 				return lease.Result{}, err
 			}
 		}
-		rec := &lease.Record{
-			RecordVersion: lease.RecordVersion, LockKey: p.LockKey,
-			LeaseID:          lease.NewLeaseID(now),
-			OwnerPrincipalID: req.Caller.PrincipalID, OwnerClientID: req.Caller.ClientID,
-			OwnerCredentialID: req.Caller.CredentialID, ServiceInstanceID: req.ServiceInstanceID,
-			FencingToken: counter + 1,
-			AcquiredAt:   now, RenewedAt: now,
-			ExpiresAt:         expiry(now, req.TTL, now, req.MaximumLifetime),
-			TTLMs:             req.TTL.Milliseconds(),
-			MaximumLifetimeMs: req.MaximumLifetime.Milliseconds(),
-			ExecutionID:       req.ExecutionID, JobID: req.JobID, TraceID: req.TraceID,
-			RequestID: req.RequestID, Metadata: req.Metadata, State: lease.StateActive,
-		}
-		rec.SetIdentity(p.Identity)
+		rec := lease.NewLease(req, p, now, counter+1)
 		t.put(s.keys.counter(p.LockKey), u64(rec.FencingToken))
 		if err := s.putActive(t, rec, nil); err != nil {
 			return lease.Result{}, err
@@ -73,15 +60,6 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Re
 		t.put(s.keys.leaseID(rec.LeaseID), leaseLocation(p.LockKey, 0))
 		return lease.Result{Code: lease.CodeAcquired, Lease: rec, BackendTime: now}, nil
 	})
-}
-
-// expiry is min(now+ttl, acquired+maximum lifetime).
-func expiry(now lease.Timestamp, ttl time.Duration, acquired lease.Timestamp, lifetime time.Duration) lease.Timestamp {
-	e, limit := now.Add(ttl), acquired.Add(lifetime)
-	if limit.Before(e) {
-		return limit
-	}
-	return e
 }
 
 // Renew extends the exact matching active lease.
@@ -95,14 +73,7 @@ func (s *Store) Renew(ctx context.Context, req lease.RenewRequest) (lease.Result
 		if err != nil {
 			return lease.Result{}, err
 		}
-		ttl := req.TTL
-		if ttl == 0 {
-			ttl = time.Duration(cur.TTLMs) * time.Millisecond
-		}
-		next := cur.Clone()
-		next.RenewedAt = now
-		next.ExpiresAt = expiry(now, ttl, cur.AcquiredAt, time.Duration(cur.MaximumLifetimeMs)*time.Millisecond)
-		next.TTLMs = ttl.Milliseconds()
+		next := lease.Renewed(cur, req.TTL, now)
 		if err := s.putActive(t, next, cur); err != nil {
 			return lease.Result{}, err
 		}
@@ -259,8 +230,7 @@ func (s *Store) held(t *txn, lockKey string, now lease.Timestamp, leaseID string
 	if err != nil {
 		return nil, err
 	}
-	if cur == nil || cur.LeaseID != leaseID || cur.FencingToken != token ||
-		cur.OwnerPrincipalID != owner || cur.ServiceInstanceID != instance {
+	if cur == nil || !cur.HeldBy(leaseID, token, owner, instance) {
 		return nil, refuse(lease.Lost(now))
 	}
 	if !cur.LiveAt(now) {

@@ -238,3 +238,52 @@ func (r Reaper) loop(wg *sync.WaitGroup, stop <-chan struct{}) {
 		}
 	}
 }
+
+// NewLease is the record of the lease acquisition req (prepared as p)
+// grants at backend time now with fencing token token. bolt and etcd
+// build it here; the Valkey function builds the same record.
+func NewLease(req AcquireRequest, p Prepared, now Timestamp, token uint64) *Record {
+	rec := &Record{
+		RecordVersion: RecordVersion, LockKey: p.LockKey,
+		LeaseID:          NewLeaseID(now),
+		OwnerPrincipalID: req.Caller.PrincipalID, OwnerClientID: req.Caller.ClientID,
+		OwnerCredentialID: req.Caller.CredentialID, ServiceInstanceID: req.ServiceInstanceID,
+		FencingToken: token,
+		AcquiredAt:   now, RenewedAt: now,
+		ExpiresAt:         LeaseExpiry(now, req.TTL, now, req.MaximumLifetime),
+		TTLMs:             req.TTL.Milliseconds(),
+		MaximumLifetimeMs: req.MaximumLifetime.Milliseconds(),
+		ExecutionID:       req.ExecutionID, JobID: req.JobID, TraceID: req.TraceID,
+		RequestID: req.RequestID, Metadata: req.Metadata, State: StateActive,
+	}
+	rec.SetIdentity(p.Identity)
+	return rec
+}
+
+// Renewed is cur renewed at backend time now with ttl (zero: cur's own
+// ttl_ms), its expiry bounded by its maximum lifetime.
+func Renewed(cur *Record, ttl time.Duration, now Timestamp) *Record {
+	if ttl == 0 {
+		ttl = time.Duration(cur.TTLMs) * time.Millisecond
+	}
+	next := cur.Clone()
+	next.RenewedAt = now
+	next.ExpiresAt = LeaseExpiry(now, ttl, cur.AcquiredAt, time.Duration(cur.MaximumLifetimeMs)*time.Millisecond)
+	next.TTLMs = ttl.Milliseconds()
+	return next
+}
+
+// LeaseExpiry is min(now+ttl, acquired+maximum lifetime).
+func LeaseExpiry(now Timestamp, ttl time.Duration, acquired Timestamp, lifetime time.Duration) Timestamp {
+	e, limit := now.Add(ttl), acquired.Add(lifetime)
+	if limit.Before(e) {
+		return limit
+	}
+	return e
+}
+
+// HeldBy reports whether r is the lease a holder names: lease id, token,
+// owner and service instance all match (renew, release, commit).
+func (r *Record) HeldBy(leaseID string, token uint64, owner, instance string) bool {
+	return r.LeaseID == leaseID && r.FencingToken == token && r.OwnerPrincipalID == owner && r.ServiceInstanceID == instance
+}
