@@ -29,18 +29,6 @@ func (s *Store) readAt(t *txn, lockKey string, due lease.Timestamp, more ...stri
 	return now, nil
 }
 
-// observed records, for a read that reports rec past its expiry at now,
-// that the identity's time reached now, so a server with a clock behind
-// cannot renew the lease this read reported expired.
-func (s *Store) observed(t *txn, rec *lease.Record, now lease.Timestamp) {
-	if rec != nil && rec.State == lease.StateActive && !rec.LiveAt(now) {
-		recorded, _ := readU64(t.seen[s.keys.time(rec.LockKey)].val)
-		if int64(recorded) < now.UnixMilli() {
-			s.stamp(t, rec.LockKey, now)
-		}
-	}
-}
-
 // Inspect reads the lease of an identity (active, or expired if its time
 // has passed) or a lease by id (active or terminal).
 func (s *Store) Inspect(ctx context.Context, req lease.InspectRequest) (lease.Result, error) {
@@ -74,7 +62,6 @@ func (s *Store) Inspect(ctx context.Context, req lease.InspectRequest) (lease.Re
 		case err != nil:
 			return res, err
 		case cur != nil && (req.LeaseID == "" || cur.LeaseID == req.LeaseID):
-			s.observed(t, cur, now)
 			res.Lease = cur.ObservedAt(now)
 			return res, nil
 		case req.LeaseID == "":
@@ -267,9 +254,6 @@ func (s *Store) LookupRequest(ctx context.Context, req lease.LookupRequest) (lea
 			if err != nil {
 				observedErr = err
 				return nil, err
-			}
-			if a := t.seen[s.keys.active(orig.LockKey)].val; a != nil && cur.LeaseID == orig.LeaseID && cur.State == lease.StateExpired {
-				s.stamp(t, orig.LockKey, now)
 			}
 			return cur, nil
 		})
