@@ -26,8 +26,11 @@ staticcheck:
 fmt-check:
 	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
+# One table: starlease bolt, valkey and etcd beside etcd's Mutex, redislock
+# and each server's floor, at 1 and 50 goroutines, three interleaved rounds
+# (STARLEASE_BENCH_ROW, STARLEASE_BENCH_ROUNDS, STARLEASE_BENCH_ONLY).
 bench:
-	$(GO) test ./bolt -run '^$$' -bench . -benchtime 2s
+	$(GO) test ./internal/benchcmp -run '^$$' -bench Peers -benchtime 1x -timeout 60m
 
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \

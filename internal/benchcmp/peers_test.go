@@ -1,0 +1,452 @@
+package benchcmp
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"text/tabwriter"
+	"time"
+
+	"github.com/bsm/redislock"
+	goredis "github.com/redis/go-redis/v9"
+	bbolt "go.etcd.io/bbolt"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/starintel/starlease/bolt"
+	"github.com/starintel/starlease/etcd"
+	"github.com/starintel/starlease/internal/testenv"
+	"github.com/starintel/starlease/lease"
+	"github.com/starintel/starlease/valkey"
+)
+
+// BenchmarkPeers runs every row below at 1 and 50 goroutines for
+// STARLEASE_BENCH_ROW each (default 2s), in STARLEASE_BENCH_ROUNDS rounds
+// (default 3), interleaved so each round measures every row within a
+// minute of the others, and prints one table: ops/s per round, p50 and p99
+// latency of the middle round, and the goals as ratios taken
+// within each round. One op of a pair row is a whole acquire+release (or
+// Lock+Unlock, Obtain+Release, put+delete).
+//
+// Servers: a real redis-server with AOF and appendfsync always (the
+// harness's), one etcd member of the version go.mod pins with its default
+// fsync, and bbolt files in a temporary directory; all on this machine.
+// Every identity is its own (no contention). STARLEASE_BENCH_ONLY, a
+// regular expression, keeps only the matching rows (for -cpuprofile).
+//
+// The benchmark ignores b.N: run it with -benchtime 1x (make bench does).
+func BenchmarkPeers(b *testing.B) {
+	rowTime := envDuration(b, "STARLEASE_BENCH_ROW", 2*time.Second)
+	rounds := envInt(b, "STARLEASE_BENCH_ROUNDS", 3)
+	var only *regexp.Regexp
+	if v := os.Getenv("STARLEASE_BENCH_ONLY"); v != "" {
+		only = regexp.MustCompile(v)
+	}
+	rows := setupRows(b)
+	if only != nil {
+		rows = slices.DeleteFunc(rows, func(r row) bool { return !only.MatchString(r.name) })
+	}
+	concs := []int{1, 50}
+	res := newResults()
+	// Warm up connections, sessions and the files' first pages, untimed.
+	for _, r := range rows {
+		if _, err := measure(r, 50, 300*time.Millisecond); err != nil {
+			b.Fatalf("%s: %v", r.name, err)
+		}
+	}
+	for round := 0; round < rounds; round++ {
+		for _, conc := range concs {
+			for _, r := range rows {
+				m, err := measure(r, conc, rowTime)
+				if err != nil {
+					b.Fatalf("%s at %d goroutines: %v", r.name, conc, err)
+				}
+				res.add(r.name, conc, m)
+			}
+		}
+		fmt.Fprintf(os.Stderr, "round %d of %d done\n", round+1, rounds)
+	}
+	res.print(os.Stdout, rows, concs, rounds)
+}
+
+// row is one measured operation; worker builds goroutine g's op (untimed).
+type row struct {
+	name   string
+	worker func(g int) (func() error, error)
+}
+
+var (
+	bg    = context.Background()
+	quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+	seq   atomic.Int64
+)
+
+// uid is unique within the run and across runs on one server.
+func uid(prefix string) string {
+	return prefix + strconv.FormatInt(time.Now().UnixNano(), 36) + "_" + strconv.FormatInt(seq.Add(1), 36)
+}
+
+func storeOptions() lease.StoreOptions {
+	classes, err := lease.NewOperationClasses("default")
+	if err != nil {
+		panic(err)
+	}
+	return lease.StoreOptions{OperationClasses: classes, Logger: quiet}
+}
+
+func identity() lease.Identity {
+	return lease.Identity{TenantID: "tenant-bench", ProgramID: "program-bench", TargetNamespace: "starintel-target",
+		TargetID: uid("target_"), ActorName: "usernamegen", WorkflowName: "default", OperationClass: "default"}
+}
+
+var caller = lease.Caller{PrincipalID: "prn_bench", ClientID: "client_bench", CredentialID: "key_bench"}
+
+func mutation() lease.Mutation {
+	return lease.Mutation{RequestID: uid("req_"), DeadlineAt: time.Now().Add(30 * time.Second), Caller: caller}
+}
+
+func acquireReq(id lease.Identity) lease.AcquireRequest {
+	return lease.AcquireRequest{Identity: id, ServiceInstanceID: "instance_bench", TTL: 30 * time.Second,
+		MaximumLifetime: lease.MaxLifetime, ExecutionID: uid("execution_"), JobID: uid("job_"),
+		Mutation: mutation()}
+}
+
+func releaseReq(r *lease.Record) lease.ReleaseRequest {
+	return lease.ReleaseRequest{Identity: r.Identity(), LeaseID: r.LeaseID, FencingToken: r.FencingToken,
+		ServiceInstanceID: r.ServiceInstanceID, Mutation: mutation()}
+}
+
+// storeRows are the contract's operations on one starlease store.
+func storeRows(system string, s lease.Store, extra bool) []row {
+	hold := func() (*lease.Record, error) {
+		a, err := s.Acquire(bg, acquireReq(identity()))
+		if err != nil {
+			return nil, err
+		}
+		return a.Lease, nil
+	}
+	rows := []row{{name: system + " acquire+release", worker: func(int) (func() error, error) {
+		id := identity()
+		return func() error {
+			a, err := s.Acquire(bg, acquireReq(id))
+			if err != nil {
+				return err
+			}
+			_, err = s.Release(bg, releaseReq(a.Lease))
+			return err
+		}, nil
+	}}}
+	if !extra {
+		return rows
+	}
+	return append(rows,
+		row{name: system + " renew", worker: func(int) (func() error, error) {
+			l, err := hold()
+			return func() error {
+				_, err := s.Renew(bg, lease.RenewRequest{Identity: l.Identity(), LeaseID: l.LeaseID, FencingToken: l.FencingToken,
+					ServiceInstanceID: l.ServiceInstanceID, Mutation: mutation()})
+				return err
+			}, err
+		}},
+		row{name: system + " authorize-commit", worker: func(int) (func() error, error) {
+			l, err := hold()
+			return func() error {
+				_, err := s.AuthorizeCommit(bg, lease.CommitRequest{Identity: l.Identity(), LeaseID: l.LeaseID,
+					FencingToken: l.FencingToken, ServiceInstanceID: l.ServiceInstanceID, Sink: "couchdb",
+					CommitID: uid("commit_"), ExecutionID: l.ExecutionID, JobID: l.JobID, Target: uid("doc:"),
+					DeadlineAt: time.Now().Add(30 * time.Second), Caller: caller})
+				return err
+			}, err
+		}},
+		row{name: system + " inspect", worker: func(int) (func() error, error) {
+			l, err := hold()
+			return func() error {
+				_, err := s.Inspect(bg, lease.InspectRequest{Identity: l.Identity(), DeadlineAt: time.Now().Add(30 * time.Second)})
+				return err
+			}, err
+		}},
+	)
+}
+
+// setupRows starts the servers and opens every system.
+func setupRows(b *testing.B) []row {
+	dir := b.TempDir()
+
+	boltStore, err := bolt.Open(filepath.Join(dir, "starlease.db"), bolt.Options{StoreOptions: storeOptions()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { boltStore.Close() })
+	floorDB, err := bbolt.Open(filepath.Join(dir, "floor.db"), 0o600, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { floorDB.Close() })
+	floorDB.MaxBatchDelay = 2 * time.Millisecond
+	if err := floorDB.Update(func(tx *bbolt.Tx) error { _, err := tx.CreateBucket([]byte("k")); return err }); err != nil {
+		b.Fatal(err)
+	}
+
+	redis := testenv.StartRedis(b)
+	valkeyStore, err := valkey.Open(bg, valkey.Options{Addr: redis.Addr(), StoreOptions: storeOptions()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { valkeyStore.Close() })
+	rdb := goredis.NewClient(&goredis.Options{Addr: redis.Addr(), PoolSize: 64, Protocol: 3})
+	b.Cleanup(func() { rdb.Close() })
+	locks := redislock.New(rdb)
+
+	cluster := testenv.StartEtcdCluster(b, 1)
+	cli := cluster.Client()
+	etcdStore, err := etcd.Open(bg, etcd.Options{Endpoints: cluster.Endpoints(), StoreOptions: storeOptions()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { etcdStore.Close() })
+
+	rows := storeRows("starlease bolt", boltStore, true)
+	// As the store does: a transaction of its own when alone, shared
+	// through Batch (one fsync) when others are in flight.
+	var floorInflight atomic.Int64
+	floorTx := func(fn func(*bbolt.Tx) error) error {
+		defer floorInflight.Add(-1)
+		if floorInflight.Add(1) == 1 {
+			return floorDB.Update(fn)
+		}
+		return floorDB.Batch(fn)
+	}
+	rows = append(rows, row{name: "floor bbolt put+delete", worker: func(int) (func() error, error) {
+		key := []byte(uid("floor_"))
+		return func() error {
+			if err := floorTx(func(t *bbolt.Tx) error { return t.Bucket([]byte("k")).Put(key, []byte("held")) }); err != nil {
+				return err
+			}
+			return floorTx(func(t *bbolt.Tx) error { return t.Bucket([]byte("k")).Delete(key) })
+		}, nil
+	}})
+	rows = append(rows, storeRows("starlease valkey", valkeyStore, true)...)
+	rows = append(rows,
+		row{name: "redislock", worker: func(g int) (func() error, error) {
+			key := uid("bench:redislock:")
+			return func() error {
+				l, err := locks.Obtain(bg, key, 30*time.Second, nil)
+				if err != nil {
+					return err
+				}
+				return l.Release(bg)
+			}, nil
+		}},
+		row{name: "floor valkey SET+DEL", worker: func(g int) (func() error, error) {
+			key := uid("bench:floor:")
+			return func() error {
+				if err := rdb.Set(bg, key, "held", 30*time.Second).Err(); err != nil {
+					return err
+				}
+				return rdb.Del(bg, key).Err()
+			}, nil
+		}},
+	)
+	rows = append(rows, storeRows("starlease etcd", etcdStore, false)...)
+	rows = append(rows,
+		row{name: "etcd Mutex", worker: func(g int) (func() error, error) {
+			sess, err := concurrency.NewSession(cli, concurrency.WithTTL(60))
+			if err != nil {
+				return nil, err
+			}
+			b.Cleanup(func() { sess.Close() })
+			m := concurrency.NewMutex(sess, uid("bench/mutex/"))
+			return func() error {
+				if err := m.Lock(bg); err != nil {
+					return err
+				}
+				return m.Unlock(bg)
+			}, nil
+		}},
+		row{name: "floor etcd put+delete", worker: func(g int) (func() error, error) {
+			key := uid("bench/floor/")
+			return func() error {
+				if _, err := cli.Put(bg, key, "held"); err != nil {
+					return err
+				}
+				_, err := cli.Delete(bg, key)
+				return err
+			}, nil
+		}},
+	)
+	return rows
+}
+
+// measurement is one row at one concurrency in one round.
+type measurement struct {
+	opsPerSec float64
+	p50, p99  time.Duration
+}
+
+// measure runs conc goroutines, each with its own op from r.worker, for d.
+func measure(r row, conc int, d time.Duration) (measurement, error) {
+	ops := make([]func() error, conc)
+	for g := range ops {
+		op, err := r.worker(g)
+		if err != nil {
+			return measurement{}, err
+		}
+		ops[g] = op
+	}
+	lat := make([][]time.Duration, conc)
+	errs := make([]error, conc)
+	var wg sync.WaitGroup
+	start := time.Now()
+	end := start.Add(d)
+	for g := range ops {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for {
+				t0 := time.Now()
+				if !t0.Before(end) {
+					return
+				}
+				if err := ops[g](); err != nil {
+					errs[g] = err
+					return
+				}
+				lat[g] = append(lat[g], time.Since(t0))
+			}
+		}(g)
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	for _, err := range errs {
+		if err != nil {
+			return measurement{}, err
+		}
+	}
+	all := slices.Concat(lat...)
+	slices.Sort(all)
+	if len(all) == 0 {
+		return measurement{}, fmt.Errorf("no op finished in %v", d)
+	}
+	q := func(p float64) time.Duration { return all[min(len(all)-1, int(math.Ceil(p*float64(len(all))))-1)] }
+	return measurement{opsPerSec: float64(len(all)) / elapsed.Seconds(), p50: q(0.50), p99: q(0.99)}, nil
+}
+
+type results struct {
+	m map[string][]measurement
+}
+
+func newResults() *results { return &results{m: map[string][]measurement{}} }
+
+func key(name string, conc int) string { return name + "@" + strconv.Itoa(conc) }
+
+func (r *results) add(name string, conc int, m measurement) {
+	r.m[key(name, conc)] = append(r.m[key(name, conc)], m)
+}
+
+// ratio is a/b in each round (0 where either is missing).
+func (r *results) ratio(a string, ca int, bName string, cb int, rounds int) []float64 {
+	x, y := r.m[key(a, ca)], r.m[key(bName, cb)]
+	out := make([]float64, 0, rounds)
+	for i := 0; i < rounds && i < len(x) && i < len(y); i++ {
+		out = append(out, x[i].opsPerSec/y[i].opsPerSec)
+	}
+	return out
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func (r *results) print(out io.Writer, rows []row, concs []int, rounds int) {
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(w, "system / operation\tgoroutines\tops/s per round\tmedian\tp50 ms\tp99 ms\t\n")
+	for _, conc := range concs {
+		for _, rw := range rows {
+			ms := r.m[key(rw.name, conc)]
+			if len(ms) == 0 {
+				continue
+			}
+			per := make([]string, len(ms))
+			vals := make([]float64, len(ms))
+			for i, m := range ms {
+				per[i] = fmt.Sprintf("%.0f", m.opsPerSec)
+				vals[i] = m.opsPerSec
+			}
+			mid := ms[len(ms)/2]
+			fmt.Fprintf(w, "%s\t%d\t%s\t%.0f\t%.2f\t%.2f\t\n", rw.name, conc, strings.Join(per, " / "), median(vals),
+				float64(mid.p50.Microseconds())/1000, float64(mid.p99.Microseconds())/1000)
+		}
+	}
+	w.Flush()
+	fmt.Fprintln(out)
+	goals := []struct {
+		what    string
+		a       string
+		ca      int
+		b       string
+		cb      int
+		atLeast float64
+	}{
+		{"bolt pairs / etcd Mutex pairs, 50 goroutines", "starlease bolt acquire+release", 50, "etcd Mutex", 50, 1.0},
+		{"bolt pairs at 50 / bolt pairs at 1", "starlease bolt acquire+release", 50, "starlease bolt acquire+release", 1, 8.0},
+		{"valkey pairs / redislock pairs, 50 goroutines", "starlease valkey acquire+release", 50, "redislock", 50, 0.5},
+		{"valkey pairs / redislock pairs, 1 goroutine", "starlease valkey acquire+release", 1, "redislock", 1, 0.8},
+		{"valkey pairs / etcd Mutex pairs, 50 goroutines", "starlease valkey acquire+release", 50, "etcd Mutex", 50, 1.5},
+	}
+	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(w, "goal\tper round\tmedian\tgoal\tmet\t\n")
+	for _, g := range goals {
+		v := r.ratio(g.a, g.ca, g.b, g.cb, rounds)
+		if len(v) == 0 {
+			continue
+		}
+		per := make([]string, len(v))
+		for i, x := range v {
+			per[i] = fmt.Sprintf("%.2f", x)
+		}
+		met := "no"
+		if slices.Min(v) >= g.atLeast {
+			met = "yes"
+		} else if median(v) >= g.atLeast {
+			met = "median only"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%.2f\t≥ %.1f\t%s\t\n", g.what, strings.Join(per, " / "), median(v), g.atLeast, met)
+	}
+	w.Flush()
+}
+
+func envDuration(b *testing.B, name string, def time.Duration) time.Duration {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		b.Fatalf("%s=%q: want a positive duration", name, v)
+	}
+	return d
+}
+
+func envInt(b *testing.B, name string, def int) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		b.Fatalf("%s=%q: want a positive integer", name, v)
+	}
+	return n
+}
