@@ -15,7 +15,7 @@ import (
 
 // BenchmarkAcquireRelease measures acquire+release pairs per second, each
 // pair on its own identity, with 1 and 32 concurrent goroutines, and at 32
-// without group commit to show what DB.Batch buys. Every operation is a
+// without group commit to show what the group commit buys. Every operation is a
 // durable (fsync'd) transaction.
 func BenchmarkAcquireRelease(b *testing.B) {
 	for _, c := range []struct {

@@ -2,7 +2,7 @@
 // file, no server, the default backend of starlease.
 //
 // Every mutation is one bbolt write transaction, its linearization point.
-// Concurrent mutations share a transaction and its fsync through DB.Batch.
+// Concurrent mutations share a transaction and its fsync (group.go).
 // Backend time is the process clock read inside the transaction and never
 // allowed to move backwards: the last time used is persisted and taken as a
 // floor, so a clock step back (or a restart on a machine whose clock is
@@ -68,9 +68,6 @@ type Options struct {
 	// ReapInterval is how often expired records and retained evidence past
 	// their retention are cleaned up. Zero means 30 s; negative disables.
 	ReapInterval time.Duration
-	// MaxBatchDelay bounds how long a mutation waits to share a transaction
-	// with concurrent ones. Zero means 2 ms.
-	MaxBatchDelay time.Duration
 	// Now is the clock; nil means time.Now. Tests only.
 	Now func() time.Time
 }
@@ -78,11 +75,11 @@ type Options struct {
 // Store is the bolt lease store. It is safe for concurrent use.
 type Store struct {
 	db       *bbolt.DB
+	group    groupCommit
 	opts     lease.StoreOptions
 	log      *slog.Logger
 	now      func() time.Time
 	closed   atomic.Bool
-	inflight atomic.Int64
 	// soloCommits disables group commit (benchmarks measure what it buys).
 	soloCommits bool
 
@@ -118,10 +115,7 @@ func Open(path string, o Options) (*Store, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
-	db.MaxBatchDelay = o.MaxBatchDelay
-	if db.MaxBatchDelay <= 0 {
-		db.MaxBatchDelay = 2 * time.Millisecond
-	}
+	s.group = groupCommit{db: db, max: maxGroupCommit}
 	if err := db.Update(func(tx *bbolt.Tx) error {
 		for _, b := range allBuckets {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
@@ -207,9 +201,13 @@ func classify(err error) string {
 // context already done is a deadline that passed before submission.
 func (s *Store) begin(ctx context.Context) error { return lease.CheckStart(ctx, s.closed.Load()) }
 
+// maxGroupCommit bounds the mutations one transaction commits together.
+const maxGroupCommit = 256
+
 // mutate runs fn as one write transaction. A caller alone uses its own
-// transaction; concurrent callers share one (and its fsync) through Batch.
-// fn may run more than once and must set its outputs afresh each time.
+// transaction; concurrent callers share one (and its fsync) through the
+// group commit. fn may run more than once and must set its outputs afresh
+// each time.
 //
 // A storage failure after submission is outcome_unknown: bbolt may have
 // written the pages before the error, so only a request lookup can tell.
@@ -221,12 +219,11 @@ func (s *Store) mutate(ctx context.Context, fn func(tx *bbolt.Tx) error) error {
 		return lease.Errorf(lease.CodeBackendUnavailable, "namespace is closed: %s", s.gate)
 	}
 	var err error
-	if s.inflight.Add(1) == 1 || s.soloCommits {
+	if s.soloCommits {
 		err = s.db.Update(fn)
 	} else {
-		err = s.db.Batch(fn)
+		err = s.group.update(fn)
 	}
-	s.inflight.Add(-1)
 	if err == nil {
 		return nil
 	}
