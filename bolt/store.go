@@ -74,12 +74,12 @@ type Options struct {
 
 // Store is the bolt lease store. It is safe for concurrent use.
 type Store struct {
-	db       *bbolt.DB
-	group    groupCommit
-	opts     lease.StoreOptions
-	log      *slog.Logger
-	now      func() time.Time
-	closed   atomic.Bool
+	db     *bbolt.DB
+	group  groupCommit
+	opts   lease.StoreOptions
+	log    *slog.Logger
+	now    func() time.Time
+	closed atomic.Bool
 	// soloCommits disables group commit (benchmarks measure what it buys).
 	soloCommits bool
 
