@@ -106,7 +106,11 @@ var _ lease.Store = (*Store)(nil)
 // Open opens (creating if needed) the store file at path. A file held by
 // another process makes Open fail after one second rather than wait forever.
 func Open(path string, o Options) (*Store, error) {
-	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: time.Second})
+	// The free-page list is not written at every commit but rebuilt from
+	// the pages when the file opens (as etcd runs bbolt): a commit then
+	// writes only the pages it changed. The map form keeps allocation
+	// cheap in a large, fragmented file.
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: time.Second, NoFreelistSync: true, FreelistType: bbolt.FreelistMapType})
 	if err != nil {
 		return nil, lease.Errorf(lease.CodeBackendUnavailable, "cannot open the store file: %s", classify(err))
 	}
