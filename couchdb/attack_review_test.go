@@ -106,3 +106,47 @@ func TestAttackGuardAcrossSinkNamesAndBodies(t *testing.T) {
 	}
 	_ = time.Second
 }
+
+// TestStoredFenceNotReusableByRawWrite says a client with ordinary write
+// access and no lease cannot change a fenced document after its holder was
+// revoked by copying the stored fence; the fix is that an equal token needs
+// a higher commit_seq. validate_doc_update cannot authenticate a fence, so
+// the same client copies the stored fence and adds one to commit_seq (or
+// raises fencing_token to 2^53-1 under a made-up lease id): the body swap
+// lands, and with the maximal token every later holder of the identity is
+// refused on that document for good.
+func TestAttackRawClientForgesFenceAfterRevoke(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, testenv.StartCouchDB(t))
+	id := identity("raw-forge")
+	rec := e.acquire(id, "instance-a")
+	if _, err := fence.Write(ctx, e.committer(rec), fence.Sink[couchdb.Doc](e.w), "c-1",
+		couchdb.Doc{ID: "result-x", Body: json.RawMessage(`{"verdict":"clean"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	e.adminEnd(lease.OpRevoke, id, rec)
+
+	_, cur := e.rawDoc("result-x")
+	f := cur[couchdb.FenceField].(map[string]any)
+	f["commit_seq"] = f["commit_seq"].(float64) + 1
+	cur["verdict"] = "owned-by-seq+1"
+	stSeq, _ := raw(t, http.MethodPut, e.docURL("result-x"), cur)
+
+	_, cur = e.rawDoc("result-x")
+	f = cur[couchdb.FenceField].(map[string]any)
+	f["fencing_token"] = float64(lease.MaxFencingToken)
+	f["lease_id"] = "lease-forged"
+	cur["verdict"] = "owned-forever"
+	stMax, _ := raw(t, http.MethodPut, e.docURL("result-x"), cur)
+
+	// The identity's next legitimate holder.
+	next := e.acquire(id, "instance-b")
+	_, errNext := fence.Write(ctx, e.committer(next), fence.Sink[couchdb.Doc](e.w), "n-1",
+		couchdb.Doc{ID: "result-x", Body: json.RawMessage(`{"verdict":"rescanned"}`)})
+	_, now := e.rawDoc("result-x")
+	if stSeq < 300 || stMax < 300 || errNext != nil {
+		t.Fatalf("raw client without a lease, after revoke: commit_seq+1 body swap -> %d; token 2^53-1 under a "+
+			"made-up lease -> %d; next legitimate holder's write: %v; document now %v",
+			stSeq, stMax, errNext, now["verdict"])
+	}
+}
