@@ -241,7 +241,15 @@ func (s *Service) Revoke(ctx context.Context, c Call, in AdminInput) (lease.Resu
 //     result and writes its event.
 func (s *Service) admin(ctx context.Context, t audit.EventType, c Call, in AdminInput) (lease.Result, error) {
 	o := s.begin(t, c)
+	// A reason or incident id that may hold credential material (a pasted
+	// key, a 64-hex digest quoting a target) is stored, returned by
+	// history and audited in its keyed redacted form: the record never
+	// holds it, and no text an administrator chooses can block the action.
+	// Redaction is deterministic, so a retry keeps its idempotency digest;
+	// the event keeps the original, which writeAudit redacts to the same
+	// form (redacting the redacted form again would hash it anew).
 	o.ev.Reason, o.ev.IncidentID = safeReason(in.Reason), safeID(in.IncidentID)
+	in.Reason, in.IncidentID = s.redactor.Value(in.Reason), s.redactor.Value(in.IncidentID)
 	res, err := s.adminOp(ctx, o, t, in)
 	if err == nil && !res.Replayed {
 		s.active.add(res.Lease.OwnerPrincipalID, -1)
