@@ -43,7 +43,7 @@ func (e *IdempotencyRecord) Encode() ([]byte, error) {
 	if err := e.validate(false); err != nil {
 		return nil, corrupt("idempotency: " + AsError(err).Reason)
 	}
-	return json.Marshal(e)
+	return appendIdempotencyRecord(make([]byte, 0, 1280), e)
 }
 
 // DecodeIdempotencyRecord strictly decodes stored idempotency evidence:
@@ -94,7 +94,7 @@ func (h *HistoryEntry) Encode() ([]byte, error) {
 	if err := h.validate(false); err != nil {
 		return nil, corrupt("history: " + AsError(err).Reason)
 	}
-	return json.Marshal(h)
+	return appendHistoryEntry(make([]byte, 0, 1280), h)
 }
 
 // DecodeHistoryEntry strictly decodes stored terminal evidence: only the

@@ -210,7 +210,7 @@ func (r *Record) Encode() ([]byte, error) {
 	if err := r.validate(); err != nil {
 		return nil, err
 	}
-	return json.Marshal(r)
+	return appendRecord(make([]byte, 0, 1024), r)
 }
 
 // DecodeRecord is the strict decoder of stored records: it accepts only
