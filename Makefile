@@ -3,7 +3,7 @@ export PATH := /usr/local/go/bin:$(PATH)
 
 GO       ?= go
 FUZZTIME ?= 15s
-FUZZ_TARGETS := FuzzNormalizeIdentifier FuzzCanonicalLockKey FuzzDecodeRecord
+FUZZ_TARGETS := FuzzNormalizeIdentifier FuzzCanonicalLockKey FuzzDecodeRecord FuzzDecodeHistoryEntry
 
 STATICCHECK_VERSION ?= v0.8.2
 STATICCHECK := $(or $(STARLEASE_CACHE_DIR),/var/cache/starlease)/staticcheck-$(STATICCHECK_VERSION)/staticcheck

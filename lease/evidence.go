@@ -100,6 +100,10 @@ func (h *HistoryEntry) Encode() ([]byte, error) {
 // DecodeHistoryEntry strictly decodes stored terminal evidence: only the
 // exact bytes Encode writes.
 func DecodeHistoryEntry(b []byte) (*HistoryEntry, error) {
+	if h, ok := decodeCanonicalHistory(b); ok {
+		return h, nil
+	}
+	// The general decoder names the fault if there is one.
 	var h HistoryEntry
 	if err := decodeStored("history", b, &h, func() error { return h.validate(true) }); err != nil {
 		return nil, err

@@ -214,3 +214,41 @@ func (p *canonicalReader) metadataAndState(r *Record) bool {
 	}
 	return false
 }
+
+// decodeCanonicalHistory is decodeCanonicalRecord for a history entry:
+// the entry's exact encoding, its record read by decodeCanonicalRecord.
+// The record ends where the entry's last `,"ended_at":"` begins: no string
+// of a canonical encoding holds a bare quote, and what follows ended_at is
+// strings only, so that text cannot occur later inside a value.
+func decodeCanonicalHistory(b []byte) (*HistoryEntry, bool) {
+	const head = `{"history_version":1,"record":`
+	if !bytes.HasPrefix(b, []byte(head)) {
+		return nil, false
+	}
+	end := bytes.LastIndex(b, []byte(`,"ended_at":"`))
+	if end < len(head) {
+		return nil, false
+	}
+	rec, ok := decodeCanonicalRecord(b[len(head):end])
+	if !ok {
+		return nil, false
+	}
+	h := HistoryEntry{HistoryVersion: 1, Record: rec}
+	p := canonicalReader{b: b, off: end}
+	if !p.lit(`,"ended_at":`) || !p.ts(&h.EndedAt) {
+		return nil, false
+	}
+	// The optional members, in order, each present only when not empty.
+	for _, f := range [...]struct {
+		name string
+		dst  *string
+	}{{`,"ended_by":`, &h.EndedBy}, {`,"request_id":`, &h.RequestID}, {`,"reason":`, &h.Reason}, {`,"incident_id":`, &h.IncidentID}} {
+		if p.lit(f.name) && (!p.str(f.dst) || *f.dst == "") {
+			return nil, false
+		}
+	}
+	if !p.lit(`}`) || p.off != len(b) || h.validate(true) != nil {
+		return nil, false
+	}
+	return &h, true
+}
