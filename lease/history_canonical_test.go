@@ -54,8 +54,10 @@ func goldenHistory(t testing.TB, mutate func(*HistoryEntry)) string {
 // that spells the entry's own member names.
 func TestCanonicalHistoryFastPathTakesEncodedEntries(t *testing.T) {
 	for name, mutate := range map[string]func(*HistoryEntry){
-		"bare":     nil,
-		"all":      func(h *HistoryEntry) { h.EndedBy, h.RequestID, h.Reason, h.IncidentID = "prn_admin", "req_9", "stop now, é", "inc-1" },
+		"bare": nil,
+		"all": func(h *HistoryEntry) {
+			h.EndedBy, h.RequestID, h.Reason, h.IncidentID = "prn_admin", "req_9", "stop now, é", "inc-1"
+		},
 		"revoked":  func(h *HistoryEntry) { h.Record.State, h.Reason = StateRevoked, "r" },
 		"expired":  func(h *HistoryEntry) { h.Record.State = StateExpired },
 		"metadata": func(h *HistoryEntry) { h.Record.Metadata = Metadata{"a": 1.5, "ended_at": "2026-08-05T12:00:00.000Z"} },
