@@ -6,6 +6,8 @@ package couchdb_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -25,6 +27,9 @@ import (
 // (through the typed Jobs writer, everything "bound"): the document is now
 // bound to the attacker's lock key, it reads back as the victim job's
 // terminal state, and the victim job's real holder is refused forever.
+//
+// Fixed: a job document's id is job:<identity>~<job_id>, so the attacker's
+// write lands in its own identity's document and never in the victim's.
 func TestAttackJobIDPreclaimedByAnotherTenantsLease(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, testenv.StartCouchDB(t))
@@ -34,19 +39,35 @@ func TestAttackJobIDPreclaimedByAnotherTenantsLease(t *testing.T) {
 	victimID := identity("victim-target")
 
 	// The attacker's own lease, on its own tenant's target, claiming the
-	// victim's job id (an opaque, caller-supplied value).
+	// victim's job id (an opaque, caller-supplied value): its write lands,
+	// in its own identity's job document.
 	att := e.acquireJob(attackerID, "instance-evil", "job-victim")
-	if _, err := fence.Write(ctx, e.committer(att), fence.Sink[couchdb.JobState](jobs), "evil-1",
+	ca := e.committer(att)
+	if _, err := fence.Write(ctx, ca, fence.Sink[couchdb.JobState](jobs), "evil-1",
 		couchdb.JobState{JobID: "job-victim", Identity: attackerID, Status: couchdb.JobCancelled,
 			Reason: "forged by another tenant"}); err != nil {
 		t.Logf("attacker's pre-claim refused: %v", err)
+	}
+	// Naming the victim's identity in the payload: the typed writer
+	// refuses the attacker's guard before anything is sent.
+	if _, err := fence.Write(ctx, ca, fence.Sink[couchdb.JobState](jobs), "evil-2",
+		couchdb.JobState{JobID: "job-victim", Identity: victimID, Status: couchdb.JobCancelled,
+			Reason: "forged by another tenant"}); err == nil {
+		t.Fatal("the attacker's guard wrote the victim identity's job document through Jobs")
+	}
+	victimDoc, err := e.db.JobDocID(victimID, "job-victim")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.db.Get(ctx, victimDoc); !errors.Is(err, couchdb.ErrNotFound) {
+		t.Fatalf("the victim's job document exists before its holder wrote it: %v", err)
 	}
 
 	// The victim job's real holder.
 	vic := e.acquireJob(victimID, "instance-v", "job-victim")
 	_, errV := fence.Write(ctx, e.committer(vic), fence.Sink[couchdb.JobState](jobs), "victim-1",
 		couchdb.JobState{JobID: "job-victim", Identity: victimID, Status: couchdb.JobRunning})
-	st, g, gerr := jobs.Get(ctx, "job-victim")
+	st, g, gerr := jobs.Get(ctx, victimID, "job-victim")
 	if errV != nil || gerr != nil || st.Status != couchdb.JobRunning || g == nil || g.LockKey != vic.LockKey {
 		lk := ""
 		if g != nil && g.LockKey == att.LockKey {
@@ -54,6 +75,90 @@ func TestAttackJobIDPreclaimedByAnotherTenantsLease(t *testing.T) {
 		}
 		t.Fatalf("job state of job-victim hijacked by a lease of tenant-evil: victim's write: %v; Get = status %q "+
 			"tenant %q err %v%s", errV, st.Status, st.Identity.TenantID, gerr, lk)
+	}
+}
+
+// The same attack bypassing the typed writer: the attacker's lease (tenant
+// tenant-evil, claiming the victim's job id) gets real guards authorized
+// for the victim's job document id (the backend treats a target as opaque)
+// and for the old form job:<job_id>, and PUTs them raw.
+// validate_doc_update recomputes the lock key of the document's
+// lock_identity and the id it names, and refuses every one; the victim's
+// holder then writes and reads its job state, and the attacker's stale
+// guards stay refused after the victim wrote.
+func TestJobDocumentOfAnotherIdentityRefusedByValidate(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, testenv.StartCouchDB(t))
+	jobs := couchdb.NewJobs(e.w)
+	attackerID := identity("attacker-target")
+	attackerID.TenantID = "tenant-evil"
+	victimID := identity("victim-target")
+	victimDoc, err := e.db.JobDocID(victimID, "job-victim")
+	if err != nil {
+		t.Fatal(err)
+	}
+	att := e.acquireJob(attackerID, "instance-evil", "job-victim")
+	ca := e.committer(att)
+	n := 0
+	put := func(docID string, lockIdentity lease.Identity) (int, map[string]any) {
+		t.Helper()
+		n++
+		c, err := ca.Authorize(ctx, sinkName, fmt.Sprintf("raw-%d", n), fence.Binding{Target: docID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return raw(t, http.MethodPut, e.docURL(docID), map[string]any{"type": couchdb.TypeJob,
+			"job_id": "job-victim", "lock_identity": lockIdentity, "status": couchdb.JobCancelled,
+			"terminal": true, couchdb.FenceField: guardJSON(t, ca.Guard(c))})
+	}
+	for _, tc := range []struct {
+		name    string
+		docID   string
+		content lease.Identity
+		want    string
+	}{
+		{"the victim's job document, the victim's identity in the body", victimDoc, victimID,
+			"the document belongs to another lock identity"},
+		{"the victim's job document, the attacker's identity in the body", victimDoc, attackerID,
+			"the document id does not match its content"},
+		{"the old form job:<job_id>", "job:job-victim", attackerID,
+			"the document id does not match its content"},
+		{"the old form job:<job_id>, the victim's identity in the body", "job:job-victim", victimID,
+			"the document belongs to another lock identity"},
+	} {
+		if status, v := put(tc.docID, tc.content); status != http.StatusForbidden ||
+			v["reason"] != "starintel_fence: "+tc.want {
+			t.Errorf("%s: %d %v, want 403 %q", tc.name, status, v, tc.want)
+		}
+	}
+	for _, docID := range []string{victimDoc, "job:job-victim"} {
+		if _, err := e.db.Get(ctx, docID); !errors.Is(err, couchdb.ErrNotFound) {
+			t.Fatalf("%s exists after the refused raw writes: %v", docID, err)
+		}
+	}
+
+	// The victim's holder: its checkpoint, then its terminal state.
+	vic := e.acquireJob(victimID, "instance-v", "job-victim")
+	cv := e.committer(vic)
+	for i, status := range []string{couchdb.JobRunning, couchdb.JobSucceeded} {
+		g, err := fence.Write(ctx, cv, fence.Sink[couchdb.JobState](jobs), fmt.Sprintf("victim-%d", i),
+			couchdb.JobState{JobID: "job-victim", Identity: victimID, Status: status})
+		if err != nil {
+			t.Fatalf("the victim's %s state: %v", status, err)
+		}
+		st, fg, err := jobs.Get(ctx, victimID, "job-victim")
+		if err != nil || st.Status != status || st.Identity != victimID || fg == nil || *fg != g {
+			t.Fatalf("the victim's job state: %+v %+v %v", st, fg, err)
+		}
+	}
+	// Over the victim's document the attacker is refused as before.
+	if status, v := put(victimDoc, victimID); status != http.StatusForbidden ||
+		v["reason"] != "starintel_fence: the document belongs to another lock identity" {
+		t.Fatalf("raw write over the victim's job document: %d %v", status, v)
+	}
+	// The attacker's own identity has its own job document, unrelated.
+	if _, _, err := jobs.Get(ctx, attackerID, "job-victim"); !errors.Is(err, couchdb.ErrNotFound) {
+		t.Fatalf("the attacker's own job document: %v, want not found (nothing was written)", err)
 	}
 }
 

@@ -17,7 +17,8 @@
 // carry a complete starintel_fence object (the JSON form of fence.Guard:
 // lock_key, lease_id, fencing_token, execution_id, job_id, trace_id, sink,
 // commit_id, target, payload_sha256, accepted_at) bound to this document
-// (target equal to its _id; a job document's job_id equal to the fence's),
+// (target equal to its _id; a typed document's id and lock identity
+// matching the fence, a job document's job_id equal to the fence's),
 // and is refused (HTTP 403) when the stored document's fence has a
 // different lock key, a higher token, or the same token under another
 // lease. That is fence.Admit plus the target half of Guard.Authorizes,
@@ -84,6 +85,19 @@
 // a conflicting revision whose fence the validator checks only against
 // that revision's own ancestor; StarIntel writers never do either. Each
 // document is bound to the first lock key that wrote it; the typed helpers
-// derive document ids from the canonical identity (or job id) and check
-// that the guard belongs to that identity before writing.
+// derive every document id from the canonical identity (a job document's
+// id is job:<identity>~<job_id>, since a job id is whatever an acquirer
+// sent) and check that the guard belongs to that identity before writing,
+// and validate_doc_update checks the same id against the lock key it
+// recomputes from the document's lock_identity.
+//
+// # Job documents of the old form
+//
+// Job documents were once named job:<job_id>, which let a lease of
+// another identity that claimed the same job id create a job's document
+// first and lock its real holder out. Documents of that form are no longer
+// read or written by Jobs, and validate_doc_update refuses every write of
+// one, creation included; existing ones stay frozen (readable with DB.Get)
+// until an administrator removes them. A job's state is found under the
+// identity whose lease runs it: Jobs.Get(ctx, identity, jobID).
 package couchdb

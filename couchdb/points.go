@@ -16,12 +16,25 @@ import (
 //	point 1  TargetStates  "target:<identity>"           target acceptance and state
 //	point 2  Results       "result:<identity>~<name>"    results of exclusive execution
 //	point 4  Schedules     "schedule:<identity>"         scheduler completion/reschedule
-//	point 5  Jobs          "job:<job_id>"                job checkpoint and terminal state
+//	point 5  Jobs          "job:<identity>~<job_id>"     job checkpoint and terminal state
 //
 // <identity> is the canonical (normalized) lock identity, its seven
 // components joined by "~", a character no component may contain (":" may
 // appear inside a component, so it cannot separate them). Ids are built
-// only from canonical values, never from raw input.
+// only from canonical values, never from raw input. A job id (an opaque
+// id, lease.CheckOpaqueID) cannot contain "~" either, so an id names
+// exactly one identity and job. A result or job id whose components are
+// all near their 256-byte limit can exceed MaxDocIDBytes; such a write is
+// refused (invalid_lease_request) before anything is authorized or sent.
+//
+// A job document's id carries the identity because a lease's job_id is
+// whatever its acquirer sent: with id "job:<job_id>" a lease of another
+// tenant (or program, or target) that claimed the victim's job id could
+// create the victim's job document first and bind it to its own lock key.
+// Job documents of the old form "job:<job_id>" are neither read nor
+// written by Jobs, and validate_doc_update refuses every write of one
+// (creation included): they stay in the database, frozen, until an
+// administrator removes them.
 //
 // Every helper first checks that the commit's guard belongs to the
 // identity the document is about (the guard's lock key is the canonical
@@ -160,12 +173,24 @@ func (db *DB) ScheduleID(id lease.Identity) (string, error) {
 	return "schedule:" + identityPart(c), nil
 }
 
-// JobDocID is the document id of a job state.
-func JobDocID(jobID string) (string, error) {
+// JobDocID is the document id of the state of job jobID under identity
+// id: "job:<identity>~<job_id>". A job's state is bound to the identity
+// whose lease wrote it, so the same job id under another identity names
+// another document.
+func (db *DB) JobDocID(id lease.Identity, jobID string) (string, error) {
+	c, _, err := db.canonical(id)
+	if err != nil {
+		return "", err
+	}
+	return jobDocID(c, jobID)
+}
+
+// jobDocID is the document id of job jobID under canonical identity c.
+func jobDocID(c lease.Identity, jobID string) (string, error) {
 	if err := lease.CheckOpaqueID("job_id", jobID); err != nil {
 		return "", err
 	}
-	return "job:" + jobID, nil
+	return "job:" + identityPart(c) + "~" + jobID, nil
 }
 
 // canonicalName requires v to be a canonical identifier already.
@@ -447,9 +472,12 @@ func (s *Jobs) Name() string { return s.w.name }
 func (s *Jobs) Bind(st JobState) (fence.Binding, error) { return s.w.bindTyped(s.write(st)) }
 
 // Commit writes st conditioned on g (see Writer.Commit). The guard must
-// have been issued for the lease of this very job (its job_id): a holder
-// cannot write the state of a job that is not its lease's, not even one
-// whose document does not exist yet. validate_doc_update refuses the same.
+// have been issued for the lease of this very job (its job_id) and
+// identity (its lock key): a holder cannot write the state of a job that
+// is not its lease's, not even one whose document does not exist yet, and
+// a lease of another identity that claims the same job id writes its own
+// document (job:<its identity>~<job_id>), never this one.
+// validate_doc_update refuses the same.
 func (s *Jobs) Commit(ctx context.Context, g fence.Guard, st JobState) error {
 	t, err := s.write(st)
 	if err != nil {
@@ -462,8 +490,8 @@ func (s *Jobs) Commit(ctx context.Context, g fence.Guard, st JobState) error {
 }
 
 func (s *Jobs) write(st JobState) (typedWrite, error) {
-	return typed(s.w.db, st.Identity, func(lease.Identity) (string, error) {
-		return JobDocID(st.JobID)
+	return typed(s.w.db, st.Identity, func(c lease.Identity) (string, error) {
+		return jobDocID(c, st.JobID)
 	}, TypeJob, func(c lease.Identity) (any, error) {
 		st.Identity = c
 		switch st.Status {
@@ -481,9 +509,10 @@ func (s *Jobs) write(st JobState) (typedWrite, error) {
 	})
 }
 
-// Get reads the state of job jobID and the fence of its last write.
-func (s *Jobs) Get(ctx context.Context, jobID string) (JobState, *fence.Guard, error) {
-	did, err := JobDocID(jobID)
+// Get reads the state of job jobID under identity id (the lock identity
+// whose lease runs the job) and the fence of its last write.
+func (s *Jobs) Get(ctx context.Context, id lease.Identity, jobID string) (JobState, *fence.Guard, error) {
+	did, err := s.w.db.JobDocID(id, jobID)
 	if err != nil {
 		return JobState{}, nil, wrapLease(ErrInvalid, "get", "", lease.AsError(err))
 	}

@@ -107,9 +107,9 @@ func points() []point {
 					Checkpoint: jsonOf(`{"by":"` + label + `","offset":1}`), Reason: label}
 			},
 			func(ctx context.Context, s fence.Sink[couchdb.JobState], id lease.Identity) (couchdb.JobState, *fence.Guard, error) {
-				return s.(*couchdb.Jobs).Get(ctx, "job-1")
+				return s.(*couchdb.Jobs).Get(ctx, id, "job-1")
 			},
-			func(e *env, id lease.Identity) string { d, _ := couchdb.JobDocID("job-1"); return d }),
+			func(e *env, id lease.Identity) string { d, _ := e.db.JobDocID(id, "job-1"); return d }),
 	}
 }
 

@@ -56,7 +56,7 @@ func TestReplayedCommitDoesNotRollBackAJob(t *testing.T) {
 	e.adminEnd(lease.OpRevoke, id, rec)
 
 	_, err := fence.Write(ctx, c, fence.Sink[couchdb.JobState](jobs), "ckpt-1", running)
-	st, _, gerr := jobs.Get(ctx, rec.JobID)
+	st, _, gerr := jobs.Get(ctx, id, rec.JobID)
 	if gerr != nil {
 		t.Fatal(gerr)
 	}
@@ -79,7 +79,11 @@ func TestForeignJobDocumentRefused(t *testing.T) {
 	idA, idB := identity("rev-job-a"), identity("rev-job-b")
 	recA := e.acquireJob(idA, "instance-a", "job-j1")
 	cA := e.committer(recA)
-	forged := couchdb.Doc{ID: "job:job-j2", Body: json.RawMessage(
+	docJ2, err := e.db.JobDocID(idB, "job-j2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := couchdb.Doc{ID: docJ2, Body: json.RawMessage(
 		`{"type":"starintel.job","job_id":"job-j1","status":"succeeded","terminal":true}`)}
 	_, errForge := fence.Write(ctx, cA, fence.Sink[couchdb.Doc](e.w), "forge", forged)
 
@@ -87,7 +91,7 @@ func TestForeignJobDocumentRefused(t *testing.T) {
 	jobs := couchdb.NewJobs(e.w)
 	_, errB := fence.Write(ctx, e.committer(recB), fence.Sink[couchdb.JobState](jobs), "b-1",
 		couchdb.JobState{JobID: "job-j2", Identity: idB, Status: couchdb.JobRunning})
-	st, g, _ := jobs.Get(ctx, "job-j2")
+	st, g, _ := jobs.Get(ctx, idB, "job-j2")
 	if errForge == nil || errB != nil {
 		t.Fatalf("holder of job-j1 wrote job-j2's document: forge err=%v; job-j2's own holder: %v; "+
 			"Jobs.Get(job-j2) = status %q terminal=%v job_id %q fence job %q",
@@ -259,6 +263,7 @@ func TestValidateRefusesForeignTypedDocuments(t *testing.T) {
 		return raw(t, http.MethodPut, e.docURL(docID), doc)
 	}
 	stateID := func(id lease.Identity) string { d, _ := e.db.TargetStateID(id); return d }
+	jobID := func(id lease.Identity, job string) string { d, _ := e.db.JobDocID(id, job); return d }
 	for _, tc := range []struct {
 		name  string
 		docID string
@@ -271,16 +276,25 @@ func TestValidateRefusesForeignTypedDocuments(t *testing.T) {
 		{"another identity's target state, own identity in the body", stateID(idB),
 			map[string]any{"type": couchdb.TypeTargetState, "lock_identity": idA, "status": "completed"},
 			"the document id does not match its content"},
-		{"another job's document", "job:job-b",
+		{"another job's document", jobID(idA, "job-b"),
 			map[string]any{"type": couchdb.TypeJob, "job_id": "job-b", "lock_identity": idA, "status": "succeeded"},
 			"the fence was issued for another job"},
-		{"another job's document under the own job id", "job:job-b",
+		{"another job's document under the own job id", jobID(idA, "job-b"),
 			map[string]any{"type": couchdb.TypeJob, "job_id": "job-a", "lock_identity": idA, "status": "succeeded"},
 			"the document id does not match its content"},
-		{"a job document without its type", "job:job-a",
+		{"another identity's document of the own job id", jobID(idB, "job-a"),
+			map[string]any{"type": couchdb.TypeJob, "job_id": "job-a", "lock_identity": idB, "status": "succeeded"},
+			"the document belongs to another lock identity"},
+		{"another identity's document of the own job id, own identity in the body", jobID(idB, "job-a"),
+			map[string]any{"type": couchdb.TypeJob, "job_id": "job-a", "lock_identity": idA, "status": "succeeded"},
+			"the document id does not match its content"},
+		{"the old form job:<job_id>", "job:job-a",
+			map[string]any{"type": couchdb.TypeJob, "job_id": "job-a", "lock_identity": idA, "status": "succeeded"},
+			"the document id does not match its content"},
+		{"a job document without its type", jobID(idA, "job-a"),
 			map[string]any{"job_id": "job-a", "lock_identity": idA, "status": "succeeded"},
 			"a typed document needs its exact type and id"},
-		{"a job type in other case", "job:job-a",
+		{"a job type in other case", jobID(idA, "job-a"),
 			map[string]any{"type": "StarIntel.Job", "job_id": "job-a", "lock_identity": idA, "status": "succeeded"},
 			"a typed document needs its exact type and id"},
 		{"a typed body under an untyped id", "plain-doc",
@@ -301,9 +315,23 @@ func TestValidateRefusesForeignTypedDocuments(t *testing.T) {
 		map[string]any{"type": couchdb.TypeTargetState, "lock_identity": idA, "status": "accepted"}); status != http.StatusCreated {
 		t.Fatalf("own target state: %d %v", status, v)
 	}
-	if status, v := put("job:job-a",
+	if status, v := put(jobID(idA, "job-a"),
 		map[string]any{"type": couchdb.TypeJob, "job_id": "job-a", "lock_identity": idA, "status": "running"}); status != http.StatusCreated {
 		t.Fatalf("own job: %d %v", status, v)
+	}
+	// A fence is not authenticated (a raw writer can edit one), so the
+	// job id is checked as an opaque id too: one holding "~" would make
+	// the id ambiguous.
+	c, err := cA.Authorize(ctx, sinkName, "raw-tilde", fence.Binding{Target: jobID(idA, "job-a") + "~x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := guardJSON(t, cA.Guard(c))
+	g["job_id"] = "job-a~x"
+	if status, v := raw(t, http.MethodPut, e.docURL(jobID(idA, "job-a")+"~x"), map[string]any{"type": couchdb.TypeJob,
+		"job_id": "job-a~x", "lock_identity": idA, "status": "running", couchdb.FenceField: g}); status != http.StatusForbidden ||
+		v["reason"] != "starintel_fence: the document id does not match its content" {
+		t.Fatalf("job id with ~: %d %v", status, v)
 	}
 }
 

@@ -87,7 +87,7 @@ func TestStaleHolderAtEveryCouchDBPoint(t *testing.T) {
 				return couchdb.JobState{JobID: rec.JobID, Identity: rec.Identity(), Status: couchdb.JobRunning, Reason: l}
 			},
 			func(ctx context.Context, rec *lease.Record, _ int) (string, *fence.Guard, error) {
-				st, g, err := s.Get(ctx, rec.JobID)
+				st, g, err := s.Get(ctx, rec.Identity(), rec.JobID)
 				return st.Reason, g, err
 			}).Run(t)
 	})
@@ -125,12 +125,18 @@ func TestJobStateIsBoundToTheLeasesJob(t *testing.T) {
 	// TypedDocuments: nor does CouchDB's fence admit one bypassing it).
 	body, _ := json.Marshal(map[string]any{"type": couchdb.TypeJob, "job_id": "job-victim", "status": "succeeded",
 		"terminal": true, "lock_identity": x.Identity()})
-	doc := couchdb.Doc{ID: "job:job-victim", Body: body}
-	if _, err := fence.Write(ctx, cx, e.w, "steal-2", doc); !errors.Is(err, couchdb.ErrInvalid) {
-		t.Fatalf("writing another job's document through the raw writer: %v, want invalid_lease_request", err)
+	victimDoc, err := e.db.JobDocID(identity("target-victim"), "job-victim")
+	if err != nil {
+		t.Fatal(err)
 	}
-	if _, err := e.db.Get(ctx, "job:job-victim"); !errors.Is(err, couchdb.ErrNotFound) {
-		t.Fatalf("the victim's job document exists after the refusals: %v", err)
+	for i, docID := range []string{victimDoc, "job:job-victim"} {
+		doc := couchdb.Doc{ID: docID, Body: body}
+		if _, err := fence.Write(ctx, cx, e.w, "steal-2-"+strconv.Itoa(i), doc); !errors.Is(err, couchdb.ErrInvalid) {
+			t.Fatalf("writing another job's document %q through the raw writer: %v, want invalid_lease_request", docID, err)
+		}
+		if _, err := e.db.Get(ctx, docID); !errors.Is(err, couchdb.ErrNotFound) {
+			t.Fatalf("job document %q exists after the refusals: %v", docID, err)
+		}
 	}
 	// The holder's own job is fine.
 	own := couchdb.JobState{JobID: x.JobID, Identity: x.Identity(), Status: couchdb.JobRunning}
@@ -150,7 +156,7 @@ func TestJobStateIsBoundToTheLeasesJob(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the victim's own job state: %v", err)
 	}
-	got, fg, err := jobs.Get(ctx, "job-victim")
+	got, fg, err := jobs.Get(ctx, v.Identity(), "job-victim")
 	if err != nil || got.Status != couchdb.JobSucceeded || fg == nil || *fg != g || fg.JobID != "job-victim" {
 		t.Fatalf("victim's job document: %+v %+v %v", got, fg, err)
 	}

@@ -34,9 +34,12 @@ const FenceField = "starintel_fence"
 //     must have exactly its type and the id its content names, and its
 //     lock_identity must hash to the fence's lock_key (the canonical
 //     lock-key function, SHA-256 in this function): a lease's guard never
-//     writes another identity's target, result or schedule document, and a
-//     job document must carry the fence's job_id (id job:<job_id>), so it
-//     never writes another job's state;
+//     writes another identity's target, result, schedule or job document;
+//     a job document must also carry the fence's job_id, an opaque id, and
+//     have the id job:<identity>~<job_id>, so a guard never writes another
+//     job's state, and a lease of another identity that claims the same
+//     job id never writes (or first creates) this identity's job document.
+//     The old form job:<job_id> is refused, creation included;
 //   - if the stored document has a fence: it must be well formed (else the
 //     write fails closed), have the same lock_key, a token not higher than
 //     the new one, and, at an equal token, the same lease_id and a higher
@@ -160,6 +163,8 @@ const ValidateDocUpdate = `function (newDoc, oldDoc, userCtx, secObj) {
   // The typed StarIntel documents: id prefix and type (couchdb/points.go).
   var TYPED = [['target:', 'starintel.target_state'], ['result:', 'starintel.result'],
     ['schedule:', 'starintel.schedule'], ['job:', 'starintel.job']];
+  // An opaque id's alphabet (lease.CheckOpaqueID): a job id.
+  var OPAQUE_ID = /^[A-Za-z0-9][A-Za-z0-9._:-]*$/;
   var TS = /^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z$/;
   function deny(reason) {
     throw({forbidden: 'starintel_fence: ' + reason});
@@ -236,7 +241,10 @@ const ValidateDocUpdate = `function (newDoc, oldDoc, userCtx, secObj) {
       if (newDoc.job_id !== next.job_id) {
         deny('the fence was issued for another job');
       }
-      want = 'job:' + next.job_id;
+      // job:<identity>~<job_id>: the same job id under another identity
+      // is another document, and the old form job:<job_id> is never
+      // written again. A job id is an opaque id (no "~").
+      want = OPAQUE_ID.test(next.job_id) && next.job_id.length <= 256 ? want + '~' + next.job_id : '';
     } else if (TYPED[k][0] === 'result:') {
       want = typeof newDoc.name === 'string' ? want + '~' + newDoc.name : '';
     }

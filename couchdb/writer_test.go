@@ -125,11 +125,12 @@ func TestUnknownOutcomeAndUnavailable(t *testing.T) {
 	if n := ct.count(http.MethodPut); n != 1 {
 		t.Fatalf("%d PUTs, want 1: the repeat must find the landed write", n)
 	}
-	got, fg, err := couchdb.NewJobs(e.w).Get(ctx, rec.JobID)
+	got, fg, err := couchdb.NewJobs(e.w).Get(ctx, id, rec.JobID)
 	if err != nil || !got.Terminal || got.Status != couchdb.JobSucceeded || *fg != g {
 		t.Fatalf("job document %+v %+v %v", got, fg, err)
 	}
-	_, v := e.rawDoc("job:" + rec.JobID)
+	jobDoc, _ := e.db.JobDocID(id, rec.JobID)
+	_, v := e.rawDoc(jobDoc)
 	if !strings.HasPrefix(v["_rev"].(string), "1-") {
 		t.Fatalf("job document revision %v, want one write", v["_rev"])
 	}
@@ -395,11 +396,33 @@ func TestDocIDs(t *testing.T) {
 	if _, err := db.TargetStateID(lease.Identity{TenantID: "a/b"}); code(err) != lease.CodeInvalidRequest {
 		t.Fatalf("raw path syntax: %v", err)
 	}
-	if j, err := couchdb.JobDocID("job_01ABC"); err != nil || j != "job:job_01ABC" {
+	// A job document carries the canonical identity: the same job id
+	// under another identity (another tenant) is another document.
+	if j, err := db.JobDocID(raw, "job_01ABC"); err != nil ||
+		j != "job:tenant-main~program-a~starintel-target~target-1~usernamegen~default~default~job_01ABC" {
 		t.Fatalf("JobDocID %q %v", j, err)
 	}
-	if _, err := couchdb.JobDocID("../x"); code(err) != lease.CodeInvalidRequest {
-		t.Fatalf("bad job id: %v", err)
+	other := raw
+	other.TenantID = "tenant-evil"
+	j1, _ := db.JobDocID(raw, "job-1")
+	j2, _ := db.JobDocID(other, "job-1")
+	if j1 == "" || j1 == j2 {
+		t.Fatalf("one job id under two tenants: ids %q and %q", j1, j2)
+	}
+	// ":" may appear in a job id and in a component; "~" in neither, so
+	// the id still names one identity and one job.
+	jx, _ := db.JobDocID(x, "j:1")
+	jy, _ := db.JobDocID(y, "j:1")
+	if jx == jy {
+		t.Fatalf("distinct identities share job id %q", jx)
+	}
+	for _, bad := range []string{"../x", "a~b", "", "~"} {
+		if _, err := db.JobDocID(raw, bad); code(err) != lease.CodeInvalidRequest {
+			t.Fatalf("bad job id %q: %v", bad, err)
+		}
+	}
+	if _, err := db.JobDocID(lease.Identity{TenantID: "a/b"}, "job-1"); code(err) != lease.CodeInvalidRequest {
+		t.Fatalf("job id under a raw identity: %v", err)
 	}
 	for _, bad := range []string{"", "https://u:p@host", "ftp://host", "http://host?x=1"} {
 		if _, err := couchdb.New(bad, "x"); !errors.Is(err, couchdb.ErrInvalid) {

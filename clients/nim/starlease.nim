@@ -1159,7 +1159,7 @@ const
     ## The member of every fenced document that holds its guard.
   FenceDesignDocId* = "_design/starintel_fence"
     ## The id of the fence design document.
-  FenceSha256* = "213a4de9f620977c24922cfbe8d2b913411e4e6260bd01cd1ccf9f79dd2cc742"
+  FenceSha256* = "27e3454a0f39d17fb9e645ad16e8c49392439a81921394ab979acb5ff76923ff"
     ## SHA-256 of the `validate_doc_update` source this client was written
     ## against (Go's couchdb.ValidateDocUpdate; a Go test keeps them equal).
   MaxDocumentBytes* = 4 shl 20

@@ -38,7 +38,7 @@ FENCE_FIELD = "starintel_fence"
 FENCE_DESIGN_DOC_ID = "_design/starintel_fence"
 #: SHA-256 of the validate_doc_update source this client was written
 #: against (couchdb.ValidateDocUpdate in Go; a Go test keeps them equal).
-FENCE_SHA256 = "213a4de9f620977c24922cfbe8d2b913411e4e6260bd01cd1ccf9f79dd2cc742"
+FENCE_SHA256 = "27e3454a0f39d17fb9e645ad16e8c49392439a81921394ab979acb5ff76923ff"
 #: The bounds of the Go writer.
 MAX_DOCUMENT_BYTES = 4 << 20
 MAX_DOC_ID_BYTES = 2048
