@@ -14,7 +14,7 @@
 // validate_doc_update (ValidateDocUpdate) makes the whole database fenced:
 // every write of every non-design document — create, update, delete, from
 // any client, through PUT, POST, DELETE, _bulk_docs or replication — must
-// carry a complete starintel_fence object (the JSON form of fence.Guard:
+// carry a complete, consistent starintel_fence object (the JSON form of fence.Guard:
 // lock_key, lease_id, fencing_token, execution_id, job_id, trace_id, sink,
 // commit_id, target, payload_sha256, accepted_at) bound to this document
 // (target equal to its _id; a typed document's id and lock identity
@@ -78,6 +78,16 @@
 // administrator's job outside the fence.
 //
 // # Limits
+//
+// The fence is checked for consistency, not authenticity: CouchDB's
+// JavaScript has no key to verify it with, so a client with write access
+// to the database can fabricate one (a higher commit_seq, any token under a
+// made-up lease id) and replace a document, or raise its token so that
+// every later holder is refused on it. Fencing defends documents against
+// stale holders and unlucky timing among writers that take their guards
+// from starlease; who may write at all is CouchDB's access control. Give
+// write access to a fenced database only to StarIntel's writers (the
+// database's _security members), never to readers or third parties.
 //
 // The fence protects documents written through validate_doc_update. It
 // does not stop a client with admin rights from replacing the design
