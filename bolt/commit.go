@@ -17,21 +17,24 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 		return lease.CommitResult{}, err
 	}
 	due := lease.Deadline(ctx, req.DeadlineAt)
+	if req.ReplayOnly {
+		// A read transaction: it answers from the evidence and cannot
+		// write (no clock, mark, sequence or quarantine).
+		return read(s, ctx, due, func(tx *bbolt.Tx, now lease.Timestamp) (lease.CommitResult, error) {
+			res, found, err := s.commitReplay(tx, p, now)
+			if err == nil && !found {
+				err = lease.RequestNotFound(now)
+			}
+			return res, err
+		})
+	}
 	return change(s, ctx, func(tx *bbolt.Tx) (lease.CommitResult, error) {
 		now := s.clock(tx)
 		if err := lease.PastDeadline(now, due); err != nil {
 			return lease.CommitResult{}, refuse(err)
 		}
-		commits := tx.Bucket(bucketCommits)
-		if v := commits.Get([]byte(p.Scope)); v != nil {
-			c, err := lease.DecodeCommit(v)
-			switch {
-			case err != nil:
-				return lease.CommitResult{}, refuse(s.quarantine(tx, p.LockKey, p.Identity, "accepted-commit evidence is corrupt"))
-			case c.Digest != p.Digest:
-				return lease.CommitResult{}, refuse(lease.CommitIdempotencyConflict(now))
-			}
-			return lease.CommitResult{Code: lease.CodeCommitAuthorized, Commit: c, Replayed: true, BackendTime: now}, nil
+		if res, found, err := s.commitReplay(tx, p, now); found {
+			return res, refuse(err)
 		}
 		cur, err := s.held(tx, p.LockKey, now, req.LeaseID, req.FencingToken, req.Caller.PrincipalID, req.ServiceInstanceID)
 		if err != nil {
@@ -42,6 +45,7 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 			// another one the caller claims.
 			return lease.CommitResult{}, refuse(lease.Lost(now))
 		}
+		commits := tx.Bucket(bucketCommits)
 		marks := tx.Bucket(bucketHighWater)
 		markKey := join(p.LockKey, req.Sink)
 		mark, ok := counterAt(marks, markKey)
@@ -97,4 +101,23 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 		}
 		return lease.CommitResult{Code: lease.CodeCommitAuthorized, Commit: c, BackendTime: now}, nil
 	})
+}
+
+// commitReplay answers commit p from its accepted-commit evidence in tx,
+// if there is any (found): the replay, or idempotency_conflict if the
+// inputs differ. Corrupt evidence quarantines the lock key (in a write
+// transaction only) and fails closed.
+func (s *Store) commitReplay(tx *bbolt.Tx, p lease.PreparedCommit, now lease.Timestamp) (res lease.CommitResult, found bool, err error) {
+	v := tx.Bucket(bucketCommits).Get([]byte(p.Scope))
+	if v == nil {
+		return lease.CommitResult{}, false, nil
+	}
+	c, err := lease.DecodeCommit(v)
+	switch {
+	case err != nil:
+		return lease.CommitResult{}, true, s.quarantine(tx, p.LockKey, p.Identity, "accepted-commit evidence is corrupt")
+	case c.Digest != p.Digest:
+		return lease.CommitResult{}, true, lease.CommitIdempotencyConflict(now)
+	}
+	return lease.CommitResult{Code: lease.CodeCommitAuthorized, Commit: c, Replayed: true, BackendTime: now}, true, nil
 }

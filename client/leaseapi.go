@@ -302,7 +302,14 @@ func (s *LeaseStore) Inspect(ctx context.Context, req lease.InspectRequest) (lea
 
 // AuthorizeCommit asks the fenced-write boundary to accept a commit
 // (POST /commits/authorize).
+//
+// The API has no replay-only commit: a request with ReplayOnly set is
+// refused as invalid before anything is sent, never sent as a commit that
+// could be authorized and recorded.
 func (s *LeaseStore) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (lease.CommitResult, error) {
+	if req.ReplayOnly {
+		return lease.CommitResult{}, lease.Invalid("replay_only", "the HTTP API cannot answer a commit from its evidence alone")
+	}
 	var outbox *Outbox
 	target, payload := req.Target, req.PayloadSHA256
 	if m := req.Outbox; m != nil {

@@ -413,8 +413,17 @@ func TestLeaseStoreAuthorizeCommit(t *testing.T) {
 	if _, err := st.AuthorizeCommit(t.Context(), other); lease.CodeOf(err) != lease.CodeCorrupt {
 		t.Fatalf("mismatched commit answer: %v", err)
 	}
-	// A publication with its own target is refused without a request.
+	// The API has no replay-only commit: one is refused without a
+	// request, never sent as a real commit.
 	n := s.count()
+	if _, err := st.AuthorizeCommit(t.Context(), replayOnly(req)); lease.CodeOf(err) != lease.CodeInvalidRequest ||
+		lease.AsError(err).Field != "replay_only" {
+		t.Fatalf("replay-only commit: %v", err)
+	}
+	if s.count() != n {
+		t.Fatal("a replay-only commit was sent")
+	}
+	// A publication with its own target is refused without a request.
 	req.Outbox = &lease.OutboxMessage{Exchange: "documents", RoutingKey: "q", ContentType: "application/json", Body: []byte("x\x00\xff"),
 		Headers: map[string]string{"x-schema": "port-scan/v2", "note": "a\tb"}}
 	if _, err := st.AuthorizeCommit(t.Context(), req); lease.CodeOf(err) != lease.CodeInvalidRequest {
@@ -679,4 +688,9 @@ func TestLeaseStoreMaximumLifetimeEndsWork(t *testing.T) {
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("cancelled after %v, long past the maximum lifetime", d)
 	}
+}
+
+func replayOnly(r lease.CommitRequest) lease.CommitRequest {
+	r.ReplayOnly = true
+	return r
 }

@@ -18,6 +18,9 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 	}
 	due := lease.Deadline(ctx, req.DeadlineAt)
 	markKey, seqKey, commitKey := s.keys.highWater(p.LockKey, req.Sink), s.keys.commitSeq(p.LockKey), s.keys.commit(p.Scope)
+	if req.ReplayOnly {
+		return s.replayCommit(ctx, p, due, commitKey)
+	}
 	more := []string{commitKey, markKey, seqKey}
 	if req.Outbox != nil {
 		more = append(more, s.keys.outboxSeq(), s.keys.outboxUsage(), s.keys.outboxID(lease.OutboxMessageID(p.Scope)))
@@ -42,6 +45,31 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 			return lease.CommitResult{Code: lease.CodeCommitAuthorized, Commit: c, Replayed: true, BackendTime: now}, nil
 		}
 		return s.authorize(t, req, p, now, markKey, seqKey, commitKey)
+	})
+}
+
+// replayCommit answers a ReplayOnly commit p from its accepted-commit
+// evidence alone, as a read: like LookupRequest it records only the
+// identity's time (see "Backend time"), never evidence, a mark, a sequence
+// or a quarantine mark, and it does not check the lease.
+func (s *Store) replayCommit(ctx context.Context, p lease.PreparedCommit, due lease.Timestamp, commitKey string) (lease.CommitResult, error) {
+	return observe(s, ctx, func(t *txn) (lease.CommitResult, error) {
+		now, err := s.readAt(t, p.LockKey, due, commitKey)
+		if err != nil {
+			return lease.CommitResult{}, refuse(err)
+		}
+		v := t.seen[commitKey].val
+		if v == nil {
+			return lease.CommitResult{}, refuse(lease.RequestNotFound(now))
+		}
+		c, err := lease.DecodeCommit(v)
+		switch {
+		case err != nil:
+			return lease.CommitResult{}, refuse(lease.CorruptState(s.log, p.Identity, "accepted-commit evidence is corrupt"))
+		case c.Digest != p.Digest:
+			return lease.CommitResult{}, refuse(lease.CommitIdempotencyConflict(now))
+		}
+		return lease.CommitResult{Code: lease.CodeCommitAuthorized, Commit: c, Replayed: true, BackendTime: now}, nil
 	})
 }
 

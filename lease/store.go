@@ -196,6 +196,14 @@ type HistoryRequest struct {
 // the outbox's bounds (StoreOptions.OutboxMaxPending, OutboxMaxBytes) is
 // refused with OutboxFull, decided in the same atomic step, and changes
 // nothing: the commit id stays unused.
+//
+// With ReplayOnly set, the backend answers only from stored evidence of
+// the commit id: its replay (idempotency_conflict when the inputs differ),
+// else RequestNotFound (lease_not_found), and writes nothing. It does not
+// check the lease, so the replay of a commit accepted before the lease
+// ended still answers. It is how a caller that may not start a new commit
+// now (a rate limit refused it) still resolves the retry of one it made.
+// It is not part of the commit's digest: it does not change the write.
 type CommitRequest struct {
 	Identity          Identity
 	LeaseID           string
@@ -211,6 +219,7 @@ type CommitRequest struct {
 	Outbox            *OutboxMessage
 	DeadlineAt        time.Time
 	Caller            Caller
+	ReplayOnly        bool
 }
 
 // Commit is the accepted-commit evidence of the prepared request r,

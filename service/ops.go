@@ -502,6 +502,7 @@ func (s *Service) commit(ctx context.Context, o *op, in CommitInput) (lease.Comm
 	if err != nil {
 		return lease.CommitResult{}, err
 	}
+	var limited error
 	if in.Outbox != nil {
 		if !s.cfg.publishAllowed(in.Outbox.Exchange) {
 			return lease.CommitResult{}, &lease.Error{Code: lease.CodeAccessDenied, PublicReason: true,
@@ -509,20 +510,48 @@ func (s *Service) commit(ctx context.Context, o *op, in CommitInput) (lease.Comm
 		}
 		// A publication stores up to 64 KiB in the outbox: it is charged to
 		// the principal's bucket like an acquire. A 429 is retryable, and
-		// a retry with the same commit id replays.
+		// a retry with the same commit id replays, even while the bucket
+		// is empty (commitReplay).
 		if ok, wait := s.principal.allow(o.call.Principal.ID, s.now()); !ok {
-			return lease.CommitResult{}, &lease.Error{Code: lease.CodeRateLimited, Reason: "principal rate limit", RetryAfter: wait}
+			limited = &lease.Error{Code: lease.CodeRateLimited, Reason: "principal rate limit", RetryAfter: wait}
 		}
 	}
 	deadline, ctx, cancel := o.readDeadline(ctx)
 	defer cancel()
+	req := lease.CommitRequest{Identity: id, LeaseID: in.LeaseID, FencingToken: in.FencingToken,
+		ServiceInstanceID: in.ServiceInstanceID, Sink: in.Sink, CommitID: in.CommitID, ExecutionID: in.ExecutionID,
+		JobID: in.JobID, TraceID: in.TraceID, Target: in.Target, PayloadSHA256: in.PayloadSHA256, Outbox: in.Outbox,
+		DeadlineAt: deadline, Caller: o.call.Principal.Caller(o.call.CorrelationID)}
+	if limited != nil {
+		return s.commitReplay(ctx, req, limited)
+	}
 	done, err := s.admit()
 	if err != nil {
 		return lease.CommitResult{}, err
 	}
 	defer done()
-	return s.store.AuthorizeCommit(ctx, lease.CommitRequest{Identity: id, LeaseID: in.LeaseID, FencingToken: in.FencingToken,
-		ServiceInstanceID: in.ServiceInstanceID, Sink: in.Sink, CommitID: in.CommitID, ExecutionID: in.ExecutionID,
-		JobID: in.JobID, TraceID: in.TraceID, Target: in.Target, PayloadSHA256: in.PayloadSHA256, Outbox: in.Outbox,
-		DeadlineAt: deadline, Caller: o.call.Principal.Caller(o.call.CorrelationID)})
+	return s.store.AuthorizeCommit(ctx, req)
+}
+
+// commitReplay is unlessReplay for a commit the principal's bucket refused:
+// the store answers from the commit id's evidence alone (ReplayOnly, which
+// writes nothing and spends nothing the bucket protects), so the retry of
+// an accepted publication gets its authorization and a changed one its
+// idempotency_conflict. Without evidence, or without an answer, the
+// refusal stands.
+func (s *Service) commitReplay(ctx context.Context, req lease.CommitRequest, refused error) (lease.CommitResult, error) {
+	req.ReplayOnly = true
+	done, err := s.admit()
+	if err != nil {
+		return lease.CommitResult{}, refused
+	}
+	defer done()
+	res, err := s.store.AuthorizeCommit(ctx, req)
+	switch {
+	case err == nil:
+		return res, nil
+	case lease.CodeOf(err) == lease.CodeIdempotencyConflict:
+		return lease.CommitResult{}, err
+	}
+	return lease.CommitResult{}, refused
 }

@@ -1135,7 +1135,9 @@ local function resolve(keys, args)
 end
 
 -- lookup returns stored idempotency evidence and the lease's state now.
--- KEYS 1 evidence, 2 active, 3 history.
+-- KEYS 1 evidence, 2 active, 3 history. It also reads an accepted commit's
+-- evidence (a ReplayOnly commit): that names no lease, so no history
+-- entries follow and the Go side uses the evidence alone.
 local function lookup(keys, args)
   local now, done = read_begin(args)
   if done then return done end

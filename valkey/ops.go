@@ -302,6 +302,9 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 	if err != nil {
 		return lease.CommitResult{}, err
 	}
+	if req.ReplayOnly {
+		return s.replayCommit(ctx, p, lease.Deadline(ctx, req.DeadlineAt))
+	}
 	if err := s.writable(ctx); err != nil {
 		return lease.CommitResult{}, err
 	}
@@ -353,6 +356,35 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 		return lease.CommitResult{}, err
 	}
 	return lease.CommitResult{}, s.malformed(call{fn: "commit", mutation: true})
+}
+
+// replayCommit answers a ReplayOnly commit p from its accepted-commit
+// evidence alone: the read-only lookup function (FCALL_RO, flagged
+// no-writes, as LookupRequest) returns the evidence at backend time, and
+// the replay or idempotency_conflict is decided as the commit function's
+// "evidence" reply is. The lease is not checked and nothing is written.
+func (s *Store) replayCommit(ctx context.Context, p lease.PreparedCommit, d lease.Timestamp) (lease.CommitResult, error) {
+	tag := tagOf(p.LockKey)
+	rep, err := s.read(ctx, d, "lookup", []string{s.keys.commit(tag, p.Scope), s.keys.active(tag), s.keys.history(tag)})
+	if err != nil {
+		return lease.CommitResult{}, err
+	}
+	switch rep.status {
+	case "none":
+		return lease.CommitResult{}, lease.RequestNotFound(rep.now)
+	case "corrupt":
+		return lease.CommitResult{}, s.corrupt(p.Identity, rep.at(0))
+	case "evidence":
+		c, err := lease.DecodeCommit([]byte(rep.at(0)))
+		switch {
+		case err != nil:
+			return lease.CommitResult{}, s.corrupt(p.Identity, "accepted-commit evidence is corrupt")
+		case c.Digest != p.Digest:
+			return lease.CommitResult{}, lease.CommitIdempotencyConflict(rep.now)
+		}
+		return lease.CommitResult{Code: lease.CodeCommitAuthorized, Commit: c, Replayed: true, BackendTime: rep.now}, nil
+	}
+	return lease.CommitResult{}, s.malformed(call{fn: "lookup"})
 }
 
 // epochMarker is how accepted_at encodes in the commit template.

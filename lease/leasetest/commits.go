@@ -295,3 +295,118 @@ func (s *suite) staleHolderWritePaths(t *testing.T) {
 		})
 	}
 }
+
+// replayOnly is r asking only for its replay (CommitRequest.ReplayOnly).
+func replayOnly(r lease.CommitRequest) lease.CommitRequest {
+	r.ReplayOnly = true
+	return r
+}
+
+// commit_replay_only: a ReplayOnly commit (how a rate-limited caller still
+// resolves the retry of a commit it made) answers from the commit id's
+// evidence alone: the replay of the accepted commit, idempotency_conflict
+// for other inputs, else lease_not_found. It does not check the lease, so
+// it answers after the lease ended, and it writes nothing: no evidence, no
+// commit seq, no high-water mark, no outbox entry.
+func (s *suite) commitReplayOnly(t *testing.T) {
+	s.leaf(t, "no_evidence_writes_nothing", func(e *env) {
+		e.setCounter(e.key, 41)
+		high := e.grab()
+		doc := e.commitReq(high, "couchdb")
+		pub := e.publicationReq(high, publication(`{"from":"replay only"}`))
+		before := e.snap(e.id)
+		for _, r := range []lease.CommitRequest{doc, pub} {
+			e.commitFails(replayOnly(r), lease.CodeNotFound)
+			e.commitFails(replayOnly(r), lease.CodeNotFound) // the first recorded nothing
+		}
+		e.unchanged(e.id, before)
+		if got := e.outboxOf(e.key); len(got) != 0 {
+			e.t.Fatalf("a replay-only publication entered the outbox: %s", js(got))
+		}
+		// The publication's commit id is unused: it is accepted now, as
+		// the identity's first commit.
+		p := e.mustCommit(pub)
+		if p.Seq != 1 {
+			e.t.Fatalf("commit seq %d after replay-only requests alone: they consumed a sequence", p.Seq)
+		}
+		e.outboxDone(p.Target)
+		// No high-water mark was raised on couchdb by token 42, and the
+		// document's commit id is unused: with the counter lowered, token
+		// 10 commits that id there, as a first acceptance.
+		e.mustRelease(e.releaseReq(high))
+		e.setCounter(e.key, 9)
+		low := e.mustAcquire(e.acquireReqFor(e.id, newCaller("actor")))
+		if low.FencingToken != 10 {
+			e.t.Fatalf("token %d after lowering the counter to 9", low.FencingToken)
+		}
+		x := e.commitReq(low, "couchdb")
+		x.CommitID, x.Target, x.PayloadSHA256 = doc.CommitID, doc.Target, doc.PayloadSHA256
+		if c := e.mustCommit(x); c.Seq != p.Seq+1 {
+			e.t.Fatalf("commit seq %d after %d", c.Seq, p.Seq)
+		}
+	})
+	s.leaf(t, "replays_accepted_commit", func(e *env) {
+		rec := e.grab()
+		doc := e.commitReq(rec, "couchdb")
+		c := e.mustCommit(doc)
+		pub := e.publicationReq(rec, publication(`{"from":"holder"}`))
+		p := e.mustCommit(pub)
+		before := e.snap(e.id)
+		e.mustReplayCommit(replayOnly(doc), c)
+		e.mustReplayCommit(replayOnly(pub), p)
+		e.mustReplayCommit(doc, c) // the same evidence answers either way
+		e.unchanged(e.id, before)
+		if got := e.outboxOf(e.key); len(got) != 1 || got[0].MessageID != p.Target {
+			e.t.Fatalf("outbox after replay-only replays: %s", js(got))
+		}
+		e.outboxDone(p.Target)
+		if n := e.mustCommit(e.commitReq(rec, "couchdb")); n.Seq != p.Seq+1 {
+			e.t.Fatalf("commit seq %d after %d: a replay consumed a sequence", n.Seq, p.Seq)
+		}
+	})
+	s.leaf(t, "changed_inputs_conflict", func(e *env) {
+		rec := e.grab()
+		doc := e.commitReq(rec, "couchdb")
+		c := e.mustCommit(doc)
+		pub := e.publicationReq(rec, publication(`{"from":"holder"}`))
+		p := e.mustCommit(pub)
+		before := e.snap(e.id)
+		for _, change := range []func(*lease.CommitRequest){
+			func(x *lease.CommitRequest) { x.Target = uid("doc:") },
+			func(x *lease.CommitRequest) { x.PayloadSHA256 = payloadDigest(uid("body_")) },
+			func(x *lease.CommitRequest) { x.JobID = uid("job_") },
+		} {
+			x := doc
+			change(&x)
+			e.commitFails(replayOnly(x), lease.CodeIdempotencyConflict)
+		}
+		changed := pub
+		changed.Outbox = publication(`{"from":"holder, changed"}`)
+		e.commitFails(replayOnly(changed), lease.CodeIdempotencyConflict)
+		e.unchanged(e.id, before)
+		if got := e.outboxOf(e.key); len(got) != 1 || string(got[0].Message.Body) != `{"from":"holder"}` {
+			e.t.Fatalf("outbox after conflicting replay-only requests: %s", js(got))
+		}
+		e.outboxDone(p.Target)
+		e.mustReplayCommit(doc, c)
+	})
+	s.leaf(t, "after_revoke", func(e *env) {
+		rec := e.grab()
+		doc := e.commitReq(rec, "couchdb")
+		c := e.mustCommit(doc)
+		pub := e.publicationReq(rec, publication(`{"from":"holder"}`))
+		p := e.mustCommit(pub)
+		e.mustAdmin(lease.OpRevoke, e.adminReq(rec))
+		before := e.snap(e.id)
+		e.mustReplayCommit(replayOnly(doc), c)
+		e.mustReplayCommit(replayOnly(pub), p)
+		changed := doc
+		changed.Target = uid("doc:")
+		e.commitFails(replayOnly(changed), lease.CodeIdempotencyConflict)
+		// A commit id never accepted has no evidence: not found, not
+		// lease_lost (the lease is not what it asks about).
+		e.commitFails(replayOnly(e.commitReq(rec, "couchdb")), lease.CodeNotFound)
+		e.unchanged(e.id, before)
+		e.outboxDone(p.Target)
+	})
+}

@@ -112,6 +112,7 @@ func Run(t *testing.T, newBackend Factory) {
 		{"former_holder_commits_after_new_acquisition", s.commitsAfterNewAcquisition},
 		{"commit_authorization", s.commitAuthorization},
 		{"commit_binds_one_write", s.commitBindsOneWrite},
+		{"commit_replay_only", s.commitReplayOnly},
 		{"stale_holder_write_paths", s.staleHolderWritePaths},
 		{"fenced_outbox", s.fencedOutbox},
 		{"bounded_outbox", s.boundedOutbox},

@@ -460,6 +460,9 @@ func (m *memStore) AuthorizeCommit(ctx context.Context, req lease.CommitRequest)
 		}
 		return lease.CommitResult{Code: lease.CodeCommitAuthorized, Commit: c, Replayed: true, BackendTime: now}, nil
 	}
+	if req.ReplayOnly && !m.bugs["replay_only_commits"] {
+		return lease.CommitResult{}, lease.RequestNotFound(now)
+	}
 	cur, err := m.load(p.LockKey)
 	if err != nil {
 		return lease.CommitResult{}, err

@@ -47,6 +47,7 @@ func TestSuiteCatchesMemStoreBugs(t *testing.T) {
 		"commit_any_job":           "commit_binds_one_write/another_job",
 		"reuse_commit_seq":         "commit_authorization/authorized_commit_read_back",
 		"outbox_unbounded":         "bounded_outbox/full_outbox_refuses_retryably_and_changes_nothing",
+		"replay_only_commits":      "commit_replay_only/no_evidence_writes_nothing",
 	} {
 		t.Run(bug, func(t *testing.T) {
 			t.Parallel()
