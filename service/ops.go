@@ -502,11 +502,21 @@ func (s *Service) commit(ctx context.Context, o *op, in CommitInput) (lease.Comm
 	if err != nil {
 		return lease.CommitResult{}, err
 	}
+	deadline, ctx, cancel := o.readDeadline(ctx)
+	defer cancel()
+	req := lease.CommitRequest{Identity: id, LeaseID: in.LeaseID, FencingToken: in.FencingToken,
+		ServiceInstanceID: in.ServiceInstanceID, Sink: in.Sink, CommitID: in.CommitID, ExecutionID: in.ExecutionID,
+		JobID: in.JobID, TraceID: in.TraceID, Target: in.Target, PayloadSHA256: in.PayloadSHA256, Outbox: in.Outbox,
+		DeadlineAt: deadline, Caller: o.call.Principal.Caller(o.call.CorrelationID)}
 	var limited error
 	if in.Outbox != nil {
 		if !s.cfg.publishAllowed(in.Outbox.Exchange) {
 			return lease.CommitResult{}, &lease.Error{Code: lease.CodeAccessDenied, PublicReason: true,
 				Reason: "outbox.exchange is not an exchange this server publishes to"}
+		}
+		// Invalid input is refused before it spends a token.
+		if _, _, err := lease.PrepareCommit(req, lease.StoreOptions{OperationClasses: s.classes}); err != nil {
+			return lease.CommitResult{}, err
 		}
 		// A publication stores up to 64 KiB in the outbox: it is charged to
 		// the principal's bucket like an acquire. A 429 is retryable, and
@@ -516,12 +526,6 @@ func (s *Service) commit(ctx context.Context, o *op, in CommitInput) (lease.Comm
 			limited = &lease.Error{Code: lease.CodeRateLimited, Reason: "principal rate limit", RetryAfter: wait}
 		}
 	}
-	deadline, ctx, cancel := o.readDeadline(ctx)
-	defer cancel()
-	req := lease.CommitRequest{Identity: id, LeaseID: in.LeaseID, FencingToken: in.FencingToken,
-		ServiceInstanceID: in.ServiceInstanceID, Sink: in.Sink, CommitID: in.CommitID, ExecutionID: in.ExecutionID,
-		JobID: in.JobID, TraceID: in.TraceID, Target: in.Target, PayloadSHA256: in.PayloadSHA256, Outbox: in.Outbox,
-		DeadlineAt: deadline, Caller: o.call.Principal.Caller(o.call.CorrelationID)}
 	if limited != nil {
 		return s.commitReplay(ctx, req, limited)
 	}
