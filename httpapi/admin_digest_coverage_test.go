@@ -32,7 +32,7 @@ func TestAdminDigestReasonAndIncidentIDSucceed(t *testing.T) {
 			} else {
 				s = startServer(t, bin, newRowRecorder())
 				events = func() []audit.Event { return auditEventsOf(t, s) }
-				red = (&valkeyServer{e2eServer: s}).redactor(t)
+				red = serverRedactor(t, s)
 			}
 			admin := s.createKey("admin-digest", "administrator", "targets:lease,targets:read,targets:force-release,audit:read",
 				"tenant:*,program:*,target-namespace:*,target:*,actor:*")

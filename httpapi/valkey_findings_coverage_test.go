@@ -77,7 +77,14 @@ func (v *valkeyServer) stream(t *testing.T) []audit.Event {
 // redactor is the server's keyed redaction (its pepper's key).
 func (v *valkeyServer) redactor(t *testing.T) *audit.Redactor {
 	t.Helper()
-	pepper, err := auth.LoadPepper(v.PepperFile())
+	return serverRedactor(t, v.e2eServer)
+}
+
+// serverRedactor is the keyed redaction of server s (its pepper's key), to
+// compute the audited form of a value.
+func serverRedactor(t *testing.T, s *e2eServer) *audit.Redactor {
+	t.Helper()
+	pepper, err := auth.LoadPepper(s.PepperFile())
 	if err != nil {
 		t.Fatal(err)
 	}
