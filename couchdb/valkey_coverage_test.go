@@ -86,22 +86,28 @@ func TestJobStateIsBoundToTheLeasesJobOnValkey(t *testing.T) {
 	cx := v.committer(x)
 
 	victim := couchdb.JobState{JobID: "job-victim", Identity: x.Identity(), Status: couchdb.JobSucceeded}
+	// The victim job's document id under the holder's identity: the only
+	// one the holder's guards could ever reach.
+	victimDoc, err := v.db.JobDocID(x.Identity(), "job-victim")
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := fence.Write(ctx, cx, jobs, "steal-1", victim); code(err) != lease.CodeCommitRejected {
 		t.Fatalf("writing another job's state through the job writer: %v, want commit_rejected", err)
 	}
 	body, _ := json.Marshal(map[string]any{"type": couchdb.TypeJob, "job_id": "job-victim", "status": "succeeded",
 		"terminal": true, "lock_identity": x.Identity()})
-	if _, err := fence.Write(ctx, cx, v.w, "steal-2", couchdb.Doc{ID: "job:job-victim", Body: body}); !errors.Is(err, couchdb.ErrInvalid) {
+	if _, err := fence.Write(ctx, cx, v.w, "steal-2", couchdb.Doc{ID: victimDoc, Body: body}); !errors.Is(err, couchdb.ErrInvalid) {
 		t.Fatalf("writing another job's document through the raw writer: %v, want invalid_lease_request", err)
 	}
 	// The job's own body under the holder's job id, bound to the victim's
 	// document id: refused too.
 	own, _ := json.Marshal(map[string]any{"type": couchdb.TypeJob, "job_id": x.JobID, "status": "succeeded",
 		"terminal": true, "lock_identity": x.Identity()})
-	if _, err := fence.Write(ctx, cx, v.w, "steal-3", couchdb.Doc{ID: "job:job-victim", Body: own}); err == nil {
+	if _, err := fence.Write(ctx, cx, v.w, "steal-3", couchdb.Doc{ID: victimDoc, Body: own}); err == nil {
 		t.Fatal("the raw writer wrote the holder's job body under the victim's job document id")
 	}
-	if _, err := v.db.Get(ctx, "job:job-victim"); !errors.Is(err, couchdb.ErrNotFound) {
+	if _, err := v.db.Get(ctx, victimDoc); !errors.Is(err, couchdb.ErrNotFound) {
 		t.Fatalf("the victim's job document exists after the refusals: %v", err)
 	}
 	if _, err := fence.Write(ctx, cx, jobs, "own-1", couchdb.JobState{JobID: x.JobID, Identity: x.Identity(), Status: couchdb.JobRunning}); err != nil {
@@ -113,7 +119,7 @@ func TestJobStateIsBoundToTheLeasesJobOnValkey(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the victim's own job state: %v", err)
 	}
-	got, fg, err := jobs.Get(ctx, "job-victim")
+	got, fg, err := jobs.Get(ctx, vr.Identity(), "job-victim")
 	if err != nil || got.Status != couchdb.JobSucceeded || fg == nil || *fg != g || fg.JobID != "job-victim" || fg.LeaseID != vr.LeaseID {
 		t.Fatalf("victim's job document: %+v %+v %v", got, fg, err)
 	}
@@ -149,7 +155,7 @@ func TestStaleHolderAtSchedulerAndJobPointsOnValkey(t *testing.T) {
 				return couchdb.JobState{JobID: rec.JobID, Identity: rec.Identity(), Status: couchdb.JobRunning, Reason: l}
 			},
 			Read: func(ctx context.Context, rec *lease.Record, _ int) (string, *fence.Guard, error) {
-				st, g, err := s.Get(ctx, rec.JobID)
+				st, g, err := s.Get(ctx, rec.Identity(), rec.JobID)
 				return st.Reason, g, err
 			}}.Run(t)
 	})
