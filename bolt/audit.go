@@ -59,7 +59,10 @@ type AuditOptions struct {
 // enforced on every write (at most auditPrunePerWrite deletions each) and
 // by Prune. Safe for concurrent use.
 type AuditSink struct {
-	db     *bbolt.DB
+	db *bbolt.DB
+	// group shares one transaction (and its fsync) among concurrent
+	// writers, as the lease store's mutations do.
+	group  groupCommit
 	path   string
 	opts   AuditOptions
 	mu     sync.RWMutex // guards closed against Close racing a transaction
@@ -102,14 +105,14 @@ func OpenAudit(path string, o AuditOptions) (*AuditSink, error) {
 		db.Close()
 		return nil, fmt.Errorf("audit: initialize %s: %w", path, err)
 	}
-	return &AuditSink{db: db, path: path, opts: o}, nil
+	return &AuditSink{db: db, group: groupCommit{db: db, max: maxGroupCommit}, path: path, opts: o}, nil
 }
 
 // ErrDuplicateAuditEvent is returned when an event id is already stored.
 var ErrDuplicateAuditEvent = errors.New("audit: duplicate event id")
 
 // Write validates e (audit.Marshal) and stores it in one committed
-// transaction, then prunes past retention.
+// transaction (shared with concurrent writers), then prunes past retention.
 func (s *AuditSink) Write(ctx context.Context, e audit.Event) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("audit: write: %w", err)
@@ -124,7 +127,9 @@ func (s *AuditSink) Write(ctx context.Context, e audit.Event) error {
 		return audit.ErrClosed
 	}
 	key := []byte(e.EventID)
-	err = s.db.Update(func(tx *bbolt.Tx) error {
+	// A duplicate fails its own function only: the group commit runs it
+	// again alone and the others of its transaction commit.
+	err = s.group.update(func(tx *bbolt.Tx) error {
 		ev := tx.Bucket(auditBucketEvents)
 		if ev.Get(key) != nil {
 			return ErrDuplicateAuditEvent

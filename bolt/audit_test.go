@@ -230,6 +230,33 @@ func TestAuditConcurrent(t *testing.T) {
 	if n, _ := s.Count(ctx); n != 80 {
 		t.Fatalf("count %d, want 80", n)
 	}
+	// Concurrent writers share transactions: a duplicate among them fails
+	// alone and the others are stored.
+	dup := audittest.DenyEvent(time.Now())
+	if err := s.Write(ctx, dup); err != nil {
+		t.Fatal(err)
+	}
+	errs := make([]error, 16)
+	for i := range errs {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			e := audittest.DenyEvent(time.Now())
+			if i%4 == 0 {
+				e = dup
+			}
+			errs[i] = s.Write(ctx, e)
+		}(i)
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if want := i%4 == 0; errors.Is(err, ErrDuplicateAuditEvent) != want || !want && err != nil {
+			t.Fatalf("writer %d: %v (duplicate: %v)", i, err, want)
+		}
+	}
+	if n, _ := s.Count(ctx); n != 93 {
+		t.Fatalf("count %d, want 93", n)
+	}
 }
 
 // TestAuditRetentionKeepsHighPriorityAgainstCount guarantees that a flood of
