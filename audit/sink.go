@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"sync"
 )
 
 // Sink receives audit events. Implementations are safe for concurrent use.
@@ -69,7 +70,8 @@ func SystemError(err error) error {
 	return err
 }
 
-// Multi returns a sink that writes every event to each of sinks in order
+// Multi returns a sink that writes every event to each of sinks, at the
+// same time (each write waits on its own fsync; in turn they would add up),
 // and fails if any of them fails (it still tries them all). Close closes
 // them all.
 func Multi(sinks ...Sink) Sink {
@@ -79,12 +81,16 @@ func Multi(sinks ...Sink) Sink {
 type multi []Sink
 
 func (m multi) Write(ctx context.Context, e Event) error {
-	var errs []error
-	for _, s := range m {
-		if err := s.Write(ctx, e); err != nil {
-			errs = append(errs, err)
-		}
+	errs := make([]error, len(m))
+	var wg sync.WaitGroup
+	for i, s := range m[min(1, len(m)):] {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i+1] = s.Write(ctx, e) }()
 	}
+	if len(m) > 0 {
+		errs[0] = m[0].Write(ctx, e)
+	}
+	wg.Wait()
 	return errors.Join(errs...)
 }
 
