@@ -248,8 +248,21 @@ func (s *Service) admin(ctx context.Context, t audit.EventType, c Call, in Admin
 	// Redaction is deterministic, so a retry keeps its idempotency digest;
 	// the event keeps the original, which writeAudit redacts to the same
 	// form (redacting the redacted form again would hash it anew).
-	o.ev.Reason, o.ev.IncidentID = safeReason(in.Reason), safeID(in.IncidentID)
+	//
+	// The event takes the original whenever the value stored is valid —
+	// also when only its redacted form is (a secret-shaped reason over
+	// 512 bytes, an incident id with a space): the event then holds what
+	// the record holds, never nothing (an allowed admin event without a
+	// reason or incident id is invalid, and its refusal read as "audit is
+	// unavailable", 503).
+	rawReason, rawIncident := in.Reason, in.IncidentID
 	in.Reason, in.IncidentID = s.redactor.Value(in.Reason), s.redactor.Value(in.IncidentID)
+	if safeReason(in.Reason) != "" {
+		o.ev.Reason = rawReason
+	}
+	if safeID(in.IncidentID) != "" {
+		o.ev.IncidentID = rawIncident
+	}
 	res, err := s.adminOp(ctx, o, t, in)
 	if err == nil && !res.Replayed {
 		s.active.add(res.Lease.OwnerPrincipalID, -1)
