@@ -211,4 +211,3 @@ func TestAttackGuardAcrossSinkNamesAndBodies(t *testing.T) {
 	}
 	_ = time.Second
 }
-

@@ -45,8 +45,9 @@ func TestAdminReasonWithKeyIsRedactedNotStored(t *testing.T) {
 		t.Fatalf("history has %d entries, want the revoke", len(h.Entries))
 	}
 	en := h.Entries[0]
-	if en.Reason != audit.Redacted || en.IncidentID != audit.Redacted {
-		t.Fatalf("the terminal record holds reason %q, incident id %q; want both redacted", en.Reason, en.IncidentID)
+	if !strings.HasPrefix(en.Reason, audit.Redacted+":") || !strings.HasPrefix(en.IncidentID, audit.Redacted+":") ||
+		en.Reason == en.IncidentID || lease.SecretShaped(en.Reason) || lease.SecretShaped(en.IncidentID) {
+		t.Fatalf("the terminal record holds reason %q, incident id %q; want each its own keyed redacted form", en.Reason, en.IncidentID)
 	}
 	evs := sink.OfType(audit.EventRevoke)
 	if len(evs) != 2 {

@@ -16,6 +16,7 @@ package service
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"log/slog"
 	"strings"
@@ -50,8 +51,12 @@ type Options struct {
 	Logger           *slog.Logger
 	// Redactor gives values that may be credential material their keyed
 	// redacted form in every event this service builds (key it with
-	// auth.Pepper.DeriveKey(audit.RedactionKeyPurpose)). Nil redacts them
-	// to audit.Redacted alone, which keeps no correlation.
+	// auth.Pepper.DeriveKey(audit.RedactionKeyPurpose)). Nil makes one
+	// with a random key, good for this process only: an administrator's
+	// redacted reason is part of a request's idempotency digest, so two
+	// different secrets must not redact to one form (retried after a
+	// restart, the same request is then an idempotency_conflict, never a
+	// wrong replay).
 	Redactor *audit.Redactor
 	// Now is the server clock (deadlines, rate limits); nil is time.Now.
 	// Lease time is always the backend's.
@@ -73,6 +78,15 @@ func New(store lease.Store, sink audit.Sink, o Options) (*Service, error) {
 	tokens, err := newPageSealer(o.PageTokenKey)
 	if err != nil {
 		return nil, err
+	}
+	if o.Redactor == nil {
+		key := make([]byte, 32)
+		if _, err := rand.Read(key); err != nil {
+			return nil, err
+		}
+		if o.Redactor, err = audit.NewRedactor(key); err != nil {
+			return nil, err
+		}
 	}
 	s := &Service{store: store, sink: sink, redactor: o.Redactor, cfg: cfg, classes: o.OperationClasses, tokens: tokens,
 		log: o.Logger, now: o.Now,
