@@ -20,6 +20,8 @@ import (
 	bbolt "go.etcd.io/bbolt"
 
 	"github.com/starintel/starlease/lease"
+	"github.com/starintel/starlease/lease/leasetest"
+	"github.com/starintel/starlease/lease/leasetest/race"
 )
 
 // waitQueued waits until at least n calls wait in g's queue.
@@ -529,5 +531,29 @@ func TestReviewCommitFailureFailsTheWholeBatch(t *testing.T) {
 		return nil
 	}); err != nil {
 		t.Fatalf("the file is inconsistent after a failed commit: %v", err)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Attack: linearizability under heavier load than TestRace: more workers
+// and identities (larger batches), a fast reaper sharing the batches, and
+// several seeds.
+func TestReviewRaceHeavy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("heavy")
+	}
+	for i, c := range []struct {
+		workers, identities int
+		reap                time.Duration
+	}{
+		{48, 4, 10 * time.Millisecond},
+		{64, 2, -1},
+		{32, 8, 5 * time.Millisecond},
+	} {
+		t.Run(fmt.Sprintf("w%d_i%d", c.workers, c.identities), func(t *testing.T) {
+			s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), ReapInterval: c.reap})
+			race.Run(t, s, race.Options{Workers: c.workers, Identities: c.identities, OpsPerWorker: 400,
+				Duration: 6 * time.Second, Seed: uint64(1000 + i), CheckTimeout: 120 * time.Second})
+		})
 	}
 }
