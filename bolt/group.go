@@ -23,6 +23,11 @@ type groupCommit struct {
 	// every caller's latency stay bounded under a flood.
 	max int
 
+	// rolledBack, if set, is called by the committer after a transaction
+	// that did not commit, while no other write transaction runs (the
+	// store forgets the time the transaction registered; see readTx).
+	rolledBack func()
+
 	mu      sync.Mutex
 	queue   []*groupCall
 	running bool
@@ -37,6 +42,12 @@ type groupCall struct {
 // errPanicked replaces a panic of a write function, which must not take
 // down the goroutine committing for others.
 var errPanicked = errors.New("write function panicked")
+
+// errCommitPanicked replaces a panic of the commit itself (bbolt asserts
+// on a corrupt page): every call of the transaction gets it, and the
+// group goes on, instead of leaving the calls unanswered and every later
+// write queued forever behind a committer that is gone.
+var errCommitPanicked = errors.New("commit panicked")
 
 // update runs fn in a write transaction shared with concurrent callers.
 // fn may run more than once (a transaction it shared failed because of
@@ -58,25 +69,33 @@ func (g *groupCommit) update(fn func(*bbolt.Tx) error) error {
 	return c.err
 }
 
-// commitQueued commits the queue in batches until it is empty, then hands
-// the role back.
+// commitQueued commits one batch of the queue (the caller's own call is
+// in it: a caller that finds no commit in progress finds the queue empty),
+// then hands what queued meanwhile to a new goroutine, so a committer is
+// answered after its own transaction, not once the load stops.
 func (g *groupCommit) commitQueued() {
-	for {
-		g.mu.Lock()
-		n := min(len(g.queue), g.max)
-		if n == 0 {
-			g.running = false
-			g.mu.Unlock()
-			return
-		}
-		batch := g.queue[:n:n]
-		g.queue = g.queue[n:]
-		if len(g.queue) == 0 {
-			g.queue = nil
-		}
+	g.mu.Lock()
+	n := min(len(g.queue), g.max)
+	if n == 0 {
+		g.running = false
 		g.mu.Unlock()
-		g.commit(batch)
+		return
 	}
+	batch := g.queue[:n:n]
+	g.queue = g.queue[n:]
+	if len(g.queue) == 0 {
+		g.queue = nil
+	}
+	g.mu.Unlock()
+	g.commit(batch)
+	g.mu.Lock()
+	if len(g.queue) == 0 {
+		g.running = false
+		g.mu.Unlock()
+		return
+	}
+	g.mu.Unlock()
+	go g.commitQueued()
 }
 
 // commit runs batch in one transaction. When a function fails, the
@@ -85,7 +104,7 @@ func (g *groupCommit) commitQueued() {
 func (g *groupCommit) commit(batch []*groupCall) {
 	for len(batch) > 0 {
 		failed := -1
-		err := g.db.Update(func(tx *bbolt.Tx) error {
+		err := g.run(func(tx *bbolt.Tx) error {
 			for i, c := range batch {
 				if err := safely(c.fn, tx); err != nil {
 					failed = i
@@ -104,10 +123,24 @@ func (g *groupCommit) commit(batch []*groupCall) {
 			return
 		}
 		c := batch[failed]
-		c.err = g.db.Update(func(tx *bbolt.Tx) error { return safely(c.fn, tx) })
+		c.err = g.run(func(tx *bbolt.Tx) error { return safely(c.fn, tx) })
 		close(c.done)
 		batch = append(batch[:failed:failed], batch[failed+1:]...)
 	}
+}
+
+// run is db.Update that turns a panic of the commit into an error, and
+// reports a transaction that did not commit.
+func (g *groupCommit) run(fn func(*bbolt.Tx) error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%w: %v", errCommitPanicked, p)
+		}
+		if err != nil && g.rolledBack != nil {
+			g.rolledBack()
+		}
+	}()
+	return g.db.Update(fn)
 }
 
 func safely(fn func(*bbolt.Tx) error, tx *bbolt.Tx) (err error) {

@@ -119,7 +119,7 @@ func Open(path string, o Options) (*Store, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
-	s.group = groupCommit{db: db, max: maxGroupCommit}
+	s.group = groupCommit{db: db, max: maxGroupCommit, rolledBack: s.forgetPending}
 	if err := db.Update(func(tx *bbolt.Tx) error {
 		for _, b := range allBuckets {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
@@ -278,6 +278,17 @@ func (s *Store) clock(tx *bbolt.Tx) lease.Timestamp {
 		}
 	}
 	return lease.UnixMilli(now)
+}
+
+// forgetPending forgets the write transaction registered by clock, which
+// rolled back: its id will not commit (the next write transaction reuses
+// it and registers afresh), and reads capped at its time would stay
+// frozen there until some later write commits. The group's committer
+// calls it while no write transaction runs.
+func (s *Store) forgetPending() {
+	s.tmu.Lock()
+	s.pendingTx = 0
+	s.tmu.Unlock()
 }
 
 // monotoneMs is max(process clock, last reading, time persisted in tx).
