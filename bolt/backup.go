@@ -3,6 +3,8 @@ package bolt
 import (
 	"context"
 	"io"
+	"os"
+	"path/filepath"
 
 	"github.com/starintel/starlease/backupfile"
 	"github.com/starintel/starlease/lease"
@@ -43,13 +45,26 @@ func (s *Store) Backup(ctx context.Context, w io.Writer, sections ...backupfile.
 		return backupfile.Header{}, s.storageReadError(err)
 	}
 	defer tx.Rollback()
+	var m backupfile.Header
 	counts := map[string]int64{}
 	for _, b := range [][]byte{bucketCounters, bucketIdem, bucketActive, bucketHistory, bucketLeases,
 		bucketHighWater, bucketCommits, bucketOutbox, bucketOutboxDead} {
 		counts[string(b)] = int64(tx.Bucket(b).Stats().KeyN)
 	}
-	m, err := backupfile.Write(w, backupfile.Header{Backend: BackendName, CreatedAt: s.now().UTC(), Counts: counts},
-		func(w io.Writer) error { _, err := tx.WriteTo(w); return err }, sections...)
+	// The snapshot is copied once, beside the store file, and the backup
+	// reads that copy twice (hash, then emit): tx.WriteTo copies free
+	// pages too, which concurrent writers reuse, so two passes over the
+	// live file differ on a busy store.
+	snap, err := os.CreateTemp(filepath.Dir(s.db.Path()), ".backup-snapshot-*")
+	if err != nil {
+		s.log.Error("lease store backup failed", "error", err)
+		return backupfile.Header{}, lease.Errorf(lease.CodeBackendUnavailable, "backup failed: no room for the snapshot beside the store file")
+	}
+	defer func() { snap.Close(); os.Remove(snap.Name()) }()
+	if _, err = tx.WriteTo(snap); err == nil {
+		m, err = backupfile.Write(w, backupfile.Header{Backend: BackendName, CreatedAt: s.now().UTC(), Counts: counts},
+			func(w io.Writer) error { _, err := io.Copy(w, io.NewSectionReader(snap, 0, 1<<62)); return err }, sections...)
+	}
 	if err != nil {
 		s.log.Error("lease store backup failed", "error", err)
 		return backupfile.Header{}, lease.Errorf(lease.CodeBackendUnavailable, "backup failed")
