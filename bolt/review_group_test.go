@@ -9,9 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -192,56 +190,6 @@ func TestReviewReadTimeNotFrozenByRolledBackWrite(t *testing.T) {
 	if res.BackendTime.Before(want) || res.Lease.State != lease.StateExpired {
 		t.Fatalf("inspect a minute after a rolled-back write: backend time %s (clock %s), lease %s: "+
 			"reads stay frozen at the rolled-back transaction's time", res.BackendTime, want, res.Lease.State)
-	}
-}
-
-// ---------------------------------------------------------------------------
-// Attack: a function rerun because another function of its batch failed
-// repeats its side effects outside the transaction: the ALERT of a rejected
-// commit (CommitRejected logs it) is logged once per run.
-func TestReviewAlertNotRepeatedByBatchRetry(t *testing.T) {
-	ctx := context.Background()
-	var logs syncBuffer
-	s := openTemp(t, Options{ReapInterval: -1, StoreOptions: lease.StoreOptions{
-		Logger: slog.New(slog.NewTextHandler(&logs, nil))}})
-	far := time.Now().Add(time.Hour)
-	acq, err := s.Acquire(ctx, acquireReq("req-1", time.Minute, far))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := acq.Lease
-	// The sink's high-water mark is above the lease's token.
-	if err := s.db.Update(func(tx *bbolt.Tx) error {
-		return tx.Bucket(bucketHighWater).Put(join(rec.LockKey, "couchdb"), u64(rec.FencingToken+5))
-	}); err != nil {
-		t.Fatal(err)
-	}
-	release := make(chan struct{})
-	first := gate(t, &s.group, release)
-	commitErr := make(chan error, 1)
-	go func() {
-		_, err := s.AuthorizeCommit(ctx, lease.CommitRequest{Identity: testIdentity, LeaseID: rec.LeaseID,
-			FencingToken: rec.FencingToken, ServiceInstanceID: rec.ServiceInstanceID, Sink: "couchdb", CommitID: "c-1",
-			ExecutionID: rec.ExecutionID, JobID: rec.JobID, Target: "doc-1", DeadlineAt: far,
-			Caller: lease.Caller{PrincipalID: rec.OwnerPrincipalID}})
-		commitErr <- err
-	}()
-	waitQueued(t, &s.group, 1)
-	failErr := make(chan error, 1)
-	go func() { failErr <- s.mutate(ctx, func(*bbolt.Tx) error { return errors.New("i/o error (injected)") }) }()
-	waitQueued(t, &s.group, 2)
-	close(release)
-	if err := <-first; err != nil {
-		t.Fatal(err)
-	}
-	if err := <-commitErr; code(err) != lease.CodeCommitRejected {
-		t.Fatalf("commit below the mark: %v, want commit_rejected", err)
-	}
-	if err := <-failErr; code(err) != lease.CodeOutcomeUnknown {
-		t.Fatalf("failing write: %v, want outcome_unknown", err)
-	}
-	if n := strings.Count(logs.String(), "ALERT commit token below"); n != 1 {
-		t.Fatalf("one rejected commit logged its ALERT %d times (rerun with its batch after another function failed)", n)
 	}
 }
 
