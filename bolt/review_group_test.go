@@ -60,19 +60,6 @@ func gate(t *testing.T, g *groupCommit, release <-chan struct{}) <-chan error {
 	return res
 }
 
-// syncBuffer is a goroutine-safe log sink.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
 // ---------------------------------------------------------------------------
 // Attack: the caller that took the committer role is answered only when the
 // queue is empty. Under continuous arrival its own (committed) call is never

@@ -18,7 +18,7 @@ import (
 // json.Marshal's bytes, or fail when it fails.
 func TestReviewAppendersMatchJSONOnAdversarialMetadata(t *testing.T) {
 	values := []any{
-		1e21, 1e20, 1e-6, 1e-7, -0.0, math.MaxFloat64, math.SmallestNonzeroFloat64, float32(0.1), float32(1e21),
+		1e21, 1e20, 1e-6, 1e-7, math.Copysign(0, -1), math.MaxFloat64, math.SmallestNonzeroFloat64, float32(0.1), float32(1e21),
 		json.Number("1E+400"), json.Number("-0.0e-0"), json.Number("123456789012345678901234567890"), json.Number("01"),
 		json.Number(""), json.RawMessage(` { "a" : [1, 2 ,"<&>"] } `), json.RawMessage(`"\u2028"`), json.RawMessage(`bad`),
 		Metadata(nil), Metadata{}, map[string]any{"z": 1, "a": "\u2029"}, []any{1, "x"}, int64(math.MinInt64),
