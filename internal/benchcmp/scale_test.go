@@ -1,0 +1,283 @@
+package benchcmp
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"text/tabwriter"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/starintel/starlease/bolt"
+	"github.com/starintel/starlease/internal/testenv"
+	"github.com/starintel/starlease/valkey"
+)
+
+// BenchmarkScale measures how cost grows with the work, on bolt and on
+// Valkey (a fresh redis-server per N, AOF with appendfsync always): a
+// store preloaded with N active leases (STARLEASE_SCALE_NS, default
+// 0,10000,100000; distinct identities over 10 owners and 10 programs,
+// which never expire during the run) then runs acquire+release pairs on
+// other identities at 1 and 16 goroutines for STARLEASE_BENCH_ROW each
+// (default 2s). It reports pairs/s, the ratio to N = 0, and the storage
+// each active lease costs: the bolt file's growth, Valkey's used_memory
+// and AOF growth, per preloaded lease. Then 10,000 leases with a 5 s TTL
+// expire at about the same time with the reaper running every second,
+// while one writer keeps acquiring and releasing: it reports how long the
+// active count takes to come back (expiries/s) and the writer's longest
+// pair meanwhile.
+//
+// The benchmark ignores b.N: run it with -benchtime 1x.
+func BenchmarkScale(b *testing.B) {
+	rowTime := envDuration(b, "STARLEASE_BENCH_ROW", 2*time.Second)
+	ns := []int{0, 10000, 100000}
+	if v := os.Getenv("STARLEASE_SCALE_NS"); v != "" {
+		ns = nil
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 0 {
+				b.Fatalf("STARLEASE_SCALE_NS=%q: want non-negative integers", v)
+			}
+			ns = append(ns, n)
+		}
+	}
+	type line struct {
+		backend                    string
+		n                          int
+		pairs1, pairs16            float64
+		bytesPerLease, aofPerLease float64
+	}
+	var lines []line
+	type reapLine struct {
+		backend   string
+		perSec    float64
+		maxWriter time.Duration
+	}
+	var reaps []reapLine
+	for _, backend := range []string{"bolt", "valkey"} {
+		for _, n := range ns {
+			s, size := openScaleStore(b, backend, time.Minute)
+			before := size()
+			preload(b, s, n)
+			after := size()
+			l := line{backend: backend, n: n}
+			if n > 0 {
+				l.bytesPerLease = float64(after.mem-before.mem) / float64(n)
+				l.aofPerLease = float64(after.aof-before.aof) / float64(n)
+			}
+			for _, conc := range []int{1, 16} {
+				m, err := measure(storeRows(backend, s, false)[0], conc, rowTime)
+				if err != nil {
+					b.Fatalf("%s N=%d at %d goroutines: %v", backend, n, conc, err)
+				}
+				if conc == 1 {
+					l.pairs1 = m.opsPerSec
+				} else {
+					l.pairs16 = m.opsPerSec
+				}
+			}
+			lines = append(lines, l)
+			s.Close()
+		}
+		s, _ := openScaleStore(b, backend, time.Second)
+		per, wait := reapBacklog(b, s, 10000)
+		reaps = append(reaps, reapLine{backend, per, wait})
+		s.Close()
+	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(w, "backend\tN active\tpairs/s 1 g\tx N=0\tpairs/s 16 g\tx N=0\tbytes/lease (file or used_memory)\tAOF bytes/lease\t\n")
+	base := map[string]line{}
+	for _, l := range lines {
+		if l.n == ns[0] {
+			base[l.backend] = l
+		}
+		b0 := base[l.backend]
+		fmt.Fprintf(w, "%s\t%d\t%.0f\t%.2f\t%.0f\t%.2f\t%.0f\t%.0f\t\n", l.backend, l.n, l.pairs1, l.pairs1/b0.pairs1,
+			l.pairs16, l.pairs16/b0.pairs16, l.bytesPerLease, l.aofPerLease)
+	}
+	w.Flush()
+	fmt.Println()
+	w = tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(w, "backend\t10,000 expiring: expiries/s\tlongest writer pair meanwhile (ms)\t\n")
+	for _, r := range reaps {
+		fmt.Fprintf(w, "%s\t%.0f\t%.1f\t\n", r.backend, r.perSec, float64(r.maxWriter.Microseconds())/1000)
+	}
+	w.Flush()
+}
+
+// storeSize is the storage a store holds: bytes (the bolt file, or
+// Valkey's used_memory) and Valkey's AOF bytes.
+type storeSize struct{ mem, aof int64 }
+
+type scaleStore interface {
+	operations
+	Close() error
+	ActiveLeases(context.Context) (int64, error)
+}
+
+func openScaleStore(b *testing.B, backend string, reap time.Duration) (scaleStore, func() storeSize) {
+	switch backend {
+	case "bolt":
+		path := filepath.Join(b.TempDir(), "starlease.db")
+		s, err := bolt.Open(path, bolt.Options{StoreOptions: storeOptions(), ReapInterval: reap})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { s.Close() })
+		return s, func() storeSize {
+			fi, err := os.Stat(path)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return storeSize{mem: fi.Size()}
+		}
+	default:
+		r := testenv.StartRedis(b)
+		s, err := valkey.Open(bg, valkey.Options{Addr: r.Addr(), StoreOptions: storeOptions(), ReapInterval: reap})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { s.Close() })
+		// No automatic AOF rewrite: it would shrink the AOF the per-lease
+		// figure is measured from.
+		c := goredis.NewClient(&goredis.Options{Addr: r.Addr()})
+		b.Cleanup(func() { c.Close() })
+		if err := c.ConfigSet(bg, "auto-aof-rewrite-percentage", "0").Err(); err != nil {
+			b.Fatal(err)
+		}
+		return s, func() storeSize { return redisSize(b, c) }
+	}
+}
+
+// preload acquires n leases on distinct identities (10 owners' worth of
+// programs) that outlive the run, 50 at a time.
+func preload(b *testing.B, s operations, n int) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var failed atomic.Pointer[error]
+	for g := 0; g < 50; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
+				id := identity()
+				id.ProgramID = "program-" + strconv.FormatInt(i%10, 10)
+				req := acquireReq(id)
+				req.TTL = 10 * time.Minute
+				req.Caller.PrincipalID = "prn_owner_" + strconv.FormatInt(i/10%10, 10)
+				if _, err := s.Acquire(bg, req); err != nil {
+					failed.CompareAndSwap(nil, &err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if p := failed.Load(); p != nil {
+		b.Fatalf("preload: %v", *p)
+	}
+}
+
+// reapBacklog acquires n leases with a 5 s TTL, then waits for the
+// reaper to bring the active count back to where it was, while one writer
+// runs pairs; it returns expiries per second (from the last expiry to the
+// count's return) and the writer's longest pair in that time.
+func reapBacklog(b *testing.B, s scaleStore, n int) (float64, time.Duration) {
+	base, err := s.ActiveLeases(bg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	const ttl = 5 * time.Second
+	start := time.Now()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for g := 0; g < 50; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
+				req := acquireReq(identity())
+				req.TTL = ttl
+				if _, err := s.Acquire(bg, req); err != nil {
+					b.Errorf("acquire: %v", err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	lastExpiry := time.Now().Add(ttl)
+	if time.Since(start) > ttl {
+		b.Logf("acquiring %d leases took %v, longer than their TTL: the first expired before the last was granted", n, time.Since(start))
+	}
+	var maxWait atomic.Int64
+	stop := make(chan struct{})
+	writer := storeRows("writer", s, false)[0]
+	op, _ := writer.worker(0)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			t0 := time.Now()
+			if err := op(); err != nil {
+				b.Errorf("writer: %v", err)
+				return
+			}
+			if d := int64(time.Since(t0)); d > maxWait.Load() {
+				maxWait.Store(d)
+			}
+		}
+	}()
+	time.Sleep(time.Until(lastExpiry))
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		got, err := s.ActiveLeases(bg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if got <= base+1 { // the writer may hold one
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("after 10 minutes %d of %d expired leases are still active", got-base, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	took := time.Since(lastExpiry)
+	close(stop)
+	wg.Wait()
+	return float64(n) / took.Seconds(), time.Duration(maxWait.Load())
+}
+
+// redisSize reads used_memory and aof_current_size.
+func redisSize(b *testing.B, c *goredis.Client) storeSize {
+	ctx, cancel := context.WithTimeout(bg, 5*time.Second)
+	defer cancel()
+	info, err := c.Info(ctx, "memory", "persistence").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var st storeSize
+	for _, l := range strings.Split(info, "\n") {
+		l = strings.TrimSpace(l)
+		if v, ok := strings.CutPrefix(l, "used_memory:"); ok {
+			st.mem, _ = strconv.ParseInt(v, 10, 64)
+		}
+		if v, ok := strings.CutPrefix(l, "aof_current_size:"); ok {
+			st.aof, _ = strconv.ParseInt(v, 10, 64)
+		}
+	}
+	return st
+}
