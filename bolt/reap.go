@@ -11,10 +11,11 @@ import (
 	"github.com/starintel/starlease/lease"
 )
 
-// reapSlice bounds the work of one reaper transaction, so a writer never
-// waits long behind it (a slice of expiries takes a few milliseconds); a
-// pass runs slices until nothing is due.
-const reapSlice = 128
+// reapSlice bounds the work of one reaper transaction, which writers may
+// share (group commit), so none waits long behind it: BenchmarkScale
+// measured 16–24k expiries/s with no writer pair over 25 ms at 32, and
+// pairs of up to 70 ms at 128. A pass runs slices until nothing is due.
+const reapSlice = 32
 
 // reapPassBudget bounds one pass, so a huge backlog is worked off over
 // several passes rather than in one that never ends.

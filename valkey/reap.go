@@ -4,6 +4,8 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/starintel/starlease/lease"
 )
@@ -11,6 +13,9 @@ import (
 // reapBatch bounds one read of the expiry schedule; a pass reads batches
 // until what is due is worked off (or its bounded context ends).
 const reapBatch = 512
+
+// reapParallel bounds the expiry calls a pass has in flight at once.
+const reapParallel = 16
 
 // reap is storage reclamation, never a source of truth: every operation
 // already treats an expired record as expired. It archives leases whose
@@ -27,7 +32,15 @@ func (s *Store) reap(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		moved := 0
+		// Each expiry is its own function call, conditional on its lease
+		// id and token and independent of the others, so several run at
+		// once: the server fsyncs the AOF once for all the writes of one
+		// event-loop turn, where one call at a time paid an fsync each
+		// (about 1,000 expiries/s).
+		var moved atomic.Int64
+		var firstErr atomic.Pointer[error]
+		sem := make(chan struct{}, reapParallel)
+		var wg sync.WaitGroup
 		for _, m := range rep.f {
 			parts := strings.Split(m, "\x00")
 			token, perr := strconv.ParseUint(safeIndex(parts, 2), 10, 64)
@@ -35,18 +48,30 @@ func (s *Store) reap(ctx context.Context) error {
 				s.log.Error("ALERT malformed expiry schedule entry skipped")
 				continue
 			}
-			done, err := s.expireOne(ctx, lease.KeyPrefix+parts[0], parts[1], token)
-			if err != nil {
-				return err
+			if firstErr.Load() != nil {
+				break
 			}
-			if done {
-				moved++
-			}
+			sem <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				done, err := s.expireOne(ctx, lease.KeyPrefix+parts[0], parts[1], token)
+				switch {
+				case err != nil:
+					firstErr.CompareAndSwap(nil, &err)
+				case done:
+					moved.Add(1)
+				}
+			}()
+		}
+		wg.Wait()
+		if p := firstErr.Load(); p != nil {
+			return *p
 		}
 		// A short batch was everything due; a batch of entries the
 		// function left in place (corrupt identities) would come back
 		// unchanged.
-		if len(rep.f) < reapBatch || moved == 0 {
+		if len(rep.f) < reapBatch || moved.Load() == 0 {
 			return nil
 		}
 	}
