@@ -333,6 +333,7 @@ func setupRows(b *testing.B) []row {
 
 // measurement is one row at one concurrency in one round.
 type measurement struct {
+	ops       int
 	opsPerSec float64
 	p50, p99  time.Duration
 }
@@ -382,7 +383,7 @@ func measure(r row, conc int, d time.Duration) (measurement, error) {
 		return measurement{}, fmt.Errorf("no op finished in %v", d)
 	}
 	q := func(p float64) time.Duration { return all[min(len(all)-1, int(math.Ceil(p*float64(len(all))))-1)] }
-	return measurement{opsPerSec: float64(len(all)) / elapsed.Seconds(), p50: q(0.50), p99: q(0.99)}, nil
+	return measurement{ops: len(all), opsPerSec: float64(len(all)) / elapsed.Seconds(), p50: q(0.50), p99: q(0.99)}, nil
 }
 
 type results struct {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/starintel/starlease/bolt"
 	"github.com/starintel/starlease/internal/testenv"
+	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/valkey"
 )
 
@@ -28,7 +29,9 @@ import (
 // other identities at 1 and 16 goroutines for STARLEASE_BENCH_ROW each
 // (default 2s). It reports pairs/s, the ratio to N = 0, and the storage
 // each active lease costs: the bolt file's growth, Valkey's used_memory
-// and AOF growth, per preloaded lease. Then 10,000 leases with a 5 s TTL
+// and AOF growth, per preloaded lease; then, once they are all released,
+// what each ended lease leaves behind for its retention (history, the
+// evidence of both operations, lookups, the counter). Then 10,000 leases with a 5 s TTL
 // expire at about the same time with the reaper running every second,
 // while one writer keeps acquiring and releasing: it reports how long the
 // active count takes to come back (expiries/s) and the writer's longest
@@ -53,6 +56,7 @@ func BenchmarkScale(b *testing.B) {
 		n                          int
 		pairs1, pairs16            float64
 		bytesPerLease, aofPerLease float64
+		endedBytes, endedAOF       float64
 	}
 	var lines []line
 	type reapLine struct {
@@ -65,23 +69,35 @@ func BenchmarkScale(b *testing.B) {
 		for _, n := range ns {
 			s, size := openScaleStore(b, backend, time.Minute)
 			before := size()
-			preload(b, s, n)
+			held := preload(b, s, n)
 			after := size()
 			l := line{backend: backend, n: n}
 			if n > 0 {
 				l.bytesPerLease = float64(after.mem-before.mem) / float64(n)
 				l.aofPerLease = float64(after.aof-before.aof) / float64(n)
 			}
+			pairs := 0
 			for _, conc := range []int{1, 16} {
 				m, err := measure(storeRows(backend, s, false)[0], conc, rowTime)
 				if err != nil {
 					b.Fatalf("%s N=%d at %d goroutines: %v", backend, n, conc, err)
 				}
+				pairs += m.ops
 				if conc == 1 {
 					l.pairs1 = m.opsPerSec
 				} else {
 					l.pairs16 = m.opsPerSec
 				}
+			}
+			if n > 0 {
+				// What one ended lease leaves behind for its retention:
+				// history, both operations' evidence, the lease-id
+				// lookup and the counter.
+				releaseAll(b, s, held)
+				ended := size()
+				// Every measured pair ended a lease too.
+				l.endedBytes = float64(ended.mem-before.mem) / float64(n+pairs)
+				l.endedAOF = float64(ended.aof-before.aof) / float64(n+pairs)
 			}
 			lines = append(lines, l)
 			s.Close()
@@ -92,15 +108,15 @@ func BenchmarkScale(b *testing.B) {
 		s.Close()
 	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(w, "backend\tN active\tpairs/s 1 g\tx N=0\tpairs/s 16 g\tx N=0\tbytes/lease (file or used_memory)\tAOF bytes/lease\t\n")
+	fmt.Fprintf(w, "backend\tN active\tpairs/s 1 g\tx N=0\tpairs/s 16 g\tx N=0\tbytes/active lease\tAOF/active lease\tbytes/ended lease\tAOF/ended lease\t\n")
 	base := map[string]line{}
 	for _, l := range lines {
 		if l.n == ns[0] {
 			base[l.backend] = l
 		}
 		b0 := base[l.backend]
-		fmt.Fprintf(w, "%s\t%d\t%.0f\t%.2f\t%.0f\t%.2f\t%.0f\t%.0f\t\n", l.backend, l.n, l.pairs1, l.pairs1/b0.pairs1,
-			l.pairs16, l.pairs16/b0.pairs16, l.bytesPerLease, l.aofPerLease)
+		fmt.Fprintf(w, "%s\t%d\t%.0f\t%.2f\t%.0f\t%.2f\t%.0f\t%.0f\t%.0f\t%.0f\t\n", l.backend, l.n, l.pairs1, l.pairs1/b0.pairs1,
+			l.pairs16, l.pairs16/b0.pairs16, l.bytesPerLease, l.aofPerLease, l.endedBytes, l.endedAOF)
 	}
 	w.Flush()
 	fmt.Println()
@@ -158,7 +174,8 @@ func openScaleStore(b *testing.B, backend string, reap time.Duration) (scaleStor
 
 // preload acquires n leases on distinct identities (10 owners' worth of
 // programs) that outlive the run, 50 at a time.
-func preload(b *testing.B, s operations, n int) {
+func preload(b *testing.B, s operations, n int) []*lease.Record {
+	held := make([]*lease.Record, n)
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	var failed atomic.Pointer[error]
@@ -172,10 +189,12 @@ func preload(b *testing.B, s operations, n int) {
 				req := acquireReq(id)
 				req.TTL = 10 * time.Minute
 				req.Caller.PrincipalID = "prn_owner_" + strconv.FormatInt(i/10%10, 10)
-				if _, err := s.Acquire(bg, req); err != nil {
+				res, err := s.Acquire(bg, req)
+				if err != nil {
 					failed.CompareAndSwap(nil, &err)
 					return
 				}
+				held[i-1] = res.Lease
 			}
 		}()
 	}
@@ -183,6 +202,29 @@ func preload(b *testing.B, s operations, n int) {
 	if p := failed.Load(); p != nil {
 		b.Fatalf("preload: %v", *p)
 	}
+	return held
+}
+
+// releaseAll releases every lease of held, 50 at a time.
+func releaseAll(b *testing.B, s operations, held []*lease.Record) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for g := 0; g < 50; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := next.Add(1); i <= int64(len(held)); i = next.Add(1) {
+				r := held[i-1]
+				req := releaseReq(r)
+				req.Caller.PrincipalID = r.OwnerPrincipalID
+				if _, err := s.Release(bg, req); err != nil {
+					b.Errorf("release: %v", err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // reapBacklog acquires n leases with a 5 s TTL, then waits for the
