@@ -254,20 +254,29 @@ func (s *FileSink) Write(ctx context.Context, e Event) error {
 	}
 	s.appending = true
 	s.qmu.Unlock()
-	for {
-		s.qmu.Lock()
-		batch := s.queue
-		s.queue = nil
-		if len(batch) == 0 {
-			s.appending = false
-			s.qmu.Unlock()
-			break
-		}
-		s.qmu.Unlock()
-		s.appendBatch(batch)
-	}
+	s.appendQueued()
 	<-p.done
 	return p.err
+}
+
+// appendQueued appends the queue as one batch (the caller's own line is
+// in it), then hands what queued meanwhile to a new goroutine, so the
+// writer that appended is answered after its own batch, not once the
+// load stops.
+func (s *FileSink) appendQueued() {
+	s.qmu.Lock()
+	batch := s.queue
+	s.queue = nil
+	s.qmu.Unlock()
+	s.appendBatch(batch)
+	s.qmu.Lock()
+	if len(s.queue) == 0 {
+		s.appending = false
+		s.qmu.Unlock()
+		return
+	}
+	s.qmu.Unlock()
+	go s.appendQueued()
 }
 
 // appendBatch appends the lines of batch in one write and one fsync and

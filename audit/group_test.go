@@ -115,3 +115,65 @@ func TestFileSinkGroupCommitFailsAWholeBatch(t *testing.T) {
 	}
 	assertWhole(t, path, 2)
 }
+
+// seqGatedFile blocks its i-th fsync until gates[i] is closed.
+type seqGatedFile struct {
+	*os.File
+	n     atomic.Int64
+	gates []chan struct{}
+	in    []chan struct{}
+}
+
+func (f *seqGatedFile) Sync() error {
+	i := int(f.n.Add(1)) - 1
+	if i < len(f.gates) {
+		close(f.in[i])
+		<-f.gates[i]
+	}
+	return f.File.Sync()
+}
+
+// The writer that appended a batch is answered once its batch is durable,
+// even while later batches keep the sink busy: the queue is handed on.
+func TestFileSinkAppenderAnsweredAfterItsOwnBatch(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	s, err := OpenFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	f := &seqGatedFile{File: s.f.(*os.File), gates: []chan struct{}{make(chan struct{}), make(chan struct{})},
+		in: []chan struct{}{make(chan struct{}), make(chan struct{})}}
+	s.f = f
+	first, second := make(chan error, 1), make(chan error, 1)
+	go func() { first <- s.Write(context.Background(), acquireEvent(t0)) }()
+	<-f.in[0]
+	go func() { second <- s.Write(context.Background(), acquireEvent(t0.Add(time.Millisecond))) }()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		s.qmu.Lock()
+		queued := len(s.queue)
+		s.qmu.Unlock()
+		if queued == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the second writer never queued")
+		}
+	}
+	close(f.gates[0])
+	<-f.in[1] // the second batch is in its fsync, held
+	select {
+	case err := <-first:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		close(f.gates[1]) // let the sink finish, so Close does not wait forever
+		t.Fatal("the first writer is not answered while a later batch is in progress")
+	}
+	close(f.gates[1])
+	if err := <-second; err != nil {
+		t.Fatal(err)
+	}
+	assertWhole(t, path, 2)
+}
