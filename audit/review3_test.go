@@ -310,7 +310,11 @@ func TestReview3MultiReportsAllErrors(t *testing.T) {
 	var slowDone atomic.Bool
 	sinks := []Sink{
 		funcSink(func(context.Context, Event) error { return e1 }),
-		funcSink(func(context.Context, Event) error { time.Sleep(50 * time.Millisecond); slowDone.Store(true); return nil }),
+		funcSink(func(context.Context, Event) error {
+			time.Sleep(50 * time.Millisecond)
+			slowDone.Store(true)
+			return nil
+		}),
 		funcSink(func(context.Context, Event) error { return e2 }),
 	}
 	err := Multi(sinks...).Write(context.Background(), acquireEvent(t0))

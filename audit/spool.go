@@ -189,10 +189,11 @@ func (s *Spool) Forward(ctx context.Context) error {
 		s.offset += n
 		s.pending--
 		if s.pending == 0 {
-			// Everything is in the backend: start the spool afresh.
-			if terr := s.local.truncateTo(0); terr == nil {
-				s.offset = 0
-			}
+			// Everything is in the backend: start the spool afresh. Even
+			// if the truncate failed part-way, the file sink cuts back to
+			// 0 before its next append, so the next event is at 0.
+			_ = s.local.truncateTo(0)
+			s.offset = 0
 		}
 		s.mu.Unlock()
 	}
@@ -247,9 +248,8 @@ func (s *Spool) readHeadLocked() (Event, int64, error) {
 	s.pending--
 	s.badLines++
 	if s.pending == 0 {
-		if terr := s.local.truncateTo(0); terr == nil {
-			s.offset = 0
-		}
+		_ = s.local.truncateTo(0) // see Forward
+		s.offset = 0
 	}
 	return Event{}, 0, nil
 }
