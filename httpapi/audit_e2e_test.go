@@ -435,7 +435,37 @@ func TestAuditBadKeyFloodSparesAuthenticated(t *testing.T) {
 	s := startServer(t, bin, newRowRecorder())
 	cl := s.createKey("prn-flood-victim", "api_client", "targets:lease",
 		"tenant:tenant-a,program:program-a,target-namespace:*,target:*,actor:*")
-	var flooded atomic.Int64
+	corrs, flooded := floodBadKeysThenDeny(t, s, cl.APIKey)
+	byCorr, authFailed, droppedUnauth, droppedAuth := tallyFlood(auditEventsOf(t, s))
+	t.Logf("%d bad keys sent, %d audited, %d aggregated; %d authenticated events aggregated",
+		flooded, authFailed, droppedUnauth, droppedAuth)
+	if droppedUnauth == 0 || authFailed+droppedUnauth != flooded {
+		t.Fatalf("the flood of %d bad keys: %d written, %d in unauthenticated aggregates; want every one accounted for, some aggregated",
+			flooded, authFailed, droppedUnauth)
+	}
+	for i, corr := range corrs {
+		e, ok := byCorr[corr]
+		if !ok {
+			t.Errorf("denial %d of the authenticated principal was not written during the flood", i)
+			continue
+		}
+		if e.ResultCode != lease.CodeAccessDenied || e.PrincipalID != "prn-flood-victim" {
+			t.Errorf("denial %d audited as %+v", i, e)
+		}
+	}
+	if droppedAuth != 0 {
+		t.Errorf("%d authenticated events were aggregated", droppedAuth)
+	}
+}
+
+// floodBadKeysThenDeny floods s with requests bearing a bad key from 8
+// goroutines until well past the unauthenticated budget's burst, then sends
+// five out-of-scope acquires with key (each must be 403), ends the flood and
+// stops the server (Close flushes the drop aggregates). It returns the
+// denials' correlation ids and how many bad-key requests were answered.
+func floodBadKeysThenDeny(t *testing.T, s *e2eServer, key string) (corrs []string, flooded int64) {
+	t.Helper()
+	var n atomic.Int64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for range 8 {
@@ -455,34 +485,38 @@ func TestAuditBadKeyFloodSparesAuthenticated(t *testing.T) {
 					return
 				}
 				resp.Body.Close()
-				flooded.Add(1)
+				n.Add(1)
 			}
 		}()
 	}
-	// Well past the budget's burst before the principal's requests.
-	for flooded.Load() < 400 {
+	for n.Load() < 400 {
 		time.Sleep(5 * time.Millisecond)
 	}
-	var corrs []string
 	for i := range 5 {
 		corr := uniqueID(fmt.Sprintf("denied-%d", i))
 		corrs = append(corrs, corr)
 		b := acquireBody(lease.Identity{TenantID: "tenant-b", ProgramID: "program-a", TargetNamespace: "starintel-target",
 			TargetID: "flood", ActorName: "usernamegen"}, uniqueID("req"))
-		r := s.do(t, rawReq{Method: "POST", Path: apiBase + "/acquire", Key: cl.APIKey, Body: b,
-			Header: [][2]string{{"X-Correlation-ID", corr}}})
-		if r.Status != 403 {
+		if r := s.do(t, rawReq{Method: "POST", Path: apiBase + "/acquire", Key: key, Body: b,
+			Header: [][2]string{{"X-Correlation-ID", corr}}}); r.Status != 403 {
+			close(stop)
+			wg.Wait()
 			t.Fatalf("out-of-scope acquire: %d %s", r.Status, r.Body)
 		}
 	}
 	close(stop)
 	wg.Wait()
-	if err := s.Stop(); err != nil { // Close flushes the aggregate
+	if err := s.Stop(); err != nil {
 		t.Fatalf("stop: %v", err)
 	}
-	evs := auditEventsOf(t, s)
-	byCorr := map[string]audit.Event{}
-	var authFailed, droppedUnauth, droppedAuth int64
+	return corrs, n.Load()
+}
+
+// tallyFlood indexes events by correlation id and counts the written
+// auth failures and the events aggregated as dropped, unauthenticated and
+// authenticated.
+func tallyFlood(evs []audit.Event) (byCorr map[string]audit.Event, authFailed, droppedUnauth, droppedAuth int64) {
+	byCorr = map[string]audit.Event{}
 	for _, e := range evs {
 		byCorr[e.CorrelationID] = e
 		switch {
@@ -494,23 +528,5 @@ func TestAuditBadKeyFloodSparesAuthenticated(t *testing.T) {
 			droppedAuth += e.DroppedCount
 		}
 	}
-	t.Logf("%d bad keys sent, %d audited, %d aggregated; %d authenticated events aggregated",
-		flooded.Load(), authFailed, droppedUnauth, droppedAuth)
-	if droppedUnauth == 0 || authFailed+droppedUnauth != flooded.Load() {
-		t.Fatalf("the flood of %d bad keys: %d written, %d in unauthenticated aggregates; want every one accounted for, some aggregated",
-			flooded.Load(), authFailed, droppedUnauth)
-	}
-	for i, corr := range corrs {
-		e, ok := byCorr[corr]
-		if !ok {
-			t.Errorf("denial %d of the authenticated principal was not written during the flood", i)
-			continue
-		}
-		if e.ResultCode != lease.CodeAccessDenied || e.PrincipalID != "prn-flood-victim" {
-			t.Errorf("denial %d audited as %+v", i, e)
-		}
-	}
-	if droppedAuth != 0 {
-		t.Errorf("%d authenticated events were aggregated", droppedAuth)
-	}
+	return byCorr, authFailed, droppedUnauth, droppedAuth
 }

@@ -68,8 +68,13 @@ type listFixture struct {
 }
 
 func newListFixture(t *testing.T) *listFixture {
-	bin := testenv.BuildStarlease(t)
-	s := startServer(t, bin, newRowRecorder())
+	return newListFixtureOn(t, startServer(t, testenv.BuildStarlease(t), newRowRecorder()))
+}
+
+// newListFixtureOn builds the fixture on a server the caller started (bolt
+// or Valkey): keys of every scope shape, shuffled leases over two owners,
+// and a history identity.
+func newListFixtureOn(t *testing.T, s *e2eServer) *listFixture {
 	f := &listFixture{s: s, callers: map[string]listCaller{}}
 	ownerX := s.createKey("prn-owner-x", "api_client", "targets:lease", "tenant:*,program:*")
 	ownerY := s.createKey("prn-owner-y", "api_client", "targets:lease", "tenant:*,program:*")

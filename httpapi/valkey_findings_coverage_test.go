@@ -5,18 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
-	"net/http"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/starintel/starlease/audit"
 	"github.com/starintel/starlease/auth"
-	"github.com/starintel/starlease/client"
 	"github.com/starintel/starlease/internal/testenv"
 	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/valkey"
@@ -254,93 +250,6 @@ func TestAuditInputCannotSwitchOffAuditOnValkey(t *testing.T) {
 	}
 }
 
-// newListFixtureOn is newListFixture (list_scope_test.go) on a server the
-// caller started: the same keys of every scope shape, the same shuffled
-// leases and the same history identity.
-func newListFixtureOn(t *testing.T, s *e2eServer) *listFixture {
-	f := &listFixture{s: s, callers: map[string]listCaller{}}
-	ownerX := s.createKey("prn-owner-x", "api_client", "targets:lease", "tenant:*,program:*")
-	ownerY := s.createKey("prn-owner-y", "api_client", "targets:lease", "tenant:*,program:*")
-	tA, pA, pB := []string{"tenant-a"}, []string{"program-a"}, []string{"program-b"}
-	for _, c := range []listCaller{
-		{name: "tenant_only", key: s.createKey("prn-reader-a", "api_client", "targets:read,audit:read", "tenant:tenant-a,program:*"),
-			read: true, history: true, tenants: tA},
-		{name: "tenant_program", key: s.createKey("prn-reader-a", "api_client", "targets:read,audit:read", "tenant:tenant-a,program:program-a"),
-			read: true, history: true, tenants: tA, programs: pA},
-		{name: "tenant_only_twin", key: s.createKey("prn-reader-a2", "api_client", "targets:read,audit:read", "tenant:tenant-a,program:*"),
-			read: true, history: true, tenants: tA},
-		{name: "program_wildcard", key: s.createKey("prn-reader-p", "api_client", "targets:read,audit:read", "tenant:*,program:program-b"),
-			read: true, history: true, programs: pB},
-		{name: "namespace_narrowed", key: s.createKey("prn-reader-ns", "api_client", "targets:read,audit:read",
-			"tenant:tenant-a,program:*,target-namespace:ns-1"), read: true, history: true, tenants: tA, namespaces: []string{"ns-1"}},
-		{name: "target_narrowed", key: s.createKey("prn-reader-t", "api_client", "targets:read,audit:read",
-			"tenant:tenant-a,program:program-a,target:t-2"), read: true, history: true, tenants: tA, programs: pA, targets: []string{"t-2"}},
-		{name: "actor_component", key: s.createKey("prn-actor-1", "actor_component", "targets:lease,targets:read,audit:read",
-			"tenant:*,program:*,actor:actor-1"), read: true, history: true, actors: []string{"actor-1"}},
-		{name: "owner_actor_component", key: s.createKey("prn-owner-x", "actor_component", "targets:lease",
-			"tenant:*,program:*,actor:actor-2"), actors: []string{"actor-2"}},
-		{name: "owner", key: ownerX},
-		{name: "administrator", key: s.createKey("prn-admin", "administrator",
-			"targets:lease,targets:read,targets:force-release,audit:read", "tenant:*,program:*"), read: true, history: true},
-		{name: "out_of_scope", key: s.createKey("prn-reader-c", "api_client", "targets:read,audit:read", "tenant:tenant-c,program:*"),
-			read: true, history: true, tenants: []string{"tenant-c"}},
-	} {
-		f.callers[c.name] = c
-	}
-	ctx := context.Background()
-	cx, cy := s.client(ownerX), s.client(ownerY)
-	acquire := func(c *client.Client, id lease.Identity) client.Lease {
-		t.Helper()
-		res, err := c.Acquire(ctx, client.AcquireRequest{LockIdentity: id, TTLMs: 600000, ServiceInstanceID: "inst-l",
-			ExecutionID: "exec-l", JobID: "job-l"})
-		return okLease(t, s, res, err, lease.CodeAcquired).Lease
-	}
-	hist := lease.Identity{TenantID: "tenant-a", ProgramID: "program-a", TargetNamespace: "ns-1", TargetID: "t-1",
-		ActorName: "actor-1", WorkflowName: "wf-history"}
-	for range 3 {
-		l := acquire(cx, hist)
-		if _, err := cx.Release(ctx, client.ReleaseRequest{LeaseID: l.LeaseID, LockIdentity: hist, FencingToken: l.FencingToken,
-			ServiceInstanceID: "inst-l"}); err != nil {
-			t.Fatalf("release: %v", err)
-		}
-		f.history.ended = append([]string{l.LeaseID}, f.history.ended...)
-	}
-	var ids []lease.Identity
-	for _, tenant := range []string{"tenant-a", "tenant-b"} {
-		for _, program := range []string{"program-a", "program-b"} {
-			for _, ns := range []string{"ns-1", "ns-2"} {
-				for _, target := range []string{"t-1", "t-2"} {
-					for _, actor := range []string{"actor-1", "actor-2"} {
-						for _, wf := range []string{"wf-1", "wf-2"} {
-							ids = append(ids, lease.Identity{TenantID: tenant, ProgramID: program, TargetNamespace: ns,
-								TargetID: target, ActorName: actor, WorkflowName: wf})
-						}
-					}
-				}
-			}
-		}
-	}
-	ids = append(ids, hist)
-	rng := rand.New(rand.NewPCG(11, 3))
-	rng.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
-	for i, id := range ids {
-		c, owner := cx, ownerX.Principal
-		if i%2 == 1 && id != hist {
-			c, owner = cy, ownerY.Principal
-		}
-		l := acquire(c, id)
-		row := listRow{id: l.LeaseID, ident: canonical(id), owner: owner}
-		f.rows = append(f.rows, row)
-		switch {
-		case id == hist:
-			f.history.active = row
-		case id.TenantID == "tenant-a" && id.ProgramID == "program-a" && f.history.foreign.id == "":
-			f.history.foreign = row
-		}
-	}
-	return f
-}
-
 // TestListScopeOnValkey is TestListScope (issue 11 §3) against a server on
 // Valkey: every list route and history as callers of every scope shape,
 // pages holding exactly the visible leases, opaque tokens, tokens refused
@@ -484,68 +393,13 @@ func TestSmallerFindingsOnValkey(t *testing.T) {
 		s := startValkeyServer(t, bin, r)
 		cl := s.createKey("prn-flood-vk", "api_client", "targets:lease",
 			"tenant:tenant-a,program:program-a,target-namespace:*,target:*,actor:*")
-		var flooded atomic.Int64
-		stop := make(chan struct{})
-		var wg sync.WaitGroup
-		for range 8 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					req, _ := http.NewRequest("GET", s.URL()+apiBase+"/lease_x", nil)
-					req.Header.Set("Authorization", "Bearer star_sk_v1_not-a-key")
-					resp, err := http.DefaultClient.Do(req)
-					if err != nil {
-						return
-					}
-					resp.Body.Close()
-					flooded.Add(1)
-				}
-			}()
-		}
-		for flooded.Load() < 400 {
-			time.Sleep(5 * time.Millisecond)
-		}
-		var corrs []string
-		for i := range 5 {
-			corr := uniqueID(fmt.Sprintf("denied-%d", i))
-			corrs = append(corrs, corr)
-			b := acquireBody(lease.Identity{TenantID: "tenant-b", ProgramID: "program-a", TargetNamespace: "starintel-target",
-				TargetID: "flood", ActorName: "usernamegen"}, uniqueID("req"))
-			if r := s.do(t, rawReq{Method: "POST", Path: apiBase + "/acquire", Key: cl.APIKey, Body: b,
-				Header: [][2]string{{"X-Correlation-ID", corr}}}); r.Status != 403 {
-				t.Fatalf("out-of-scope acquire: %d %s", r.Status, r.Body)
-			}
-		}
-		close(stop)
-		wg.Wait()
-		if err := s.Stop(); err != nil { // Close flushes the aggregate
-			t.Fatalf("stop: %v", err)
-		}
-		evs := s.stream(t)
-		byCorr := map[string]audit.Event{}
-		var authFailed, droppedUnauth, droppedAuth int64
-		for _, e := range evs {
-			byCorr[e.CorrelationID] = e
-			switch {
-			case e.EventType == audit.EventAuthFailed:
-				authFailed++
-			case e.EventType == audit.EventDropped && e.Reason == audit.DroppedUnauthenticated:
-				droppedUnauth += e.DroppedCount
-			case e.EventType == audit.EventDropped:
-				droppedAuth += e.DroppedCount
-			}
-		}
+		corrs, flooded := floodBadKeysThenDeny(t, s.e2eServer, cl.APIKey)
+		byCorr, authFailed, droppedUnauth, droppedAuth := tallyFlood(s.stream(t))
 		t.Logf("%d bad keys sent, %d audited, %d aggregated; %d authenticated events aggregated",
-			flooded.Load(), authFailed, droppedUnauth, droppedAuth)
-		if droppedUnauth == 0 || authFailed+droppedUnauth != flooded.Load() {
+			flooded, authFailed, droppedUnauth, droppedAuth)
+		if droppedUnauth == 0 || authFailed+droppedUnauth != flooded {
 			t.Errorf("the flood of %d bad keys: %d in the Valkey stream, %d in unauthenticated aggregates; want every one accounted for, some aggregated",
-				flooded.Load(), authFailed, droppedUnauth)
+				flooded, authFailed, droppedUnauth)
 		}
 		for i, corr := range corrs {
 			if e, ok := byCorr[corr]; !ok || e.ResultCode != lease.CodeAccessDenied || e.PrincipalID != "prn-flood-vk" {
