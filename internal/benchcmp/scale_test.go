@@ -176,6 +176,34 @@ func openScaleStore(b *testing.B, backend string, reap time.Duration) (scaleStor
 // programs) that outlive the run, 50 at a time.
 func preload(b *testing.B, s operations, n int) []*lease.Record {
 	held := make([]*lease.Record, n)
+	inParallel(b, "preload", n, func(i int) error {
+		id := identity()
+		id.ProgramID = "program-" + strconv.Itoa(i%10)
+		req := acquireReq(id)
+		req.TTL = 10 * time.Minute
+		req.Caller.PrincipalID = "prn_owner_" + strconv.Itoa(i/10%10)
+		res, err := s.Acquire(bg, req)
+		if err == nil {
+			held[i] = res.Lease
+		}
+		return err
+	})
+	return held
+}
+
+// releaseAll releases every lease of held, 50 at a time.
+func releaseAll(b *testing.B, s operations, held []*lease.Record) {
+	inParallel(b, "release", len(held), func(i int) error {
+		req := releaseReq(held[i])
+		req.Caller.PrincipalID = held[i].OwnerPrincipalID
+		_, err := s.Release(bg, req)
+		return err
+	})
+}
+
+// inParallel runs op for 0 ≤ i < n on 50 goroutines and fails b with
+// the first error.
+func inParallel(b *testing.B, what string, n int, op func(i int) error) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	var failed atomic.Pointer[error]
@@ -183,48 +211,17 @@ func preload(b *testing.B, s operations, n int) []*lease.Record {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
-				id := identity()
-				id.ProgramID = "program-" + strconv.FormatInt(i%10, 10)
-				req := acquireReq(id)
-				req.TTL = 10 * time.Minute
-				req.Caller.PrincipalID = "prn_owner_" + strconv.FormatInt(i/10%10, 10)
-				res, err := s.Acquire(bg, req)
-				if err != nil {
+			for i := next.Add(1); i <= int64(n) && failed.Load() == nil; i = next.Add(1) {
+				if err := op(int(i - 1)); err != nil {
 					failed.CompareAndSwap(nil, &err)
-					return
 				}
-				held[i-1] = res.Lease
 			}
 		}()
 	}
 	wg.Wait()
 	if p := failed.Load(); p != nil {
-		b.Fatalf("preload: %v", *p)
+		b.Fatalf("%s: %v", what, *p)
 	}
-	return held
-}
-
-// releaseAll releases every lease of held, 50 at a time.
-func releaseAll(b *testing.B, s operations, held []*lease.Record) {
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for g := 0; g < 50; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := next.Add(1); i <= int64(len(held)); i = next.Add(1) {
-				r := held[i-1]
-				req := releaseReq(r)
-				req.Caller.PrincipalID = r.OwnerPrincipalID
-				if _, err := s.Release(bg, req); err != nil {
-					b.Errorf("release: %v", err)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
 }
 
 // reapBacklog acquires n leases with a 5 s TTL, then waits for the
@@ -238,28 +235,18 @@ func reapBacklog(b *testing.B, s scaleStore, n int) (float64, time.Duration) {
 	}
 	const ttl = 5 * time.Second
 	start := time.Now()
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for g := 0; g < 50; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
-				req := acquireReq(identity())
-				req.TTL = ttl
-				if _, err := s.Acquire(bg, req); err != nil {
-					b.Errorf("acquire: %v", err)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	inParallel(b, "acquire", n, func(int) error {
+		req := acquireReq(identity())
+		req.TTL = ttl
+		_, err := s.Acquire(bg, req)
+		return err
+	})
 	lastExpiry := time.Now().Add(ttl)
 	if time.Since(start) > ttl {
 		b.Logf("acquiring %d leases took %v, longer than their TTL: the first expired before the last was granted", n, time.Since(start))
 	}
 	var maxWait atomic.Int64
+	var wg sync.WaitGroup
 	stop := make(chan struct{})
 	writer := storeRows("writer", s, false)[0]
 	op, _ := writer.worker(0)
