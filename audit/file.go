@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/starintel/starlease/internal/groupcommit"
 	"io"
 	"io/fs"
 	"os"
@@ -18,10 +19,11 @@ import (
 // while open: it is the file's only writer.
 //
 // Every Write fsyncs before it returns, so every accepted event is durable.
-// Concurrent writers share the fsync (group commit): whoever finds no
+// Concurrent writers share the fsync (groupcommit.Queue): whoever finds no
 // append in progress appends every queued line in one write and one fsync,
-// then the lines queued meanwhile, so a busy server pays one fsync per
-// batch instead of one per event, and a writer alone pays exactly its own.
+// the lines queued meanwhile going to the next batch, so a busy server pays
+// one fsync per batch instead of one per event, and a writer alone pays
+// exactly its own.
 // A batch fails or lands as a whole.
 //
 // A failed write or fsync (a full disk, an I/O error) never leaves a
@@ -33,11 +35,8 @@ import (
 // OpenFile quarantines a torn tail a crash left behind, so appends always
 // start on a line boundary.
 type FileSink struct {
-	// qmu guards the queue of lines waiting for an append; appending
-	// says whether a writer is appending (and will take the queue).
-	qmu       sync.Mutex
-	queue     []*pendingLine
-	appending bool
+	// lines batches concurrent writers' lines into one append and fsync.
+	lines groupcommit.Queue[*pendingLine]
 
 	mu     sync.Mutex
 	f      file
@@ -245,38 +244,9 @@ func (s *FileSink) Write(ctx context.Context, e Event) error {
 	}
 	p := &pendingLine{b: append(b, '\n'), high: e.Priority == PriorityHigh || PriorityOf(e.EventType) == PriorityHigh,
 		done: make(chan struct{})}
-	s.qmu.Lock()
-	s.queue = append(s.queue, p)
-	if s.appending {
-		s.qmu.Unlock()
-		<-p.done
-		return p.err
-	}
-	s.appending = true
-	s.qmu.Unlock()
-	s.appendQueued()
+	s.lines.Submit(p, s.appendBatch)
 	<-p.done
 	return p.err
-}
-
-// appendQueued appends the queue as one batch (the caller's own line is
-// in it), then hands what queued meanwhile to a new goroutine, so the
-// writer that appended is answered after its own batch, not once the
-// load stops.
-func (s *FileSink) appendQueued() {
-	s.qmu.Lock()
-	batch := s.queue
-	s.queue = nil
-	s.qmu.Unlock()
-	s.appendBatch(batch)
-	s.qmu.Lock()
-	if len(s.queue) == 0 {
-		s.appending = false
-		s.qmu.Unlock()
-		return
-	}
-	s.qmu.Unlock()
-	go s.appendQueued()
 }
 
 // appendBatch appends the lines of batch in one write and one fsync and

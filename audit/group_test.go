@@ -51,9 +51,7 @@ func queueBehindFirst(t *testing.T, s *FileSink, gf *gatedFile, n int) []error {
 		}(i)
 	}
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		s.qmu.Lock()
-		queued := len(s.queue)
-		s.qmu.Unlock()
+		queued := s.lines.Queued()
 		if queued == n {
 			break
 		}
@@ -150,9 +148,7 @@ func TestFileSinkAppenderAnsweredAfterItsOwnBatch(t *testing.T) {
 	<-f.in[0]
 	go func() { second <- s.Write(context.Background(), acquireEvent(t0.Add(time.Millisecond))) }()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		s.qmu.Lock()
-		queued := len(s.queue)
-		s.qmu.Unlock()
+		queued := s.lines.Queued()
 		if queued == 1 {
 			break
 		}

@@ -126,9 +126,7 @@ func TestReview3HighInBatchFollowsPath(t *testing.T) {
 		go func() { defer wg.Done(); errs[i] = s.Write(context.Background(), events[i]) }()
 	}
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		s.qmu.Lock()
-		q := len(s.queue)
-		s.qmu.Unlock()
+		q := s.lines.Queued()
 		if q == len(events) {
 			break
 		}
@@ -178,9 +176,7 @@ func TestReview3CloseWithQueuedWriters(t *testing.T) {
 		go func() { defer wg.Done(); errs[i] = s.Write(context.Background(), events[i]) }()
 	}
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		s.qmu.Lock()
-		q := len(s.queue)
-		s.qmu.Unlock()
+		q := s.lines.Queued()
 		if q == n {
 			break
 		}

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/starintel/starlease/internal/groupcommit"
 	"path/filepath"
 	"sync"
 	"time"
@@ -105,7 +106,7 @@ func OpenAudit(path string, o AuditOptions) (*AuditSink, error) {
 		db.Close()
 		return nil, fmt.Errorf("audit: initialize %s: %w", path, err)
 	}
-	return &AuditSink{db: db, group: groupCommit{db: db, max: maxGroupCommit}, path: path, opts: o}, nil
+	return &AuditSink{db: db, group: groupCommit{db: db, queue: groupcommit.Queue[*groupCall]{Max: maxGroupCommit}}, path: path, opts: o}, nil
 }
 
 // ErrDuplicateAuditEvent is returned when an event id is already stored.

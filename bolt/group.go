@@ -3,34 +3,32 @@ package bolt
 import (
 	"errors"
 	"fmt"
-	"sync"
 
 	bbolt "go.etcd.io/bbolt"
+
+	"github.com/starintel/starlease/internal/groupcommit"
 )
 
 // groupCommit runs concurrent write functions in shared transactions, one
-// commit (and its fsyncs) for all of them, with no timer: whoever finds no
-// commit in progress commits what is queued at once, and keeps committing
-// what queued up meanwhile until the queue is empty. A caller alone pays
-// exactly one transaction; callers arriving during a commit share the next.
+// commit (and its fsyncs) for all of them, batched by groupcommit.Queue
+// with no timer: a caller alone pays exactly one transaction; callers
+// arriving during a commit share the next.
 //
 // bbolt's own Batch waits a fixed delay before committing, so every batch
 // of a steady workload idles for it, and a batch formed while the previous
 // commit runs holds only the callers that arrived in the delay.
 type groupCommit struct {
 	db *bbolt.DB
-	// max bounds the calls in one transaction, so one commit's pages and
-	// every caller's latency stay bounded under a flood.
-	max int
 
 	// rolledBack, if set, is called by the committer after a transaction
 	// that did not commit, while no other write transaction runs (the
 	// store forgets the time the transaction registered; see readTx).
 	rolledBack func()
 
-	mu      sync.Mutex
-	queue   []*groupCall
-	running bool
+	// queue batches the calls; its Max bounds the calls of one
+	// transaction, so one commit's pages and every caller's latency stay
+	// bounded under a flood.
+	queue groupcommit.Queue[*groupCall]
 }
 
 type groupCall struct {
@@ -55,47 +53,9 @@ var errCommitPanicked = errors.New("commit panicked")
 // that fails is retried alone, so its error is its own.
 func (g *groupCommit) update(fn func(*bbolt.Tx) error) error {
 	c := &groupCall{fn: fn, done: make(chan struct{})}
-	g.mu.Lock()
-	g.queue = append(g.queue, c)
-	if g.running {
-		g.mu.Unlock()
-		<-c.done
-		return c.err
-	}
-	g.running = true
-	g.mu.Unlock()
-	g.commitQueued()
+	g.queue.Submit(c, g.commit)
 	<-c.done
 	return c.err
-}
-
-// commitQueued commits one batch of the queue (the caller's own call is
-// in it: a caller that finds no commit in progress finds the queue empty),
-// then hands what queued meanwhile to a new goroutine, so a committer is
-// answered after its own transaction, not once the load stops.
-func (g *groupCommit) commitQueued() {
-	g.mu.Lock()
-	n := min(len(g.queue), g.max)
-	if n == 0 {
-		g.running = false
-		g.mu.Unlock()
-		return
-	}
-	batch := g.queue[:n:n]
-	g.queue = g.queue[n:]
-	if len(g.queue) == 0 {
-		g.queue = nil
-	}
-	g.mu.Unlock()
-	g.commit(batch)
-	g.mu.Lock()
-	if len(g.queue) == 0 {
-		g.running = false
-		g.mu.Unlock()
-		return
-	}
-	g.mu.Unlock()
-	go g.commitQueued()
 }
 
 // commit runs batch in one transaction. When a function fails, the

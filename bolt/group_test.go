@@ -3,6 +3,7 @@ package bolt
 import (
 	"errors"
 	"fmt"
+	"github.com/starintel/starlease/internal/groupcommit"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -21,7 +22,7 @@ func openGroup(t *testing.T, max int) *groupCommit {
 	if err := db.Update(func(tx *bbolt.Tx) error { _, err := tx.CreateBucket([]byte("k")); return err }); err != nil {
 		t.Fatal(err)
 	}
-	return &groupCommit{db: db, max: max}
+	return &groupCommit{db: db, queue: groupcommit.Queue[*groupCall]{Max: max}}
 }
 
 func lastTxID(t *testing.T, db *bbolt.DB) int {
@@ -62,9 +63,7 @@ func holdFirst(t *testing.T, g *groupCommit, n int) <-chan error {
 				close(entered)
 			}
 			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-				g.mu.Lock()
-				queued := len(g.queue)
-				g.mu.Unlock()
+				queued := g.queue.Queued()
 				if queued >= n {
 					return put("first")(tx)
 				}

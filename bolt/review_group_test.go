@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/starintel/starlease/internal/groupcommit"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -26,9 +27,7 @@ import (
 func waitQueued(t *testing.T, g *groupCommit, n int) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Microsecond) {
-		g.mu.Lock()
-		q := len(g.queue)
-		g.mu.Unlock()
+		q := g.queue.Queued()
 		if q >= n {
 			return
 		}
@@ -76,7 +75,7 @@ func TestReviewCommitterAnsweredWhileLoadContinues(t *testing.T) {
 	var chain func(tx *bbolt.Tx) error
 	chain = func(tx *bbolt.Tx) error {
 		if time.Now().Before(stopAt) {
-			before := func() int { g.mu.Lock(); defer g.mu.Unlock(); return len(g.queue) }()
+			before := g.queue.Queued()
 			wg.Add(1)
 			go func() { defer wg.Done(); chained.Add(1); _ = g.update(chain) }()
 			waitQueued(t, g, before+1)
@@ -430,7 +429,7 @@ func TestReviewCommitFailureFailsTheWholeBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { db.Close() }()
-	g := &groupCommit{db: db, max: 256}
+	g := &groupCommit{db: db, queue: groupcommit.Queue[*groupCall]{Max: 256}}
 	release := make(chan struct{})
 	first := gate(t, g, release)
 	const n = 10

@@ -16,6 +16,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"github.com/starintel/starlease/internal/groupcommit"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -119,7 +120,7 @@ func Open(path string, o Options) (*Store, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
-	s.group = groupCommit{db: db, max: maxGroupCommit, rolledBack: s.forgetPending}
+	s.group = groupCommit{db: db, queue: groupcommit.Queue[*groupCall]{Max: maxGroupCommit}, rolledBack: s.forgetPending}
 	if err := db.Update(func(tx *bbolt.Tx) error {
 		for _, b := range allBuckets {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
