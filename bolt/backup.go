@@ -47,9 +47,21 @@ func (s *Store) Backup(ctx context.Context, w io.Writer, sections ...backupfile.
 	defer tx.Rollback()
 	var m backupfile.Header
 	counts := map[string]int64{}
-	for _, b := range [][]byte{bucketCounters, bucketIdem, bucketActive, bucketHistory, bucketLeases,
-		bucketHighWater, bucketCommits, bucketOutbox, bucketOutboxDead} {
+	for _, b := range [][]byte{bucketLeases, bucketHighWater, bucketCommits, bucketOutbox, bucketOutboxDead} {
 		counts[string(b)] = int64(tx.Bucket(b).Stats().KeyN)
+	}
+	// The header keeps the per-kind counts of the schema 2 buckets.
+	kinds := map[byte]string{kindCounter: "counters", kindIdem: "idem", kindActive: "active", kindHistory: "history"}
+	for _, name := range kinds {
+		counts[name] = 0
+	}
+	if err := tx.Bucket(bucketIdent).ForEach(func(k, _ []byte) error {
+		if _, kind, ok := splitIdentKey(k); ok && kinds[kind] != "" {
+			counts[kinds[kind]]++
+		}
+		return nil
+	}); err != nil {
+		return backupfile.Header{}, s.storageReadError(err)
 	}
 	// The snapshot is copied once, beside the store file, and the backup
 	// reads that copy twice (hash, then emit): tx.WriteTo copies free

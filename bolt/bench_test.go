@@ -131,13 +131,12 @@ func BenchmarkReapBacklog(b *testing.B) {
 		wg.Wait()
 		var left int
 		_ = s.db.View(func(tx *bbolt.Tx) error {
-			c := tx.Bucket(bucketActive).Cursor()
-			for k, v := c.First(); k != nil; k, v = c.Next() {
+			return eachOfKind(tx, kindActive, func(_ string, _, v []byte) error {
 				if r, err := lease.DecodeRecord(v); err == nil && !r.LiveAt(lease.At(s.now())) {
 					left++
 				}
-			}
-			return nil
+				return nil
+			})
 		})
 		if left != 0 {
 			b.Fatalf("%d expired leases left after the pass", left)

@@ -55,11 +55,11 @@ func (c *Closed) State(ctx context.Context) (lease.RestoredState, error) {
 		if v := meta.Get(keyEpoch); len(v) == 8 {
 			st.Epoch = binary.BigEndian.Uint64(v)
 		}
-		if err := tx.Bucket(bucketCounters).ForEach(func(k, v []byte) error {
+		if err := eachOfKind(tx, kindCounter, func(lockKey string, _, v []byte) error {
 			if len(v) != 8 {
 				return lease.Errorf(lease.CodeCorrupt, "a fencing counter is malformed")
 			}
-			st.Counters[string(k)] = binary.BigEndian.Uint64(v)
+			st.Counters[lockKey] = binary.BigEndian.Uint64(v)
 			return nil
 		}); err != nil {
 			return err
@@ -75,9 +75,9 @@ func (c *Closed) State(ctx context.Context) (lease.RestoredState, error) {
 		}); err != nil {
 			return err
 		}
-		return tx.Bucket(bucketActive).ForEach(func(k, v []byte) error {
+		return eachOfKind(tx, kindActive, func(lockKey string, _, v []byte) error {
 			rec, err := lease.DecodeRecord(v)
-			if err != nil || rec.LockKey != string(k) {
+			if err != nil || rec.LockKey != lockKey {
 				return lease.Errorf(lease.CodeCorrupt, "a restored active record is corrupt")
 			}
 			st.Active = append(st.Active, rec)
@@ -114,26 +114,26 @@ func (c *Closed) Finish(ctx context.Context, plan lease.RecoveryPlan) (lease.Rec
 		res = lease.RecoveryResult{}
 		now := c.s.clock(tx)
 		res.At = now
-		counters := tx.Bucket(bucketCounters)
+		ident := tx.Bucket(bucketIdent)
 		for key, want := range plan.Counters {
 			var cur uint64
-			if v := counters.Get([]byte(key)); v != nil {
+			if v := ident.Get(counterKey(key)); v != nil {
 				if len(v) != 8 {
 					return lease.Errorf(lease.CodeCorrupt, "a fencing counter is malformed")
 				}
 				cur = binary.BigEndian.Uint64(v)
 			}
 			if want > cur {
-				if err := counters.Put([]byte(key), u64(want)); err != nil {
+				if err := ident.Put(counterKey(key), u64(want)); err != nil {
 					return err
 				}
 				res.Raised++
 			}
 		}
 		var active []*lease.Record
-		if err := tx.Bucket(bucketActive).ForEach(func(k, v []byte) error {
+		if err := eachOfKind(tx, kindActive, func(lockKey string, _, v []byte) error {
 			rec, err := lease.DecodeRecord(v)
-			if err != nil || rec.LockKey != string(k) {
+			if err != nil || rec.LockKey != lockKey {
 				return lease.Errorf(lease.CodeCorrupt, "a restored active record is corrupt")
 			}
 			active = append(active, rec)

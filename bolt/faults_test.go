@@ -17,7 +17,7 @@ type faults struct{ s *Store }
 func (f faults) Counter(ctx context.Context, lockKey string) (uint64, error) {
 	var n uint64
 	err := f.s.view(ctx, func(tx *bbolt.Tx) error {
-		if v := tx.Bucket(bucketCounters).Get([]byte(lockKey)); len(v) == 8 {
+		if v := tx.Bucket(bucketIdent).Get(counterKey(lockKey)); len(v) == 8 {
 			n = binary.BigEndian.Uint64(v)
 		}
 		return nil
@@ -27,13 +27,13 @@ func (f faults) Counter(ctx context.Context, lockKey string) (uint64, error) {
 
 func (f faults) SetCounter(ctx context.Context, lockKey string, value uint64) error {
 	return f.s.mutate(ctx, func(tx *bbolt.Tx) error {
-		return tx.Bucket(bucketCounters).Put([]byte(lockKey), u64(value))
+		return tx.Bucket(bucketIdent).Put(counterKey(lockKey), u64(value))
 	})
 }
 
 func (f faults) PutRawActive(ctx context.Context, lockKey string, raw []byte) error {
 	return f.s.mutate(ctx, func(tx *bbolt.Tx) error {
-		return tx.Bucket(bucketActive).Put([]byte(lockKey), raw)
+		return tx.Bucket(bucketIdent).Put(activeKey(lockKey), raw)
 	})
 }
 

@@ -28,8 +28,8 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Re
 			return lease.Result{}, refuse(lease.Conflict(now, cur.ExpiresAt))
 		}
 		// Every check that can refuse runs before the first write.
-		counters := tx.Bucket(bucketCounters)
-		counter, ok := counterAt(counters, []byte(p.LockKey))
+		ident := tx.Bucket(bucketIdent)
+		counter, ok := counterAt(ident, counterKey(p.LockKey))
 		if !ok {
 			return lease.Result{}, refuse(s.quarantine(tx, p.LockKey, p.Identity, "fencing counter is malformed"))
 		}
@@ -49,7 +49,7 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Re
 			}
 		}
 		rec := lease.NewLease(req, p, now, counter+1)
-		if err := counters.Put([]byte(p.LockKey), u64(rec.FencingToken)); err != nil {
+		if err := ident.Put(counterKey(p.LockKey), u64(rec.FencingToken)); err != nil {
 			return lease.Result{}, err
 		}
 		if err := s.putActive(tx, rec, nil); err != nil {
@@ -221,7 +221,7 @@ func (s *Store) start(tx *bbolt.Tx, p lease.Prepared, due lease.Timestamp) (leas
 	if err := lease.PastDeadline(now, due); err != nil {
 		return now, nil, err
 	}
-	v := tx.Bucket(bucketIdem).Get([]byte(p.Scope))
+	v := tx.Bucket(bucketIdent).Get(idemKey(p.LockKey, p.Scope))
 	if v == nil {
 		return now, nil, nil
 	}
@@ -280,17 +280,18 @@ func (s *Store) remember(tx *bbolt.Tx, p lease.Prepared, res lease.Result) error
 	if err != nil {
 		return err
 	}
-	if err := tx.Bucket(bucketIdem).Put([]byte(p.Scope), b); err != nil {
+	k := idemKey(p.LockKey, p.Scope)
+	if err := tx.Bucket(bucketIdent).Put(k, b); err != nil {
 		return err
 	}
 	exp := res.BackendTime.Add(s.opts.IdempotencyRetention).UnixMilli()
-	return tx.Bucket(bucketIdemExp).Put(append(u64(uint64(exp)), p.Scope...), nil)
+	return tx.Bucket(bucketIdemExp).Put(append(u64(uint64(exp)), k...), nil)
 }
 
 // loadActive strictly decodes the active record of lockKey; nil if none. A
 // record that fails decoding is quarantined and reported corrupt.
 func (s *Store) loadActive(tx *bbolt.Tx, lockKey string) (*lease.Record, error) {
-	v := tx.Bucket(bucketActive).Get([]byte(lockKey))
+	v := tx.Bucket(bucketIdent).Get(activeKey(lockKey))
 	if v == nil {
 		return nil, nil
 	}
@@ -329,7 +330,7 @@ func (s *Store) putActive(tx *bbolt.Tx, rec, prev *lease.Record) error {
 	if err := exp.Put(activeExpKey(rec), nil); err != nil {
 		return err
 	}
-	return tx.Bucket(bucketActive).Put([]byte(rec.LockKey), b)
+	return tx.Bucket(bucketIdent).Put(activeKey(rec.LockKey), b)
 }
 
 // activeExpKey is the reaper's index entry of an active record, ordered by
@@ -359,19 +360,19 @@ func (s *Store) archive(tx *bbolt.Tx, cur *lease.Record, state lease.State, ende
 	if err != nil {
 		return err
 	}
-	hist := tx.Bucket(bucketHistory)
-	seq, err := hist.NextSequence()
+	ident := tx.Bucket(bucketIdent)
+	seq, err := ident.NextSequence()
 	if err != nil {
 		return err
 	}
-	hk := append(join(cur.LockKey, ""), u64(seq)...)
-	if err := hist.Put(hk, b); err != nil {
+	hk := historyKey(cur.LockKey, seq)
+	if err := ident.Put(hk, b); err != nil {
 		return err
 	}
 	if err := tx.Bucket(bucketHistoryExp).Put(historyExpKey(endedAt, hk), nil); err != nil {
 		return err
 	}
-	if err := tx.Bucket(bucketActive).Delete([]byte(cur.LockKey)); err != nil {
+	if err := ident.Delete(activeKey(cur.LockKey)); err != nil {
 		return err
 	}
 	if err := tx.Bucket(bucketActiveExp).Delete(activeExpKey(cur)); err != nil {
@@ -390,8 +391,8 @@ func (s *Store) archive(tx *bbolt.Tx, cur *lease.Record, state lease.State, ende
 
 // trimHistory keeps the newest HistoryPerIdentity entries of lockKey.
 func (s *Store) trimHistory(tx *bbolt.Tx, lockKey string) error {
-	prefix := join(lockKey, "")
-	c := tx.Bucket(bucketHistory).Cursor()
+	prefix := historyPrefix(lockKey)
+	c := tx.Bucket(bucketIdent).Cursor()
 	var drop [][]byte
 	n := 0
 	for k, _ := seekLast(c, prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Prev() {
@@ -410,7 +411,7 @@ func (s *Store) trimHistory(tx *bbolt.Tx, lockKey string) error {
 
 // forgetHistory deletes one history entry and the lease-id lookup it backs.
 func forgetHistory(tx *bbolt.Tx, k []byte) error {
-	hist := tx.Bucket(bucketHistory)
+	hist := tx.Bucket(bucketIdent)
 	if h, err := lease.DecodeHistoryEntry(hist.Get(k)); err == nil {
 		if err := tx.Bucket(bucketLeases).Delete([]byte(h.Record.LeaseID)); err != nil {
 			return err
@@ -422,11 +423,12 @@ func forgetHistory(tx *bbolt.Tx, k []byte) error {
 	return hist.Delete(k)
 }
 
-// seekLast positions c at the last key with prefix, which ends in the 0
-// separator: every such key sorts before the prefix with that byte made 1.
+// seekLast positions c at the last key with prefix, whose last byte is
+// below 0xff: every such key sorts before the prefix with that byte
+// incremented.
 func seekLast(c *bbolt.Cursor, prefix []byte) ([]byte, []byte) {
 	end := bytes.Clone(prefix)
-	end[len(end)-1] = 1
+	end[len(end)-1]++
 	k, _ := c.Seek(end)
 	if k == nil {
 		return c.Last()
@@ -436,8 +438,8 @@ func seekLast(c *bbolt.Cursor, prefix []byte) ([]byte, []byte) {
 
 // findHistory finds the terminal evidence of leaseID under lockKey.
 func findHistory(tx *bbolt.Tx, lockKey, leaseID string) *lease.HistoryEntry {
-	prefix := join(lockKey, "")
-	c := tx.Bucket(bucketHistory).Cursor()
+	prefix := historyPrefix(lockKey)
+	c := tx.Bucket(bucketIdent).Cursor()
 	for k, v := seekLast(c, prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Prev() {
 		if h := lease.MatchHistory(v, leaseID); h != nil {
 			return h

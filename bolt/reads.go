@@ -113,8 +113,8 @@ func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.Hi
 	lockKey, after, size := pg.LockKey, pg.After, pg.Size
 	return read(s, ctx, lease.Deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.HistoryResult, error) {
 		out := lease.HistoryResult{Entries: []lease.HistoryEntry{}, BackendTime: now}
-		prefix := join(lockKey, "")
-		c := tx.Bucket(bucketHistory).Cursor()
+		prefix := historyPrefix(lockKey)
+		c := tx.Bucket(bucketIdent).Cursor()
 		k, v := seekLast(c, prefix)
 		if after != "" {
 			seq, err := strconv.ParseUint(after, 10, 64)
@@ -154,7 +154,7 @@ func (s *Store) LookupRequest(ctx context.Context, req lease.LookupRequest) (lea
 		return lease.Result{}, err
 	}
 	return read(s, ctx, lease.Deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.Result, error) {
-		v := tx.Bucket(bucketIdem).Get([]byte(p.Scope))
+		v := tx.Bucket(bucketIdent).Get(idemKey(p.LockKey, p.Scope))
 		if v == nil {
 			return lease.Result{}, lease.RequestNotFound(now)
 		}

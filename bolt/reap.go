@@ -31,7 +31,7 @@ const reapPassBudget = 20 * time.Second
 func (s *Store) reap(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, reapPassBudget)
 	defer cancel()
-	for _, step := range []func(*bbolt.Tx) (int, error){s.expireSlice, s.dropSlice(bucketIdemExp, bucketIdem), s.dropSlice(bucketCommitExp, bucketCommits), s.retireHistorySlice} {
+	for _, step := range []func(*bbolt.Tx) (int, error){s.expireSlice, s.dropSlice(bucketIdemExp, bucketIdent), s.dropSlice(bucketCommitExp, bucketCommits), s.retireHistorySlice} {
 		for ctx.Err() == nil {
 			var n int
 			if err := s.mutate(ctx, func(tx *bbolt.Tx) error {
@@ -61,7 +61,7 @@ func (s *Store) expireSlice(tx *bbolt.Tx) (int, error) {
 		if err := tx.Bucket(bucketActiveExp).Delete(k); err != nil {
 			return 0, err
 		}
-		v := tx.Bucket(bucketActive).Get(lockKey)
+		v := tx.Bucket(bucketIdent).Get(activeKey(string(lockKey)))
 		if v == nil {
 			continue
 		}
@@ -139,28 +139,4 @@ func (s *Store) expireIfCurrent(ctx context.Context, lockKey, leaseID string, to
 		}
 		return s.archive(tx, cur, lease.StateExpired, cur.ExpiresAt, ended{})
 	})
-}
-
-// migrateV1 brings a schema 1 file to schema 2 in the transaction that
-// opens it: it builds the time indexes from the active records and the
-// history (one pass each, once), then records the version.
-func migrateV1(tx *bbolt.Tx) error {
-	aexp, hexp := tx.Bucket(bucketActiveExp), tx.Bucket(bucketHistoryExp)
-	if err := tx.Bucket(bucketActive).ForEach(func(k, v []byte) error {
-		if rec, err := lease.DecodeRecord(v); err == nil && rec.LockKey == string(k) {
-			return aexp.Put(activeExpKey(rec), nil)
-		}
-		return nil // corrupt: never reaped, as before
-	}); err != nil {
-		return err
-	}
-	if err := tx.Bucket(bucketHistory).ForEach(func(k, v []byte) error {
-		if h, err := lease.DecodeHistoryEntry(v); err == nil {
-			return hexp.Put(historyExpKey(h.EndedAt, k), nil)
-		}
-		return nil
-	}); err != nil {
-		return err
-	}
-	return tx.Bucket(bucketMeta).Put(keySchema, []byte(schemaVersion))
 }

@@ -40,6 +40,18 @@ func bucketLen(t *testing.T, s *Store, b []byte) int {
 	return n
 }
 
+// kindLen counts the ident entries of one kind.
+func kindLen(t *testing.T, s *Store, kind byte) int {
+	t.Helper()
+	var n int
+	if err := s.db.View(func(tx *bbolt.Tx) error {
+		return eachOfKind(tx, kind, func(string, []byte, []byte) error { n++; return nil })
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 // One pass works off a backlog far larger than one slice: every expired
 // lease reaches history, and later every piece of evidence and history
 // past retention goes, each through its time index, leaving the indexes
@@ -55,7 +67,7 @@ func TestReapWorksOffBacklogInOnePass(t *testing.T) {
 	if err := s.reap(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := bucketLen(t, s, bucketActive); got != 0 {
+	if got := kindLen(t, s, kindActive); got != 0 {
 		t.Fatalf("active records after one pass: %d", got)
 	}
 	for _, i := range []int{0, n / 2, n - 1} {
@@ -64,7 +76,7 @@ func TestReapWorksOffBacklogInOnePass(t *testing.T) {
 			t.Fatalf("lease %d after the pass: %v %+v", i, err, r.Lease)
 		}
 	}
-	if got := bucketLen(t, s, bucketHistory); got != n {
+	if got := kindLen(t, s, kindHistory); got != n {
 		t.Fatalf("history entries: %d, want %d", got, n)
 	}
 	if got := bucketLen(t, s, bucketActiveExp); got != 0 {
@@ -74,12 +86,17 @@ func TestReapWorksOffBacklogInOnePass(t *testing.T) {
 	if err := s.reap(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for _, b := range [][]byte{bucketHistory, bucketHistoryExp, bucketLeases, bucketIdem, bucketIdemExp} {
+	for _, b := range [][]byte{bucketHistoryExp, bucketLeases, bucketIdemExp} {
 		if got := bucketLen(t, s, b); got != 0 {
 			t.Fatalf("bucket %s after retention: %d entries", b, got)
 		}
 	}
-	if got := bucketLen(t, s, bucketCounters); got != n {
+	for _, k := range []byte{kindHistory, kindIdem} {
+		if got := kindLen(t, s, k); got != 0 {
+			t.Fatalf("ident entries of kind %c after retention: %d", k, got)
+		}
+	}
+	if got := kindLen(t, s, kindCounter); got != n {
 		t.Fatalf("counters: %d, want %d (never reclaimed)", got, n)
 	}
 }
@@ -145,7 +162,8 @@ func TestSchemaV1Migrates(t *testing.T) {
 		}
 	}
 	s.Close()
-	// Make it a schema 1 file: no time indexes.
+	// Make it a schema 1 file: the schema 2 layout, no time indexes.
+	downgradeToV2(t, path)
 	db, err := bbolt.Open(path, 0o600, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -179,17 +197,17 @@ func TestSchemaV1Migrates(t *testing.T) {
 	if err := s.reap(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := bucketLen(t, s, bucketActive); got != 0 {
+	if got := kindLen(t, s, kindActive); got != 0 {
 		t.Fatalf("expired leases of the migrated file not reaped: %d active", got)
 	}
-	if got := bucketLen(t, s, bucketHistory); got != 40 {
+	if got := kindLen(t, s, kindHistory); got != 40 {
 		t.Fatalf("history entries: %d, want 40", got)
 	}
 	c.Add(lease.DefaultHistoryRetention + time.Hour)
 	if err := s.reap(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := bucketLen(t, s, bucketHistory); got != 0 {
+	if got := kindLen(t, s, kindHistory); got != 0 {
 		t.Fatalf("history of the migrated file past retention: %d left", got)
 	}
 }
@@ -206,12 +224,12 @@ func TestUnknownSchemaRefused(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		return b.Put(keySchema, []byte("3"))
+		return b.Put(keySchema, []byte("4"))
 	}); err != nil {
 		t.Fatal(err)
 	}
 	db.Close()
 	if _, err := Open(path, Options{}); lease.CodeOf(err) != lease.CodeCorrupt {
-		t.Fatalf("schema 3: %v, want corrupt", err)
+		t.Fatalf("schema 4: %v, want corrupt", err)
 	}
 }

@@ -239,12 +239,12 @@ func TestReviewRefusalWritesSurviveABatchFailureOnce(t *testing.T) {
 		if tx.Bucket(bucketMeta).Get([]byte("review-other")) == nil {
 			t.Error("the innocent write is missing")
 		}
-		if tx.Bucket(bucketActive).Get([]byte(rec.LockKey)) != nil {
+		if tx.Bucket(bucketIdent).Get(activeKey(rec.LockKey)) != nil {
 			t.Error("the expired lease is still active: the refusal's archive was rolled back")
 		}
 		n := 0
-		prefix := join(rec.LockKey, "")
-		cur := tx.Bucket(bucketHistory).Cursor()
+		prefix := historyPrefix(rec.LockKey)
+		cur := tx.Bucket(bucketIdent).Cursor()
 		for k, _ := cur.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = cur.Next() {
 			n++
 		}

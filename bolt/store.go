@@ -29,20 +29,22 @@ import (
 )
 
 // schemaVersion is the layout version stored in the meta bucket. Version
-// 2 added the time indexes active_exp and history_exp; a version 1 file is
-// migrated when it is opened (migrate), and a backup of either restores.
+// 2 added the time indexes active_exp and history_exp; version 3 keeps an
+// identity's active record, counter, history and idempotency evidence
+// together in one bucket under its lock key, so a mutation dirties one leaf
+// for them instead of one in each of four buckets. Older files are
+// migrated when they are opened (migrate.go), and a backup of any of them
+// restores.
 const (
-	schemaVersion   = "2"
+	schemaVersion   = "3"
+	schemaVersionV2 = "2"
 	schemaVersionV1 = "1"
 )
 
 var (
 	bucketMeta       = []byte("meta")
-	bucketActive     = []byte("active")      // lock key → record v1
-	bucketCounters   = []byte("counters")    // lock key → uint64, never deleted
-	bucketIdem       = []byte("idem")        // idempotency scope → evidence
-	bucketIdemExp    = []byte("idem_exp")    // expiry ms ‖ scope → ∅
-	bucketHistory    = []byte("history")     // lock key ‖ 0 ‖ seq → terminal evidence
+	bucketIdent      = []byte("ident")       // lock key ‖ 0 ‖ kind ‖ … → an identity's facts (identKey, schema 3)
+	bucketIdemExp    = []byte("idem_exp")    // expiry ms ‖ evidence's ident key → ∅
 	bucketLeases     = []byte("leases")      // lease id → lock key ‖ 0 ‖ state ‖ 0 ‖ ended ms
 	bucketIndex      = []byte("index")       // by ‖ 0 ‖ value ‖ 0 ‖ lease id → lock key
 	bucketHighWater  = []byte("high_water")  // lock key ‖ 0 ‖ sink → uint64, never deleted
@@ -55,8 +57,7 @@ var (
 	bucketOutboxDead = []byte("outbox_dead") // seq → dead letter (JSON: entry, reason, dead_at), oldest first
 	bucketActiveExp  = []byte("active_exp")  // expires ms ‖ lock key → ∅, one per active record (schema 2)
 	bucketHistoryExp = []byte("history_exp") // ended ms ‖ history key → ∅, one per history entry (schema 2)
-	allBuckets       = [][]byte{bucketMeta, bucketActive, bucketCounters, bucketIdem, bucketIdemExp, bucketHistory,
-		bucketLeases, bucketIndex, bucketHighWater, bucketCommits, bucketCommitExp, bucketCommitSeq, bucketQuarantine,
+	allBuckets       = [][]byte{bucketMeta, bucketIdent, bucketIdemExp, bucketLeases, bucketIndex, bucketHighWater, bucketCommits, bucketCommitExp, bucketCommitSeq, bucketQuarantine,
 		bucketOutbox, bucketOutboxIDs, bucketOutboxDead, bucketActiveExp, bucketHistoryExp}
 
 	keySchema = []byte("schema")
@@ -134,18 +135,20 @@ func Open(path string, o Options) (*Store, error) {
 			if err := meta.Put(keySchema, []byte(schemaVersion)); err != nil {
 				return err
 			}
-		case string(v) == schemaVersionV1:
-			if err := migrateV1(tx); err != nil {
+		case string(v) != schemaVersion:
+			if err := migrate(tx, string(v)); err != nil {
 				return err
 			}
-		case string(v) != schemaVersion:
-			return errSchema
 		}
 		return initOutboxUsage(tx)
 	}); err != nil {
 		db.Close()
 		if errors.Is(err, errSchema) {
 			return nil, lease.Errorf(lease.CodeCorrupt, "store file has an unsupported schema version")
+		}
+		var le *lease.Error
+		if errors.As(err, &le) {
+			return nil, le
 		}
 		return nil, lease.Errorf(lease.CodeBackendUnavailable, "cannot initialize the store file: %s", classify(err))
 	}
