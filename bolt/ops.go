@@ -225,7 +225,7 @@ func (s *Store) start(tx *bbolt.Tx, p lease.Prepared, due lease.Timestamp) (leas
 	if v == nil {
 		return now, nil, nil
 	}
-	ev, err := lease.DecodeIdempotencyRecord(v)
+	ev, err := loadEvidence(tx, p.LockKey, v)
 	if err != nil {
 		return now, nil, s.quarantine(tx, p.LockKey, p.Identity, "idempotency evidence is corrupt")
 	}
@@ -276,12 +276,8 @@ func (s *Store) lostExpired(tx *bbolt.Tx, cur *lease.Record, now lease.Timestamp
 func (s *Store) remember(tx *bbolt.Tx, p lease.Prepared, res lease.Result) error {
 	ev := &lease.IdempotencyRecord{Version: lease.IdempotencyVersion, Op: p.Op, Digest: p.Digest,
 		Code: res.Code, Lease: res.Lease, BackendTime: res.BackendTime}
-	b, err := ev.Encode()
+	k, err := putEvidence(tx, p.LockKey, p.Scope, ev)
 	if err != nil {
-		return err
-	}
-	k := idemKey(p.LockKey, p.Scope)
-	if err := tx.Bucket(bucketIdent).Put(k, b); err != nil {
 		return err
 	}
 	exp := res.BackendTime.Add(s.opts.IdempotencyRetention).UnixMilli()
@@ -409,10 +405,14 @@ func (s *Store) trimHistory(tx *bbolt.Tx, lockKey string) error {
 	return nil
 }
 
-// forgetHistory deletes one history entry and the lease-id lookup it backs.
+// forgetHistory deletes one history entry and the lease-id lookup it backs;
+// evidence that refers to its record gets the record back first.
 func forgetHistory(tx *bbolt.Tx, k []byte) error {
 	hist := tx.Bucket(bucketIdent)
 	if h, err := lease.DecodeHistoryEntry(hist.Get(k)); err == nil {
+		if err := expandRefs(tx, h.Record); err != nil {
+			return err
+		}
 		if err := tx.Bucket(bucketLeases).Delete([]byte(h.Record.LeaseID)); err != nil {
 			return err
 		}

@@ -1,0 +1,262 @@
+package bolt
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	bbolt "go.etcd.io/bbolt"
+
+	"github.com/starintel/starlease/lease"
+	"github.com/starintel/starlease/lease/leasetest"
+)
+
+// evidenceAt returns the stored evidence bytes of a request.
+func evidenceAt(t *testing.T, s *Store, op lease.Op, rec *lease.Record, requestID, principal string) []byte {
+	t.Helper()
+	scope := lease.IdempotencyScope(op, rec.LockKey, principal, requestID)
+	var v []byte
+	if err := s.db.View(func(tx *bbolt.Tx) error {
+		v = bytes.Clone(tx.Bucket(bucketIdent).Get(idemKey(rec.LockKey, scope)))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func encoded(t *testing.T, r *lease.Record) string {
+	t.Helper()
+	b, err := r.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+type leaseLife struct {
+	acq, ren, rel lease.Result
+	acqReq        lease.AcquireRequest
+	renReq        lease.RenewRequest
+	relReq        lease.ReleaseRequest
+}
+
+// live runs acquire, renew and release of one lease of target.
+func live(t *testing.T, s *Store, c *clock, target string, far time.Time) leaseLife {
+	t.Helper()
+	ctx := context.Background()
+	var l leaseLife
+	var err error
+	l.acqReq = acquireReq("acq-"+target, time.Minute, far)
+	l.acqReq.Identity.TargetID = target
+	if l.acq, err = s.Acquire(ctx, l.acqReq); err != nil {
+		t.Fatal(err)
+	}
+	c.Add(time.Second)
+	r := l.acq.Lease
+	l.renReq = lease.RenewRequest{Identity: r.Identity(), LeaseID: r.LeaseID, FencingToken: r.FencingToken, TTL: 2 * time.Minute,
+		ServiceInstanceID: r.ServiceInstanceID, Mutation: lease.Mutation{RequestID: "ren-" + target, DeadlineAt: far, Caller: callerOfRecord(r)}}
+	if l.ren, err = s.Renew(ctx, l.renReq); err != nil {
+		t.Fatal(err)
+	}
+	c.Add(time.Second)
+	l.relReq = lease.ReleaseRequest{Identity: r.Identity(), LeaseID: r.LeaseID, FencingToken: r.FencingToken,
+		ServiceInstanceID: r.ServiceInstanceID, Mutation: lease.Mutation{RequestID: "rel-" + target, DeadlineAt: far, Caller: callerOfRecord(r)}}
+	if l.rel, err = s.Release(ctx, l.relReq); err != nil {
+		t.Fatal(err)
+	}
+	c.Add(time.Second)
+	return l
+}
+
+// replays checks each request of l replays its original result exactly.
+func (l leaseLife) replays(t *testing.T, s *Store) {
+	t.Helper()
+	ctx := context.Background()
+	a, err := s.Acquire(ctx, l.acqReq)
+	if err != nil || !a.Replayed || a.Code != l.acq.Code || encoded(t, a.Lease) != encoded(t, l.acq.Lease) || a.BackendTime != l.acq.BackendTime {
+		t.Fatalf("acquire replay: %v %+v, want %+v", err, a.Lease, l.acq.Lease)
+	}
+	r, err := s.Renew(ctx, l.renReq)
+	if err != nil || !r.Replayed || encoded(t, r.Lease) != encoded(t, l.ren.Lease) || r.BackendTime != l.ren.BackendTime {
+		t.Fatalf("renew replay: %v %+v, want %+v", err, r.Lease, l.ren.Lease)
+	}
+	e, err := s.Release(ctx, l.relReq)
+	if err != nil || !e.Replayed || encoded(t, e.Lease) != encoded(t, l.rel.Lease) || e.BackendTime != l.rel.BackendTime {
+		t.Fatalf("release replay: %v %+v, want %+v", err, e.Lease, l.rel.Lease)
+	}
+	// A changed retry still conflicts.
+	changed := l.renReq
+	changed.TTL = 3 * time.Minute
+	if _, err := s.Renew(ctx, changed); code(err) != lease.CodeIdempotencyConflict {
+		t.Fatalf("changed renew retry: %v, want idempotency_conflict", err)
+	}
+}
+
+// Evidence is stored by reference to the lease's record, a fraction of the
+// full form, and every replay of an acquire, a renewal and a release
+// answers exactly the original result although the record has since been
+// renewed and archived.
+func TestEvidenceByReferenceReplaysExactly(t *testing.T) {
+	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
+	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1})
+	far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	l := live(t, s, c, "ref-1", far)
+	for _, ev := range []struct {
+		op  lease.Op
+		rec *lease.Record
+		id  string
+	}{{lease.OpAcquire, l.acq.Lease, "acq-ref-1"}, {lease.OpRenew, l.ren.Lease, "ren-ref-1"}, {lease.OpRelease, l.rel.Lease, "rel-ref-1"}} {
+		v := evidenceAt(t, s, ev.op, ev.rec, ev.id, ev.rec.OwnerPrincipalID)
+		full, err := (&lease.IdempotencyRecord{Version: lease.IdempotencyVersion, Op: ev.op, Digest: fmt.Sprintf("%064x", 0),
+			Code: lease.CodeAcquired, Lease: ev.rec, BackendTime: ev.rec.AcquiredAt}).Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(v) == 0 || v[0] != refTag || 4*len(v) > len(full) {
+			t.Fatalf("%s evidence: %d bytes (first %q), full form %d: not stored by reference", ev.op, len(v), v[:1], len(full))
+		}
+	}
+	l.replays(t, s)
+	if got := kindLen(t, s, kindRef); got != 3 {
+		t.Fatalf("reference marks: %d, want 3", got)
+	}
+}
+
+// When history trimming or retention removes the last copy of a lease's
+// record, its evidence turns back into the full form first: replays keep
+// answering exactly, and no reference mark is left.
+func TestEvidenceOutlivesItsRecord(t *testing.T) {
+	for _, how := range []string{"trim", "retention"} {
+		t.Run(how, func(t *testing.T) {
+			c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
+			o := leasetest.StoreOptions()
+			o.HistoryPerIdentity, o.HistoryRetention = 2, time.Hour
+			s := openTemp(t, Options{StoreOptions: o, Now: c.Now, ReapInterval: -1})
+			far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+			first := live(t, s, c, "outlive", far)
+			switch how {
+			case "trim":
+				for i := range 2 {
+					l := first
+					l.acqReq.RequestID, l.acqReq.ExecutionID = fmt.Sprintf("acq-more-%d", i), fmt.Sprintf("execution-%d", i)
+					a, err := s.Acquire(context.Background(), l.acqReq)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if _, err := s.Release(context.Background(), lease.ReleaseRequest{Identity: a.Lease.Identity(), LeaseID: a.Lease.LeaseID,
+						FencingToken: a.Lease.FencingToken, ServiceInstanceID: a.Lease.ServiceInstanceID,
+						Mutation: lease.Mutation{RequestID: fmt.Sprintf("rel-more-%d", i), DeadlineAt: far, Caller: callerOfRecord(a.Lease)}}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			case "retention":
+				c.Add(2 * time.Hour)
+				if err := s.reap(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := s.Inspect(context.Background(), lease.InspectRequest{LeaseID: first.acq.Lease.LeaseID, DeadlineAt: far}); code(err) != lease.CodeNotFound {
+				t.Fatalf("the first lease's history entry should be gone: %v", err)
+			}
+			for _, ev := range []struct {
+				op lease.Op
+				id string
+			}{{lease.OpAcquire, "acq-outlive"}, {lease.OpRenew, "ren-outlive"}, {lease.OpRelease, "rel-outlive"}} {
+				if v := evidenceAt(t, s, ev.op, first.acq.Lease, ev.id, first.acq.Lease.OwnerPrincipalID); len(v) == 0 || v[0] != '{' {
+					t.Fatalf("%s evidence after its record went: %.20q, want the full form", ev.op, v)
+				}
+			}
+			first.replays(t, s)
+			var marks int
+			if err := s.db.View(func(tx *bbolt.Tx) error {
+				return eachOfKind(tx, kindRef, func(lockKey string, k, _ []byte) error {
+					if bytes.HasPrefix(k, refPrefix(lockKey, first.acq.Lease.LeaseID)) {
+						marks++
+					}
+					return nil
+				})
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if marks != 0 {
+				t.Fatalf("reference marks of the forgotten lease left: %d", marks)
+			}
+		})
+	}
+}
+
+// Evidence past retention goes with its reference mark.
+func TestEvidenceRetentionDropsReferenceMarks(t *testing.T) {
+	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
+	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1})
+	far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	live(t, s, c, "drop-1", far)
+	live(t, s, c, "drop-2", far)
+	if got := kindLen(t, s, kindRef); got != 6 {
+		t.Fatalf("reference marks: %d, want 6", got)
+	}
+	c.Add(lease.DefaultIdempotencyRetention + time.Hour)
+	if err := s.reap(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []byte{kindIdem, kindRef} {
+		if got := kindLen(t, s, k); got != 0 {
+			t.Fatalf("entries of kind %c past retention: %d", k, got)
+		}
+	}
+}
+
+// A reference that does not rebuild the original record exactly — its
+// own bytes damaged, or the record it names altered in place — is corrupt:
+// the replay fails closed and the identity is quarantined; it never
+// answers a record the original result did not hold.
+func TestEvidenceReferenceMismatchFailsClosed(t *testing.T) {
+	for _, damage := range []string{"reference", "record"} {
+		t.Run(damage, func(t *testing.T) {
+			c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
+			s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1})
+			far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+			req := acquireReq("acq-damage", time.Minute, far)
+			a, err := s.Acquire(context.Background(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			scope := lease.IdempotencyScope(lease.OpAcquire, a.Lease.LockKey, a.Lease.OwnerPrincipalID, "acq-damage")
+			if err := s.db.Update(func(tx *bbolt.Tx) error {
+				ident := tx.Bucket(bucketIdent)
+				if damage == "reference" {
+					v := bytes.Clone(ident.Get(idemKey(a.Lease.LockKey, scope)))
+					v[len(v)-1] ^= 1
+					return ident.Put(idemKey(a.Lease.LockKey, scope), v)
+				}
+				other := a.Lease.Clone()
+				other.JobID = "job-other"
+				raw, err := other.Encode()
+				if err != nil {
+					return err
+				}
+				return ident.Put(activeKey(a.Lease.LockKey), raw)
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Acquire(context.Background(), req); code(err) != lease.CodeCorrupt {
+				t.Fatalf("replay over damaged evidence: %v, want corrupt", err)
+			}
+			if _, err := s.LookupRequest(context.Background(), lease.LookupRequest{Op: lease.OpAcquire, Identity: req.Identity,
+				PrincipalID: a.Lease.OwnerPrincipalID, RequestID: "acq-damage", DeadlineAt: far}); code(err) != lease.CodeCorrupt {
+				t.Fatalf("lookup over damaged evidence: %v, want corrupt", err)
+			}
+			if err := s.db.View(func(tx *bbolt.Tx) error {
+				if tx.Bucket(bucketQuarantine).Get([]byte(a.Lease.LockKey)) == nil {
+					t.Error("identity not quarantined")
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
