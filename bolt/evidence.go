@@ -29,7 +29,9 @@ import (
 // record must: each reference has an entry refKey, and a history entry
 // about to be forgotten (trimmed or retired) first turns the references to
 // its lease back into full evidence (expandRefs). Active records are only
-// ever removed by archiving them into history.
+// ever removed by archiving them into history. The price: a record damaged
+// on disk fails the replays of its lease's requests closed, as corrupt,
+// where full evidence would still have answered them.
 const refTag = 0x02
 
 // refBody is the decoded reference form.

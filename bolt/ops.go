@@ -214,7 +214,7 @@ func change[T any](s *Store, ctx context.Context, fn func(*bbolt.Tx) (T, error))
 
 // start opens a mutation at backend time: the deadline check, then the
 // idempotency lookup before any other read, so a replay is answered from
-// evidence only. It returns the time and, where the answer is already
+// its evidence (and the lease record a reference names, evidence.go). It returns the time and, where the answer is already
 // final, the replayed result or a typed refusal.
 func (s *Store) start(tx *bbolt.Tx, p lease.Prepared, due lease.Timestamp) (lease.Timestamp, *lease.Result, error) {
 	now := s.clock(tx)

@@ -7,14 +7,13 @@ import (
 )
 
 // ActiveLeases counts active records, including expired ones the reaper has
-// not archived yet (at most one reap interval old), by their entries in the
-// expiry index, which has one per record written. It walks the index's
-// pages, so it suits a metrics scrape, not a hot path.
+// not archived yet (at most one reap interval old) and corrupt ones. It
+// walks the keys of every identity, so it suits a metrics scrape, not a hot
+// path.
 func (s *Store) ActiveLeases(ctx context.Context) (int64, error) {
 	var n int64
 	err := s.view(ctx, func(tx *bbolt.Tx) error {
-		n = int64(tx.Bucket(bucketActiveExp).Stats().KeyN)
-		return nil
+		return eachOfKind(tx, kindActive, func(string, []byte, []byte) error { n++; return nil })
 	})
 	return n, err
 }
