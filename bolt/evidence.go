@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
+	"time"
 
 	bbolt "go.etcd.io/bbolt"
 
@@ -90,12 +91,14 @@ func encodeRef(ev *lease.IdempotencyRecord, recordBytes []byte) []byte {
 	b = appendStr(b, string(r.State))
 	sum := sha256.Sum256(recordBytes)
 	b = append(b, sum[:]...)
-	// Only a form that rebuilds the very record is kept.
-	ref, err := decodeRef(b)
-	if err != nil {
-		return nil
+	// Only a form that rebuilds the very record is kept: the rebuild takes
+	// the record's own other fields and these, exact to the millisecond.
+	for _, ts := range []lease.Timestamp{ev.BackendTime, r.RenewedAt, r.ExpiresAt} {
+		if !ts.Time().Equal(time.UnixMilli(ts.UnixMilli())) {
+			return nil
+		}
 	}
-	if _, err := ref.rebuild(r); err != nil {
+	if _, err := decodeRef(b); err != nil {
 		return nil
 	}
 	return b
