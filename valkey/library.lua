@@ -625,11 +625,41 @@ local function archive(c, r, state, ended, by, request_id, reason, incident)
 end
 
 -- remember stores the typed result as idempotency evidence, in the same
--- atomic section as the mutation (lease.IdempotencyRecord's JSON).
-local function remember(c, now, op, digest, code, raw)
-  local ev = '{"idempotency_version":1,"op":"' .. op .. '","digest":"' .. digest .. '","code":"' .. code ..
-      '","lease":' .. raw .. ',"backend_time":"' .. ts(now) .. '"}'
+-- atomic section as the mutation. Evidence version 2 (EV2) is compact:
+-- the facts of the result, one per line, instead of a copy of the record
+-- JSON (lease.IdempotencyRecord's, version 1, which older code wrote and
+-- the Go side still reads): the Go side rebuilds exactly the version 1
+-- bytes from them, the identity tuple from the request it answers (the
+-- evidence key's scope holds the lock key, whose hash tag is checked
+-- too), and decodes those strictly. Lines: ev2, op, digest, code, backend
+-- ms, hash tag, then r's lease_id .. service_instance_id, fencing_token,
+-- acquired/renewed/expires ms, ttl_ms, maximum_lifetime_ms, execution_id,
+-- job_id, trace_id, request_id, state (state if given), and metadata last
+-- (JSON; the only free text).
+local function remember(c, now, op, digest, code, r, state)
+  local ev = 'ev2\n' .. op .. '\n' .. digest .. '\n' .. code .. '\n' .. int(now) .. '\n' .. c.tag
+    .. '\n' .. r.lease_id .. '\n' .. r.owner_principal_id .. '\n' .. r.owner_client_id
+    .. '\n' .. r.owner_credential_id .. '\n' .. r.service_instance_id .. '\n' .. int(r.fencing_token)
+    .. '\n' .. int(r.acquired_at) .. '\n' .. int(r.renewed_at) .. '\n' .. int(r.expires_at)
+    .. '\n' .. int(r.ttl_ms) .. '\n' .. int(r.maximum_lifetime_ms) .. '\n' .. r.execution_id
+    .. '\n' .. r.job_id .. '\n' .. r.trace_id .. '\n' .. r.request_id .. '\n' .. (state or r.state)
+    .. '\n' .. r.metadata
   redis.call('SET', c.k_ev, ev, 'PX', int(c.ev_ret))
+end
+
+-- evidence_lease_id is the lease id stored evidence names (either
+-- version), or nil.
+local function evidence_lease_id(ev)
+  if string.sub(ev, 1, 4) == 'ev2\n' then
+    local id = string.match(ev, '^ev2\n[^\n]*\n[^\n]*\n[^\n]*\n[^\n]*\n[^\n]*\n([^\n]*)\n')
+    if is_id(id) then return id end
+    return nil
+  end
+  local ok, t = pcall(cjson.decode, ev)
+  if ok and type(t) == 'table' and type(t.lease) == 'table' and is_id(t.lease.lease_id) then
+    return t.lease.lease_id
+  end
+  return nil
 end
 
 -- history_of returns the history entries that name lease_id (normally
@@ -649,11 +679,7 @@ end
 -- record, with its PTTL, and its history entries). The Go side decides
 -- replay, conflict or corruption from these bytes alone.
 local function evidence_reply(now, ev, k_active, k_hist)
-  local lease_id
-  local ok, t = pcall(cjson.decode, ev)
-  if ok and type(t) == 'table' and type(t.lease) == 'table' and is_id(t.lease.lease_id) then
-    lease_id = t.lease.lease_id
-  end
+  local lease_id = evidence_lease_id(ev)
   local active, why = get(k_active)
   local pttl = '-2'
   if why then active = '\0wrongtype' end
@@ -748,7 +774,7 @@ local function acquire(keys, args)
   local raw = store_active(c, r)
   local m1, m2, m3 = index_members(r, c.tag)
   redis.call('ZADD', c.k_index, '0', m1, '0', m2, '0', m3) -- (a number would be formatted per call)
-  remember(c, now, 'acquire', args[27], 'lease_acquired', raw)
+  remember(c, now, 'acquire', args[27], 'lease_acquired', r)
   return { 'ok', int(now), raw }
 end
 
@@ -796,7 +822,7 @@ local function renew(keys, args)
     metadata = cur.metadata, state = cur.state,
   }
   local raw = store_active(c, r, true)
-  remember(c, now, 'renew', args[20], 'lease_renewed', raw)
+  remember(c, now, 'renew', args[20], 'lease_renewed', r)
   return { 'ok', int(now), raw }
 end
 
@@ -821,7 +847,7 @@ local function finish(keys, args)
   local cur, reply = held(c, now, args[15], args[16], owner, instance)
   if not cur then return reply end
   local raw = archive(c, cur, e.state, now, args[17], args[20], args[21], args[22])
-  remember(c, now, args[23], args[19], e.code, raw)
+  remember(c, now, args[23], args[19], e.code, cur, e.state)
   return { 'ok', int(now), raw }
 end
 

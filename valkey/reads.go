@@ -224,7 +224,11 @@ func (s *Store) LookupRequest(ctx context.Context, req lease.LookupRequest) (lea
 	case "corrupt":
 		return lease.Result{}, s.corrupt(p.Identity, rep.at(0))
 	case "evidence":
-		res, ok := p.Lookup([]byte(rep.at(0)), func(orig *lease.Record) (*lease.Record, error) { return s.currentOf(orig, rep, p.Identity) })
+		raw, ok := expandEvidence(rep.at(0), p.Identity)
+		if !ok {
+			return lease.Result{}, s.corrupt(p.Identity, "idempotency evidence is corrupt")
+		}
+		res, ok := p.Lookup([]byte(raw), func(orig *lease.Record) (*lease.Record, error) { return s.currentOf(orig, rep, p.Identity) })
 		if !ok {
 			return lease.Result{}, s.corrupt(p.Identity, "idempotency evidence is corrupt")
 		}

@@ -153,6 +153,15 @@ func TestStoredBytesAreCanonical(t *testing.T) {
 	if !ok {
 		t.Fatal("no idempotency evidence")
 	}
+	// Stored compact (version 2); its expansion is the canonical version 1
+	// document, held to the same checks as before.
+	if !strings.HasPrefix(evRaw, ev2Prefix) {
+		t.Fatalf("evidence is not version 2: %q", evRaw)
+	}
+	evRaw, ok = expandEvidence(evRaw, res.Lease.Identity())
+	if !ok {
+		t.Fatal("evidence does not expand")
+	}
 	ev, err := lease.DecodeIdempotencyRecord([]byte(evRaw))
 	if err != nil {
 		t.Fatalf("evidence fails strict decoding: %v", err)
