@@ -82,29 +82,123 @@ func expandEvidence(raw string, id lease.Identity) (string, bool) {
 			return "", false
 		}
 	}
-	ts := func(i int) string {
-		ms, _ := strconv.ParseInt(f[i], 10, 64)
-		return time.UnixMilli(ms).UTC().Format("2006-01-02T15:04:05.000Z")
-	}
-	// Byte for byte library.lua's encode and the version 1 layout.
-	var b strings.Builder
-	b.Grow(1024 + len(meta))
-	for _, s := range []string{
-		`{"idempotency_version":1,"op":"`, f[ev2Op], `","digest":"`, f[ev2Digest], `","code":"`, f[ev2Code],
-		`","lease":{"record_version":1,"lock_key":"`, lease.KeyPrefix, f[ev2Tag],
-		`","tenant_id":"`, id.TenantID, `","program_id":"`, id.ProgramID, `","target_namespace":"`, id.TargetNamespace,
-		`","target_id":"`, id.TargetID, `","actor_name":"`, id.ActorName, `","workflow_name":"`, id.WorkflowName,
-		`","operation_class":"`, id.OperationClass, `","lease_id":"`, f[ev2LeaseID],
-		`","owner_principal_id":"`, f[ev2Owner], `","owner_client_id":"`, f[ev2Client],
-		`","owner_credential_id":"`, f[ev2Credential], `","service_instance_id":"`, f[ev2Instance],
-		`","fencing_token":`, f[ev2Token], `,"acquired_at":"`, ts(ev2Acquired), `","renewed_at":"`, ts(ev2Renewed),
-		`","expires_at":"`, ts(ev2Expires), `","ttl_ms":`, f[ev2TTL], `,"maximum_lifetime_ms":`, f[ev2Lifetime],
-		`,"execution_id":"`, f[ev2Execution], `","job_id":"`, f[ev2Job], `","trace_id":"`, f[ev2Trace],
-		`","request_id":"`, f[ev2Request], `","metadata":`, meta, `,"state":"`, f[ev2State],
-		`"},"backend_time":"`, ts(ev2Backend), `"}`,
-	} {
+	b := newRecordWriter(len(meta))
+	b.add(`{"idempotency_version":1,"op":"`, f[ev2Op], `","digest":"`, f[ev2Digest], `","code":"`, f[ev2Code], `","lease":`)
+	b.record(f[ev2Tag], [7]string{id.TenantID, id.ProgramID, id.TargetNamespace, id.TargetID, id.ActorName, id.WorkflowName,
+		id.OperationClass}, f[ev2LeaseID:])
+	b.add(`,"backend_time":"`, msText(f[ev2Backend]), `"}`)
+	return b.String(), true
+}
+
+// recordWriter builds version 1 documents from stored facts.
+type recordWriter struct{ strings.Builder }
+
+func newRecordWriter(extra int) *recordWriter {
+	b := &recordWriter{}
+	b.Grow(1024 + extra)
+	return b
+}
+
+func (b *recordWriter) add(parts ...string) {
+	for _, s := range parts {
 		b.WriteString(s)
 	}
+}
+
+// record writes a record's JSON byte for byte as library.lua's encode
+// does: tag is its lock key's hash tag, tuple its identity, f its facts
+// from lease_id on, in the order evidence version 2 stores them (lease_id,
+// owner_principal_id, owner_client_id, owner_credential_id,
+// service_instance_id, fencing_token, acquired/renewed/expires ms, ttl_ms,
+// maximum_lifetime_ms, execution_id, job_id, trace_id, request_id, state,
+// metadata). The caller has checked every part with plainText or digits,
+// and metadata is one JSON value.
+func (b *recordWriter) record(tag string, tuple [7]string, f []string) {
+	b.add(`{"record_version":1,"lock_key":"`, lease.KeyPrefix, tag,
+		`","tenant_id":"`, tuple[0], `","program_id":"`, tuple[1], `","target_namespace":"`, tuple[2],
+		`","target_id":"`, tuple[3], `","actor_name":"`, tuple[4], `","workflow_name":"`, tuple[5],
+		`","operation_class":"`, tuple[6], `","lease_id":"`, f[0],
+		`","owner_principal_id":"`, f[1], `","owner_client_id":"`, f[2],
+		`","owner_credential_id":"`, f[3], `","service_instance_id":"`, f[4],
+		`","fencing_token":`, f[5], `,"acquired_at":"`, msText(f[6]), `","renewed_at":"`, msText(f[7]),
+		`","expires_at":"`, msText(f[8]), `","ttl_ms":`, f[9], `,"maximum_lifetime_ms":`, f[10],
+		`,"execution_id":"`, f[11], `","job_id":"`, f[12], `","trace_id":"`, f[13],
+		`","request_id":"`, f[14], `","metadata":`, f[16], `,"state":"`, f[15], `"}`)
+}
+
+// msText is a stored decimal ms as the record's timestamp text.
+func msText(v string) string {
+	ms, _ := strconv.ParseInt(v, 10, 64)
+	return time.UnixMilli(ms).UTC().Format("2006-01-02T15:04:05.000Z")
+}
+
+// History entries are stored in version 1 (lease.HistoryEntry's JSON, a
+// copy of the record) or version 2 ("hv2", written now): the facts one per
+// line, the identity tuple included (an entry is read by lease id alone).
+// Lines: hv2, ended ms, ended_by, request_id, reason (JSON) and
+// incident_id (” for none), hash tag, the tuple's seven components, then
+// the record's facts as evidence version 2 stores them, metadata last.
+const hv2Prefix = "hv2\n"
+
+const (
+	hv2Ended = 1 + iota
+	hv2By
+	hv2Request
+	hv2Reason
+	hv2Incident
+	hv2Tag
+	hv2Tuple                 // 7 lines
+	hv2Record = hv2Tuple + 7 // 17 lines, metadata last
+	hv2Lines  = hv2Record + 17
+)
+
+// expandHistory returns a stored history entry as version 1 bytes:
+// version 1 as it is, version 2 rebuilt (ok false if it cannot be; see
+// expandEvidence). Strict decoding of the result is the caller's.
+func expandHistory(raw string) (string, bool) {
+	if !strings.HasPrefix(raw, hv2Prefix) {
+		return raw, true
+	}
+	f := strings.SplitN(raw, "\n", hv2Lines)
+	if len(f) != hv2Lines {
+		return "", false
+	}
+	for i := hv2Ended; i < hv2Lines-1; i++ {
+		if i != hv2Reason && !plainText(f[i]) {
+			return "", false
+		}
+	}
+	rec := f[hv2Record:]
+	for _, v := range []string{f[hv2Ended], rec[5], rec[6], rec[7], rec[8], rec[9], rec[10]} {
+		if !digits(v) {
+			return "", false
+		}
+	}
+	meta, reason := rec[16], f[hv2Reason]
+	if !strings.HasPrefix(meta, "{") || !json.Valid([]byte(meta)) {
+		return "", false
+	}
+	// The reason is a JSON string (which may hold escaped quotes).
+	if reason != "" && (!strings.HasPrefix(reason, `"`) || !json.Valid([]byte(reason))) {
+		return "", false
+	}
+	b := newRecordWriter(len(meta) + len(reason))
+	b.add(`{"history_version":1,"record":`)
+	b.record(f[hv2Tag], [7]string(f[hv2Tuple:hv2Tuple+7]), rec)
+	b.add(`,"ended_at":"`, msText(f[hv2Ended]), `"`)
+	if v := f[hv2By]; v != "" {
+		b.add(`,"ended_by":"`, v, `"`)
+	}
+	if v := f[hv2Request]; v != "" {
+		b.add(`,"request_id":"`, v, `"`)
+	}
+	if reason != "" {
+		b.add(`,"reason":`, reason)
+	}
+	if v := f[hv2Incident]; v != "" {
+		b.add(`,"incident_id":"`, v, `"`)
+	}
+	b.add(`}`)
 	return b.String(), true
 }
 

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	vk "github.com/valkey-io/valkey-go"
+
 	"github.com/starintel/starlease/internal/testenv"
 	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/lease/leasetest"
@@ -88,6 +90,34 @@ func (f *evidenceFixture) replays(o op) lease.Result {
 		}
 		set(v1)
 		defer set(stored)
+	}
+	// The history as version 1 entries too (the old library reads no
+	// other), restored afterwards.
+	hkey := s.keys.history(tagOf(p.LockKey))
+	hist, err := s.client.Do(bg, s.client.B().Lrange().Key(hkey).Start(0).Stop(-1).Build()).AsStrSlice()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	setHistory := func(entries []string) {
+		cmds := vk.Commands{s.client.B().Del().Key(hkey).Build()}
+		if len(entries) > 0 {
+			cmds = append(cmds, s.client.B().Rpush().Key(hkey).Element(entries...).Build())
+		}
+		for _, r := range s.client.DoMulti(bg, cmds...) {
+			if err := r.Error(); err != nil {
+				f.t.Fatal(err)
+			}
+		}
+	}
+	if len(hist) > 0 {
+		v1h := make([]string, len(hist))
+		for i, e := range hist {
+			if v1h[i], ok = expandHistory(e); !ok {
+				f.t.Fatalf("%s: history entry does not expand", o.name)
+			}
+		}
+		setHistory(v1h)
+		defer setHistory(hist)
 	}
 	for _, l := range []*library{f.old, f.cur} {
 		if got := run(l); !reflect.DeepEqual(got, want) {
@@ -256,5 +286,63 @@ func TestEvidenceV2Malformed(t *testing.T) {
 			t.Logf("%+v", r)
 			t.Fatalf("evidence %q: lookup gave %v, want corrupt", b, err)
 		}
+	}
+}
+
+// TestHistoryV2Malformed: a version 2 history entry that cannot be rebuilt
+// is skipped as corrupt by the history read, as one failing decoding is.
+func TestHistoryV2Malformed(t *testing.T) {
+	s := open(t, testenv.StartRedis(t), Options{StoreOptions: leasetest.StoreOptions()})
+	a, err := s.Acquire(bg, acquireReq(newIdentity()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Revoke(bg, adminReq(a.Lease)); err != nil {
+		t.Fatal(err)
+	}
+	hkey := s.keys.history(tagOf(a.Lease.LockKey))
+	good, err := s.client.Do(bg, s.client.B().Lindex().Key(hkey).Index(0).Build()).ToString()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := expandHistory(good); !ok {
+		t.Fatal("a written entry does not expand")
+	}
+	lines := strings.Split(good, "\n")
+	line := func(i int, v string) string {
+		l := append([]string(nil), lines...)
+		l[i] = v
+		return strings.Join(l, "\n")
+	}
+	for _, b := range []string{
+		"hv2\n", strings.Join(lines[:len(lines)-1], "\n"),
+		line(hv2Reason, `"a`), line(hv2Reason, `{"a":1}`), line(hv2Reason, `"a",`+`"x":1`),
+		line(hv2By, `a"b`), line(hv2Ended, "x"), line(hv2Tuple, "a\\b"),
+		line(hv2Record, lines[hv2Record]+`","x":"y`), line(hv2Record+5, "1.5"),
+		line(hv2Lines-1, `{}`+"\n"), line(hv2Lines-1, `[1]`),
+	} {
+		raw, ok := expandHistory(b)
+		if !ok {
+			continue
+		}
+		if _, err := lease.DecodeHistoryEntry([]byte(raw)); err == nil {
+			t.Fatalf("entry %q expands to %q, which decodes", b, raw)
+		}
+	}
+	// The read skips a malformed entry and still returns the good one.
+	bad := line(hv2Reason, `{"a":1}`)
+	if err := s.client.Do(bg, s.client.B().Lpush().Key(hkey).Element(bad).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.History(bg, lease.HistoryRequest{Identity: a.Lease.Identity(), DeadlineAt: far()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Entries) != 1 || res.Entries[0].Record.LeaseID != a.Lease.LeaseID || res.Entries[0].Record.State != lease.StateRevoked {
+		t.Fatalf("history: %+v", res.Entries)
+	}
+	got, err := s.Inspect(bg, lease.InspectRequest{LeaseID: a.Lease.LeaseID, DeadlineAt: far()})
+	if err != nil || got.Lease.State != lease.StateRevoked {
+		t.Fatalf("inspect by id: %+v %v", got, err)
 	}
 }

@@ -602,17 +602,21 @@ end
 -- archive ends r: terminal evidence to the capped history list, then the
 -- active record and its index and schedule entries go. With by given
 -- (else none of them), the entry records ended_by, request_id, reason
--- (JSON-encoded) and incident_id, each only if not ''.
+-- (JSON-encoded) and incident_id, each only if not ''. The entry is
+-- history version 2 (the Go side rebuilds version 1, lease.HistoryEntry's
+-- JSON, from it; see expandHistory in evidence.go): its facts one per
+-- line, in place of a second copy of the record JSON. Returns the ended
+-- record's JSON, for the reply.
 local function archive(c, r, state, ended, by, request_id, reason, incident)
   local raw = encode(r, state)
-  local extra = ''
-  if by then
-    if by ~= '' then extra = ',"ended_by":"' .. by .. '"' end
-    if request_id ~= '' then extra = extra .. ',"request_id":"' .. request_id .. '"' end
-    if reason ~= '' then extra = extra .. ',"reason":' .. reason end
-    if incident ~= '' then extra = extra .. ',"incident_id":"' .. incident .. '"' end
-  end
-  local entry = '{"history_version":1,"record":' .. raw .. ',"ended_at":"' .. ts(ended) .. '"' .. extra .. '}'
+  local entry = 'hv2\n' .. int(ended) .. '\n' .. (by or '') .. '\n' .. (request_id or '') .. '\n' .. (reason or '')
+    .. '\n' .. (incident or '') .. '\n' .. c.tag .. '\n' .. r.tenant_id .. '\n' .. r.program_id
+    .. '\n' .. r.target_namespace .. '\n' .. r.target_id .. '\n' .. r.actor_name .. '\n' .. r.workflow_name
+    .. '\n' .. r.operation_class .. '\n' .. r.lease_id .. '\n' .. r.owner_principal_id .. '\n' .. r.owner_client_id
+    .. '\n' .. r.owner_credential_id .. '\n' .. r.service_instance_id .. '\n' .. int(r.fencing_token)
+    .. '\n' .. int(r.acquired_at) .. '\n' .. int(r.renewed_at) .. '\n' .. int(r.expires_at)
+    .. '\n' .. int(r.ttl_ms) .. '\n' .. int(r.maximum_lifetime_ms) .. '\n' .. r.execution_id
+    .. '\n' .. r.job_id .. '\n' .. r.trace_id .. '\n' .. r.request_id .. '\n' .. state .. '\n' .. r.metadata
   -- LTRIM only when the push went past the cap: below it, it is a no-op.
   if redis.call('LPUSH', c.k_hist, entry) > c.hist_cap then redis.call('LTRIM', c.k_hist, 0, c.hist_cap - 1) end
   redis.call('PEXPIRE', c.k_hist, c.hist_ret)
@@ -667,9 +671,11 @@ end
 local function history_of(k_hist, lease_id)
   local out = {}
   if not lease_id or redis.call('TYPE', k_hist).ok ~= 'list' then return out end
-  local needle = '"lease_id":"' .. lease_id .. '"'
+  -- Version 1 entries name it in JSON, version 2 on a line of its own;
+  -- either needle only preselects (the Go side matches the lease id).
+  local needle, line = '"lease_id":"' .. lease_id .. '"', '\n' .. lease_id .. '\n'
   for _, e in ipairs(redis.call('LRANGE', k_hist, 0, -1)) do
-    if string.find(e, needle, 1, true) then out[#out + 1] = e end
+    if string.find(e, needle, 1, true) or string.find(e, line, 1, true) then out[#out + 1] = e end
   end
   return out
 end

@@ -257,6 +257,10 @@ func (s *Store) currentOf(orig *lease.Record, rep reply, id lease.Identity) (*le
 // and names leaseID.
 func findHistory(entries []string, leaseID string) *lease.HistoryEntry {
 	for _, e := range entries {
+		e, ok := expandHistory(e)
+		if !ok {
+			continue // as an entry that fails decoding
+		}
 		if h := lease.MatchHistory([]byte(e), leaseID); h != nil {
 			return h
 		}

@@ -900,6 +900,15 @@ func onlyHistoryEntry(t *testing.T, s *Store, tag string) *lease.HistoryEntry {
 	if err != nil || len(entries) != 1 {
 		t.Fatalf("history: %v %d", err, len(entries))
 	}
+	// Stored compact (version 2); its expansion is the canonical version 1
+	// entry, held to the same checks as before.
+	if !strings.HasPrefix(entries[0], hv2Prefix) {
+		t.Fatalf("history entry is not version 2: %q", entries[0])
+	}
+	var ok bool
+	if entries[0], ok = expandHistory(entries[0]); !ok {
+		t.Fatal("history entry does not expand")
+	}
 	h, err := lease.DecodeHistoryEntry([]byte(entries[0]))
 	if err != nil {
 		t.Fatalf("history entry fails strict decoding: %v", err)
