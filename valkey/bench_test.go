@@ -233,7 +233,7 @@ type stats struct {
 	scripts, usec, aof int64
 }
 
-func serverStats(b *testing.B, s *Store, reset bool) stats {
+func serverStats(b testing.TB, s *Store, reset bool) stats {
 	ctx, cancel := context.WithTimeout(bg, 5*time.Second)
 	defer cancel()
 	c := s.client

@@ -42,8 +42,12 @@
 //	ns:{tag}:active         the active record v1 (JSON); PXAT expires_at+ReclaimGrace,
 //	                        storage reclamation only: expiry is decided from expires_at
 //	ns:{tag}:counter        durable fencing counter; no TTL, never deleted
-//	ns:{tag}:idem:<scope>   idempotency evidence; TTL IdempotencyRetention
+//	ns:{tag}:idem:<scope>   idempotency evidence; TTL IdempotencyRetention; written as
+//	                        version 2 (the result's facts, see evidence.go), read in
+//	                        either version
 //	ns:{tag}:history        terminal evidence, newest first, capped at HistoryPerIdentity,
+//	                        written as version 2 entries (facts, see evidence.go), read in
+//	                        either version,
 //	                        TTL HistoryRetention refreshed on every push
 //	ns:{tag}:marks          hash sink → fencing high-water mark; no TTL, never deleted
 //	ns:{tag}:cseq           the last commit seq given (orders a lease's commits for

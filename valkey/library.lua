@@ -602,17 +602,21 @@ end
 -- archive ends r: terminal evidence to the capped history list, then the
 -- active record and its index and schedule entries go. With by given
 -- (else none of them), the entry records ended_by, request_id, reason
--- (JSON-encoded) and incident_id, each only if not ''.
+-- (JSON-encoded) and incident_id, each only if not ''. The entry is
+-- history version 2 (the Go side rebuilds version 1, lease.HistoryEntry's
+-- JSON, from it; see expandHistory in evidence.go): its facts one per
+-- line, in place of a second copy of the record JSON. Returns the ended
+-- record's JSON, for the reply.
 local function archive(c, r, state, ended, by, request_id, reason, incident)
   local raw = encode(r, state)
-  local extra = ''
-  if by then
-    if by ~= '' then extra = ',"ended_by":"' .. by .. '"' end
-    if request_id ~= '' then extra = extra .. ',"request_id":"' .. request_id .. '"' end
-    if reason ~= '' then extra = extra .. ',"reason":' .. reason end
-    if incident ~= '' then extra = extra .. ',"incident_id":"' .. incident .. '"' end
-  end
-  local entry = '{"history_version":1,"record":' .. raw .. ',"ended_at":"' .. ts(ended) .. '"' .. extra .. '}'
+  local entry = 'hv2\n' .. int(ended) .. '\n' .. (by or '') .. '\n' .. (request_id or '') .. '\n' .. (reason or '')
+    .. '\n' .. (incident or '') .. '\n' .. c.tag .. '\n' .. r.tenant_id .. '\n' .. r.program_id
+    .. '\n' .. r.target_namespace .. '\n' .. r.target_id .. '\n' .. r.actor_name .. '\n' .. r.workflow_name
+    .. '\n' .. r.operation_class .. '\n' .. r.lease_id .. '\n' .. r.owner_principal_id .. '\n' .. r.owner_client_id
+    .. '\n' .. r.owner_credential_id .. '\n' .. r.service_instance_id .. '\n' .. int(r.fencing_token)
+    .. '\n' .. int(r.acquired_at) .. '\n' .. int(r.renewed_at) .. '\n' .. int(r.expires_at)
+    .. '\n' .. int(r.ttl_ms) .. '\n' .. int(r.maximum_lifetime_ms) .. '\n' .. r.execution_id
+    .. '\n' .. r.job_id .. '\n' .. r.trace_id .. '\n' .. r.request_id .. '\n' .. state .. '\n' .. r.metadata
   -- LTRIM only when the push went past the cap: below it, it is a no-op.
   if redis.call('LPUSH', c.k_hist, entry) > c.hist_cap then redis.call('LTRIM', c.k_hist, 0, c.hist_cap - 1) end
   redis.call('PEXPIRE', c.k_hist, c.hist_ret)
@@ -625,11 +629,41 @@ local function archive(c, r, state, ended, by, request_id, reason, incident)
 end
 
 -- remember stores the typed result as idempotency evidence, in the same
--- atomic section as the mutation (lease.IdempotencyRecord's JSON).
-local function remember(c, now, op, digest, code, raw)
-  local ev = '{"idempotency_version":1,"op":"' .. op .. '","digest":"' .. digest .. '","code":"' .. code ..
-      '","lease":' .. raw .. ',"backend_time":"' .. ts(now) .. '"}'
+-- atomic section as the mutation. Evidence version 2 (EV2) is compact:
+-- the facts of the result, one per line, instead of a copy of the record
+-- JSON (lease.IdempotencyRecord's, version 1, which older code wrote and
+-- the Go side still reads): the Go side rebuilds exactly the version 1
+-- bytes from them, the identity tuple from the request it answers (the
+-- evidence key's scope holds the lock key, whose hash tag is checked
+-- too), and decodes those strictly. Lines: ev2, op, digest, code, backend
+-- ms, hash tag, then r's lease_id .. service_instance_id, fencing_token,
+-- acquired/renewed/expires ms, ttl_ms, maximum_lifetime_ms, execution_id,
+-- job_id, trace_id, request_id, state (state if given), and metadata last
+-- (JSON; the only free text).
+local function remember(c, now, op, digest, code, r, state)
+  local ev = 'ev2\n' .. op .. '\n' .. digest .. '\n' .. code .. '\n' .. int(now) .. '\n' .. c.tag
+    .. '\n' .. r.lease_id .. '\n' .. r.owner_principal_id .. '\n' .. r.owner_client_id
+    .. '\n' .. r.owner_credential_id .. '\n' .. r.service_instance_id .. '\n' .. int(r.fencing_token)
+    .. '\n' .. int(r.acquired_at) .. '\n' .. int(r.renewed_at) .. '\n' .. int(r.expires_at)
+    .. '\n' .. int(r.ttl_ms) .. '\n' .. int(r.maximum_lifetime_ms) .. '\n' .. r.execution_id
+    .. '\n' .. r.job_id .. '\n' .. r.trace_id .. '\n' .. r.request_id .. '\n' .. (state or r.state)
+    .. '\n' .. r.metadata
   redis.call('SET', c.k_ev, ev, 'PX', int(c.ev_ret))
+end
+
+-- evidence_lease_id is the lease id stored evidence names (either
+-- version), or nil.
+local function evidence_lease_id(ev)
+  if string.sub(ev, 1, 4) == 'ev2\n' then
+    local id = string.match(ev, '^ev2\n[^\n]*\n[^\n]*\n[^\n]*\n[^\n]*\n[^\n]*\n([^\n]*)\n')
+    if is_id(id) then return id end
+    return nil
+  end
+  local ok, t = pcall(cjson.decode, ev)
+  if ok and type(t) == 'table' and type(t.lease) == 'table' and is_id(t.lease.lease_id) then
+    return t.lease.lease_id
+  end
+  return nil
 end
 
 -- history_of returns the history entries that name lease_id (normally
@@ -637,9 +671,11 @@ end
 local function history_of(k_hist, lease_id)
   local out = {}
   if not lease_id or redis.call('TYPE', k_hist).ok ~= 'list' then return out end
-  local needle = '"lease_id":"' .. lease_id .. '"'
+  -- Version 1 entries name it in JSON, version 2 on a line of its own;
+  -- either needle only preselects (the Go side matches the lease id).
+  local needle, line = '"lease_id":"' .. lease_id .. '"', '\n' .. lease_id .. '\n'
   for _, e in ipairs(redis.call('LRANGE', k_hist, 0, -1)) do
-    if string.find(e, needle, 1, true) then out[#out + 1] = e end
+    if string.find(e, needle, 1, true) or string.find(e, line, 1, true) then out[#out + 1] = e end
   end
   return out
 end
@@ -649,11 +685,7 @@ end
 -- record, with its PTTL, and its history entries). The Go side decides
 -- replay, conflict or corruption from these bytes alone.
 local function evidence_reply(now, ev, k_active, k_hist)
-  local lease_id
-  local ok, t = pcall(cjson.decode, ev)
-  if ok and type(t) == 'table' and type(t.lease) == 'table' and is_id(t.lease.lease_id) then
-    lease_id = t.lease.lease_id
-  end
+  local lease_id = evidence_lease_id(ev)
   local active, why = get(k_active)
   local pttl = '-2'
   if why then active = '\0wrongtype' end
@@ -748,7 +780,7 @@ local function acquire(keys, args)
   local raw = store_active(c, r)
   local m1, m2, m3 = index_members(r, c.tag)
   redis.call('ZADD', c.k_index, '0', m1, '0', m2, '0', m3) -- (a number would be formatted per call)
-  remember(c, now, 'acquire', args[27], 'lease_acquired', raw)
+  remember(c, now, 'acquire', args[27], 'lease_acquired', r)
   return { 'ok', int(now), raw }
 end
 
@@ -796,7 +828,7 @@ local function renew(keys, args)
     metadata = cur.metadata, state = cur.state,
   }
   local raw = store_active(c, r, true)
-  remember(c, now, 'renew', args[20], 'lease_renewed', raw)
+  remember(c, now, 'renew', args[20], 'lease_renewed', r)
   return { 'ok', int(now), raw }
 end
 
@@ -821,7 +853,7 @@ local function finish(keys, args)
   local cur, reply = held(c, now, args[15], args[16], owner, instance)
   if not cur then return reply end
   local raw = archive(c, cur, e.state, now, args[17], args[20], args[21], args[22])
-  remember(c, now, args[23], args[19], e.code, raw)
+  remember(c, now, args[23], args[19], e.code, cur, e.state)
   return { 'ok', int(now), raw }
 end
 

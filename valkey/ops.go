@@ -230,7 +230,11 @@ func (s *Store) closedNamespace(rep reply) *lease.Error {
 // original result, or idempotency_conflict if the request id was used with
 // other inputs. A replayed acquire also reports the lease's state now.
 func (s *Store) replay(p lease.Prepared, rep reply) (lease.Result, error) {
-	ev, err := lease.DecodeIdempotencyRecord([]byte(rep.at(0)))
+	raw, ok := expandEvidence(rep.at(0), p.Identity)
+	if !ok {
+		return lease.Result{}, s.corrupt(p.Identity, "idempotency evidence is corrupt")
+	}
+	ev, err := lease.DecodeIdempotencyRecord([]byte(raw))
 	if err != nil {
 		return lease.Result{}, s.corrupt(p.Identity, "idempotency evidence is corrupt")
 	}
@@ -253,6 +257,10 @@ func (s *Store) currentOf(orig *lease.Record, rep reply, id lease.Identity) (*le
 // and names leaseID.
 func findHistory(entries []string, leaseID string) *lease.HistoryEntry {
 	for _, e := range entries {
+		e, ok := expandHistory(e)
+		if !ok {
+			continue // as an entry that fails decoding
+		}
 		if h := lease.MatchHistory([]byte(e), leaseID); h != nil {
 			return h
 		}

@@ -185,7 +185,11 @@ func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.Hi
 	}
 	out := lease.HistoryResult{Entries: []lease.HistoryEntry{}, BackendTime: rep.now}
 	for _, raw := range rep.f {
+		raw, ok := expandHistory(raw)
 		h, err := lease.DecodeHistoryEntry([]byte(raw))
+		if !ok {
+			h, err = nil, lease.Errorf(lease.CodeCorrupt, "history entry is malformed")
+		}
 		if err == nil && h.Record.LockKey != lockKey {
 			err = lease.Errorf(lease.CodeCorrupt, "history entry of a foreign lock key")
 		}
@@ -224,7 +228,11 @@ func (s *Store) LookupRequest(ctx context.Context, req lease.LookupRequest) (lea
 	case "corrupt":
 		return lease.Result{}, s.corrupt(p.Identity, rep.at(0))
 	case "evidence":
-		res, ok := p.Lookup([]byte(rep.at(0)), func(orig *lease.Record) (*lease.Record, error) { return s.currentOf(orig, rep, p.Identity) })
+		raw, ok := expandEvidence(rep.at(0), p.Identity)
+		if !ok {
+			return lease.Result{}, s.corrupt(p.Identity, "idempotency evidence is corrupt")
+		}
+		res, ok := p.Lookup([]byte(raw), func(orig *lease.Record) (*lease.Record, error) { return s.currentOf(orig, rep, p.Identity) })
 		if !ok {
 			return lease.Result{}, s.corrupt(p.Identity, "idempotency evidence is corrupt")
 		}

@@ -19,8 +19,9 @@ func review3History(t *testing.T, s *Store, id lease.Identity) []*lease.HistoryE
 	}
 	var out []*lease.HistoryEntry
 	for _, r := range raw {
+		r, ok := expandHistory(r)
 		h, err := lease.DecodeHistoryEntry([]byte(r))
-		if err != nil {
+		if !ok || err != nil {
 			t.Fatalf("history entry: %v", err)
 		}
 		out = append(out, h)

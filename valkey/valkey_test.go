@@ -153,6 +153,15 @@ func TestStoredBytesAreCanonical(t *testing.T) {
 	if !ok {
 		t.Fatal("no idempotency evidence")
 	}
+	// Stored compact (version 2); its expansion is the canonical version 1
+	// document, held to the same checks as before.
+	if !strings.HasPrefix(evRaw, ev2Prefix) {
+		t.Fatalf("evidence is not version 2: %q", evRaw)
+	}
+	evRaw, ok = expandEvidence(evRaw, res.Lease.Identity())
+	if !ok {
+		t.Fatal("evidence does not expand")
+	}
 	ev, err := lease.DecodeIdempotencyRecord([]byte(evRaw))
 	if err != nil {
 		t.Fatalf("evidence fails strict decoding: %v", err)
@@ -890,6 +899,15 @@ func onlyHistoryEntry(t *testing.T, s *Store, tag string) *lease.HistoryEntry {
 	entries, err := s.client.Do(bg, s.client.B().Lrange().Key(s.keys.history(tag)).Start(0).Stop(-1).Build()).AsStrSlice()
 	if err != nil || len(entries) != 1 {
 		t.Fatalf("history: %v %d", err, len(entries))
+	}
+	// Stored compact (version 2); its expansion is the canonical version 1
+	// entry, held to the same checks as before.
+	if !strings.HasPrefix(entries[0], hv2Prefix) {
+		t.Fatalf("history entry is not version 2: %q", entries[0])
+	}
+	var ok bool
+	if entries[0], ok = expandHistory(entries[0]); !ok {
+		t.Fatal("history entry does not expand")
 	}
 	h, err := lease.DecodeHistoryEntry([]byte(entries[0]))
 	if err != nil {
