@@ -62,7 +62,7 @@ var keyKinds = []struct {
 	{regexp.MustCompile(`^(index|expiry|outbox|outbox_dead|cred:index)$`), "zset"},
 	{regexp.MustCompile(`^(lease|outbox|outbox_dead|cred):[A-Za-z0-9_.:-]+$`), "string"},
 	{regexp.MustCompile(`^(counter_floor|epoch|outbox_seq)$`), "counter"},
-	{regexp.MustCompile(`^last_recovery$`), "string"},
+	{regexp.MustCompile(`^(last_recovery|format)$`), "string"},
 }
 
 // skippedKeys are not carried: the gate and the probe are the adapter's

@@ -84,6 +84,7 @@ func (k layout) outboxBytes() string               { return k.ns + ":outbox:byte
 func (k layout) outboxDead() string                { return k.ns + ":outbox_dead" }
 func (k layout) outboxDeadWhy(id string) string    { return k.ns + ":outbox_dead:" + id }
 func (k layout) gate() string                      { return k.ns + ":gate" }
+func (k layout) format() string                    { return k.ns + ":format" }
 func (k layout) counterFloor() string              { return k.ns + ":counter_floor" }
 func (k layout) epoch() string                     { return k.ns + ":epoch" }
 func (k layout) lastRecovery() string              { return k.ns + ":last_recovery" }

@@ -31,7 +31,9 @@
 // The library's name and its function names carry a hash of its code, so
 // service instances of different builds never call each other's functions
 // during a rolling deploy; loading is FUNCTION LOAD without REPLACE and an
-// existing library of the same hash is the same code.
+// existing library of the same hash is the same code. Stored formats
+// change only by a switch in the namespace (ns:format, format.go) that an
+// operator throws once every instance reads the new format.
 //
 // # Key layout
 //
@@ -43,11 +45,10 @@
 //	                        storage reclamation only: expiry is decided from expires_at
 //	ns:{tag}:counter        durable fencing counter; no TTL, never deleted
 //	ns:{tag}:idem:<scope>   idempotency evidence; TTL IdempotencyRetention; written as
-//	                        version 2 (the result's facts, see evidence.go), read in
-//	                        either version
+//	                        version 1, or version 2 (the result's facts, evidence.go)
+//	                        once ns:format is "2"; read in either version
 //	ns:{tag}:history        terminal evidence, newest first, capped at HistoryPerIdentity,
-//	                        written as version 2 entries (facts, see evidence.go), read in
-//	                        either version,
+//	                        in the same version as evidence, read in either version,
 //	                        TTL HistoryRetention refreshed on every push
 //	ns:{tag}:marks          hash sink → fencing high-water mark; no TTL, never deleted
 //	ns:{tag}:cseq           the last commit seq given (orders a lease's commits for
@@ -94,6 +95,8 @@
 //	ns:counter_floor        the recovery epoch's floor: every new token is above it;
 //	                        no TTL, never lowered
 //	ns:epoch, ns:last_recovery  the recovery epoch and the last recovery's record
+//	ns:format               "2" once the namespace is switched to the compact stored
+//	                        formats (format.go); absent: version 1. Never unset.
 //
 // Every operation on an identity archives an expired active record it
 // finds; the reaper (Options.ReapInterval) archives the rest from the

@@ -216,7 +216,9 @@ func plainText(s string) bool {
 // digits reports 1 to 16 decimal digits (every number evidence holds is
 // below 2^53).
 func digits(s string) bool {
-	if s == "" || len(s) > 16 {
+	// The library writes numbers without leading zeros; any other spelling
+	// is not what it wrote (review 4).
+	if s == "" || len(s) > 16 || (s[0] == '0' && len(s) > 1) {
 		return false
 	}
 	for i := 0; i < len(s); i++ {

@@ -29,6 +29,9 @@ type evidenceFixture struct {
 
 func newEvidenceFixture(t *testing.T, o lease.StoreOptions) *evidenceFixture {
 	s := open(t, testenv.StartRedis(t), Options{StoreOptions: o})
+	if err := s.EnableCompactFormat(bg); err != nil {
+		t.Fatal(err)
+	}
 	f := &evidenceFixture{t: t, s: s, old: newLibrary("", libraryEv1), cur: s.lib}
 	if err := f.old.load(bg, s.client); err != nil {
 		t.Fatal(err)
@@ -246,7 +249,7 @@ func TestEvidenceVersionsReplayAlike(t *testing.T) {
 // TestEvidenceV2Malformed: version 2 evidence that cannot be rebuilt, or
 // whose rebuilt document fails strict decoding, is corrupt.
 func TestEvidenceV2Malformed(t *testing.T) {
-	s := open(t, testenv.StartRedis(t), Options{StoreOptions: leasetest.StoreOptions()})
+	s := openCompact(t)
 	id := newIdentity()
 	acq := acquireReq(id)
 	if _, err := s.Acquire(bg, acq); err != nil {
@@ -292,7 +295,7 @@ func TestEvidenceV2Malformed(t *testing.T) {
 // TestHistoryV2Malformed: a version 2 history entry that cannot be rebuilt
 // is skipped as corrupt by the history read, as one failing decoding is.
 func TestHistoryV2Malformed(t *testing.T) {
-	s := open(t, testenv.StartRedis(t), Options{StoreOptions: leasetest.StoreOptions()})
+	s := openCompact(t)
 	a, err := s.Acquire(bg, acquireReq(newIdentity()))
 	if err != nil {
 		t.Fatal(err)
@@ -345,4 +348,15 @@ func TestHistoryV2Malformed(t *testing.T) {
 	if err != nil || got.Lease.State != lease.StateRevoked {
 		t.Fatalf("inspect by id: %+v %v", got, err)
 	}
+}
+
+// openCompact opens a store on a server of its own whose namespace is
+// switched to the compact (version 2) formats.
+func openCompact(t *testing.T) *Store {
+	t.Helper()
+	s := open(t, testenv.StartRedis(t), Options{StoreOptions: leasetest.StoreOptions()})
+	if err := s.EnableCompactFormat(bg); err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

@@ -569,6 +569,11 @@ local function context(keys, args)
     ev_ret = tonumber(args[14]),
     k_active = keys[1], k_hist = keys[2], k_index = keys[3], k_expiry = keys[4], k_ev = keys[5], k_quar = keys[6],
     k_gate = keys[7],
+    -- The Go side ends the ARGV of every call that keeps evidence or
+    -- history with the format to write them in: 'compact' (version 2)
+    -- once the namespace has been switched to it, else version 1, which
+    -- instances of older builds still sharing the namespace can read.
+    compact = args[#args] == 'compact',
   }
 end
 
@@ -609,7 +614,18 @@ end
 -- record's JSON, for the reply.
 local function archive(c, r, state, ended, by, request_id, reason, incident)
   local raw = encode(r, state)
-  local entry = 'hv2\n' .. int(ended) .. '\n' .. (by or '') .. '\n' .. (request_id or '') .. '\n' .. (reason or '')
+  local entry
+  if not c.compact then
+    local extra = ''
+    if by then
+      if by ~= '' then extra = ',"ended_by":"' .. by .. '"' end
+      if request_id ~= '' then extra = extra .. ',"request_id":"' .. request_id .. '"' end
+      if reason ~= '' then extra = extra .. ',"reason":' .. reason end
+      if incident ~= '' then extra = extra .. ',"incident_id":"' .. incident .. '"' end
+    end
+    entry = '{"history_version":1,"record":' .. raw .. ',"ended_at":"' .. ts(ended) .. '"' .. extra .. '}'
+  else
+    entry = 'hv2\n' .. int(ended) .. '\n' .. (by or '') .. '\n' .. (request_id or '') .. '\n' .. (reason or '')
     .. '\n' .. (incident or '') .. '\n' .. c.tag .. '\n' .. r.tenant_id .. '\n' .. r.program_id
     .. '\n' .. r.target_namespace .. '\n' .. r.target_id .. '\n' .. r.actor_name .. '\n' .. r.workflow_name
     .. '\n' .. r.operation_class .. '\n' .. r.lease_id .. '\n' .. r.owner_principal_id .. '\n' .. r.owner_client_id
@@ -617,6 +633,7 @@ local function archive(c, r, state, ended, by, request_id, reason, incident)
     .. '\n' .. int(r.acquired_at) .. '\n' .. int(r.renewed_at) .. '\n' .. int(r.expires_at)
     .. '\n' .. int(r.ttl_ms) .. '\n' .. int(r.maximum_lifetime_ms) .. '\n' .. r.execution_id
     .. '\n' .. r.job_id .. '\n' .. r.trace_id .. '\n' .. r.request_id .. '\n' .. state .. '\n' .. r.metadata
+  end
   -- LTRIM only when the push went past the cap: below it, it is a no-op.
   if redis.call('LPUSH', c.k_hist, entry) > c.hist_cap then redis.call('LTRIM', c.k_hist, 0, c.hist_cap - 1) end
   redis.call('PEXPIRE', c.k_hist, c.hist_ret)
@@ -640,7 +657,13 @@ end
 -- acquired/renewed/expires ms, ttl_ms, maximum_lifetime_ms, execution_id,
 -- job_id, trace_id, request_id, state (state if given), and metadata last
 -- (JSON; the only free text).
-local function remember(c, now, op, digest, code, r, state)
+local function remember(c, now, op, digest, code, r, state, raw)
+  if not c.compact then
+    local ev = '{"idempotency_version":1,"op":"' .. op .. '","digest":"' .. digest .. '","code":"' .. code ..
+        '","lease":' .. raw .. ',"backend_time":"' .. ts(now) .. '"}'
+    redis.call('SET', c.k_ev, ev, 'PX', int(c.ev_ret))
+    return
+  end
   local ev = 'ev2\n' .. op .. '\n' .. digest .. '\n' .. code .. '\n' .. int(now) .. '\n' .. c.tag
     .. '\n' .. r.lease_id .. '\n' .. r.owner_principal_id .. '\n' .. r.owner_client_id
     .. '\n' .. r.owner_credential_id .. '\n' .. r.service_instance_id .. '\n' .. int(r.fencing_token)
@@ -780,7 +803,7 @@ local function acquire(keys, args)
   local raw = store_active(c, r)
   local m1, m2, m3 = index_members(r, c.tag)
   redis.call('ZADD', c.k_index, '0', m1, '0', m2, '0', m3) -- (a number would be formatted per call)
-  remember(c, now, 'acquire', args[27], 'lease_acquired', r)
+  remember(c, now, 'acquire', args[27], 'lease_acquired', r, nil, raw)
   return { 'ok', int(now), raw }
 end
 
@@ -828,7 +851,7 @@ local function renew(keys, args)
     metadata = cur.metadata, state = cur.state,
   }
   local raw = store_active(c, r, true)
-  remember(c, now, 'renew', args[20], 'lease_renewed', r)
+  remember(c, now, 'renew', args[20], 'lease_renewed', r, nil, raw)
   return { 'ok', int(now), raw }
 end
 
@@ -853,7 +876,7 @@ local function finish(keys, args)
   local cur, reply = held(c, now, args[15], args[16], owner, instance)
   if not cur then return reply end
   local raw = archive(c, cur, e.state, now, args[17], args[20], args[21], args[22])
-  remember(c, now, args[23], args[19], e.code, cur, e.state)
+  remember(c, now, args[23], args[19], e.code, cur, e.state, raw)
   return { 'ok', int(now), raw }
 end
 

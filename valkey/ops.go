@@ -64,7 +64,7 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Re
 	args := append(s.commonArgs(m.due, p.LockKey, m.tag, p.Identity, s.opts.IdempotencyRetention),
 		leaseID, req.Caller.PrincipalID, req.Caller.ClientID, req.Caller.CredentialID, req.ServiceInstanceID,
 		ms(req.TTL), ms(req.MaximumLifetime), req.ExecutionID, req.JobID, req.TraceID, req.RequestID,
-		string(meta), p.Digest, ms(req.MaximumLifetime+s.reclaimGrace+s.opts.HistoryRetention))
+		string(meta), p.Digest, ms(req.MaximumLifetime+s.reclaimGrace+s.opts.HistoryRetention), s.writeFormat())
 	rep, err := s.fcall(ctx, call{fn: "acquire", mutation: true, keys: keys, args: args, wait: s.waitFor(m.due)})
 	if err != nil {
 		return lease.Result{}, err
@@ -98,7 +98,7 @@ func (s *Store) Renew(ctx context.Context, req lease.RenewRequest) (lease.Result
 	}
 	m := s.prepare(ctx, p, req.DeadlineAt)
 	args := append(s.commonArgs(m.due, p.LockKey, m.tag, p.Identity, s.opts.IdempotencyRetention),
-		req.LeaseID, utoa(req.FencingToken), req.Caller.PrincipalID, req.ServiceInstanceID, ms(req.TTL), p.Digest)
+		req.LeaseID, utoa(req.FencingToken), req.Caller.PrincipalID, req.ServiceInstanceID, ms(req.TTL), p.Digest, s.writeFormat())
 	rep, err := s.fcall(ctx, call{fn: "renew", mutation: true, keys: s.commonKeys(m.tag, s.keys.idem(m.tag, p.Scope)),
 		args: args, wait: s.waitFor(m.due)})
 	if err != nil {
@@ -170,7 +170,7 @@ func (s *Store) finish(ctx context.Context, p lease.Prepared, at time.Time, e en
 	}
 	m := s.prepare(ctx, p, at)
 	args := append(s.commonArgs(m.due, p.LockKey, m.tag, p.Identity, s.opts.IdempotencyRetention),
-		e.leaseID, utoa(e.token), e.principal, e.instance, p.Digest, e.requestID, e.reason, e.incident, string(p.Op))
+		e.leaseID, utoa(e.token), e.principal, e.instance, p.Digest, e.requestID, e.reason, e.incident, string(p.Op), s.writeFormat())
 	rep, err := s.fcall(ctx, call{fn: "finish", mutation: true, keys: s.commonKeys(m.tag, s.keys.idem(m.tag, p.Scope)),
 		args: args, wait: s.waitFor(m.due)})
 	if err != nil {

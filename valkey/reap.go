@@ -27,6 +27,7 @@ func (s *Store) reap(ctx context.Context) error {
 	if err := s.writable(ctx); err != nil {
 		return err
 	}
+	s.loadFormat(ctx)
 	for ctx.Err() == nil {
 		rep, err := s.fcall(ctx, call{fn: "due", ro: true, keys: []string{s.keys.expiry()}, args: []string{strconv.Itoa(reapBatch)}})
 		if err != nil {
@@ -99,7 +100,7 @@ func (s *Store) expireIfCurrent(ctx context.Context, lockKey, leaseID string, to
 func (s *Store) expireOne(ctx context.Context, lockKey, leaseID string, token uint64) (bool, error) {
 	tag := tagOf(lockKey)
 	var none lease.Identity
-	args := append(s.commonArgs(lease.UnixMilli(0), lockKey, tag, none, 0), leaseID, utoa(token))
+	args := append(s.commonArgs(lease.UnixMilli(0), lockKey, tag, none, 0), leaseID, utoa(token), s.writeFormat())
 	// expire keeps no evidence: slot 5 repeats the quarantine key.
 	rep, err := s.fcall(ctx, call{fn: "expire", mutation: true, keys: s.commonKeys(tag, s.keys.quarantine(tag)), args: args})
 	if err != nil {

@@ -1,8 +1,8 @@
 package valkey
 
 // Review 4: adversarial tests of idempotency evidence version 2 ("ev2")
-// and history entries version 2 ("hv2"). Tests named ...Broken... fail on
-// the code under review and document a break; the others are attacks that
+// and history entries version 2 ("hv2"). Two broke the code under review
+// and were fixed (their comments say how); the others are attacks that
 // held, kept as regression tests.
 
 import (
@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/starintel/starlease/internal/testenv"
 	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/lease/leasetest"
 )
@@ -72,7 +71,7 @@ func review4History(t *testing.T, s *Store, tag string) []string {
 // stored, replays and lookups return the original record, and history
 // entries (released and revoked) decode with the reason as given.
 func TestReview4AdversarialValuesReplayByteForByte(t *testing.T) {
-	s := open(t, testenv.StartRedis(t), Options{StoreOptions: leasetest.StoreOptions()})
+	s := openCompact(t)
 	id := newIdentity()
 	acq := acquireReq(id)
 	acq.Metadata = review4Metadata()
@@ -191,7 +190,7 @@ func TestReview4AdversarialValuesReplayByteForByte(t *testing.T) {
 // normalizes to another tuple is another scope (a fresh acquire or a
 // conflict), never the first lease.
 func TestReview4IdentitySpellingOnRetry(t *testing.T) {
-	s := open(t, testenv.StartRedis(t), Options{StoreOptions: leasetest.StoreOptions()})
+	s := openCompact(t)
 	id := newIdentity()
 	id.TargetID = "café-" + uid("t") // NFC
 	id.ActorName = "ünïcödé-actor"   // NFC
@@ -237,7 +236,7 @@ func TestReview4IdentitySpellingOnRetry(t *testing.T) {
 // a foreign hash tag, a line holding two values, a NUL) is corrupt on
 // retry and lookup, never answered.
 func TestReview4EvidenceV2Tampered(t *testing.T) {
-	s := open(t, testenv.StartRedis(t), Options{StoreOptions: leasetest.StoreOptions()})
+	s := openCompact(t)
 	id := newIdentity()
 	acq := acquireReq(id)
 	if _, err := s.Acquire(bg, acq); err != nil {
@@ -281,7 +280,8 @@ func TestReview4EvidenceV2Tampered(t *testing.T) {
 	}
 }
 
-// TestReview4BrokenV2AcceptsNonCanonicalTimestamps (BROKEN): version 1
+// TestReview4V2RefusesNonCanonicalTimestamps (broken, then fixed: the
+// reader now refuses numbers with leading zeros): version 1
 // evidence and history are read only in their exact canonical bytes;
 // version 2 should be no laxer ("anything malformed fails closed as
 // corrupt"). But a timestamp line (acquired, renewed, expires, backend
@@ -290,8 +290,8 @@ func TestReview4EvidenceV2Tampered(t *testing.T) {
 // tampered evidence replays as if it were intact and the tampered history
 // entry decodes. (A leading zero on fencing_token, ttl_ms or
 // maximum_lifetime_ms is refused, because those are copied verbatim.)
-func TestReview4BrokenV2AcceptsNonCanonicalTimestamps(t *testing.T) {
-	s := open(t, testenv.StartRedis(t), Options{StoreOptions: leasetest.StoreOptions()})
+func TestReview4V2RefusesNonCanonicalTimestamps(t *testing.T) {
+	s := openCompact(t)
 	id := newIdentity()
 	acq := acquireReq(id)
 	a, err := s.Acquire(bg, acq)
@@ -343,7 +343,7 @@ func errText(err error) string {
 	return err.Error()
 }
 
-// TestReview4BrokenRollingDeployOldBuildReadsV2 (BROKEN): doc.go states
+// TestReview4RollingDeployOldBuildReadsDefaultFormat (broken, then fixed): doc.go states
 // that instances of different builds share one Valkey during a rolling
 // deploy (each calls its own library). An instance of the previous build
 // (testdata/library_ev1.lua, identical to HEAD~2's library.lua, and
@@ -365,10 +365,21 @@ func errText(err error) string {
 // new instances from writing it until every instance reads it), so the
 // contract's idempotent retry and terminal history fail for the whole
 // deploy window (and on a rollback, for the retention periods).
-func TestReview4BrokenRollingDeployOldBuildReadsV2(t *testing.T) {
+//
+// Fixed: a namespace is written in version 1 until an operator switches it
+// (EnableCompactFormat), so this test now runs an unswitched namespace and
+// the old build reads everything the new one wrote.
+func TestReview4RollingDeployOldBuildReadsDefaultFormat(t *testing.T) {
 	o := leasetest.StoreOptions()
 	f := newEvidenceFixture(t, o)
 	s := f.s
+	if err := s.client.Do(bg, s.client.B().Del().Key(s.keys.format()).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	s.loadFormat(bg)
+	if s.compact.Load() {
+		t.Fatal("the namespace is still switched")
+	}
 	id := newIdentity()
 	acq := acquireReq(id)
 	a, err := s.Acquire(bg, acq) // the new build writes
@@ -394,7 +405,7 @@ func TestReview4BrokenRollingDeployOldBuildReadsV2(t *testing.T) {
 	if _, err := lease.DecodeIdempotencyRecord([]byte(rep.at(0))); err != nil {
 		broken = append(broken, "old build's acquire retry / LookupRequest: idempotency evidence is corrupt ("+err.Error()+"), want the original result")
 	}
-	if _, ok := p.Lookup([]byte(rep.at(0)), func(*lease.Record) (*lease.Record, error) { return nil, nil }); !ok {
+	if _, ok := p.Lookup([]byte(rep.at(0)), func(o *lease.Record) (*lease.Record, error) { return o, nil }); !ok {
 		broken = append(broken, "old build's LookupRequest: p.Lookup refuses the stored evidence")
 	}
 	// Inspect by lease id (the Go side only decodes what the old library
@@ -428,6 +439,9 @@ func TestReview4BrokenRollingDeployOldBuildReadsV2(t *testing.T) {
 func TestReview4BackupRestoreV2(t *testing.T) {
 	r := sharedServer(t)
 	src := open(t, r, Options{StoreOptions: leasetest.StoreOptions()})
+	if err := src.EnableCompactFormat(bg); err != nil {
+		t.Fatal(err)
+	}
 	id, id2 := newIdentity(), newIdentity()
 	req := acquireReq(id)
 	req.Metadata = review4Metadata()
@@ -462,6 +476,10 @@ func TestReview4BackupRestoreV2(t *testing.T) {
 	if sv != dv || !strings.HasPrefix(dv, ev2Prefix) {
 		t.Fatalf("restored evidence differs:\n%q\n%q", sv, dv)
 	}
+	// The format switch travels with the namespace.
+	if v, _ := get(t, dst, dst.keys.format()); v != compactFormat {
+		t.Fatalf("restored namespace's format switch: %q", v)
+	}
 	c, _ := closedState(t, o)
 	if _, err := c.Finish(bg, lease.RecoveryPlan{Reason: "restored \"by\" review"}); err != nil {
 		t.Fatal(err)
@@ -492,7 +510,7 @@ func TestReview4BackupRestoreV2(t *testing.T) {
 // state now (ended at its expires_at), found through the hv2 entry, and
 // Inspect by lease id reads it too.
 func TestReview4ExpiryPathV2(t *testing.T) {
-	s := open(t, testenv.StartRedis(t), Options{StoreOptions: leasetest.StoreOptions()})
+	s := openCompact(t)
 	id := newIdentity()
 	acq := acquireReq(id)
 	acq.TTL = 300 * time.Millisecond

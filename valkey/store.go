@@ -47,6 +47,9 @@ type Options struct {
 	// survives a crash; it does not accept a server that reports a weaker
 	// setting.
 	AllowUnverifiedDurability bool
+	// CompactFormat switches the namespace, for good, to the compact stored
+	// formats when the store opens (format.go).
+	CompactFormat bool
 	// DialTimeout bounds connecting; zero means 5 s.
 	DialTimeout time.Duration
 	// ReplyGrace is how long past a request's deadline the adapter waits
@@ -96,6 +99,9 @@ type Store struct {
 	// gate, before it reads.
 	backupHook func()
 	records    recordMemo
+	// compact: the namespace stores evidence and history in version 2
+	// (format.go).
+	compact atomic.Bool
 }
 
 var _ lease.Store = (*Store)(nil)
@@ -194,6 +200,13 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	if err := s.ensureLibrary(ctx); err != nil {
 		client.Close()
 		return nil, lease.Errorf(lease.CodeBackendUnavailable, "cannot load the function library: %s", classify(err))
+	}
+	s.loadFormat(ctx)
+	if o.CompactFormat && !s.compact.Load() {
+		if err := s.EnableCompactFormat(ctx); err != nil {
+			client.Close()
+			return nil, err
+		}
 	}
 	if h := s.checkDurability(ctx); h.Status != lease.HealthOK {
 		s.log.Error("ALERT lease backend unsuitable; mutations are refused", "reason", h.Reason)

@@ -111,7 +111,20 @@ func sharedServer(t *testing.T) *testenv.Redis {
 // The stored bytes of every kind of evidence are exactly what lease's own
 // encoders produce, and decode strictly.
 func TestStoredBytesAreCanonical(t *testing.T) {
+	for _, compact := range []bool{false, true} {
+		t.Run(map[bool]string{false: "version1", true: "compact"}[compact], func(t *testing.T) {
+			storedBytesAreCanonical(t, compact)
+		})
+	}
+}
+
+func storedBytesAreCanonical(t *testing.T, compact bool) {
 	s := open(t, sharedServer(t), Options{StoreOptions: leasetest.StoreOptions()})
+	if compact {
+		if err := s.EnableCompactFormat(bg); err != nil {
+			t.Fatal(err)
+		}
+	}
 	id := newIdentity()
 	tag := tagOf(lockKey(t, id))
 	req := acquireReq(id)
@@ -153,10 +166,10 @@ func TestStoredBytesAreCanonical(t *testing.T) {
 	if !ok {
 		t.Fatal("no idempotency evidence")
 	}
-	// Stored compact (version 2); its expansion is the canonical version 1
-	// document, held to the same checks as before.
-	if !strings.HasPrefix(evRaw, ev2Prefix) {
-		t.Fatalf("evidence is not version 2: %q", evRaw)
+	// Stored in the namespace's format; a compact (version 2) one expands
+	// to the canonical version 1 document, held to the same checks.
+	if strings.HasPrefix(evRaw, ev2Prefix) != s.compact.Load() {
+		t.Fatalf("evidence not in the namespace's format (compact %v): %q", s.compact.Load(), evRaw)
 	}
 	evRaw, ok = expandEvidence(evRaw, res.Lease.Identity())
 	if !ok {
@@ -900,10 +913,10 @@ func onlyHistoryEntry(t *testing.T, s *Store, tag string) *lease.HistoryEntry {
 	if err != nil || len(entries) != 1 {
 		t.Fatalf("history: %v %d", err, len(entries))
 	}
-	// Stored compact (version 2); its expansion is the canonical version 1
-	// entry, held to the same checks as before.
-	if !strings.HasPrefix(entries[0], hv2Prefix) {
-		t.Fatalf("history entry is not version 2: %q", entries[0])
+	// Stored in the namespace's format; a compact (version 2) one expands
+	// to the canonical version 1 entry, held to the same checks.
+	if strings.HasPrefix(entries[0], hv2Prefix) != s.compact.Load() {
+		t.Fatalf("history entry not in the namespace's format (compact %v): %q", s.compact.Load(), entries[0])
 	}
 	var ok bool
 	if entries[0], ok = expandHistory(entries[0]); !ok {

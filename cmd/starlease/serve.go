@@ -62,7 +62,7 @@ type backendFlags struct {
 	valkeyAddr, valkeyUser, valkeyPasswordFile string
 	valkeyPrefix                               string
 	valkeyTLSCAFile, valkeyTLSServerName       string
-	valkeyUnverified                           bool
+	valkeyUnverified, valkeyCompact            bool
 	etcdEndpoints, etcdUser, etcdPasswordFile  string
 	etcdTLSCAFile, etcdPrefix                  string
 	etcdMaxClockSkew                           time.Duration
@@ -77,6 +77,7 @@ func (f *backendFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.valkeyTLSCAFile, "valkey-tls-ca-file", "", "valkey backend: TLS, verifying the server against the CA certificates of this PEM file")
 	fs.StringVar(&f.valkeyTLSServerName, "valkey-tls-server-name", "", "valkey backend: the name the server's certificate must hold (default: the address's host)")
 	fs.BoolVar(&f.valkeyUnverified, "valkey-allow-unverified-durability", false, "valkey backend: accept a server that hides CONFIG (durability verified out of band)")
+	fs.BoolVar(&f.valkeyCompact, "valkey-compact-format", false, "valkey backend: switch the namespace, for good, to the compact stored formats of evidence and history (a third of the bytes); only once every instance sharing it runs this build or a later one")
 	fs.StringVar(&f.etcdEndpoints, "etcd-endpoints", "http://127.0.0.1:2379", "etcd backend: comma-separated client URLs of the cluster's members")
 	fs.StringVar(&f.etcdUser, "etcd-username", "", "etcd backend: user name (with --etcd-password-file)")
 	fs.StringVar(&f.etcdPasswordFile, "etcd-password-file", "", "etcd backend: file holding the password")
@@ -108,7 +109,7 @@ func (f *backendFlags) etcdOptions(opts lease.StoreOptions) etcd.Options {
 // valkeyOptions are the connection options of the valkey backend.
 func (f *backendFlags) valkeyOptions(opts lease.StoreOptions) valkey.Options {
 	return valkey.Options{Addr: f.valkeyAddr, Username: f.valkeyUser, PasswordFile: f.valkeyPasswordFile,
-		KeyPrefix: f.valkeyPrefix, StoreOptions: opts, AllowUnverifiedDurability: f.valkeyUnverified,
+		KeyPrefix: f.valkeyPrefix, StoreOptions: opts, AllowUnverifiedDurability: f.valkeyUnverified, CompactFormat: f.valkeyCompact,
 		TLSCAFile: f.valkeyTLSCAFile, TLSServerName: f.valkeyTLSServerName}
 }
 
