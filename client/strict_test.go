@@ -62,8 +62,8 @@ func TestDecodeStrictAsLease(t *testing.T) {
 }
 
 // Concurrent calls through a default client reuse their connections:
-// net/http's default of 2 idle connections per host would close most
-// after each call and open new ones.
+// net/http's default keeps 2 idle connections per host, so after each
+// round of concurrent calls it would close all but two and dial again.
 func TestDefaultClientReusesConnections(t *testing.T) {
 	var conns atomic.Int64
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -83,19 +83,28 @@ func TestDefaultClientReusesConnections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const callers, calls = 16, 20
-	var wg sync.WaitGroup
-	for range callers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range calls {
+	const callers, rounds = 16, 10
+	for range rounds {
+		// All callers in flight at once, then all idle at once.
+		var wg, ready sync.WaitGroup
+		start := make(chan struct{})
+		for range callers {
+			wg.Add(1)
+			ready.Add(1)
+			go func() {
+				defer wg.Done()
+				ready.Done()
+				<-start
 				c.Inspect(context.Background(), lease.Identity{TenantID: "t"})
-			}
-		}()
+			}()
+		}
+		ready.Wait()
+		close(start)
+		wg.Wait()
 	}
-	wg.Wait()
-	if n := conns.Load(); n > callers {
-		t.Fatalf("%d connections for %d concurrent callers", n, callers)
+	// A caller may now and then find a connection not yet back in the
+	// pool and dial another; churn would be about callers-2 per round.
+	if n := conns.Load(); n > 2*callers {
+		t.Fatalf("%d connections for %d rounds of %d concurrent calls", n, rounds, callers)
 	}
 }
