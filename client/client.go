@@ -50,7 +50,8 @@ type Option func(*Client)
 
 // WithHTTPClient makes the client send its requests with hc (transport,
 // TLS, proxies). The default is a new http.Client without a timeout of
-// its own: deadlines come from the call's context.
+// its own (deadlines come from the call's context) on a transport shared
+// by such clients that keeps enough idle connections for concurrent calls.
 //
 // Whatever hc's redirect policy, the client follows no redirect: net/http
 // keeps the Authorization header on a redirect to the same host name, even
@@ -65,6 +66,24 @@ func WithHTTPClient(hc *http.Client) Option {
 		}
 	}
 }
+
+// defaultTransport is the transport of a client made without
+// WithHTTPClient, shared by all of them: http.DefaultTransport's settings,
+// but keeping up to maxIdleConnsPerHost idle connections to a server
+// instead of net/http's 2, so that concurrent callers of one Client reuse
+// their connections rather than open and close one per call (a new TCP
+// connection each, and TIME_WAIT sockets piling up) once more than two
+// calls are in flight.
+var defaultTransport http.RoundTripper = func() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns = max(t.MaxIdleConns, maxIdleConnsPerHost)
+	t.MaxIdleConnsPerHost = maxIdleConnsPerHost
+	return t
+}()
+
+// maxIdleConnsPerHost is how many idle connections defaultTransport keeps
+// to one server.
+const maxIdleConnsPerHost = 256
 
 // noRedirect makes an http.Client return a redirect as the answer.
 func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
@@ -103,7 +122,7 @@ func New(baseURL string, apiKey string, opts ...Option) (*Client, error) {
 	}
 	u.Path = strings.TrimRight(u.Path, "/")
 	u.RawPath = ""
-	c := &Client{base: u, apiKey: apiKey, hc: &http.Client{}, timeout: DefaultTimeout, userAgent: "starlease-client/1"}
+	c := &Client{base: u, apiKey: apiKey, hc: &http.Client{Transport: defaultTransport}, timeout: DefaultTimeout, userAgent: "starlease-client/1"}
 	for _, o := range opts {
 		o(c)
 	}
@@ -285,7 +304,7 @@ func headerCorrelation(resp *http.Response) string {
 }
 
 func decodeSuccess(cl call, resp *http.Response, b []byte, out *wire.Success) error {
-	if err := lease.DecodeStrict(b, out); err != nil {
+	if err := decodeStrict(b, out); err != nil {
 		return malformed(cl, resp, "success body does not decode strictly", err)
 	}
 	switch {
@@ -301,7 +320,7 @@ func decodeSuccess(cl call, resp *http.Response, b []byte, out *wire.Success) er
 
 func decodeError(cl call, resp *http.Response, b []byte) error {
 	var w wire.Error
-	if err := lease.DecodeStrict(b, &w); err != nil {
+	if err := decodeStrict(b, &w); err != nil {
 		return malformed(cl, resp, "error body does not decode strictly", err)
 	}
 	switch {

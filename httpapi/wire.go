@@ -171,7 +171,11 @@ func decodeBodyLimit(r *http.Request, v any, limit int64) error {
 		return lease.Invalid("body", "trailing data after the JSON object")
 	}
 	// encoding/json takes the last of duplicate keys and matches names
-	// case-insensitively; an ambiguous body fails closed.
+	// case-insensitively; an ambiguous body fails closed. A body that is
+	// v's own encoding cannot be ambiguous (canonicalJSON).
+	if canonicalJSON(b, v) {
+		return nil
+	}
 	if err := lease.DecodeStrict(b, v); err != nil {
 		return lease.Invalid("body", "duplicate or case-variant keys")
 	}
