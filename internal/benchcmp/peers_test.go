@@ -240,7 +240,9 @@ func setupRows(b *testing.B) []row {
 	}
 
 	redis := testenv.StartRedis(b)
-	valkeyStore, err := valkey.Open(bg, valkey.Options{Addr: redis.Addr(), StoreOptions: storeOptions()})
+	// The namespace switched to the compact stored formats, as a
+	// deployment runs once every instance has this build.
+	valkeyStore, err := valkey.Open(bg, valkey.Options{Addr: redis.Addr(), StoreOptions: storeOptions(), CompactFormat: true})
 	if err != nil {
 		b.Fatal(err)
 	}
