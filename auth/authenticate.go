@@ -8,7 +8,6 @@ import (
 	"io"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/starintel/starlease/lease"
@@ -95,12 +94,6 @@ func FromContext(ctx context.Context) (Principal, bool) {
 
 // Authenticator verifies API keys against a Store. It keeps no cache: every
 // call reads the store. Safe for concurrent use.
-//
-// With a store that hands out its records undecoded (FileStore), it
-// remembers the decoding of the records it has read, by their exact bytes
-// (decodedRecords): the record is still read on every call, and a revoked,
-// rotated or otherwise rewritten record differs in its bytes and is decoded
-// afresh, so revocation and expiry apply on the next request as before.
 type Authenticator struct {
 	store  Store
 	pepper Pepper
@@ -111,53 +104,6 @@ type Authenticator struct {
 	dummyRecord []byte
 	// equal is the constant-time comparison; tests wrap it to count calls.
 	equal func(a, b []byte) bool
-	// records is set when store is a recordGetter.
-	records *decodedRecords
-}
-
-// recordGetter is a Store that can return a credential's stored record
-// (the bytes of EncodeCredential) undecoded; ErrNotFound and ErrUnavailable
-// as Get.
-type recordGetter interface {
-	getRecord(ctx context.Context, id string) ([]byte, error)
-}
-
-// maxDecodedRecords bounds decodedRecords. Only records a store returned
-// enter it, so only as many as there are credentials (and their past
-// versions): the bound is against a store with very many, not an attack.
-const maxDecodedRecords = 4096
-
-// decodedRecords maps a stored record's exact bytes to its decoding, a
-// pure function of them (DecodeCredential), so that a request does not
-// pay a JSON decode and re-encode per call for a record it has seen. Its
-// key is the whole record, never an id: a hit is a record byte for byte
-// identical to one decoded before.
-type decodedRecords struct {
-	mu sync.RWMutex
-	m  map[string]Credential
-}
-
-// decode is DecodeCredential(b), remembered. The Credential returned
-// shares its slices with the remembered one: callers only read them (the
-// Authenticator clones what it hands out).
-func (d *decodedRecords) decode(b []byte) (Credential, error) {
-	d.mu.RLock()
-	c, ok := d.m[string(b)]
-	d.mu.RUnlock()
-	if ok {
-		return c, nil
-	}
-	c, err := DecodeCredential(b)
-	if err != nil {
-		return Credential{}, err // not remembered: a corrupt record is decoded (and refused) every time
-	}
-	d.mu.Lock()
-	if len(d.m) >= maxDecodedRecords {
-		clear(d.m)
-	}
-	d.m[string(b)] = c
-	d.mu.Unlock()
-	return c, nil
 }
 
 // NewAuthenticator returns an Authenticator over store with pepper. now is
@@ -187,42 +133,7 @@ func NewAuthenticator(store Store, pepper Pepper, now func() time.Time) (*Authen
 	if a.dummyRecord, err = EncodeCredential(a.dummy); err != nil {
 		return nil, err
 	}
-	if _, ok := store.(recordGetter); ok {
-		a.records = &decodedRecords{m: map[string]Credential{}}
-	}
 	return a, nil
-}
-
-// get reads credential id from the store, decoding it through a.records
-// when the store hands out records. A record stored under another id is
-// ErrCorrupt, as FileStore.Get has it.
-func (a *Authenticator) get(ctx context.Context, id string) (Credential, error) {
-	if a.records == nil {
-		return a.store.Get(ctx, id)
-	}
-	b, err := a.store.(recordGetter).getRecord(ctx, id)
-	if err != nil {
-		return Credential{}, err
-	}
-	c, err := a.records.decode(b)
-	if err != nil {
-		return Credential{}, err
-	}
-	if c.ID != id {
-		return Credential{}, ErrCorrupt
-	}
-	return c, nil
-}
-
-// decodeDummy costs what decoding a found record costs: through a.records
-// when found records go through it (the dummy's decoding is remembered
-// like theirs), else a full decode.
-func (a *Authenticator) decodeDummy() {
-	if a.records != nil {
-		a.records.decode(a.dummyRecord)
-		return
-	}
-	DecodeCredential(a.dummyRecord)
 }
 
 // Authenticate verifies the request's Authorization header values (every
@@ -243,13 +154,13 @@ func (a *Authenticator) AuthenticateDetail(ctx context.Context, authorization []
 		return Principal{}, Failure{Reason: reason}, ErrInvalidCredential
 	}
 	fail := Failure{CredentialID: id}
-	c, err := a.get(ctx, id)
+	c, err := a.store.Get(ctx, id)
 	found := err == nil
 	switch {
 	case err == nil:
 	case errors.Is(err, ErrNotFound):
 		// The store decoded nothing; decode the dummy record instead.
-		a.decodeDummy()
+		DecodeCredential(a.dummyRecord)
 	case errors.Is(err, ErrCorrupt):
 		fail.Reason = ReasonCorrupt
 	default:

@@ -109,9 +109,16 @@ func (s *FileStore) create(c Credential) error {
 
 // Get implements Store.
 func (s *FileStore) Get(ctx context.Context, id string) (Credential, error) {
-	b, err := s.getRecord(ctx, id)
+	p, err := s.path(id)
 	if err != nil {
 		return Credential{}, err
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return Credential{}, ErrNotFound
+		}
+		return Credential{}, fmt.Errorf("%w: cannot read the credential", ErrUnavailable)
 	}
 	c, err := DecodeCredential(b)
 	if err != nil {
@@ -121,23 +128,6 @@ func (s *FileStore) Get(ctx context.Context, id string) (Credential, error) {
 		return Credential{}, fmt.Errorf("%w: credential stored under another id", ErrCorrupt)
 	}
 	return c, nil
-}
-
-// getRecord implements recordGetter: the stored bytes of credential id,
-// read from its file now.
-func (s *FileStore) getRecord(_ context.Context, id string) ([]byte, error) {
-	p, err := s.path(id)
-	if err != nil {
-		return nil, err
-	}
-	b, err := os.ReadFile(p)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, ErrNotFound
-		}
-		return nil, fmt.Errorf("%w: cannot read the credential", ErrUnavailable)
-	}
-	return b, nil
 }
 
 // List implements Store.
