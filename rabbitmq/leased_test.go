@@ -102,8 +102,19 @@ func TestLeasedRelay(t *testing.T) {
 	if _, err := pub.Publish(ctx, c, "c-after", msg(99)); err != nil {
 		t.Fatal(err)
 	}
-	if d := cons.next(10 * time.Second); string(d.Body) != "r99" {
-		t.Fatalf("after the new term: %q", d.Body)
+	// A batch whose confirms came later than ConfirmTimeout (a loaded
+	// broker) is published again: delivery is at least once, so copies of
+	// r0..r2 may come first; nothing else may.
+	for {
+		d := cons.next(10 * time.Second)
+		_ = d.Ack(false)
+		if string(d.Body) == "r99" {
+			break
+		}
+		if b := string(d.Body); b != "r0" && b != "r1" && b != "r2" {
+			t.Fatalf("after the new term: %q", d.Body)
+		}
+		t.Logf("a redelivered copy of %q before r99 (its confirm came late)", d.Body)
 	}
 	now, err := e.store.Inspect(ctx, lease.InspectRequest{Identity: relayID, DeadlineAt: e.far(), Caller: admin})
 	if err != nil || now.Lease.FencingToken <= cur.Lease.FencingToken {
