@@ -95,39 +95,18 @@ func (l leaseLife) replays(t *testing.T, s *Store) {
 	}
 }
 
-// Evidence is stored by reference to the lease's record, a fraction of the
-// full form, and every replay of an acquire, a renewal and a release
-// answers exactly the original result although the record has since been
-// renewed and archived.
-func TestEvidenceByReferenceReplaysExactly(t *testing.T) {
+// Every replay of an acquire, a renewal and a release answers exactly the
+// original result although the record has since been renewed and archived.
+func TestEvidenceReplaysExactly(t *testing.T) {
 	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
 	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1})
 	far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	l := live(t, s, c, "ref-1", far)
-	for _, ev := range []struct {
-		op  lease.Op
-		rec *lease.Record
-		id  string
-	}{{lease.OpAcquire, l.acq.Lease, "acq-ref-1"}, {lease.OpRenew, l.ren.Lease, "ren-ref-1"}, {lease.OpRelease, l.rel.Lease, "rel-ref-1"}} {
-		v := evidenceAt(t, s, ev.op, ev.rec, ev.id, ev.rec.OwnerPrincipalID)
-		full, err := (&lease.IdempotencyRecord{Version: lease.IdempotencyVersion, Op: ev.op, Digest: fmt.Sprintf("%064x", 0),
-			Code: lease.CodeAcquired, Lease: ev.rec, BackendTime: ev.rec.AcquiredAt}).Encode()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(v) == 0 || v[0] != refTag || 4*len(v) > len(full) {
-			t.Fatalf("%s evidence: %d bytes (first %q), full form %d: not stored by reference", ev.op, len(v), v[:1], len(full))
-		}
-	}
 	l.replays(t, s)
-	if got := kindLen(t, s, kindRef); got != 3 {
-		t.Fatalf("reference marks: %d, want 3", got)
-	}
 }
 
-// When history trimming or retention removes the last copy of a lease's
-// record, its evidence turns back into the full form first: replays keep
-// answering exactly, and no reference mark is left.
+// When history trimming or retention removes a lease's record, its
+// evidence still answers every replay exactly.
 func TestEvidenceOutlivesItsRecord(t *testing.T) {
 	for _, how := range []string{"trim", "retention"} {
 		t.Run(how, func(t *testing.T) {
@@ -161,102 +140,23 @@ func TestEvidenceOutlivesItsRecord(t *testing.T) {
 			if _, err := s.Inspect(context.Background(), lease.InspectRequest{LeaseID: first.acq.Lease.LeaseID, DeadlineAt: far}); code(err) != lease.CodeNotFound {
 				t.Fatalf("the first lease's history entry should be gone: %v", err)
 			}
-			for _, ev := range []struct {
-				op lease.Op
-				id string
-			}{{lease.OpAcquire, "acq-outlive"}, {lease.OpRenew, "ren-outlive"}, {lease.OpRelease, "rel-outlive"}} {
-				if v := evidenceAt(t, s, ev.op, first.acq.Lease, ev.id, first.acq.Lease.OwnerPrincipalID); len(v) == 0 || v[0] != '{' {
-					t.Fatalf("%s evidence after its record went: %.20q, want the full form", ev.op, v)
-				}
-			}
 			first.replays(t, s)
-			var marks int
-			if err := s.db.View(func(tx *bbolt.Tx) error {
-				return eachOfKind(tx, kindRef, func(lockKey string, k, _ []byte) error {
-					if bytes.HasPrefix(k, refPrefix(lockKey, first.acq.Lease.LeaseID)) {
-						marks++
-					}
-					return nil
-				})
-			}); err != nil {
-				t.Fatal(err)
-			}
-			if marks != 0 {
-				t.Fatalf("reference marks of the forgotten lease left: %d", marks)
-			}
 		})
 	}
 }
 
-// Evidence past retention goes with its reference mark.
-func TestEvidenceRetentionDropsReferenceMarks(t *testing.T) {
+// Evidence past retention goes.
+func TestEvidenceRetentionDropsEvidence(t *testing.T) {
 	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
 	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1})
 	far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	live(t, s, c, "drop-1", far)
 	live(t, s, c, "drop-2", far)
-	if got := kindLen(t, s, kindRef); got != 6 {
-		t.Fatalf("reference marks: %d, want 6", got)
-	}
 	c.Add(lease.DefaultIdempotencyRetention + time.Hour)
 	if err := s.reap(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []byte{kindIdem, kindRef} {
-		if got := kindLen(t, s, k); got != 0 {
-			t.Fatalf("entries of kind %c past retention: %d", k, got)
-		}
-	}
-}
-
-// A reference that does not rebuild the original record exactly — its
-// own bytes damaged, or the record it names altered in place — is corrupt:
-// the replay fails closed and the identity is quarantined; it never
-// answers a record the original result did not hold.
-func TestEvidenceReferenceMismatchFailsClosed(t *testing.T) {
-	for _, damage := range []string{"reference", "record"} {
-		t.Run(damage, func(t *testing.T) {
-			c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
-			s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1})
-			far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-			req := acquireReq("acq-damage", time.Minute, far)
-			a, err := s.Acquire(context.Background(), req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			scope := lease.IdempotencyScope(lease.OpAcquire, a.Lease.LockKey, a.Lease.OwnerPrincipalID, "acq-damage")
-			if err := s.db.Update(func(tx *bbolt.Tx) error {
-				ident := tx.Bucket(bucketIdent)
-				if damage == "reference" {
-					v := bytes.Clone(ident.Get(idemKey(a.Lease.LockKey, scope)))
-					v[len(v)-1] ^= 1
-					return ident.Put(idemKey(a.Lease.LockKey, scope), v)
-				}
-				other := a.Lease.Clone()
-				other.JobID = "job-other"
-				raw, err := other.Encode()
-				if err != nil {
-					return err
-				}
-				return ident.Put(activeKey(a.Lease.LockKey), raw)
-			}); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := s.Acquire(context.Background(), req); code(err) != lease.CodeCorrupt {
-				t.Fatalf("replay over damaged evidence: %v, want corrupt", err)
-			}
-			if _, err := s.LookupRequest(context.Background(), lease.LookupRequest{Op: lease.OpAcquire, Identity: req.Identity,
-				PrincipalID: a.Lease.OwnerPrincipalID, RequestID: "acq-damage", DeadlineAt: far}); code(err) != lease.CodeCorrupt {
-				t.Fatalf("lookup over damaged evidence: %v, want corrupt", err)
-			}
-			if err := s.db.View(func(tx *bbolt.Tx) error {
-				if tx.Bucket(bucketQuarantine).Get([]byte(a.Lease.LockKey)) == nil {
-					t.Error("identity not quarantined")
-				}
-				return nil
-			}); err != nil {
-				t.Fatal(err)
-			}
-		})
+	if got := kindLen(t, s, kindIdem); got != 0 {
+		t.Fatalf("evidence past retention: %d", got)
 	}
 }

@@ -17,8 +17,7 @@ const (
 	kindActive  = 'a' // → the active record
 	kindCounter = 'c' // → uint64 fencing counter, never deleted
 	kindHistory = 'h' // ‖ seq (uint64) → terminal evidence
-	kindIdem    = 'i' // ‖ idempotency scope → evidence (evidence.go)
-	kindRef     = 'r' // ‖ lease id ‖ 0 ‖ scope → ∅: that evidence refers to the lease's record
+	kindIdem    = 'i' // ‖ idempotency scope → evidence
 )
 
 func identKey(lockKey string, kind byte, rest string) []byte {

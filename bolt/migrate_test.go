@@ -18,7 +18,7 @@ import (
 // downgradeToV2 rewrites the closed schema 3 file at path in the schema 2
 // layout, as the schema 2 code wrote it: one bucket per kind, history keys
 // lock key ‖ 0 ‖ seq, evidence keyed by scope alone, the time indexes
-// naming those keys, evidence in full. It lets a test build any state with today's code and
+// naming those keys. It lets a test build any state with today's code and
 // then migrate it.
 func downgradeToV2(t *testing.T, path string) {
 	t.Helper()
@@ -49,19 +49,7 @@ func downgradeToV2(t *testing.T, path string) {
 			return []byte(lockKey)
 		}
 		if err := ident.ForEach(func(k, v []byte) error {
-			lockKey, kind, _ := splitIdentKey(k)
-			switch {
-			case kind == kindRef:
-				return nil
-			case kind == kindIdem && v[0] == refTag:
-				ev, err := loadEvidence(tx, lockKey, v)
-				if err != nil {
-					return err
-				}
-				if v, err = ev.Encode(); err != nil {
-					return err
-				}
-			}
+			_, kind, _ := splitIdentKey(k)
 			return legacy[kind].Put(oldKey(k), v)
 		}); err != nil {
 			return err

@@ -214,7 +214,7 @@ func change[T any](s *Store, ctx context.Context, fn func(*bbolt.Tx) (T, error))
 
 // start opens a mutation at backend time: the deadline check, then the
 // idempotency lookup before any other read, so a replay is answered from
-// its evidence (and the lease record a reference names, evidence.go). It returns the time and, where the answer is already
+// evidence only. It returns the time and, where the answer is already
 // final, the replayed result or a typed refusal.
 func (s *Store) start(tx *bbolt.Tx, p lease.Prepared, due lease.Timestamp) (lease.Timestamp, *lease.Result, error) {
 	now := s.clock(tx)
@@ -225,7 +225,7 @@ func (s *Store) start(tx *bbolt.Tx, p lease.Prepared, due lease.Timestamp) (leas
 	if v == nil {
 		return now, nil, nil
 	}
-	ev, err := loadEvidence(tx, p.LockKey, v)
+	ev, err := lease.DecodeIdempotencyRecord(v)
 	if err != nil {
 		return now, nil, s.quarantine(tx, p.LockKey, p.Identity, "idempotency evidence is corrupt")
 	}
@@ -276,8 +276,12 @@ func (s *Store) lostExpired(tx *bbolt.Tx, cur *lease.Record, now lease.Timestamp
 func (s *Store) remember(tx *bbolt.Tx, p lease.Prepared, res lease.Result) error {
 	ev := &lease.IdempotencyRecord{Version: lease.IdempotencyVersion, Op: p.Op, Digest: p.Digest,
 		Code: res.Code, Lease: res.Lease, BackendTime: res.BackendTime}
-	k, err := putEvidence(tx, p.LockKey, p.Scope, ev)
+	b, err := ev.Encode()
 	if err != nil {
+		return err
+	}
+	k := idemKey(p.LockKey, p.Scope)
+	if err := tx.Bucket(bucketIdent).Put(k, b); err != nil {
 		return err
 	}
 	exp := res.BackendTime.Add(s.opts.IdempotencyRetention).UnixMilli()
@@ -405,14 +409,10 @@ func (s *Store) trimHistory(tx *bbolt.Tx, lockKey string) error {
 	return nil
 }
 
-// forgetHistory deletes one history entry and the lease-id lookup it backs;
-// evidence that refers to its record gets the record back first.
+// forgetHistory deletes one history entry and the lease-id lookup it backs.
 func forgetHistory(tx *bbolt.Tx, k []byte) error {
 	hist := tx.Bucket(bucketIdent)
 	if h, err := lease.DecodeHistoryEntry(hist.Get(k)); err == nil {
-		if err := expandRefs(tx, h.Record); err != nil {
-			return err
-		}
 		if err := tx.Bucket(bucketLeases).Delete([]byte(h.Record.LeaseID)); err != nil {
 			return err
 		}

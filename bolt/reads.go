@@ -158,11 +158,7 @@ func (s *Store) LookupRequest(ctx context.Context, req lease.LookupRequest) (lea
 		if v == nil {
 			return lease.Result{}, lease.RequestNotFound(now)
 		}
-		ev, err := loadEvidence(tx, p.LockKey, v)
-		if err != nil {
-			return lease.Result{}, s.quarantine(tx, p.LockKey, p.Identity, "idempotency evidence is corrupt")
-		}
-		res, ok := p.LookupEvidence(ev, func(orig *lease.Record) (*lease.Record, error) { return s.currentOf(tx, orig, now) })
+		res, ok := p.Lookup(v, func(orig *lease.Record) (*lease.Record, error) { return s.currentOf(tx, orig, now) })
 		if !ok {
 			return lease.Result{}, s.quarantine(tx, p.LockKey, p.Identity, "idempotency evidence is corrupt")
 		}

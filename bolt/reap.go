@@ -31,7 +31,7 @@ const reapPassBudget = 20 * time.Second
 func (s *Store) reap(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, reapPassBudget)
 	defer cancel()
-	for _, step := range []func(*bbolt.Tx) (int, error){s.expireSlice, s.dropSlice(bucketIdemExp, dropEvidence), s.dropSlice(bucketCommitExp, dropCommit), s.retireHistorySlice} {
+	for _, step := range []func(*bbolt.Tx) (int, error){s.expireSlice, s.dropSlice(bucketIdemExp, bucketIdent), s.dropSlice(bucketCommitExp, bucketCommits), s.retireHistorySlice} {
 		for ctx.Err() == nil {
 			var n int
 			if err := s.mutate(ctx, func(tx *bbolt.Tx) error {
@@ -79,13 +79,13 @@ func (s *Store) expireSlice(tx *bbolt.Tx) (int, error) {
 	return len(due), nil
 }
 
-// dropSlice deletes, oldest first, up to reapSlice entries whose expiry
-// index entry (expiry ms ‖ key) is due, each with drop.
-func (s *Store) dropSlice(index []byte, drop func(tx *bbolt.Tx, key []byte) error) func(*bbolt.Tx) (int, error) {
+// dropSlice deletes, oldest first, up to reapSlice entries of data whose
+// expiry index entry (expiry ms ‖ key) is due.
+func (s *Store) dropSlice(index, data []byte) func(*bbolt.Tx) (int, error) {
 	return func(tx *bbolt.Tx) (int, error) {
 		due := dueKeys(tx.Bucket(index), s.clock(tx).UnixMilli())
 		for _, k := range due {
-			if err := drop(tx, k[8:]); err != nil {
+			if err := tx.Bucket(data).Delete(k[8:]); err != nil {
 				return 0, err
 			}
 			if err := tx.Bucket(index).Delete(k); err != nil {
@@ -95,8 +95,6 @@ func (s *Store) dropSlice(index []byte, drop func(tx *bbolt.Tx, key []byte) erro
 		return len(due), nil
 	}
 }
-
-func dropCommit(tx *bbolt.Tx, k []byte) error { return tx.Bucket(bucketCommits).Delete(k) }
 
 // retireHistorySlice drops up to reapSlice history entries that ended
 // before the retention cutoff, oldest first.

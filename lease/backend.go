@@ -178,15 +178,7 @@ func (p Prepared) Replay(ev *IdempotencyRecord, now Timestamp, current func(orig
 // or lock key: corrupt.
 func (p Prepared) Lookup(raw []byte, current func(orig *Record) (*Record, error)) (res Result, ok bool) {
 	ev, err := DecodeIdempotencyRecord(raw)
-	if err != nil {
-		return Result{}, false
-	}
-	return p.LookupEvidence(ev, current)
-}
-
-// LookupEvidence is Lookup of evidence a backend has already decoded.
-func (p Prepared) LookupEvidence(ev *IdempotencyRecord, current func(orig *Record) (*Record, error)) (res Result, ok bool) {
-	if ev.Op != p.Op || ev.Lease.LockKey != p.LockKey {
+	if err != nil || ev.Op != p.Op || ev.Lease.LockKey != p.LockKey {
 		return Result{}, false
 	}
 	res = ev.Result()
