@@ -1,31 +1,14 @@
 package bolt
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"testing"
 	"time"
 
-	bbolt "go.etcd.io/bbolt"
-
 	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/lease/leasetest"
 )
-
-// evidenceAt returns the stored evidence bytes of a request.
-func evidenceAt(t *testing.T, s *Store, op lease.Op, rec *lease.Record, requestID, principal string) []byte {
-	t.Helper()
-	scope := lease.IdempotencyScope(op, rec.LockKey, principal, requestID)
-	var v []byte
-	if err := s.db.View(func(tx *bbolt.Tx) error {
-		v = bytes.Clone(tx.Bucket(bucketIdent).Get(idemKey(rec.LockKey, scope)))
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
 
 func encoded(t *testing.T, r *lease.Record) string {
 	t.Helper()
