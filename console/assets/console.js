@@ -716,7 +716,9 @@ function init() {
   $('admin-cancel').addEventListener('click', closeAdmin);
   $('admin-dialog').addEventListener('cancel', (e) => { e.preventDefault(); closeAdmin(); });
   // However else the dialog closes, the action in progress is dropped.
-  $('admin-dialog').addEventListener('close', () => { if (state.admin) closeAdmin(); });
+  // A close event is dispatched after the close itself: one still on its
+  // way when the dialog was opened again must not close the new one.
+  $('admin-dialog').addEventListener('close', () => { if (state.admin && !$('admin-dialog').open) closeAdmin(); });
   // Leaving the page forgets the key, also when the browser would keep the
   // page in its back/forward cache.
   window.addEventListener('pagehide', () => signOut());
