@@ -28,8 +28,8 @@ func TestCanonicalJSON(t *testing.T) {
 		if err := json.Unmarshal([]byte(tc.body), &got); err != nil {
 			t.Fatal(err)
 		}
-		if canonicalJSON([]byte(tc.body), &got) != tc.want {
-			t.Errorf("canonicalJSON(%q) = %v, want %v", tc.body, !tc.want, tc.want)
+		if lease.IsOwnEncoding([]byte(tc.body), &got) != tc.want {
+			t.Errorf("IsOwnEncoding(%q) = %v, want %v", tc.body, !tc.want, tc.want)
 		}
 	}
 	// A raw member re-encodes as it came: never canonical when present.
@@ -40,13 +40,13 @@ func TestCanonicalJSON(t *testing.T) {
 	if err := json.Unmarshal(b, &got); err != nil {
 		t.Fatal(err)
 	}
-	if canonicalJSON(b, &got) {
+	if lease.IsOwnEncoding(b, &got) {
 		t.Error("a body with a raw member was taken as canonical")
 	}
 	got.Metadata = nil
 	acq.Metadata = nil
 	b, _ = json.Marshal(acq)
-	if !canonicalJSON(b, &got) {
+	if !lease.IsOwnEncoding(b, &got) {
 		t.Error("an acquire body without metadata is not canonical")
 	}
 }

@@ -172,8 +172,8 @@ func decodeBodyLimit(r *http.Request, v any, limit int64) error {
 	}
 	// encoding/json takes the last of duplicate keys and matches names
 	// case-insensitively; an ambiguous body fails closed. A body that is
-	// v's own encoding cannot be ambiguous (canonicalJSON).
-	if canonicalJSON(b, v) {
+	// v's own encoding cannot be ambiguous (lease.IsOwnEncoding).
+	if lease.IsOwnEncoding(b, v) {
 		return nil
 	}
 	if err := lease.DecodeStrict(b, v); err != nil {

@@ -1,4 +1,4 @@
-package httpapi
+package lease
 
 import (
 	"bytes"
@@ -7,16 +7,16 @@ import (
 	"sync"
 )
 
-// canonicalJSON reports whether b, already decoded into v without error
+// IsOwnEncoding reports whether b, already decoded into v without error
 // (unknown fields refused, no trailing data), is exactly v's own encoding
-// (json.Marshal), optionally followed by one newline. Such a body has no
+// (json.Marshal), optionally followed by one newline. Such bytes hold no
 // duplicate or case-variant key, since the encoder writes each declared
-// name once and as declared, so the strict decoder's further parse
-// (lease.DecodeStrict) would find nothing and can be skipped: the Go
-// client's bodies are all of this kind. A raw member (json.RawMessage)
-// re-encodes as it came, duplicate keys and all, so a value holding a
-// non-empty one is never taken as canonical.
-func canonicalJSON(b []byte, v any) bool {
+// name once and as declared, so DecodeStrict's further parse would find
+// nothing and may be skipped: the bodies the Go client sends and the
+// answers the server writes are all of this kind. A raw member
+// (json.RawMessage) re-encodes as it came, duplicate keys and all, so a
+// value holding a non-empty one is never taken as its own encoding.
+func IsOwnEncoding(b []byte, v any) bool {
 	if holdsRaw(reflect.ValueOf(v)) {
 		return false
 	}
