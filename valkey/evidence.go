@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/starintel/starlease/lease"
 )
@@ -129,7 +128,7 @@ func (b *recordWriter) record(tag string, tuple [7]string, f []string) {
 // msText is a stored decimal ms as the record's timestamp text.
 func msText(v string) string {
 	ms, _ := strconv.ParseInt(v, 10, 64)
-	return time.UnixMilli(ms).UTC().Format("2006-01-02T15:04:05.000Z")
+	return lease.UnixMilli(ms).String()
 }
 
 // History entries are stored in version 1 (lease.HistoryEntry's JSON, a
