@@ -16,7 +16,6 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"github.com/starintel/starlease/internal/groupcommit"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -25,6 +24,7 @@ import (
 	bbolt "go.etcd.io/bbolt"
 	bolterr "go.etcd.io/bbolt/errors"
 
+	"github.com/starintel/starlease/internal/groupcommit"
 	"github.com/starintel/starlease/lease"
 )
 
@@ -57,8 +57,9 @@ var (
 	bucketOutboxDead = []byte("outbox_dead") // seq → dead letter (JSON: entry, reason, dead_at), oldest first
 	bucketActiveExp  = []byte("active_exp")  // expires ms ‖ lock key → ∅, one per active record (schema 2)
 	bucketHistoryExp = []byte("history_exp") // ended ms ‖ history key → ∅, one per history entry (schema 2)
-	allBuckets       = [][]byte{bucketMeta, bucketIdent, bucketIdemExp, bucketLeases, bucketIndex, bucketHighWater, bucketCommits, bucketCommitExp, bucketCommitSeq, bucketQuarantine,
-		bucketOutbox, bucketOutboxIDs, bucketOutboxDead, bucketActiveExp, bucketHistoryExp}
+	allBuckets       = [][]byte{bucketMeta, bucketIdent, bucketIdemExp, bucketLeases, bucketIndex, bucketHighWater,
+		bucketCommits, bucketCommitExp, bucketCommitSeq, bucketQuarantine, bucketOutbox, bucketOutboxIDs,
+		bucketOutboxDead, bucketActiveExp, bucketHistoryExp}
 
 	keySchema = []byte("schema")
 	keyClock  = []byte("clock_ms")
