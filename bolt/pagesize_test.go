@@ -11,7 +11,7 @@ import (
 	"github.com/starintel/starlease/lease"
 )
 
-// A new store file gets pageSize pages; a file created with 4 KiB pages
+// A new store file gets PageSize pages; a file created with 4 KiB pages
 // (every file of earlier builds) keeps them, and its leases, counters and
 // evidence work on across reopens.
 func TestPageSizeOfNewAndOlderFiles(t *testing.T) {
@@ -23,8 +23,8 @@ func TestPageSizeOfNewAndOlderFiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := s.db.Info().PageSize; got != pageSize {
-		t.Fatalf("a new file has %d-byte pages, want %d", got, pageSize)
+	if got := s.db.Info().PageSize; got != PageSize {
+		t.Fatalf("a new file has %d-byte pages, want %d", got, PageSize)
 	}
 	s.Close()
 

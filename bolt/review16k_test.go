@@ -178,8 +178,8 @@ func TestReview16KKill9Loop(t *testing.T) {
 			}
 			switch f[0] {
 			case "PAGESIZE":
-				if f[1] != strconv.Itoa(pageSize) && round == 0 {
-					t.Errorf("round %d: the child's new file has %s-byte pages, want %d", round, f[1], pageSize)
+				if f[1] != strconv.Itoa(PageSize) && round == 0 {
+					t.Errorf("round %d: the child's new file has %s-byte pages, want %d", round, f[1], PageSize)
 				}
 			case "ACK":
 				if len(f) != 7 {
@@ -219,8 +219,8 @@ func TestReview16KKill9Loop(t *testing.T) {
 		if err != nil {
 			t.Fatalf("round %d: reopen after kill -9: %v", round, err)
 		}
-		if got := s.db.Info().PageSize; got != pageSize {
-			t.Fatalf("round %d: page size after reopen %d, want %d", round, got, pageSize)
+		if got := s.db.Info().PageSize; got != PageSize {
+			t.Fatalf("round %d: page size after reopen %d, want %d", round, got, PageSize)
 		}
 		r16Check(t, s.db, fmt.Sprintf("round %d after kill -9", round))
 		for lk, tok := range maxAcked {
@@ -413,7 +413,7 @@ func TestReview16KBackupRestoreUnderLoad(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, 4096},
-		{"new-16KiB", func(t *testing.T, path string) {}, pageSize},
+		{"new-16KiB", func(t *testing.T, path string) {}, PageSize},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -537,7 +537,7 @@ func TestReview16KBackupRestoreUnderLoad(t *testing.T) {
 // 4 KiB file) or bbolt's defaults 4 KiB (restore.go, bbolt tools, on a
 // 16 KiB file); every acknowledged call still replays.
 func TestReview16KTornMetaAndCutBackup(t *testing.T) {
-	for _, ps := range []int{4096, pageSize} {
+	for _, ps := range []int{4096, PageSize} {
 		t.Run(fmt.Sprintf("page%d", ps), func(t *testing.T) {
 			ctx := context.Background()
 			dir := t.TempDir()
@@ -608,7 +608,7 @@ func TestReview16KTornMetaAndCutBackup(t *testing.T) {
 // write is an error and leaves nothing; acknowledged ones stay; once there
 // is room again the store goes on, tokens one above the counters.
 func TestReview16KFullDiskWhileGrowing(t *testing.T) {
-	for _, ps := range []int{4096, pageSize} {
+	for _, ps := range []int{4096, PageSize} {
 		t.Run(fmt.Sprintf("page%d", ps), func(t *testing.T) {
 			ctx := context.Background()
 			path := filepath.Join(t.TempDir(), "starlease.db")

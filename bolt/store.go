@@ -65,14 +65,14 @@ var (
 	keyClock  = []byte("clock_ms")
 )
 
-// pageSize is the page size of a new store file. A commit writes every
+// PageSize is the page size of a new store file. A commit writes every
 // page it dirtied, each to its own place in the file, and its fsync costs
 // per write far more than per byte: 16 KiB pages hold four times the
 // entries of 4 KiB ones, so the tree is a level shallower and an
 // acquire+release pair dirties about 8 pages instead of 14 (twice the
 // bytes, half the writes), which measured a third more pairs per second
 // at 50 goroutines and a tenth more at 1.
-const pageSize = 16 << 10
+const PageSize = 16 << 10
 
 // Options configures a Store.
 type Options struct {
@@ -121,10 +121,10 @@ func Open(path string, o Options) (*Store, error) {
 	// The free-page list is not written at every commit but rebuilt from
 	// the pages when the file opens (as etcd runs bbolt): a commit then
 	// writes only the pages it changed. The map form keeps allocation
-	// cheap in a large, fragmented file. A new file gets pageSize pages; a
+	// cheap in a large, fragmented file. A new file gets PageSize pages; a
 	// file keeps the page size it was created with.
 	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: time.Second, NoFreelistSync: true, FreelistType: bbolt.FreelistMapType,
-		PageSize: pageSize})
+		PageSize: PageSize})
 	if err != nil {
 		return nil, lease.Errorf(lease.CodeBackendUnavailable, "cannot open the store file: %s", classify(err))
 	}

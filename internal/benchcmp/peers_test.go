@@ -229,8 +229,8 @@ func setupRows(b *testing.B) []row {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { boltStore.Close() })
-	// The store's page size (bolt.Open), so the floor is like for like.
-	floorDB, err := bbolt.Open(filepath.Join(dir, "floor.db"), 0o600, &bbolt.Options{PageSize: 16 << 10})
+	// The store's page size, so the floor is like for like.
+	floorDB, err := bbolt.Open(filepath.Join(dir, "floor.db"), 0o600, &bbolt.Options{PageSize: bolt.PageSize})
 	if err != nil {
 		b.Fatal(err)
 	}
