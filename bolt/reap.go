@@ -12,10 +12,14 @@ import (
 )
 
 // reapSlice bounds the work of one reaper transaction, which writers may
-// share (group commit), so none waits long behind it: BenchmarkScale
-// measured 16–24k expiries/s with no writer pair over 25 ms at 32, and
-// pairs of up to 70 ms at 128. A pass runs slices until nothing is due.
-const reapSlice = 32
+// share (group commit), so none waits long behind it. A writer's pair can
+// wait behind two slices, and a slice's pages are now 16 KiB: at 32 the
+// longest pair while 10,000 leases expired was 20–41 ms with two of 13
+// runs at 77–79 ms (a slow disk moment behind two slices); at 16 it was
+// 14–41 ms in 8 runs, at the same 7–50k expiries/s. (With 4 KiB pages,
+// 32 measured no pair over 25 ms and 128 pairs of up to 70 ms.) A pass
+// runs slices until nothing is due.
+const reapSlice = 16
 
 // reapPassBudget bounds one pass, so a huge backlog is worked off over
 // several passes rather than in one that never ends.
