@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	bbolt "go.etcd.io/bbolt"
-
 	"github.com/starintel/starlease/lease"
 )
 
@@ -29,11 +27,7 @@ func TestPageSizeOfNewAndOlderFiles(t *testing.T) {
 	s.Close()
 
 	old := filepath.Join(dir, "old.db")
-	db, err := bbolt.Open(old, 0o600, &bbolt.Options{PageSize: 4096})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db.Close()
+	createWithPageSize(t, old, 4096)
 	far := time.Now().Add(time.Hour)
 	var first lease.Result
 	for round := 0; round < 2; round++ {

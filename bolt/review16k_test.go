@@ -13,12 +13,10 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -66,18 +64,6 @@ func r16PageSize(t *testing.T, path string) int {
 	}
 	defer db.Close()
 	return db.Info().PageSize
-}
-
-func r16Check(t *testing.T, db *bbolt.DB, step string) {
-	t.Helper()
-	if err := db.View(func(tx *bbolt.Tx) error {
-		for err := range tx.Check() {
-			return err
-		}
-		return nil
-	}); err != nil {
-		t.Fatalf("%s: file inconsistent: %v", step, err)
-	}
 }
 
 // ---------------------------------------------------------------------------
@@ -153,23 +139,14 @@ func TestReview16KKill9Loop(t *testing.T) {
 	recovered := map[string]uint64{} // lock key → counter read after the last kill
 	var allAcks []r16Ack
 	for round := 0; round < 7; round++ {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestReview16KCrashChild$", "-test.count=1")
-		cmd.Env = append(os.Environ(), r16ChildEnv+"="+path, fmt.Sprintf("%s_ROUND=%d", r16ChildEnv, round))
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
+		child := startCrashChild(t, "TestReview16KCrashChild", r16ChildEnv+"="+path, fmt.Sprintf("%s_ROUND=%d", r16ChildEnv, round))
 		killAfter := time.Duration(30+rng.Intn(400)) * time.Millisecond
 		var killOnce sync.Once
-		kill := func() { killOnce.Do(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }) }
+		kill := func() { killOnce.Do(child.kill) }
 		safety := time.AfterFunc(15*time.Second, kill)
 		var acks []r16Ack
 		var rens, rels [][]string
-		sc := bufio.NewScanner(out)
+		sc := bufio.NewScanner(child.out)
 		started := false
 		for sc.Scan() {
 			f := strings.Fields(sc.Text())
@@ -209,7 +186,7 @@ func TestReview16KKill9Loop(t *testing.T) {
 				t.Errorf("round %d: child: %s", round, sc.Text())
 			}
 		}
-		_ = cmd.Wait()
+		_ = child.cmd.Wait()
 		safety.Stop()
 		if len(acks) == 0 {
 			t.Fatalf("round %d: no acknowledged acquisition before the kill", round)
@@ -222,7 +199,7 @@ func TestReview16KKill9Loop(t *testing.T) {
 		if got := s.db.Info().PageSize; got != PageSize {
 			t.Fatalf("round %d: page size after reopen %d, want %d", round, got, PageSize)
 		}
-		r16Check(t, s.db, fmt.Sprintf("round %d after kill -9", round))
+		checkConsistent(t, s.db, fmt.Sprintf("round %d after kill -9", round))
 		for lk, tok := range maxAcked {
 			c, err := (faults{s}).Counter(ctx, lk)
 			if err != nil {
@@ -397,13 +374,7 @@ func TestReview16KBackupRestoreUnderLoad(t *testing.T) {
 		make func(t *testing.T, path string)
 		want int
 	}{
-		{"fresh-4KiB", func(t *testing.T, path string) {
-			db, err := bbolt.Open(path, 0o600, &bbolt.Options{PageSize: 4096})
-			if err != nil {
-				t.Fatal(err)
-			}
-			db.Close()
-		}, 4096},
+		{"fresh-4KiB", func(t *testing.T, path string) { createWithPageSize(t, path, 4096) }, 4096},
 		{"schema2-fixture-4KiB", func(t *testing.T, path string) {
 			raw, err := os.ReadFile("testdata/schema2.db")
 			if err != nil {
@@ -472,7 +443,7 @@ func TestReview16KBackupRestoreUnderLoad(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			r16Check(t, mdb, "mid-load restore")
+			checkConsistent(t, mdb, "mid-load restore")
 			mdb.Close()
 
 			target := filepath.Join(dir, "restored.db")
@@ -523,7 +494,7 @@ func TestReview16KBackupRestoreUnderLoad(t *testing.T) {
 			}
 			r16Replay(t, rs, calls, "after restore and more load")
 			r16Replay(t, rs, more, "after restore and more load")
-			r16Check(t, rs.db, "restored store after load")
+			checkConsistent(t, rs.db, "restored store after load")
 			t.Logf("%d calls before the backup, %d after the restore; %d-byte pages", len(calls), len(more), c.want)
 		})
 	}
@@ -542,11 +513,7 @@ func TestReview16KTornMetaAndCutBackup(t *testing.T) {
 			ctx := context.Background()
 			dir := t.TempDir()
 			path := filepath.Join(dir, "a.db")
-			db, err := bbolt.Open(path, 0o600, &bbolt.Options{PageSize: ps})
-			if err != nil {
-				t.Fatal(err)
-			}
-			db.Close()
+			createWithPageSize(t, path, ps)
 			s, err := Open(path, Options{ReapInterval: -1})
 			if err != nil {
 				t.Fatal(err)
@@ -596,7 +563,7 @@ func TestReview16KTornMetaAndCutBackup(t *testing.T) {
 			if got := ts.db.Info().PageSize; got != ps {
 				t.Fatalf("torn file opened with %d-byte pages, want %d", got, ps)
 			}
-			r16Check(t, ts.db, "torn meta")
+			checkConsistent(t, ts.db, "torn meta")
 			r16Replay(t, ts, calls, "torn newest meta page")
 		})
 	}
@@ -612,11 +579,7 @@ func TestReview16KFullDiskWhileGrowing(t *testing.T) {
 		t.Run(fmt.Sprintf("page%d", ps), func(t *testing.T) {
 			ctx := context.Background()
 			path := filepath.Join(t.TempDir(), "starlease.db")
-			db, err := bbolt.Open(path, 0o600, &bbolt.Options{PageSize: ps})
-			if err != nil {
-				t.Fatal(err)
-			}
-			db.Close()
+			createWithPageSize(t, path, ps)
 			s, err := Open(path, Options{ReapInterval: -1})
 			if err != nil {
 				t.Fatal(err)
@@ -671,7 +634,7 @@ func TestReview16KFullDiskWhileGrowing(t *testing.T) {
 			if fi, err := os.Stat(path); err != nil || fi.Size() > int64(s.db.MaxSize) {
 				t.Fatalf("file grew past MaxSize: %v %d > %d", err, fi.Size(), s.db.MaxSize)
 			}
-			r16Check(t, s.db, "after the full disk")
+			checkConsistent(t, s.db, "after the full disk")
 			// Room again.
 			s.db.MaxSize = 0
 			for _, os := range outs {
@@ -692,7 +655,7 @@ func TestReview16KFullDiskWhileGrowing(t *testing.T) {
 					}
 				}
 			}
-			r16Check(t, s.db, "after room again")
+			checkConsistent(t, s.db, "after room again")
 			t.Logf("%d-byte pages: %d acknowledged, %d refused while the file could not grow", ps, ok, refused)
 		})
 	}

@@ -9,11 +9,9 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -82,14 +80,7 @@ func checkFile(t *testing.T, path string, o *bbolt.Options) {
 		t.Fatalf("reopen with %+v: %v", o, err)
 	}
 	defer db.Close()
-	if err := db.View(func(tx *bbolt.Tx) error {
-		for err := range tx.Check() {
-			return err
-		}
-		return nil
-	}); err != nil {
-		t.Fatalf("file inconsistent (options %+v): %v", o, err)
-	}
+	checkConsistent(t, db, fmt.Sprintf("reopened with %+v", o))
 	// Old settings: a write that syncs the freelist again.
 	if err := db.Update(func(tx *bbolt.Tx) error {
 		return tx.Bucket(bucketMeta).Put([]byte("review-touch"), []byte(time.Now().String()))
@@ -106,17 +97,8 @@ func TestReviewKill9DuringHeavyWrites(t *testing.T) {
 	acked := map[string]string{}    // target → lease id
 	released := map[string]string{} // target → lease id
 	for round := 0; round < 4; round++ {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestReviewCrashChild$", "-test.count=1")
-		cmd.Env = append(os.Environ(), crashChildEnv+"="+path, fmt.Sprintf("%s_ROUND=%d", crashChildEnv, round))
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		sc := bufio.NewScanner(out)
+		child := startCrashChild(t, "TestReviewCrashChild", crashChildEnv+"="+path, fmt.Sprintf("%s_ROUND=%d", crashChildEnv, round))
+		sc := bufio.NewScanner(child.out)
 		n := 0
 		killAt := 400 + 300*round
 		killed := false
@@ -133,10 +115,10 @@ func TestReviewKill9DuringHeavyWrites(t *testing.T) {
 			}
 			if n >= killAt && !killed {
 				killed = true
-				_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+				child.kill()
 			}
 		}
-		_ = cmd.Wait()
+		_ = child.cmd.Wait()
 		if !killed {
 			t.Fatalf("round %d: the child exited before it was killed (%d acks)", round, n)
 		}

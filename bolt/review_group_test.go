@@ -458,14 +458,7 @@ func TestReviewCommitFailureFailsTheWholeBatch(t *testing.T) {
 	if err := g.update(put("small")); err != nil || !stored(t, db, "small") {
 		t.Fatalf("a small write after the failed commit: %v", err)
 	}
-	if err := db.View(func(tx *bbolt.Tx) error {
-		for err := range tx.Check() {
-			return err
-		}
-		return nil
-	}); err != nil {
-		t.Fatalf("the file is inconsistent after a failed commit: %v", err)
-	}
+	checkConsistent(t, db, "after a failed commit")
 }
 
 // ---------------------------------------------------------------------------

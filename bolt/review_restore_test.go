@@ -107,16 +107,8 @@ func restoreChurned(t *testing.T, oldSettings, concurrent bool) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		err = db.View(func(tx *bbolt.Tx) error {
-			for err := range tx.Check() {
-				return err
-			}
-			return nil
-		})
+		checkConsistent(t, db, fmt.Sprintf("restored file opened with %+v", o))
 		db.Close()
-		if err != nil {
-			t.Fatalf("restored file inconsistent (%+v): %v", o, err)
-		}
 	}
 	r, err := ns.OpenClosed(ctx)
 	if err != nil {
@@ -142,12 +134,5 @@ func restoreChurned(t *testing.T, oldSettings, concurrent bool) {
 	if err != nil || res.Lease.FencingToken <= 1000 {
 		t.Fatalf("acquire after recovery: %v %+v", err, res.Lease)
 	}
-	if err := s2.db.View(func(tx *bbolt.Tx) error {
-		for err := range tx.Check() {
-			return err
-		}
-		return nil
-	}); err != nil {
-		t.Fatalf("recovered file inconsistent: %v", err)
-	}
+	checkConsistent(t, s2.db, "recovered")
 }
