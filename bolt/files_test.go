@@ -5,8 +5,10 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	bbolt "go.etcd.io/bbolt"
 )
@@ -39,17 +41,18 @@ func checkConsistent(t testing.TB, db *bbolt.DB, what string) {
 }
 
 // crashChild is this test binary running only the test named test, in a
-// process group of its own so that kill reaches all of it, with env
-// added; out is its standard output.
+// process group of its own so that kill reaches all of it; env (to
+// path) and env_ROUND (to round) tell it the store file and the round
+// (inCrashChild). out is its standard output.
 type crashChild struct {
 	cmd *exec.Cmd
 	out io.Reader
 }
 
-func startCrashChild(t *testing.T, test string, env ...string) crashChild {
+func startCrashChild(t *testing.T, test, env, path string, round int) crashChild {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], fmt.Sprintf("-test.run=^%s$", test), "-test.count=1")
-	cmd.Env = append(os.Environ(), env...)
+	cmd.Env = append(os.Environ(), env+"="+path, fmt.Sprintf("%s_ROUND=%d", env, round))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -63,3 +66,28 @@ func startCrashChild(t *testing.T, test string, env ...string) crashChild {
 
 // kill sends SIGKILL to the child's whole process group.
 func (c crashChild) kill() { _ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL) }
+
+// inCrashChild is the child's side of startCrashChild: the store at the
+// path env names, opened with a busy reaper, and the round. It skips t in
+// a binary that is not such a child (parent names the test that starts
+// it); a store that does not open is reported as OPENERR and exit 3. say
+// prints one line to the parent in one write, so a line reaches it whole
+// or not at all.
+func inCrashChild(t *testing.T, env, parent string) (s *Store, round string, say func(format string, a ...any)) {
+	path := os.Getenv(env)
+	if path == "" {
+		t.Skip("child of " + parent)
+	}
+	s, err := Open(path, Options{ReapInterval: 5 * time.Millisecond})
+	if err != nil {
+		fmt.Println("OPENERR", err)
+		os.Exit(3)
+	}
+	var mu sync.Mutex
+	say = func(format string, a ...any) {
+		mu.Lock()
+		fmt.Fprintf(os.Stdout, format+"\n", a...)
+		mu.Unlock()
+	}
+	return s, os.Getenv(env + "_ROUND"), say
+}

@@ -73,24 +73,9 @@ func r16PageSize(t *testing.T, path string) int {
 // until killed, printing each acknowledged result (one write(2) a line,
 // so a line reaches the pipe whole or not at all).
 func TestReview16KCrashChild(t *testing.T) {
-	path := os.Getenv(r16ChildEnv)
-	if path == "" {
-		t.Skip("child of TestReview16KKill9Loop")
-	}
-	round := os.Getenv(r16ChildEnv + "_ROUND")
-	s, err := Open(path, Options{ReapInterval: 5 * time.Millisecond})
-	if err != nil {
-		fmt.Println("OPENERR", err)
-		os.Exit(3)
-	}
+	s, round, say := inCrashChild(t, r16ChildEnv, "TestReview16KKill9Loop")
 	fmt.Println("PAGESIZE", s.db.Info().PageSize)
 	ctx := context.Background()
-	var mu sync.Mutex
-	say := func(format string, a ...any) {
-		mu.Lock()
-		fmt.Fprintf(os.Stdout, format+"\n", a...)
-		mu.Unlock()
-	}
 	for g := 0; g < 16; g++ {
 		go func(g int) {
 			for k := 0; ; k++ {
@@ -139,7 +124,7 @@ func TestReview16KKill9Loop(t *testing.T) {
 	recovered := map[string]uint64{} // lock key → counter read after the last kill
 	var allAcks []r16Ack
 	for round := 0; round < 7; round++ {
-		child := startCrashChild(t, "TestReview16KCrashChild", r16ChildEnv+"="+path, fmt.Sprintf("%s_ROUND=%d", r16ChildEnv, round))
+		child := startCrashChild(t, "TestReview16KCrashChild", r16ChildEnv, path, round)
 		killAfter := time.Duration(30+rng.Intn(400)) * time.Millisecond
 		var killOnce sync.Once
 		kill := func() { killOnce.Do(child.kill) }

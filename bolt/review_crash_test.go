@@ -8,7 +8,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -25,24 +24,9 @@ const crashChildEnv = "STARLEASE_REVIEW_CRASH_CHILD"
 // TestReviewCrashChild is the child process: it writes until killed,
 // printing each acknowledged acquisition and release.
 func TestReviewCrashChild(t *testing.T) {
-	path := os.Getenv(crashChildEnv)
-	if path == "" {
-		t.Skip("child of TestReviewKill9DuringHeavyWrites")
-	}
-	round := os.Getenv(crashChildEnv + "_ROUND")
-	s, err := Open(path, Options{ReapInterval: 5 * time.Millisecond})
-	if err != nil {
-		fmt.Println("OPENERR", err)
-		os.Exit(3)
-	}
+	s, round, say := inCrashChild(t, crashChildEnv, "TestReviewKill9DuringHeavyWrites")
 	ctx := context.Background()
 	far := time.Now().Add(time.Hour)
-	var mu sync.Mutex
-	say := func(format string, a ...any) {
-		mu.Lock()
-		fmt.Fprintf(os.Stdout, format+"\n", a...)
-		mu.Unlock()
-	}
 	var wg sync.WaitGroup
 	for g := 0; g < 24; g++ {
 		wg.Add(1)
@@ -97,7 +81,7 @@ func TestReviewKill9DuringHeavyWrites(t *testing.T) {
 	acked := map[string]string{}    // target → lease id
 	released := map[string]string{} // target → lease id
 	for round := 0; round < 4; round++ {
-		child := startCrashChild(t, "TestReviewCrashChild", crashChildEnv+"="+path, fmt.Sprintf("%s_ROUND=%d", crashChildEnv, round))
+		child := startCrashChild(t, "TestReviewCrashChild", crashChildEnv, path, round)
 		sc := bufio.NewScanner(child.out)
 		n := 0
 		killAt := 400 + 300*round
