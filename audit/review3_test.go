@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -322,6 +323,36 @@ func TestReview3MultiReportsAllErrors(t *testing.T) {
 	}
 	if err := Multi().Write(context.Background(), acquireEvent(t0)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Attack: a sink panics while Multi writes to it. The panic of a sink
+// written from Multi's own goroutine would end the process; either sink's
+// panic must come back as an error of that write, and the other sinks
+// still get the event.
+func TestMultiSinkPanicIsAnError(t *testing.T) {
+	for _, at := range []int{0, 1, 2} {
+		var wrote atomic.Int32
+		sinks := make([]Sink, 3)
+		for i := range sinks {
+			sinks[i] = funcSink(func(context.Context, Event) error {
+				if i == at {
+					panic("sink bug: secret-ish value")
+				}
+				wrote.Add(1)
+				return nil
+			})
+		}
+		err := Multi(sinks...).Write(context.Background(), acquireEvent(t0))
+		if !errors.Is(err, ErrSinkPanicked) {
+			t.Fatalf("sink %d panicked: Multi returned %v, want ErrSinkPanicked", at, err)
+		}
+		if strings.Contains(err.Error(), "secret-ish") {
+			t.Fatalf("the error quotes the panic's value: %v", err)
+		}
+		if wrote.Load() != 2 {
+			t.Fatalf("sink %d panicked: %d other sinks wrote, want 2", at, wrote.Load())
+		}
 	}
 }
 

@@ -72,8 +72,9 @@ func SystemError(err error) error {
 
 // Multi returns a sink that writes every event to each of sinks, at the
 // same time (each write waits on its own fsync; in turn they would add up),
-// and fails if any of them fails (it still tries them all). Close closes
-// them all.
+// and fails if any of them fails (it still tries them all). A sink that
+// panics fails its write (ErrSinkPanicked) instead of taking the process
+// down from the goroutine its write runs in. Close closes them all.
 func Multi(sinks ...Sink) Sink {
 	return multi(append([]Sink(nil), sinks...))
 }
@@ -85,13 +86,26 @@ func (m multi) Write(ctx context.Context, e Event) error {
 	var wg sync.WaitGroup
 	for i, s := range m[min(1, len(m)):] {
 		wg.Add(1)
-		go func() { defer wg.Done(); errs[i+1] = s.Write(ctx, e) }()
+		go func() { defer wg.Done(); errs[i+1] = writeRecovered(ctx, s, e) }()
 	}
 	if len(m) > 0 {
-		errs[0] = m[0].Write(ctx, e)
+		errs[0] = writeRecovered(ctx, m[0], e)
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// ErrSinkPanicked is the error of a Multi write whose sink panicked. The
+// panic's value is not kept: it could quote the event.
+var ErrSinkPanicked = errors.New("audit: sink panicked")
+
+func writeRecovered(ctx context.Context, s Sink, e Event) (err error) {
+	defer func() {
+		if recover() != nil {
+			err = ErrSinkPanicked
+		}
+	}()
+	return s.Write(ctx, e)
 }
 
 // Check checks every sink.
