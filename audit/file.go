@@ -258,13 +258,26 @@ func (s *FileSink) appendBatch(batch []*pendingLine) {
 		lines = append(lines, p.b...)
 		high = high || p.high
 	}
-	s.mu.Lock()
-	err := s.appendLocked(lines, high)
-	s.mu.Unlock()
+	err := s.appendGuarded(lines, high)
 	for _, p := range batch {
 		p.err = err
 		close(p.done)
 	}
+}
+
+// appendGuarded is appendLocked under s.mu. A panic in it fails the batch
+// instead of leaving s.mu held and the batch's writers waiting forever; the
+// file may then hold part of the lines, so it is cut back to the last
+// durable line before the next write (and by Check).
+func (s *FileSink) appendGuarded(b []byte, high bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	err := Recovered(func() error { return s.appendLocked(b, high) })
+	if err == ErrSinkPanicked {
+		s.dirty = true
+		return s.fail("write", err)
+	}
+	return err
 }
 
 // appendLocked appends whole lines durably or not at all; s.mu is held.

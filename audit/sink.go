@@ -86,26 +86,36 @@ func (m multi) Write(ctx context.Context, e Event) error {
 	var wg sync.WaitGroup
 	for i, s := range m[min(1, len(m)):] {
 		wg.Add(1)
-		go func() { defer wg.Done(); errs[i+1] = writeRecovered(ctx, s, e) }()
+		go func() {
+			defer wg.Done()
+			// Until Write returns: a sink that ends this goroutine
+			// (runtime.Goexit) did not write.
+			errs[i+1] = ErrSinkPanicked
+			errs[i+1] = Recovered(func() error { return s.Write(ctx, e) })
+		}()
 	}
 	if len(m) > 0 {
-		errs[0] = writeRecovered(ctx, m[0], e)
+		errs[0] = Recovered(func() error { return m[0].Write(ctx, e) })
 	}
 	wg.Wait()
 	return errors.Join(errs...)
 }
 
-// ErrSinkPanicked is the error of a Multi write whose sink panicked. The
-// panic's value is not kept: it could quote the event.
+// ErrSinkPanicked is the error of a sink write that panicked. The panic's
+// value is not kept: it could quote the event.
 var ErrSinkPanicked = errors.New("audit: sink panicked")
 
-func writeRecovered(ctx context.Context, s Sink, e Event) (err error) {
+// Recovered runs fn, one sink's write, and returns its error, or
+// ErrSinkPanicked if it panicked. Only code whose locks and state survive a
+// panic (deferred unlocks, state marked for repair) may be called through
+// it; anything else must recover inside, where it knows what to repair.
+func Recovered(fn func() error) (err error) {
 	defer func() {
 		if recover() != nil {
 			err = ErrSinkPanicked
 		}
 	}()
-	return s.Write(ctx, e)
+	return fn()
 }
 
 // Check checks every sink.

@@ -110,7 +110,9 @@ func (s *Spool) Write(ctx context.Context, e Event) error {
 	}
 	var backendErr error
 	if s.pending == 0 {
-		if backendErr = s.next.Write(ctx, e); backendErr == nil {
+		// A backend that panics fails like one that is down: the event
+		// is spooled, and the read lock is released either way.
+		if backendErr = Recovered(func() error { return s.next.Write(ctx, e) }); backendErr == nil {
 			s.mu.RUnlock()
 			return nil
 		}
@@ -174,9 +176,9 @@ func (s *Spool) Forward(ctx context.Context) error {
 		}
 		wctx, cancel := context.WithTimeout(ctx, s.opts.ForwardTimeout)
 		if ow, ok := s.next.(OnceWriter); ok {
-			err = ow.WriteOnce(wctx, e)
+			err = Recovered(func() error { return ow.WriteOnce(wctx, e) })
 		} else {
-			err = s.next.Write(wctx, e)
+			err = Recovered(func() error { return s.next.Write(wctx, e) })
 		}
 		cancel()
 		s.mu.Lock()
