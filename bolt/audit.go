@@ -9,6 +9,7 @@ import (
 	"github.com/starintel/starlease/internal/groupcommit"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -70,9 +71,15 @@ type AuditSink struct {
 	closed bool
 
 	// failed is the last Write's failure (bbolt rolled it back; the next
-	// Write tries again), until a Write or Check succeeds.
-	failMu sync.Mutex
-	failed error
+	// Write tries again), until a Write or Check succeeds. "Last" is in
+	// transaction order: ran numbers each write function as it runs
+	// (serially, under bbolt's write lock), and an outcome older than the
+	// one recorded (failedAt) is dropped, so a success reported late
+	// cannot hide a later transaction's failure, nor the reverse.
+	ran      atomic.Uint64
+	failMu   sync.Mutex
+	failed   error
+	failedAt uint64
 }
 
 var (
@@ -130,7 +137,9 @@ func (s *AuditSink) Write(ctx context.Context, e audit.Event) error {
 	key := []byte(e.EventID)
 	// A duplicate fails its own function only: the group commit runs it
 	// again alone and the others of its transaction commit.
+	var at uint64
 	err = s.group.update(func(tx *bbolt.Tx) error {
+		at = s.ran.Add(1)
 		ev := tx.Bucket(auditBucketEvents)
 		if ev.Get(key) != nil {
 			return ErrDuplicateAuditEvent
@@ -145,18 +154,28 @@ func (s *AuditSink) Write(ctx context.Context, e audit.Event) error {
 		n, high, _ = s.prune(tx, n, high, auditPrunePerWrite)
 		return auditSetCounts(tx, n, high)
 	})
+	if at == 0 {
+		// No transaction ran the function: the outcome is newer than
+		// every one that did.
+		at = s.ran.Add(1)
+	}
 	if err != nil && !errors.Is(err, ErrDuplicateAuditEvent) {
-		s.setFailed(fmt.Errorf("%s: write: %w", filepath.Base(s.path), audit.SystemError(err)))
+		s.setOutcome(at, fmt.Errorf("%s: write: %w", filepath.Base(s.path), audit.SystemError(err)))
 		return fmt.Errorf("audit: write: %w", err)
 	}
-	s.setFailed(nil)
+	s.setOutcome(at, nil)
 	return err
 }
 
-func (s *AuditSink) setFailed(err error) {
+// setOutcome records the outcome of the write function run at, unless a
+// later one is already recorded.
+func (s *AuditSink) setOutcome(at uint64, err error) {
 	s.failMu.Lock()
-	s.failed = err
-	s.failMu.Unlock()
+	defer s.failMu.Unlock()
+	if at < s.failedAt {
+		return
+	}
+	s.failed, s.failedAt = err, at
 }
 
 // Check reports whether the sink can write durably now: nil, or the last
