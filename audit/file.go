@@ -252,31 +252,43 @@ func (s *FileSink) Write(ctx context.Context, e Event) error {
 // appendBatch appends the lines of batch in one write and one fsync and
 // gives each its outcome.
 func (s *FileSink) appendBatch(batch []*pendingLine) {
+	// Answered however the append ends, so no writer waits forever.
+	err := ErrSinkPanicked
+	defer func() {
+		for _, p := range batch {
+			p.err = err
+			close(p.done)
+		}
+	}()
 	var lines []byte
 	high := false
 	for _, p := range batch {
 		lines = append(lines, p.b...)
 		high = high || p.high
 	}
-	err := s.appendGuarded(lines, high)
-	for _, p := range batch {
-		p.err = err
-		close(p.done)
-	}
+	err = s.appendGuarded(lines, high)
 }
 
 // appendGuarded is appendLocked under s.mu. A panic in it fails the batch
-// instead of leaving s.mu held and the batch's writers waiting forever; the
-// file may then hold part of the lines, so it is cut back to the last
-// durable line before the next write (and by Check).
-func (s *FileSink) appendGuarded(b []byte, high bool) error {
+// instead of leaving s.mu held and the batch's writers waiting forever. The
+// file may then hold some or all of the batch's lines, reported as not
+// written, so as after a failed write they are cut off at once (or, if
+// that fails too, before the next write and by Check).
+func (s *FileSink) appendGuarded(b []byte, high bool) (err error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	err := Recovered(func() error { return s.appendLocked(b, high) })
-	if err == ErrSinkPanicked {
-		s.dirty = true
-		return s.fail("write", err)
-	}
+	returned := false
+	defer func() {
+		// A panic, or a file operation that ended the goroutine
+		// (runtime.Goexit): not returned.
+		if !returned || err == ErrSinkPanicked {
+			s.dirty = true
+			_ = Recovered(s.truncateLocked)
+			err = s.fail("write", ErrSinkPanicked)
+		}
+		s.mu.Unlock()
+	}()
+	err = Recovered(func() error { return s.appendLocked(b, high) })
+	returned = true
 	return err
 }
 

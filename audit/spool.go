@@ -103,21 +103,10 @@ func (s *Spool) Pending() int {
 // Write writes e to the backend, or spools it if the backend fails or
 // events are already waiting.
 func (s *Spool) Write(ctx context.Context, e Event) error {
-	s.mu.RLock()
-	if s.closed {
-		s.mu.RUnlock()
-		return ErrClosed
+	done, backendErr := s.writeDirect(ctx, e)
+	if done {
+		return backendErr
 	}
-	var backendErr error
-	if s.pending == 0 {
-		// A backend that panics fails like one that is down: the event
-		// is spooled, and the read lock is released either way.
-		if backendErr = Recovered(func() error { return s.next.Write(ctx, e) }); backendErr == nil {
-			s.mu.RUnlock()
-			return nil
-		}
-	}
-	s.mu.RUnlock()
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -133,6 +122,26 @@ func (s *Spool) Write(ctx context.Context, e Event) error {
 	s.pending++
 	s.poke()
 	return nil
+}
+
+// writeDirect writes e to the backend while nothing waits in the spool:
+// done is true if that settled the write (written, or the spool closed);
+// otherwise e must be spooled, and backendErr is why. A backend that
+// panics fails like one that is down, and the read lock is released
+// however the backend's call ends.
+func (s *Spool) writeDirect(ctx context.Context, e Event) (done bool, backendErr error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	switch {
+	case s.closed:
+		return true, ErrClosed
+	case s.pending > 0:
+		return false, nil
+	}
+	if err := Recovered(func() error { return s.next.Write(ctx, e) }); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 func (s *Spool) poke() {

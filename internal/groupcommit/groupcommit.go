@@ -61,7 +61,16 @@ func (q *Queue[T]) runQueued(run func([]T)) {
 		q.queue = nil
 	}
 	q.mu.Unlock()
+	// Deferred, so a run that panics or ends its goroutine still hands
+	// the queue on, instead of leaving it marked running with no runner
+	// and every later item waiting forever.
+	defer q.handOn(run)
 	run(batch)
+}
+
+// handOn lets a new goroutine run what queued during a batch, or marks the
+// queue idle.
+func (q *Queue[T]) handOn(run func([]T)) {
 	q.mu.Lock()
 	if len(q.queue) == 0 {
 		q.running = false
