@@ -35,7 +35,7 @@ var errOrdinary = errors.New("ordinary sink failure")
 func TestReviewMultiEveryPanicSubset(t *testing.T) {
 	panics := []func(){
 		func() { panic("secret-ish value") },
-		func() { panic(nil) }, // Go >= 1.21: *runtime.PanicNilError
+		func() { panic(nil) },                                             // Go >= 1.21: *runtime.PanicNilError
 		func() { _ = strings.Repeat("secret-ish", 1)[len(t.Name())+10:] }, // a runtime error: slice bounds out of range
 		func() { panic(fmt.Errorf("wrapped secret-ish: %w", audit.ErrClosed)) },
 	}
