@@ -87,8 +87,8 @@ func (f *evidenceFixture) replays(o op) lease.Result {
 	}
 	want := run(f.cur)
 	v1 := stored
-	if strings.HasPrefix(stored, ev2Prefix) {
-		if v1, ok = expandEvidence(stored, p.Identity); !ok {
+	if strings.HasPrefix(stored, lease.EvidenceV2Prefix) {
+		if v1, ok = lease.ExpandEvidence(stored, p.Identity); !ok {
 			f.t.Fatalf("%s: evidence does not expand", o.name)
 		}
 		set(v1)
@@ -115,7 +115,7 @@ func (f *evidenceFixture) replays(o op) lease.Result {
 	if len(hist) > 0 {
 		v1h := make([]string, len(hist))
 		for i, e := range hist {
-			if v1h[i], ok = expandHistory(e); !ok {
+			if v1h[i], ok = lease.ExpandHistory(e); !ok {
 				f.t.Fatalf("%s: history entry does not expand", o.name)
 			}
 		}
@@ -149,7 +149,7 @@ func TestEvidenceVersionsReplayAlike(t *testing.T) {
 		f.use(writer)
 		wantPrefix := "{"
 		if writer == f.cur {
-			wantPrefix = ev2Prefix
+			wantPrefix = lease.EvidenceV2Prefix
 		}
 		id := newIdentity()
 		acq := acquireReq(id)
@@ -266,17 +266,17 @@ func TestEvidenceV2Malformed(t *testing.T) {
 	}
 	bad := []string{
 		"", "ev2\n", "ev3" + good[3:], strings.Join(lines[:len(lines)-1], "\n"),
-		line(ev2LeaseID, lines[ev2LeaseID]+`","x":"y`),
-		line(ev2Client, `a\"b`),
-		line(ev2Token, "-1"),
-		line(ev2Token, "01"),
-		line(ev2TTL, "1e3"),
-		line(ev2State, "exploded"),
-		line(ev2Renewed, "9"),
-		line(ev2Backend, "99999999999999999"),
-		line(ev2Metadata, `{"a":1},"state":"active"`),
-		line(ev2Metadata, `[]`),
-		line(ev2Metadata, `{"a":1}`+"\n"),
+		line(lease.Ev2LeaseID, lines[lease.Ev2LeaseID]+`","x":"y`),
+		line(lease.Ev2Client, `a\"b`),
+		line(lease.Ev2Token, "-1"),
+		line(lease.Ev2Token, "01"),
+		line(lease.Ev2TTL, "1e3"),
+		line(lease.Ev2State, "exploded"),
+		line(lease.Ev2Renewed, "9"),
+		line(lease.Ev2Backend, "99999999999999999"),
+		line(lease.Ev2Metadata, `{"a":1},"state":"active"`),
+		line(lease.Ev2Metadata, `[]`),
+		line(lease.Ev2Metadata, `{"a":1}`+"\n"),
 	}
 	for _, b := range bad {
 		if err := s.client.Do(bg, s.client.B().Set().Key(key).Value(b).Build()).Error(); err != nil {
@@ -308,7 +308,7 @@ func TestHistoryV2Malformed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := expandHistory(good); !ok {
+	if _, ok := lease.ExpandHistory(good); !ok {
 		t.Fatal("a written entry does not expand")
 	}
 	lines := strings.Split(good, "\n")
@@ -319,12 +319,12 @@ func TestHistoryV2Malformed(t *testing.T) {
 	}
 	for _, b := range []string{
 		"hv2\n", strings.Join(lines[:len(lines)-1], "\n"),
-		line(hv2Reason, `"a`), line(hv2Reason, `{"a":1}`), line(hv2Reason, `"a",`+`"x":1`),
-		line(hv2By, `a"b`), line(hv2Ended, "x"), line(hv2Tuple, "a\\b"),
-		line(hv2Record, lines[hv2Record]+`","x":"y`), line(hv2Record+5, "1.5"),
-		line(hv2Lines-1, `{}`+"\n"), line(hv2Lines-1, `[1]`),
+		line(lease.Hv2Reason, `"a`), line(lease.Hv2Reason, `{"a":1}`), line(lease.Hv2Reason, `"a",`+`"x":1`),
+		line(lease.Hv2By, `a"b`), line(lease.Hv2Ended, "x"), line(lease.Hv2Tuple, "a\\b"),
+		line(lease.Hv2Record, lines[lease.Hv2Record]+`","x":"y`), line(lease.Hv2Record+5, "1.5"),
+		line(lease.Hv2Lines-1, `{}`+"\n"), line(lease.Hv2Lines-1, `[1]`),
 	} {
-		raw, ok := expandHistory(b)
+		raw, ok := lease.ExpandHistory(b)
 		if !ok {
 			continue
 		}
@@ -333,7 +333,7 @@ func TestHistoryV2Malformed(t *testing.T) {
 		}
 	}
 	// The read skips a malformed entry and still returns the good one.
-	bad := line(hv2Reason, `{"a":1}`)
+	bad := line(lease.Hv2Reason, `{"a":1}`)
 	if err := s.client.Do(bg, s.client.B().Lpush().Key(hkey).Element(bad).Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
@@ -360,3 +360,4 @@ func openCompact(t *testing.T) *Store {
 	}
 	return s
 }
+

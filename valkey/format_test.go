@@ -46,7 +46,7 @@ func TestCompactFormatIsANamespaceSwitch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v := stored(b, after); !strings.HasPrefix(v, ev2Prefix) {
+	if v := stored(b, after); !strings.HasPrefix(v, lease.EvidenceV2Prefix) {
 		t.Fatalf("evidence after the switch: %.40q, want version 2", v)
 	}
 	if _, err := b.Release(bg, releaseReq(res.Lease)); err != nil {

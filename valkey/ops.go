@@ -230,7 +230,7 @@ func (s *Store) closedNamespace(rep reply) *lease.Error {
 // original result, or idempotency_conflict if the request id was used with
 // other inputs. A replayed acquire also reports the lease's state now.
 func (s *Store) replay(p lease.Prepared, rep reply) (lease.Result, error) {
-	raw, ok := expandEvidence(rep.at(0), p.Identity)
+	raw, ok := lease.ExpandEvidence(rep.at(0), p.Identity)
 	if !ok {
 		return lease.Result{}, s.corrupt(p.Identity, "idempotency evidence is corrupt")
 	}
@@ -257,7 +257,7 @@ func (s *Store) currentOf(orig *lease.Record, rep reply, id lease.Identity) (*le
 // and names leaseID.
 func findHistory(entries []string, leaseID string) *lease.HistoryEntry {
 	for _, e := range entries {
-		e, ok := expandHistory(e)
+		e, ok := lease.ExpandHistory(e)
 		if !ok {
 			continue // as an entry that fails decoding
 		}

@@ -185,7 +185,7 @@ func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.Hi
 	}
 	out := lease.HistoryResult{Entries: []lease.HistoryEntry{}, BackendTime: rep.now}
 	for _, raw := range rep.f {
-		raw, ok := expandHistory(raw)
+		raw, ok := lease.ExpandHistory(raw)
 		h, err := lease.DecodeHistoryEntry([]byte(raw))
 		if !ok {
 			h, err = nil, lease.Errorf(lease.CodeCorrupt, "history entry is malformed")
@@ -228,7 +228,7 @@ func (s *Store) LookupRequest(ctx context.Context, req lease.LookupRequest) (lea
 	case "corrupt":
 		return lease.Result{}, s.corrupt(p.Identity, rep.at(0))
 	case "evidence":
-		raw, ok := expandEvidence(rep.at(0), p.Identity)
+		raw, ok := lease.ExpandEvidence(rep.at(0), p.Identity)
 		if !ok {
 			return lease.Result{}, s.corrupt(p.Identity, "idempotency evidence is corrupt")
 		}

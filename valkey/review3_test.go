@@ -19,7 +19,7 @@ func review3History(t *testing.T, s *Store, id lease.Identity) []*lease.HistoryE
 	}
 	var out []*lease.HistoryEntry
 	for _, r := range raw {
-		r, ok := expandHistory(r)
+		r, ok := lease.ExpandHistory(r)
 		h, err := lease.DecodeHistoryEntry([]byte(r))
 		if !ok || err != nil {
 			t.Fatalf("history entry: %v", err)

@@ -87,15 +87,15 @@ func TestReview4AdversarialValuesReplayByteForByte(t *testing.T) {
 	lk := evLookup(lease.OpAcquire, id, acq.Mutation)
 	key, p := review4EvidenceKey(t, s, lk)
 	stored, _ := get(t, s, key)
-	if !strings.HasPrefix(stored, ev2Prefix) {
+	if !strings.HasPrefix(stored, lease.EvidenceV2Prefix) {
 		t.Fatalf("evidence not v2: %q", stored)
 	}
-	f := strings.SplitN(stored, "\n", ev2Lines)
-	if len(f) != ev2Lines || f[ev2LeaseID] != a.Lease.LeaseID || f[ev2Request] != acq.RequestID ||
-		f[ev2Job] != acq.JobID || f[ev2Trace] != acq.TraceID || f[ev2State] != "active" {
+	f := strings.SplitN(stored, "\n", lease.Ev2Lines)
+	if len(f) != lease.Ev2Lines || f[lease.Ev2LeaseID] != a.Lease.LeaseID || f[lease.Ev2Request] != acq.RequestID ||
+		f[lease.Ev2Job] != acq.JobID || f[lease.Ev2Trace] != acq.TraceID || f[lease.Ev2State] != "active" {
 		t.Fatalf("v2 lines shifted: %q", f)
 	}
-	exp, ok := expandEvidence(stored, p.Identity)
+	exp, ok := lease.ExpandEvidence(stored, p.Identity)
 	if !ok {
 		t.Fatal("evidence does not expand")
 	}
@@ -144,10 +144,10 @@ func TestReview4AdversarialValuesReplayByteForByte(t *testing.T) {
 		t.Fatalf("history: %d entries", len(hist))
 	}
 	for i, e := range hist {
-		if !strings.HasPrefix(e, hv2Prefix) {
+		if !strings.HasPrefix(e, lease.HistoryV2Prefix) {
 			t.Fatalf("entry %d not hv2: %q", i, e)
 		}
-		v1, ok := expandHistory(e)
+		v1, ok := lease.ExpandHistory(e)
 		if !ok {
 			t.Fatalf("entry %d does not expand: %q", i, e)
 		}
@@ -251,20 +251,22 @@ func TestReview4EvidenceV2Tampered(t *testing.T) {
 		return strings.Join(edit(append([]string(nil), lines...)), "\n")
 	}
 	bad := map[string]string{
-		"crlf":          strings.ReplaceAll(good, "\n", "\r\n"),
-		"cr before lf":  with(func(l []string) []string { l[ev2Owner] += "\r"; return l }),
-		"inserted line": with(func(l []string) []string { return append(l[:ev2Job], append([]string{"extra"}, l[ev2Job:]...)...) }),
-		"dropped line":  with(func(l []string) []string { return append(l[:ev2Trace], l[ev2Trace+1:]...) }),
+		"crlf":         strings.ReplaceAll(good, "\n", "\r\n"),
+		"cr before lf": with(func(l []string) []string { l[lease.Ev2Owner] += "\r"; return l }),
+		"inserted line": with(func(l []string) []string {
+			return append(l[:lease.Ev2Job], append([]string{"extra"}, l[lease.Ev2Job:]...)...)
+		}),
+		"dropped line": with(func(l []string) []string { return append(l[:lease.Ev2Trace], l[lease.Ev2Trace+1:]...) }),
 		"state, metadata swapped": with(func(l []string) []string {
-			l[ev2State], l[ev2Metadata] = l[ev2Metadata], l[ev2State]
+			l[lease.Ev2State], l[lease.Ev2Metadata] = l[lease.Ev2Metadata], l[lease.Ev2State]
 			return l
 		}),
-		"foreign tag":      with(func(l []string) []string { l[ev2Tag] = tagOf(foreign); return l }),
-		"nul":              with(func(l []string) []string { l[ev2Job] += "\x00"; return l }),
-		"tag with quote":   with(func(l []string) []string { l[ev2Tag] += `","x":"`; return l }),
-		"metadata tail":    with(func(l []string) []string { l[ev2Metadata] = `{},"state":"revoked"`; return l }),
-		"metadata spaced":  with(func(l []string) []string { l[ev2Metadata] = ` {}`; return l }),
-		"empty request id": with(func(l []string) []string { l[ev2Request] = ""; return l }),
+		"foreign tag":      with(func(l []string) []string { l[lease.Ev2Tag] = tagOf(foreign); return l }),
+		"nul":              with(func(l []string) []string { l[lease.Ev2Job] += "\x00"; return l }),
+		"tag with quote":   with(func(l []string) []string { l[lease.Ev2Tag] += `","x":"`; return l }),
+		"metadata tail":    with(func(l []string) []string { l[lease.Ev2Metadata] = `{},"state":"revoked"`; return l }),
+		"metadata spaced":  with(func(l []string) []string { l[lease.Ev2Metadata] = ` {}`; return l }),
+		"empty request id": with(func(l []string) []string { l[lease.Ev2Request] = ""; return l }),
 		"v1 prefix":        "ev1" + good[3:],
 		"trailing line":    good + "\n",
 		"leading space":    " " + good,
@@ -303,7 +305,7 @@ func TestReview4V2RefusesNonCanonicalTimestamps(t *testing.T) {
 	good, _ := get(t, s, key)
 	lines := strings.Split(good, "\n")
 	var accepted []string
-	for _, i := range []int{ev2Acquired, ev2Renewed, ev2Expires, ev2Backend} {
+	for _, i := range []int{lease.Ev2Acquired, lease.Ev2Renewed, lease.Ev2Expires, lease.Ev2Backend} {
 		l := append([]string(nil), lines...)
 		l[i] = "00" + l[i]
 		review4Set(t, s, key, strings.Join(l, "\n"))
@@ -320,10 +322,10 @@ func TestReview4V2RefusesNonCanonicalTimestamps(t *testing.T) {
 	}
 	hist := review4History(t, s, tagOf(a.Lease.LockKey))
 	hl := strings.Split(hist[0], "\n")
-	for _, i := range []int{hv2Ended, hv2Record + 6, hv2Record + 7, hv2Record + 8} {
+	for _, i := range []int{lease.Hv2Ended, lease.Hv2Record + 6, lease.Hv2Record + 7, lease.Hv2Record + 8} {
 		l := append([]string(nil), hl...)
 		l[i] = "0" + l[i]
-		raw, ok := expandHistory(strings.Join(l, "\n"))
+		raw, ok := lease.ExpandHistory(strings.Join(l, "\n"))
 		if !ok {
 			continue
 		}
@@ -473,7 +475,7 @@ func TestReview4BackupRestoreV2(t *testing.T) {
 	dstKey, _ := review4EvidenceKey(t, dst, evLookup(lease.OpAcquire, id, req.Mutation))
 	sv, _ := get(t, src, srcKey)
 	dv, _ := get(t, dst, dstKey)
-	if sv != dv || !strings.HasPrefix(dv, ev2Prefix) {
+	if sv != dv || !strings.HasPrefix(dv, lease.EvidenceV2Prefix) {
 		t.Fatalf("restored evidence differs:\n%q\n%q", sv, dv)
 	}
 	// The format switch travels with the namespace.
@@ -533,7 +535,7 @@ func TestReview4ExpiryPathV2(t *testing.T) {
 		t.Fatalf("history: %q", hist)
 	}
 	l := strings.Split(hist[0], "\n")
-	if l[hv2By] != "" || l[hv2Request] != "" || l[hv2Reason] != "" || l[hv2Incident] != "" || l[hv2Record+15] != "expired" {
+	if l[lease.Hv2By] != "" || l[lease.Hv2Request] != "" || l[lease.Hv2Reason] != "" || l[lease.Hv2Incident] != "" || l[lease.Hv2Record+15] != "expired" {
 		t.Fatalf("expiry entry: %q", l)
 	}
 	rep, err := s.Renew(bg, rq)

@@ -168,10 +168,10 @@ func storedBytesAreCanonical(t *testing.T, compact bool) {
 	}
 	// Stored in the namespace's format; a compact (version 2) one expands
 	// to the canonical version 1 document, held to the same checks.
-	if strings.HasPrefix(evRaw, ev2Prefix) != s.compact.Load() {
+	if strings.HasPrefix(evRaw, lease.EvidenceV2Prefix) != s.compact.Load() {
 		t.Fatalf("evidence not in the namespace's format (compact %v): %q", s.compact.Load(), evRaw)
 	}
-	evRaw, ok = expandEvidence(evRaw, res.Lease.Identity())
+	evRaw, ok = lease.ExpandEvidence(evRaw, res.Lease.Identity())
 	if !ok {
 		t.Fatal("evidence does not expand")
 	}
@@ -915,11 +915,11 @@ func onlyHistoryEntry(t *testing.T, s *Store, tag string) *lease.HistoryEntry {
 	}
 	// Stored in the namespace's format; a compact (version 2) one expands
 	// to the canonical version 1 entry, held to the same checks.
-	if strings.HasPrefix(entries[0], hv2Prefix) != s.compact.Load() {
+	if strings.HasPrefix(entries[0], lease.HistoryV2Prefix) != s.compact.Load() {
 		t.Fatalf("history entry not in the namespace's format (compact %v): %q", s.compact.Load(), entries[0])
 	}
 	var ok bool
-	if entries[0], ok = expandHistory(entries[0]); !ok {
+	if entries[0], ok = lease.ExpandHistory(entries[0]); !ok {
 		t.Fatal("history entry does not expand")
 	}
 	h, err := lease.DecodeHistoryEntry([]byte(entries[0]))

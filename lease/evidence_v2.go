@@ -1,52 +1,51 @@
-package valkey
+package lease
 
 import (
 	"encoding/json"
 	"strconv"
 	"strings"
-
-	"github.com/starintel/starlease/lease"
 )
 
-// Idempotency evidence is stored in one of two versions (see remember in
-// library.lua). Version 1, which older code wrote, is
-// lease.IdempotencyRecord's JSON with a full copy of the record. Version 2
+// Idempotency evidence is stored in one of two versions. Version 1 is
+// IdempotencyRecord's JSON with a full copy of the record. Version 2
 // ("ev2") holds only the facts of the result, one per line: a third of the
-// bytes, written on every mutation. Readers accept both: expandEvidence
-// rebuilds from version 2 exactly the version 1 bytes the library would
-// have stored for the same result, and everything downstream (strict
-// decoding, replay, lookup) runs on those bytes unchanged.
+// bytes, written on every mutation (by the Valkey library's remember).
+// Readers accept both: ExpandEvidence rebuilds from
+// version 2 exactly the version 1 bytes stored for the same result, and
+// everything downstream (strict decoding, replay, lookup) runs on those
+// bytes unchanged.
 
-const ev2Prefix = "ev2\n"
+// EvidenceV2Prefix starts every version 2 evidence value.
+const EvidenceV2Prefix = "ev2\n"
 
-// ev2 line numbers (0 is the version).
+// Evidence version 2 line numbers (0 is the version).
 const (
-	ev2Op = 1 + iota
-	ev2Digest
-	ev2Code
-	ev2Backend
-	ev2Tag
-	ev2LeaseID
-	ev2Owner
-	ev2Client
-	ev2Credential
-	ev2Instance
-	ev2Token
-	ev2Acquired
-	ev2Renewed
-	ev2Expires
-	ev2TTL
-	ev2Lifetime
-	ev2Execution
-	ev2Job
-	ev2Trace
-	ev2Request
-	ev2State
-	ev2Metadata // the rest: metadata JSON
-	ev2Lines
+	Ev2Op = 1 + iota
+	Ev2Digest
+	Ev2Code
+	Ev2Backend
+	Ev2Tag
+	Ev2LeaseID
+	Ev2Owner
+	Ev2Client
+	Ev2Credential
+	Ev2Instance
+	Ev2Token
+	Ev2Acquired
+	Ev2Renewed
+	Ev2Expires
+	Ev2TTL
+	Ev2Lifetime
+	Ev2Execution
+	Ev2Job
+	Ev2Trace
+	Ev2Request
+	Ev2State
+	Ev2Metadata // the rest: metadata JSON
+	Ev2Lines
 )
 
-// expandEvidence returns stored evidence as version 1 bytes: version 1 as
+// ExpandEvidence returns stored evidence as version 1 bytes: version 1 as
 // it is; version 2 rebuilt with id, the identity of the request it is read
 // for (its evidence key's scope holds the lock key, so the stored record's
 // tuple was this one). ok is false for anything that cannot be rebuilt
@@ -54,25 +53,25 @@ const (
 // byte, a number or timestamp that is not decimal digits, metadata that is
 // not one JSON object. The caller's strict decoding then checks every
 // value as it checks version 1.
-func expandEvidence(raw string, id lease.Identity) (string, bool) {
-	if !strings.HasPrefix(raw, ev2Prefix) {
+func ExpandEvidence(raw string, id Identity) (string, bool) {
+	if !strings.HasPrefix(raw, EvidenceV2Prefix) {
 		return raw, true
 	}
-	f := strings.SplitN(raw, "\n", ev2Lines)
-	if len(f) != ev2Lines {
+	f := strings.SplitN(raw, "\n", Ev2Lines)
+	if len(f) != Ev2Lines {
 		return "", false
 	}
-	for i := ev2Op; i < ev2Metadata; i++ {
+	for i := Ev2Op; i < Ev2Metadata; i++ {
 		if !plainText(f[i]) {
 			return "", false
 		}
 	}
-	for _, i := range []int{ev2Backend, ev2Token, ev2Acquired, ev2Renewed, ev2Expires, ev2TTL, ev2Lifetime} {
+	for _, i := range []int{Ev2Backend, Ev2Token, Ev2Acquired, Ev2Renewed, Ev2Expires, Ev2TTL, Ev2Lifetime} {
 		if !digits(f[i]) {
 			return "", false
 		}
 	}
-	meta := f[ev2Metadata]
+	meta := f[Ev2Metadata]
 	if !strings.HasPrefix(meta, "{") || !json.Valid([]byte(meta)) {
 		return "", false
 	}
@@ -82,10 +81,10 @@ func expandEvidence(raw string, id lease.Identity) (string, bool) {
 		}
 	}
 	b := newRecordWriter(len(meta))
-	b.add(`{"idempotency_version":1,"op":"`, f[ev2Op], `","digest":"`, f[ev2Digest], `","code":"`, f[ev2Code], `","lease":`)
-	b.record(f[ev2Tag], [7]string{id.TenantID, id.ProgramID, id.TargetNamespace, id.TargetID, id.ActorName, id.WorkflowName,
-		id.OperationClass}, f[ev2LeaseID:])
-	b.add(`,"backend_time":"`, msText(f[ev2Backend]), `"}`)
+	b.add(`{"idempotency_version":1,"op":"`, f[Ev2Op], `","digest":"`, f[Ev2Digest], `","code":"`, f[Ev2Code], `","lease":`)
+	b.record(f[Ev2Tag], [7]string{id.TenantID, id.ProgramID, id.TargetNamespace, id.TargetID, id.ActorName, id.WorkflowName,
+		id.OperationClass}, f[Ev2LeaseID:])
+	b.add(`,"backend_time":"`, msText(f[Ev2Backend]), `"}`)
 	return b.String(), true
 }
 
@@ -113,7 +112,7 @@ func (b *recordWriter) add(parts ...string) {
 // metadata). The caller has checked every part with plainText or digits,
 // and metadata is one JSON value.
 func (b *recordWriter) record(tag string, tuple [7]string, f []string) {
-	b.add(`{"record_version":1,"lock_key":"`, lease.KeyPrefix, tag,
+	b.add(`{"record_version":1,"lock_key":"`, KeyPrefix, tag,
 		`","tenant_id":"`, tuple[0], `","program_id":"`, tuple[1], `","target_namespace":"`, tuple[2],
 		`","target_id":"`, tuple[3], `","actor_name":"`, tuple[4], `","workflow_name":"`, tuple[5],
 		`","operation_class":"`, tuple[6], `","lease_id":"`, f[0],
@@ -128,7 +127,7 @@ func (b *recordWriter) record(tag string, tuple [7]string, f []string) {
 // msText is a stored decimal ms as the record's timestamp text.
 func msText(v string) string {
 	ms, _ := strconv.ParseInt(v, 10, 64)
-	return lease.UnixMilli(ms).String()
+	return UnixMilli(ms).String()
 }
 
 // History entries are stored in version 1 (lease.HistoryEntry's JSON, a
@@ -137,43 +136,44 @@ func msText(v string) string {
 // Lines: hv2, ended ms, ended_by, request_id, reason (JSON) and
 // incident_id (” for none), hash tag, the tuple's seven components, then
 // the record's facts as evidence version 2 stores them, metadata last.
-const hv2Prefix = "hv2\n"
+const HistoryV2Prefix = "hv2\n"
 
+// History version 2 line numbers (0 is the version).
 const (
-	hv2Ended = 1 + iota
-	hv2By
-	hv2Request
-	hv2Reason
-	hv2Incident
-	hv2Tag
-	hv2Tuple                 // 7 lines
-	hv2Record = hv2Tuple + 7 // 17 lines, metadata last
-	hv2Lines  = hv2Record + 17
+	Hv2Ended = 1 + iota
+	Hv2By
+	Hv2Request
+	Hv2Reason
+	Hv2Incident
+	Hv2Tag
+	Hv2Tuple                 // 7 lines
+	Hv2Record = Hv2Tuple + 7 // 17 lines, metadata last
+	Hv2Lines  = Hv2Record + 17
 )
 
-// expandHistory returns a stored history entry as version 1 bytes:
+// ExpandHistory returns a stored history entry as version 1 bytes:
 // version 1 as it is, version 2 rebuilt (ok false if it cannot be; see
-// expandEvidence). Strict decoding of the result is the caller's.
-func expandHistory(raw string) (string, bool) {
-	if !strings.HasPrefix(raw, hv2Prefix) {
+// ExpandEvidence). Strict decoding of the result is the caller's.
+func ExpandHistory(raw string) (string, bool) {
+	if !strings.HasPrefix(raw, HistoryV2Prefix) {
 		return raw, true
 	}
-	f := strings.SplitN(raw, "\n", hv2Lines)
-	if len(f) != hv2Lines {
+	f := strings.SplitN(raw, "\n", Hv2Lines)
+	if len(f) != Hv2Lines {
 		return "", false
 	}
-	for i := hv2Ended; i < hv2Lines-1; i++ {
-		if i != hv2Reason && !plainText(f[i]) {
+	for i := Hv2Ended; i < Hv2Lines-1; i++ {
+		if i != Hv2Reason && !plainText(f[i]) {
 			return "", false
 		}
 	}
-	rec := f[hv2Record:]
-	for _, v := range []string{f[hv2Ended], rec[5], rec[6], rec[7], rec[8], rec[9], rec[10]} {
+	rec := f[Hv2Record:]
+	for _, v := range []string{f[Hv2Ended], rec[5], rec[6], rec[7], rec[8], rec[9], rec[10]} {
 		if !digits(v) {
 			return "", false
 		}
 	}
-	meta, reason := rec[16], f[hv2Reason]
+	meta, reason := rec[16], f[Hv2Reason]
 	if !strings.HasPrefix(meta, "{") || !json.Valid([]byte(meta)) {
 		return "", false
 	}
@@ -183,18 +183,18 @@ func expandHistory(raw string) (string, bool) {
 	}
 	b := newRecordWriter(len(meta) + len(reason))
 	b.add(`{"history_version":1,"record":`)
-	b.record(f[hv2Tag], [7]string(f[hv2Tuple:hv2Tuple+7]), rec)
-	b.add(`,"ended_at":"`, msText(f[hv2Ended]), `"`)
-	if v := f[hv2By]; v != "" {
+	b.record(f[Hv2Tag], [7]string(f[Hv2Tuple:Hv2Tuple+7]), rec)
+	b.add(`,"ended_at":"`, msText(f[Hv2Ended]), `"`)
+	if v := f[Hv2By]; v != "" {
 		b.add(`,"ended_by":"`, v, `"`)
 	}
-	if v := f[hv2Request]; v != "" {
+	if v := f[Hv2Request]; v != "" {
 		b.add(`,"request_id":"`, v, `"`)
 	}
 	if reason != "" {
 		b.add(`,"reason":`, reason)
 	}
-	if v := f[hv2Incident]; v != "" {
+	if v := f[Hv2Incident]; v != "" {
 		b.add(`,"incident_id":"`, v, `"`)
 	}
 	b.add(`}`)
