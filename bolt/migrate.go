@@ -32,6 +32,10 @@ func migrate(tx *bbolt.Tx, from string) error {
 		if err := migrateV2(tx); err != nil {
 			return err
 		}
+		fallthrough
+	case schemaVersionV3:
+		// Version 4 only adds a form of evidence; the version 1 evidence a
+		// file holds stays as it is (readers take both).
 	default:
 		return errSchema
 	}

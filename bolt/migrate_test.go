@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -49,7 +50,14 @@ func downgradeToV2(t *testing.T, path string) {
 			return []byte(lockKey)
 		}
 		if err := ident.ForEach(func(k, v []byte) error {
-			_, kind, _ := splitIdentKey(k)
+			lockKey, kind, _ := splitIdentKey(k)
+			if kind == kindIdem { // schema 2 builds wrote version 1 evidence
+				v1, _, ok := v1Evidence(tx, lockKey, v)
+				if !ok {
+					return fmt.Errorf("evidence of %s does not expand", lockKey)
+				}
+				v = v1
+			}
 			return legacy[kind].Put(oldKey(k), v)
 		}); err != nil {
 			return err

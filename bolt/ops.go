@@ -221,12 +221,12 @@ func (s *Store) start(tx *bbolt.Tx, p lease.Prepared, due lease.Timestamp) (leas
 	if err := lease.PastDeadline(now, due); err != nil {
 		return now, nil, err
 	}
-	v := tx.Bucket(bucketIdent).Get(idemKey(p.LockKey, p.Scope))
-	if v == nil {
+	v, ok := storedEvidence(tx, p)
+	if v == nil && ok {
 		return now, nil, nil
 	}
 	ev, err := lease.DecodeIdempotencyRecord(v)
-	if err != nil {
+	if !ok || err != nil {
 		return now, nil, s.quarantine(tx, p.LockKey, p.Identity, "idempotency evidence is corrupt")
 	}
 	r, err := p.Replay(ev, now, func(orig *lease.Record) (*lease.Record, error) { return s.currentOf(tx, orig, now) })
@@ -272,11 +272,12 @@ func (s *Store) lostExpired(tx *bbolt.Tx, cur *lease.Record, now lease.Timestamp
 }
 
 // remember stores the typed result as idempotency evidence in the same
-// transaction as the mutation.
+// transaction as the mutation, in version 2 (lease.CompactEvidence: the
+// facts without a second copy of the record's JSON; schema 4).
 func (s *Store) remember(tx *bbolt.Tx, p lease.Prepared, res lease.Result) error {
 	ev := &lease.IdempotencyRecord{Version: lease.IdempotencyVersion, Op: p.Op, Digest: p.Digest,
 		Code: res.Code, Lease: res.Lease, BackendTime: res.BackendTime}
-	b, err := ev.Encode()
+	b, err := lease.CompactEvidence(ev, p.Identity)
 	if err != nil {
 		return err
 	}
@@ -286,6 +287,18 @@ func (s *Store) remember(tx *bbolt.Tx, p lease.Prepared, res lease.Result) error
 	}
 	exp := res.BackendTime.Add(s.opts.IdempotencyRetention).UnixMilli()
 	return tx.Bucket(bucketIdemExp).Put(append(u64(uint64(exp)), k...), nil)
+}
+
+// storedEvidence reads p's idempotency evidence as version 1 bytes, nil if
+// there is none; ok is false for version 2 evidence that cannot be rebuilt
+// (corrupt). Valid only in tx.
+func storedEvidence(tx *bbolt.Tx, p lease.Prepared) (v []byte, ok bool) {
+	raw := tx.Bucket(bucketIdent).Get(idemKey(p.LockKey, p.Scope))
+	if raw == nil || !bytes.HasPrefix(raw, []byte(lease.EvidenceV2Prefix)) {
+		return raw, true
+	}
+	v1, ok := lease.ExpandEvidence(string(raw), p.Identity)
+	return []byte(v1), ok
 }
 
 // loadActive strictly decodes the active record of lockKey; nil if none. A

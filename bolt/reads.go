@@ -154,12 +154,15 @@ func (s *Store) LookupRequest(ctx context.Context, req lease.LookupRequest) (lea
 		return lease.Result{}, err
 	}
 	return read(s, ctx, lease.Deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.Result, error) {
-		v := tx.Bucket(bucketIdent).Get(idemKey(p.LockKey, p.Scope))
-		if v == nil {
+		v, ok := storedEvidence(tx, p)
+		if v == nil && ok {
 			return lease.Result{}, lease.RequestNotFound(now)
 		}
-		res, ok := p.Lookup(v, func(orig *lease.Record) (*lease.Record, error) { return s.currentOf(tx, orig, now) })
-		if !ok {
+		res, found := lease.Result{}, false
+		if ok {
+			res, found = p.Lookup(v, func(orig *lease.Record) (*lease.Record, error) { return s.currentOf(tx, orig, now) })
+		}
+		if !found {
 			return lease.Result{}, s.quarantine(tx, p.LockKey, p.Identity, "idempotency evidence is corrupt")
 		}
 		return res, nil

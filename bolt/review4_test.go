@@ -106,8 +106,22 @@ func (b *r4Book) replayAll(step string) {
 func r4Invariants(t *testing.T, s *Store, step string) {
 	t.Helper()
 	if err := s.db.View(func(tx *bbolt.Tx) error {
-		if err := eachOfKind(tx, kindIdem, func(_ string, _, v []byte) error {
-			if _, err := lease.DecodeIdempotencyRecord(v); err != nil {
+		if err := eachOfKind(tx, kindIdem, func(lockKey string, _, v []byte) error {
+			v1, known, ok := v1Evidence(tx, lockKey, v)
+			if !known {
+				// Evidence outlives its identity's records: with no tuple
+				// to rebuild it, check at least that its lines are well
+				// formed.
+				if _, ok := lease.ExpandEvidence(string(v), lease.Identity{TenantID: "t", ProgramID: "p",
+					TargetNamespace: "n", TargetID: "x", ActorName: "a", WorkflowName: "w", OperationClass: "o"}); !ok {
+					t.Errorf("after %s: version 2 evidence is malformed: %q", step, v)
+				}
+				return nil
+			}
+			if !ok {
+				t.Errorf("after %s: version 2 evidence does not expand: %q", step, v)
+			}
+			if _, err := lease.DecodeIdempotencyRecord(v1); err != nil {
 				t.Errorf("after %s: evidence does not decode: %v", step, err)
 			}
 			return nil

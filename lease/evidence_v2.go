@@ -9,8 +9,8 @@ import (
 // Idempotency evidence is stored in one of two versions. Version 1 is
 // IdempotencyRecord's JSON with a full copy of the record. Version 2
 // ("ev2") holds only the facts of the result, one per line: a third of the
-// bytes, written on every mutation (by the Valkey library's remember).
-// Readers accept both: ExpandEvidence rebuilds from
+// bytes, written on every mutation (by the Valkey library's remember and
+// by CompactEvidence). Readers accept both: ExpandEvidence rebuilds from
 // version 2 exactly the version 1 bytes stored for the same result, and
 // everything downstream (strict decoding, replay, lookup) runs on those
 // bytes unchanged.
@@ -86,6 +86,41 @@ func ExpandEvidence(raw string, id Identity) (string, bool) {
 		id.OperationClass}, f[Ev2LeaseID:])
 	b.add(`,"backend_time":"`, msText(f[Ev2Backend]), `"}`)
 	return b.String(), true
+}
+
+// CompactEvidence returns e as stored evidence in version 2, for a
+// request for id (which must be e's lease's identity: readers rebuild the
+// tuple from the request). It is version 2 only when ExpandEvidence gives
+// back exactly e's version 1 encoding from it; anything version 2 cannot
+// carry (a value that is not plain text, a tuple other than id) is stored
+// in version 1, which every reader also accepts.
+func CompactEvidence(e *IdempotencyRecord, id Identity) ([]byte, error) {
+	v1, err := e.Encode()
+	if err != nil {
+		return nil, err
+	}
+	r := e.Lease
+	meta := []byte("{}")
+	if len(r.Metadata) > 0 {
+		if meta, err = r.Metadata.MarshalJSON(); err != nil {
+			return v1, nil
+		}
+	}
+	ms := func(t Timestamp) string { return strconv.FormatInt(t.UnixMilli(), 10) }
+	tag, _ := strings.CutPrefix(r.LockKey, KeyPrefix)
+	b := newRecordWriter(len(meta))
+	b.add(EvidenceV2Prefix, string(e.Op), "\n", e.Digest, "\n", string(e.Code), "\n", ms(e.BackendTime), "\n", tag,
+		"\n", r.LeaseID, "\n", r.OwnerPrincipalID, "\n", r.OwnerClientID, "\n", r.OwnerCredentialID,
+		"\n", r.ServiceInstanceID, "\n", strconv.FormatUint(r.FencingToken, 10),
+		"\n", ms(r.AcquiredAt), "\n", ms(r.RenewedAt), "\n", ms(r.ExpiresAt),
+		"\n", strconv.FormatInt(r.TTLMs, 10), "\n", strconv.FormatInt(r.MaximumLifetimeMs, 10),
+		"\n", r.ExecutionID, "\n", r.JobID, "\n", r.TraceID, "\n", r.RequestID, "\n", string(r.State),
+		"\n", string(meta))
+	v2 := b.String()
+	if back, ok := ExpandEvidence(v2, id); !ok || back != string(v1) {
+		return v1, nil
+	}
+	return []byte(v2), nil
 }
 
 // recordWriter builds version 1 documents from stored facts.

@@ -361,3 +361,39 @@ func openCompact(t *testing.T) *Store {
 	return s
 }
 
+// The library's version 2 evidence and lease.CompactEvidence (which the
+// bolt store writes) are one format: for the same result they are the same
+// bytes, with plain and with adversarial metadata, for an acquire and a
+// release.
+func TestEvidenceV2IsTheGoEncoding(t *testing.T) {
+	s := openCompact(t)
+	for _, meta := range []lease.Metadata{nil, review4Metadata()} {
+		id := newIdentity()
+		acq := acquireReq(id)
+		acq.Metadata = meta
+		a, err := s.Acquire(bg, acq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel := releaseReq(a.Lease)
+		if _, err := s.Release(bg, rel); err != nil {
+			t.Fatal(err)
+		}
+		for _, lk := range []lease.LookupRequest{evLookup(lease.OpAcquire, id, acq.Mutation), evLookup(lease.OpRelease, id, rel.Mutation)} {
+			key, p := review4EvidenceKey(t, s, lk)
+			stored, _ := get(t, s, key)
+			v1, ok := lease.ExpandEvidence(stored, p.Identity)
+			if !strings.HasPrefix(stored, lease.EvidenceV2Prefix) || !ok {
+				t.Fatalf("%s evidence: %q", lk.Op, stored)
+			}
+			e, err := lease.DecodeIdempotencyRecord([]byte(v1))
+			if err != nil {
+				t.Fatal(err)
+			}
+			mine, err := lease.CompactEvidence(e, p.Identity)
+			if err != nil || string(mine) != stored {
+				t.Fatalf("%s evidence: the Go encoding\n%q\nthe library's\n%q (%v)", lk.Op, mine, stored, err)
+			}
+		}
+	}
+}

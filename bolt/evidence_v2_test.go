@@ -1,0 +1,194 @@
+package bolt
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	bbolt "go.etcd.io/bbolt"
+
+	"github.com/starintel/starlease/lease"
+	"github.com/starintel/starlease/lease/leasetest"
+)
+
+// lookups are the lookup requests of l's three mutations.
+func (l leaseLife) lookups(far time.Time) []lease.LookupRequest {
+	lk := func(op lease.Op, id lease.Identity, m lease.Mutation) lease.LookupRequest {
+		return lease.LookupRequest{Op: op, Identity: id, PrincipalID: m.Caller.PrincipalID, RequestID: m.RequestID, DeadlineAt: far}
+	}
+	return []lease.LookupRequest{lk(lease.OpAcquire, l.acqReq.Identity, l.acqReq.Mutation),
+		lk(lease.OpRenew, l.renReq.Identity, l.renReq.Mutation), lk(lease.OpRelease, l.relReq.Identity, l.relReq.Mutation)}
+}
+
+// evidenceOf returns the stored evidence of lk and its key.
+func evidenceOf(t *testing.T, s *Store, lk lease.LookupRequest) ([]byte, []byte, lease.Prepared) {
+	t.Helper()
+	p, err := lease.PrepareLookup(lk, s.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := idemKey(p.LockKey, p.Scope)
+	var v []byte
+	if err := s.db.View(func(tx *bbolt.Tx) error { v = bytes.Clone(tx.Bucket(bucketIdent).Get(k)); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return k, v, p
+}
+
+// lookupsAnswer checks that every lookup of l answers its original result.
+func (l leaseLife) lookupsAnswer(t *testing.T, s *Store, far time.Time) {
+	t.Helper()
+	want := []lease.Result{l.acq, l.ren, l.rel}
+	for i, lk := range l.lookups(far) {
+		got, err := s.LookupRequest(context.Background(), lk)
+		if err != nil || got.Code != want[i].Code || encoded(t, got.Lease) != encoded(t, want[i].Lease) || got.BackendTime != want[i].BackendTime {
+			t.Fatalf("lookup of %s: %+v, %v; want %+v", lk.Op, got, err, want[i])
+		}
+	}
+}
+
+// Schema 4 stores idempotency evidence in version 2, about a third of the
+// bytes, and every replay and lookup answers exactly the original result.
+func TestEvidenceStoredInVersion2(t *testing.T) {
+	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
+	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1})
+	far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	l := live(t, s, c, "compact-1", far)
+	for _, lk := range l.lookups(far) {
+		_, v, p := evidenceOf(t, s, lk)
+		v1, ok := lease.ExpandEvidence(string(v), p.Identity)
+		if !strings.HasPrefix(string(v), lease.EvidenceV2Prefix) || !ok || len(v) > len(v1)/2 {
+			t.Fatalf("%s evidence is not version 2 at under half the bytes of version 1 (%d, %d): %q", lk.Op, len(v), len(v1), v)
+		}
+	}
+	l.replays(t, s)
+	l.lookupsAnswer(t, s, far)
+}
+
+// A schema 3 file holds version 1 evidence: it opens as schema 4 without
+// its evidence being rewritten, and that evidence still answers every
+// replay and lookup exactly.
+func TestSchema3EvidenceStillReplays(t *testing.T) {
+	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
+	path := filepath.Join(t.TempDir(), "starlease.db")
+	o := Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1}
+	s, err := Open(path, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	l := live(t, s, c, "schema3", far)
+	v1s := map[string]string{}
+	for _, lk := range l.lookups(far) {
+		k, v, p := evidenceOf(t, s, lk)
+		v1, ok := lease.ExpandEvidence(string(v), p.Identity)
+		if !ok {
+			t.Fatal("evidence does not expand")
+		}
+		v1s[string(k)] = v1
+	}
+	if err := s.db.Update(func(tx *bbolt.Tx) error {
+		for k, v := range v1s {
+			if err := tx.Bucket(bucketIdent).Put([]byte(k), []byte(v)); err != nil {
+				return err
+			}
+		}
+		return tx.Bucket(bucketMeta).Put(keySchema, []byte(schemaVersionV3))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if s, err = Open(path, o); err != nil {
+		t.Fatalf("a schema 3 file: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if err := s.db.View(func(tx *bbolt.Tx) error {
+		if v := string(tx.Bucket(bucketMeta).Get(keySchema)); v != schemaVersion {
+			t.Errorf("schema %q after open, want %q", v, schemaVersion)
+		}
+		for k, v := range v1s {
+			if got := string(tx.Bucket(bucketIdent).Get([]byte(k))); got != v {
+				t.Errorf("version 1 evidence was rewritten: %q", got)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	l.replays(t, s)
+	l.lookupsAnswer(t, s, far)
+}
+
+// Version 2 evidence that does not rebuild into well-formed evidence (a
+// number spelled otherwise, a line with a quote, a line missing) fails
+// closed: the replay and the lookup answer corrupt, the identity is
+// quarantined, and the evidence is left as it was.
+func TestCorruptVersion2EvidenceFailsClosed(t *testing.T) {
+	for name, edit := range map[string]func(lines []string) []string{
+		"token with a leading zero": func(f []string) []string { f[lease.Ev2Token] = "0" + f[lease.Ev2Token]; return f },
+		"quote in a line":           func(f []string) []string { f[lease.Ev2Job] += `","x":"y`; return f },
+		"line missing":              func(f []string) []string { return append(f[:lease.Ev2Trace], f[lease.Ev2Trace+1:]...) },
+		"metadata not an object":    func(f []string) []string { f[lease.Ev2Metadata] = "[]"; return f },
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
+			s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1})
+			far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+			l := live(t, s, c, "corrupt-ev2", far)
+			lk := l.lookups(far)[0]
+			k, v, p := evidenceOf(t, s, lk)
+			bad := strings.Join(edit(strings.Split(string(v), "\n")), "\n")
+			if err := s.db.Update(func(tx *bbolt.Tx) error { return tx.Bucket(bucketIdent).Put(k, []byte(bad)) }); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Acquire(context.Background(), l.acqReq); code(err) != lease.CodeCorrupt {
+				t.Fatalf("replay: %v, want corrupt", err)
+			}
+			if _, err := s.LookupRequest(context.Background(), lk); code(err) != lease.CodeCorrupt {
+				t.Fatalf("lookup: %v, want corrupt", err)
+			}
+			_, after, _ := evidenceOf(t, s, lk)
+			var quarantined []byte
+			s.db.View(func(tx *bbolt.Tx) error {
+				quarantined = bytes.Clone(tx.Bucket(bucketQuarantine).Get([]byte(p.LockKey)))
+				return nil
+			})
+			if string(after) != bad || quarantined == nil {
+				t.Fatalf("evidence %q (changed: %v), quarantine %q", after, string(after) != bad, quarantined)
+			}
+		})
+	}
+}
+
+// v1Evidence returns stored evidence v of lockKey as version 1 bytes, the
+// tuple of a version 2 one taken from the identity's active record or one
+// of its history entries (as a reader takes it from the request); ok is
+// false if it does not expand, or if no record of the identity is left to
+// take the tuple from (then known is false).
+func v1Evidence(tx *bbolt.Tx, lockKey string, v []byte) (v1 []byte, known, ok bool) {
+	if !bytes.HasPrefix(v, []byte(lease.EvidenceV2Prefix)) {
+		return v, true, true
+	}
+	ident := tx.Bucket(bucketIdent)
+	var id *lease.Identity
+	if r, err := lease.DecodeRecord(ident.Get(activeKey(lockKey))); err == nil {
+		t := r.Identity()
+		id = &t
+	}
+	prefix := historyPrefix(lockKey)
+	c := ident.Cursor()
+	for k, hv := c.Seek(prefix); id == nil && k != nil && bytes.HasPrefix(k, prefix); k, hv = c.Next() {
+		if h, err := lease.DecodeHistoryEntry(hv); err == nil {
+			t := h.Record.Identity()
+			id = &t
+		}
+	}
+	if id == nil {
+		return nil, false, false
+	}
+	s, ok := lease.ExpandEvidence(string(v), *id)
+	return []byte(s), true, ok
+}
