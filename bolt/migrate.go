@@ -18,6 +18,16 @@ var (
 	legacyHistory  = []byte("history")  // lock key ‖ 0 ‖ seq → terminal evidence
 )
 
+// readableSchema reports a schema this build opens: its own, or one that
+// migrate brings to it (so a backup of it restores).
+func readableSchema(v string) bool {
+	switch v {
+	case schemaVersion, schemaVersionV3, schemaVersionV2, schemaVersionV1:
+		return true
+	}
+	return false
+}
+
 // migrate brings a file of an older schema to schemaVersion in the
 // transaction that opens it, all or nothing: a migration that fails
 // leaves the file as it was, and Open fails.

@@ -65,7 +65,7 @@ func (n *Namespace) Restore(_ context.Context, r io.Reader) (h backupfile.Header
 	marker, _ := json.Marshal(lease.RestoreMarker{BackupCreatedAt: h.CreatedAt, BackupSHA256: h.PayloadSHA256, RestoredAt: time.Now().UTC()})
 	err = db.Update(func(tx *bbolt.Tx) error {
 		meta := tx.Bucket(bucketMeta)
-		if v := string(meta.Get(keySchema)); meta == nil || (v != schemaVersion && v != schemaVersionV2 && v != schemaVersionV1) {
+		if meta == nil || !readableSchema(string(meta.Get(keySchema))) {
 			return errSchema
 		}
 		if err := meta.Put(keyGate, []byte(gateRestored)); err != nil {
