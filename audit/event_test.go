@@ -344,3 +344,16 @@ func TestUnmarshalStrict(t *testing.T) {
 		}
 	}
 }
+
+// Event ids made for one millisecond increase in the order they are made.
+func TestEventIDsOfOneMillisecondKeepTheirOrder(t *testing.T) {
+	now := time.Now()
+	prev := NewEventID(now)
+	for i := 0; i < 10000; i++ {
+		id := NewEventID(now)
+		if id <= prev {
+			t.Fatalf("id %d: %s after %s", i, id, prev)
+		}
+		prev = id
+	}
+}
