@@ -68,9 +68,9 @@ func TestEvidenceStoredInVersion2(t *testing.T) {
 	l.lookupsAnswer(t, s, far)
 }
 
-// A schema 3 file holds version 1 evidence: it opens as schema 4 without
-// its evidence being rewritten, and that evidence still answers every
-// replay and lookup exactly.
+// A schema 3 file holds version 1 evidence and history: it opens as
+// schema 4 without them being rewritten, and they still answer every
+// replay, lookup, history read and inspect exactly.
 func TestSchema3EvidenceStillReplays(t *testing.T) {
 	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
 	path := filepath.Join(t.TempDir(), "starlease.db")
@@ -89,6 +89,13 @@ func TestSchema3EvidenceStillReplays(t *testing.T) {
 			t.Fatal("evidence does not expand")
 		}
 		v1s[string(k)] = v1
+	}
+	for k, v := range historyOf(t, s, l) {
+		v1, ok := lease.ExpandHistory(string(v))
+		if !ok {
+			t.Fatal("history does not expand")
+		}
+		v1s[k] = v1
 	}
 	if err := s.db.Update(func(tx *bbolt.Tx) error {
 		for k, v := range v1s {
@@ -111,7 +118,7 @@ func TestSchema3EvidenceStillReplays(t *testing.T) {
 		}
 		for k, v := range v1s {
 			if got := string(tx.Bucket(bucketIdent).Get([]byte(k))); got != v {
-				t.Errorf("version 1 evidence was rewritten: %q", got)
+				t.Errorf("a version 1 entry was rewritten: %q", got)
 			}
 		}
 		return nil
@@ -120,6 +127,7 @@ func TestSchema3EvidenceStillReplays(t *testing.T) {
 	}
 	l.replays(t, s)
 	l.lookupsAnswer(t, s, far)
+	l.endedReads(t, s, far)
 }
 
 // Version 2 evidence that does not rebuild into well-formed evidence (a
@@ -163,6 +171,62 @@ func TestCorruptVersion2EvidenceFailsClosed(t *testing.T) {
 	}
 }
 
+// historyOf returns the stored history entries of l's identity, by key.
+func historyOf(t *testing.T, s *Store, l leaseLife) map[string][]byte {
+	t.Helper()
+	_, _, p := evidenceOf(t, s, l.lookups(time.Now().Add(time.Hour))[0])
+	out := map[string][]byte{}
+	prefix := historyPrefix(p.LockKey)
+	s.db.View(func(tx *bbolt.Tx) error {
+		c := tx.Bucket(bucketIdent).Cursor()
+		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+			out[string(k)] = bytes.Clone(v)
+		}
+		return nil
+	})
+	return out
+}
+
+// endedReads checks that the history and an inspect by lease id of l's
+// lease answer its release exactly.
+func (l leaseLife) endedReads(t *testing.T, s *Store, far time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	h, err := s.History(ctx, lease.HistoryRequest{Identity: l.acqReq.Identity, DeadlineAt: far, Caller: l.acqReq.Caller})
+	if err != nil || len(h.Entries) != 1 {
+		t.Fatalf("history: %+v, %v", h, err)
+	}
+	e := h.Entries[0]
+	if encoded(t, e.Record) != encoded(t, l.rel.Lease) || e.EndedAt != l.rel.BackendTime || e.EndedBy != l.relReq.Caller.PrincipalID ||
+		e.RequestID != l.relReq.RequestID {
+		t.Fatalf("history entry %+v, want the release %+v", e, l.rel)
+	}
+	in, err := s.Inspect(ctx, lease.InspectRequest{LeaseID: l.rel.Lease.LeaseID, DeadlineAt: far, Caller: l.acqReq.Caller})
+	if err != nil || in.Lease == nil || in.Lease.State != lease.StateReleased || in.Lease.FencingToken != l.rel.Lease.FencingToken {
+		t.Fatalf("inspect by lease id: %+v, %v", in, err)
+	}
+}
+
+// Schema 4 stores history entries in version 2, and the history and an
+// inspect by lease id read them back exactly.
+func TestHistoryStoredInVersion2(t *testing.T) {
+	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
+	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1})
+	far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	l := live(t, s, c, "compact-history", far)
+	hist := historyOf(t, s, l)
+	if len(hist) != 1 {
+		t.Fatalf("%d history entries", len(hist))
+	}
+	for _, v := range hist {
+		v1, ok := lease.ExpandHistory(string(v))
+		if !strings.HasPrefix(string(v), lease.HistoryV2Prefix) || !ok || len(v) > len(v1)*3/4 {
+			t.Fatalf("history entry is not version 2 at under three quarters of version 1 (%d, %d): %q", len(v), len(v1), v)
+		}
+	}
+	l.endedReads(t, s, far)
+}
+
 // v1Evidence returns stored evidence v of lockKey as version 1 bytes, the
 // tuple of a version 2 one taken from the identity's active record or one
 // of its history entries (as a reader takes it from the request); ok is
@@ -181,7 +245,7 @@ func v1Evidence(tx *bbolt.Tx, lockKey string, v []byte) (v1 []byte, known, ok bo
 	prefix := historyPrefix(lockKey)
 	c := ident.Cursor()
 	for k, hv := c.Seek(prefix); id == nil && k != nil && bytes.HasPrefix(k, prefix); k, hv = c.Next() {
-		if h, err := lease.DecodeHistoryEntry(hv); err == nil {
+		if h, err := lease.DecodeStoredHistory(hv); err == nil {
 			t := h.Record.Identity()
 			id = &t
 		}

@@ -44,8 +44,8 @@ func migrate(tx *bbolt.Tx, from string) error {
 		}
 		fallthrough
 	case schemaVersionV3:
-		// Version 4 only adds a form of evidence; the version 1 evidence a
-		// file holds stays as it is (readers take both).
+		// Version 4 only adds forms of evidence and history; the version 1
+		// entries a file holds stay as they are (readers take both).
 	default:
 		return errSchema
 	}

@@ -51,12 +51,19 @@ func downgradeToV2(t *testing.T, path string) {
 		}
 		if err := ident.ForEach(func(k, v []byte) error {
 			lockKey, kind, _ := splitIdentKey(k)
-			if kind == kindIdem { // schema 2 builds wrote version 1 evidence
+			switch kind { // schema 2 builds wrote version 1 evidence and history
+			case kindIdem:
 				v1, _, ok := v1Evidence(tx, lockKey, v)
 				if !ok {
 					return fmt.Errorf("evidence of %s does not expand", lockKey)
 				}
 				v = v1
+			case kindHistory:
+				v1, ok := lease.ExpandHistory(string(v))
+				if !ok {
+					return fmt.Errorf("history of %s does not expand", lockKey)
+				}
+				v = []byte(v1)
 			}
 			return legacy[kind].Put(oldKey(k), v)
 		}); err != nil {

@@ -361,7 +361,8 @@ func historyExpKey(endedAt lease.Timestamp, k []byte) []byte {
 // ended says who ended a lease and why.
 type ended struct{ by, requestID, reason, incident string }
 
-// archive moves the active record cur to history in state, at endedAt. The
+// archive moves the active record cur to history in state, at endedAt (the
+// entry in version 2, lease.CompactHistory: schema 4). The
 // caller has matched cur's lease id and token in this transaction, so the
 // removal is conditional on them.
 func (s *Store) archive(tx *bbolt.Tx, cur *lease.Record, state lease.State, endedAt lease.Timestamp, why ended) error {
@@ -369,7 +370,7 @@ func (s *Store) archive(tx *bbolt.Tx, cur *lease.Record, state lease.State, ende
 	final.State = state
 	h := &lease.HistoryEntry{HistoryVersion: lease.HistoryVersion, Record: final, EndedAt: endedAt,
 		EndedBy: why.by, RequestID: why.requestID, Reason: why.reason, IncidentID: why.incident}
-	b, err := h.Encode()
+	b, err := lease.CompactHistory(h)
 	if err != nil {
 		return err
 	}
@@ -425,7 +426,7 @@ func (s *Store) trimHistory(tx *bbolt.Tx, lockKey string) error {
 // forgetHistory deletes one history entry and the lease-id lookup it backs.
 func forgetHistory(tx *bbolt.Tx, k []byte) error {
 	hist := tx.Bucket(bucketIdent)
-	if h, err := lease.DecodeHistoryEntry(hist.Get(k)); err == nil {
+	if h, err := lease.DecodeStoredHistory(hist.Get(k)); err == nil {
 		if err := tx.Bucket(bucketLeases).Delete([]byte(h.Record.LeaseID)); err != nil {
 			return err
 		}
@@ -454,7 +455,7 @@ func findHistory(tx *bbolt.Tx, lockKey, leaseID string) *lease.HistoryEntry {
 	prefix := historyPrefix(lockKey)
 	c := tx.Bucket(bucketIdent).Cursor()
 	for k, v := seekLast(c, prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Prev() {
-		if h := lease.MatchHistory(v, leaseID); h != nil {
+		if h, err := lease.DecodeStoredHistory(v); err == nil && h.Record.LeaseID == leaseID {
 			return h
 		}
 	}

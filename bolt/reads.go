@@ -136,7 +136,7 @@ func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.Hi
 				out.NextPageToken = pg.NextPageToken(strconv.FormatUint(seq, 10))
 				return out, nil
 			}
-			h, err := lease.DecodeHistoryEntry(v)
+			h, err := lease.DecodeStoredHistory(v)
 			if err != nil {
 				s.quarantine(tx, lockKey, pg.Identity, "history entry is corrupt")
 				continue

@@ -34,9 +34,10 @@ import (
 // together in one bucket under its lock key, so a mutation dirties one leaf
 // for them instead of one in each of four buckets. Older files are
 // migrated when they are opened (migrate.go), and a backup of any of them
-// restores. Version 4 writes idempotency evidence in version 2
-// (lease.CompactEvidence), which builds of version 3 cannot read: they
-// refuse the file instead of answering a replay as corrupt.
+// restores. Version 4 writes idempotency evidence and history entries in
+// version 2 (lease.CompactEvidence, lease.CompactHistory), which builds of
+// version 3 cannot read: they refuse the file instead of answering a
+// replay or a history read as corrupt.
 const (
 	schemaVersion   = "4"
 	schemaVersionV3 = "3"

@@ -236,6 +236,58 @@ func ExpandHistory(raw string) (string, bool) {
 	return b.String(), true
 }
 
+// CompactHistory returns h as a stored history entry in version 2. It is
+// version 2 only when ExpandHistory gives back exactly h's version 1
+// encoding from it; anything else is stored in version 1, which every
+// reader also accepts.
+func CompactHistory(h *HistoryEntry) ([]byte, error) {
+	v1, err := h.Encode()
+	if err != nil {
+		return nil, err
+	}
+	r := h.Record
+	meta := []byte("{}")
+	if len(r.Metadata) > 0 {
+		if meta, err = r.Metadata.MarshalJSON(); err != nil {
+			return v1, nil
+		}
+	}
+	var reason []byte
+	if h.Reason != "" {
+		reason = appendStringField(nil, "", h.Reason)
+	}
+	ms := func(t Timestamp) string { return strconv.FormatInt(t.UnixMilli(), 10) }
+	tag, _ := strings.CutPrefix(r.LockKey, KeyPrefix)
+	b := newRecordWriter(len(meta) + len(reason))
+	b.add(HistoryV2Prefix, ms(h.EndedAt), "\n", h.EndedBy, "\n", h.RequestID, "\n", string(reason), "\n", h.IncidentID,
+		"\n", tag, "\n", r.TenantID, "\n", r.ProgramID, "\n", r.TargetNamespace, "\n", r.TargetID, "\n", r.ActorName,
+		"\n", r.WorkflowName, "\n", r.OperationClass, "\n", r.LeaseID, "\n", r.OwnerPrincipalID, "\n", r.OwnerClientID,
+		"\n", r.OwnerCredentialID, "\n", r.ServiceInstanceID, "\n", strconv.FormatUint(r.FencingToken, 10),
+		"\n", ms(r.AcquiredAt), "\n", ms(r.RenewedAt), "\n", ms(r.ExpiresAt),
+		"\n", strconv.FormatInt(r.TTLMs, 10), "\n", strconv.FormatInt(r.MaximumLifetimeMs, 10),
+		"\n", r.ExecutionID, "\n", r.JobID, "\n", r.TraceID, "\n", r.RequestID, "\n", string(r.State),
+		"\n", string(meta))
+	v2 := b.String()
+	if back, ok := ExpandHistory(v2); !ok || back != string(v1) {
+		return v1, nil
+	}
+	return []byte(v2), nil
+}
+
+// DecodeStoredHistory strictly decodes a stored history entry of either
+// version: version 2 is rebuilt (ExpandHistory) and then decoded as
+// version 1; one that cannot be rebuilt is corrupt.
+func DecodeStoredHistory(raw []byte) (*HistoryEntry, error) {
+	if len(raw) < len(HistoryV2Prefix) || string(raw[:len(HistoryV2Prefix)]) != HistoryV2Prefix {
+		return DecodeHistoryEntry(raw)
+	}
+	v1, ok := ExpandHistory(string(raw))
+	if !ok {
+		return nil, corrupt("history: version 2 entry is malformed")
+	}
+	return DecodeHistoryEntry([]byte(v1))
+}
+
 // plainText reports a string written verbatim between JSON quotes that
 // cannot end them or start an escape: no quote, backslash or control byte.
 func plainText(s string) bool {

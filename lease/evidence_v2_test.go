@@ -61,3 +61,63 @@ func TestCompactEvidenceFallsBackOrRefuses(t *testing.T) {
 		t.Fatal("invalid evidence was encoded")
 	}
 }
+
+// CompactHistory writes version 2 whenever it can carry the entry, and
+// DecodeStoredHistory reads back exactly the entry, whatever the reason
+// text and metadata hold; a version 1 entry reads as before.
+func TestCompactHistoryRoundTrip(t *testing.T) {
+	reasons := []string{"", "compromised host", `quote " backslash \ slash / \n \u0000`,
+		`","ended_by":"prn_forged"} hv2 `, "ünïcödé 😀 <b>&amp;</b>"}
+	metas := []Metadata{nil, {"nl": "a\nb", "quote": `"},"state":"active"`, "html": "<&>"}}
+	for _, reason := range reasons {
+		for _, meta := range metas {
+			for _, state := range []State{StateReleased, StateRevoked, StateExpired} {
+				h := validHistory()
+				h.Reason, h.Record.Metadata, h.Record.State = reason, meta, state
+				if reason == "" {
+					h.EndedBy, h.RequestID, h.IncidentID = "", "", ""
+				}
+				v1, err := h.Encode()
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, err := CompactHistory(h)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !strings.HasPrefix(string(b), HistoryV2Prefix) || len(b) >= len(v1)*3/4 {
+					t.Fatalf("reason %q: not version 2 at under three quarters of %d bytes: %q", reason, len(v1), b)
+				}
+				for _, stored := range [][]byte{b, v1} {
+					got, err := DecodeStoredHistory(stored)
+					if err != nil {
+						t.Fatalf("reason %q: %v", reason, err)
+					}
+					if again, _ := got.Encode(); string(again) != string(v1) {
+						t.Fatalf("reason %q: read back\n%s\nwant\n%s", reason, again, v1)
+					}
+				}
+			}
+		}
+	}
+}
+
+// A version 2 entry that does not rebuild is corrupt, not a guess.
+func TestDecodeStoredHistoryFailsClosed(t *testing.T) {
+	b, err := CompactHistory(validHistory())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(string(b), "\n")
+	for name, edit := range map[string]func([]string) []string{
+		"token spelled otherwise": func(f []string) []string { f[Hv2Record+5] = "0" + f[Hv2Record+5]; return f },
+		"reason not JSON":         func(f []string) []string { f[Hv2Reason] = `"open`; return f },
+		"a line missing":          func(f []string) []string { return append(f[:Hv2By:Hv2By], f[Hv2By+1:]...) },
+		"quote in the tuple":      func(f []string) []string { f[Hv2Tuple+3] += `"`; return f },
+	} {
+		bad := strings.Join(edit(append([]string(nil), lines...)), "\n")
+		if _, err := DecodeStoredHistory([]byte(bad)); CodeOf(err) != CodeCorrupt {
+			t.Errorf("%s: %v, want corrupt", name, err)
+		}
+	}
+}

@@ -397,3 +397,42 @@ func TestEvidenceV2IsTheGoEncoding(t *testing.T) {
 		}
 	}
 }
+
+// The library's version 2 history entries and lease.CompactHistory (which
+// the bolt store writes) are one format: for the same entry they are the
+// same bytes, released and revoked with a reason that breaks naive
+// formats, with adversarial metadata.
+func TestHistoryV2IsTheGoEncoding(t *testing.T) {
+	s := openCompact(t)
+	for i, meta := range []lease.Metadata{nil, review4Metadata()} {
+		id := newIdentity()
+		acq := acquireReq(id)
+		acq.Metadata = meta
+		a, err := s.Acquire(bg, acq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			_, err = s.Release(bg, releaseReq(a.Lease))
+		} else {
+			req := adminReq(a.Lease)
+			req.Reason = `quote " backslash \ "},"ended_by":"prn_forged" hv2 ünï`
+			_, err = s.Revoke(bg, req)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		hist := review4History(t, s, tagOf(a.Lease.LockKey))
+		if len(hist) != 1 || !strings.HasPrefix(hist[0], lease.HistoryV2Prefix) {
+			t.Fatalf("history: %q", hist)
+		}
+		h, err := lease.DecodeStoredHistory([]byte(hist[0]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mine, err := lease.CompactHistory(h)
+		if err != nil || string(mine) != hist[0] {
+			t.Fatalf("the Go encoding\n%q\nthe library's\n%q (%v)", mine, hist[0], err)
+		}
+	}
+}

@@ -257,11 +257,7 @@ func (s *Store) currentOf(orig *lease.Record, rep reply, id lease.Identity) (*le
 // and names leaseID.
 func findHistory(entries []string, leaseID string) *lease.HistoryEntry {
 	for _, e := range entries {
-		e, ok := lease.ExpandHistory(e)
-		if !ok {
-			continue // as an entry that fails decoding
-		}
-		if h := lease.MatchHistory([]byte(e), leaseID); h != nil {
+		if h, err := lease.DecodeStoredHistory([]byte(e)); err == nil && h.Record.LeaseID == leaseID {
 			return h
 		}
 	}

@@ -185,11 +185,7 @@ func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.Hi
 	}
 	out := lease.HistoryResult{Entries: []lease.HistoryEntry{}, BackendTime: rep.now}
 	for _, raw := range rep.f {
-		raw, ok := lease.ExpandHistory(raw)
-		h, err := lease.DecodeHistoryEntry([]byte(raw))
-		if !ok {
-			h, err = nil, lease.Errorf(lease.CodeCorrupt, "history entry is malformed")
-		}
+		h, err := lease.DecodeStoredHistory([]byte(raw))
 		if err == nil && h.Record.LockKey != lockKey {
 			err = lease.Errorf(lease.CodeCorrupt, "history entry of a foreign lock key")
 		}
