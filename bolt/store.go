@@ -34,12 +34,14 @@ import (
 // together in one bucket under its lock key, so a mutation dirties one leaf
 // for them instead of one in each of four buckets. Older files are
 // migrated when they are opened (migrate.go), and a backup of any of them
-// restores. Version 4 writes idempotency evidence and history entries in
-// version 2 (lease.CompactEvidence, lease.CompactHistory), which builds of
-// version 3 cannot read: they refuse the file instead of answering a
-// replay or a history read as corrupt.
+// restores. Version 4 writes idempotency evidence in version 2
+// (lease.CompactEvidence) and version 5 history entries too
+// (lease.CompactHistory); a build of an older schema cannot read them, so
+// it refuses the file instead of answering a replay or a history read
+// wrongly.
 const (
-	schemaVersion   = "4"
+	schemaVersion   = "5"
+	schemaVersionV4 = "4"
 	schemaVersionV3 = "3"
 	schemaVersionV2 = "2"
 	schemaVersionV1 = "1"
