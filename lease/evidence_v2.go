@@ -99,28 +99,46 @@ func CompactEvidence(e *IdempotencyRecord, id Identity) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := e.Lease
+	b := newRecordWriter(metadataRoom)
+	b.add(EvidenceV2Prefix, string(e.Op), "\n", e.Digest, "\n", string(e.Code), "\n", msOf(e.BackendTime), "\n",
+		lockKeyTag(e.Lease), "\n")
+	if !b.facts(e.Lease) {
+		return v1, nil
+	}
+	if back, ok := ExpandEvidence(b.String(), id); !ok || back != string(v1) {
+		return v1, nil
+	}
+	return []byte(b.String()), nil
+}
+
+// metadataRoom is what a writer reserves for metadata and reason text.
+const metadataRoom = 512
+
+func msOf(t Timestamp) string { return strconv.FormatInt(t.UnixMilli(), 10) }
+
+func lockKeyTag(r *Record) string {
+	tag, _ := strings.CutPrefix(r.LockKey, KeyPrefix)
+	return tag
+}
+
+// facts writes r's facts from lease_id on, one per line in the order both
+// version 2 forms store them (see record), metadata JSON last; false if
+// the metadata does not encode.
+func (b *recordWriter) facts(r *Record) bool {
 	meta := []byte("{}")
 	if len(r.Metadata) > 0 {
+		var err error
 		if meta, err = r.Metadata.MarshalJSON(); err != nil {
-			return v1, nil
+			return false
 		}
 	}
-	ms := func(t Timestamp) string { return strconv.FormatInt(t.UnixMilli(), 10) }
-	tag, _ := strings.CutPrefix(r.LockKey, KeyPrefix)
-	b := newRecordWriter(len(meta))
-	b.add(EvidenceV2Prefix, string(e.Op), "\n", e.Digest, "\n", string(e.Code), "\n", ms(e.BackendTime), "\n", tag,
-		"\n", r.LeaseID, "\n", r.OwnerPrincipalID, "\n", r.OwnerClientID, "\n", r.OwnerCredentialID,
+	b.add(r.LeaseID, "\n", r.OwnerPrincipalID, "\n", r.OwnerClientID, "\n", r.OwnerCredentialID,
 		"\n", r.ServiceInstanceID, "\n", strconv.FormatUint(r.FencingToken, 10),
-		"\n", ms(r.AcquiredAt), "\n", ms(r.RenewedAt), "\n", ms(r.ExpiresAt),
+		"\n", msOf(r.AcquiredAt), "\n", msOf(r.RenewedAt), "\n", msOf(r.ExpiresAt),
 		"\n", strconv.FormatInt(r.TTLMs, 10), "\n", strconv.FormatInt(r.MaximumLifetimeMs, 10),
 		"\n", r.ExecutionID, "\n", r.JobID, "\n", r.TraceID, "\n", r.RequestID, "\n", string(r.State),
 		"\n", string(meta))
-	v2 := b.String()
-	if back, ok := ExpandEvidence(v2, id); !ok || back != string(v1) {
-		return v1, nil
-	}
-	return []byte(v2), nil
+	return true
 }
 
 // recordWriter builds version 1 documents from stored facts.
@@ -246,32 +264,21 @@ func CompactHistory(h *HistoryEntry) ([]byte, error) {
 		return nil, err
 	}
 	r := h.Record
-	meta := []byte("{}")
-	if len(r.Metadata) > 0 {
-		if meta, err = r.Metadata.MarshalJSON(); err != nil {
-			return v1, nil
-		}
-	}
 	var reason []byte
 	if h.Reason != "" {
 		reason = appendStringField(nil, "", h.Reason)
 	}
-	ms := func(t Timestamp) string { return strconv.FormatInt(t.UnixMilli(), 10) }
-	tag, _ := strings.CutPrefix(r.LockKey, KeyPrefix)
-	b := newRecordWriter(len(meta) + len(reason))
-	b.add(HistoryV2Prefix, ms(h.EndedAt), "\n", h.EndedBy, "\n", h.RequestID, "\n", string(reason), "\n", h.IncidentID,
-		"\n", tag, "\n", r.TenantID, "\n", r.ProgramID, "\n", r.TargetNamespace, "\n", r.TargetID, "\n", r.ActorName,
-		"\n", r.WorkflowName, "\n", r.OperationClass, "\n", r.LeaseID, "\n", r.OwnerPrincipalID, "\n", r.OwnerClientID,
-		"\n", r.OwnerCredentialID, "\n", r.ServiceInstanceID, "\n", strconv.FormatUint(r.FencingToken, 10),
-		"\n", ms(r.AcquiredAt), "\n", ms(r.RenewedAt), "\n", ms(r.ExpiresAt),
-		"\n", strconv.FormatInt(r.TTLMs, 10), "\n", strconv.FormatInt(r.MaximumLifetimeMs, 10),
-		"\n", r.ExecutionID, "\n", r.JobID, "\n", r.TraceID, "\n", r.RequestID, "\n", string(r.State),
-		"\n", string(meta))
-	v2 := b.String()
-	if back, ok := ExpandHistory(v2); !ok || back != string(v1) {
+	b := newRecordWriter(metadataRoom)
+	b.add(HistoryV2Prefix, msOf(h.EndedAt), "\n", h.EndedBy, "\n", h.RequestID, "\n", string(reason), "\n", h.IncidentID,
+		"\n", lockKeyTag(r), "\n", r.TenantID, "\n", r.ProgramID, "\n", r.TargetNamespace, "\n", r.TargetID, "\n", r.ActorName,
+		"\n", r.WorkflowName, "\n", r.OperationClass, "\n")
+	if !b.facts(r) {
 		return v1, nil
 	}
-	return []byte(v2), nil
+	if back, ok := ExpandHistory(b.String()); !ok || back != string(v1) {
+		return v1, nil
+	}
+	return []byte(b.String()), nil
 }
 
 // DecodeStoredHistory strictly decodes a stored history entry of either
