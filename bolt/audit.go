@@ -99,7 +99,10 @@ func OpenAudit(path string, o AuditOptions) (*AuditSink, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: time.Second})
+	// A new file gets PageSize pages: at 4 KiB a split must leave at
+	// least two events on each side, so with events of ~800 bytes every
+	// leaf held two and the file was 0.41 full.
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: time.Second, PageSize: PageSize})
 	if err != nil {
 		return nil, fmt.Errorf("audit: open %s: %w", path, err)
 	}
@@ -113,7 +116,7 @@ func OpenAudit(path string, o AuditOptions) (*AuditSink, error) {
 		db.Close()
 		return nil, fmt.Errorf("audit: initialize %s: %w", path, err)
 	}
-	return &AuditSink{db: db, group: groupCommit{db: db, queue: groupcommit.Queue[*groupCall]{Max: maxGroupCommit}}, path: path, opts: o}, nil
+	return &AuditSink{db: db, group: groupCommit{db: db, fills: auditFills, queue: groupcommit.Queue[*groupCall]{Max: maxGroupCommit}}, path: path, opts: o}, nil
 }
 
 // ErrDuplicateAuditEvent is returned when an event id is already stored.

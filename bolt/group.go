@@ -25,6 +25,9 @@ type groupCommit struct {
 	// store forgets the time the transaction registered; see readTx).
 	rolledBack func()
 
+	// fills are applied at the start of each transaction.
+	fills []bucketFill
+
 	// queue batches the calls; its Max bounds the calls of one
 	// transaction, so one commit's pages and every caller's latency stay
 	// bounded under a flood.
@@ -100,7 +103,10 @@ func (g *groupCommit) run(fn func(*bbolt.Tx) error) (err error) {
 			g.rolledBack()
 		}
 	}()
-	return g.db.Update(fn)
+	return g.db.Update(func(tx *bbolt.Tx) error {
+		setFills(tx, g.fills)
+		return fn(tx)
+	})
 }
 
 func safely(fn func(*bbolt.Tx) error, tx *bbolt.Tx) (err error) {

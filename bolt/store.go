@@ -139,7 +139,7 @@ func Open(path string, o Options) (*Store, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
-	s.group = groupCommit{db: db, queue: groupcommit.Queue[*groupCall]{Max: maxGroupCommit}, rolledBack: s.forgetPending}
+	s.group = groupCommit{db: db, fills: storeFills, queue: groupcommit.Queue[*groupCall]{Max: maxGroupCommit}, rolledBack: s.forgetPending}
 	if err := db.Update(func(tx *bbolt.Tx) error {
 		for _, b := range allBuckets {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
@@ -246,7 +246,10 @@ func (s *Store) mutate(ctx context.Context, fn func(tx *bbolt.Tx) error) error {
 	}
 	var err error
 	if s.soloCommits {
-		err = s.db.Update(fn)
+		err = s.db.Update(func(tx *bbolt.Tx) error {
+			setFills(tx, storeFills)
+			return fn(tx)
+		})
 	} else {
 		err = s.group.update(fn)
 	}
