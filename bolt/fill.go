@@ -10,18 +10,19 @@ type bucketFill struct {
 }
 
 // storeFills are the store's buckets whose keys arrive in nearly
-// increasing order: times (backend time is monotonic), sequences, or a
-// few such streams (the List index, by owner and program). At bbolt's
-// default of one half, a node split by appending stays half empty for
-// good (measured 0.50 fill in each of these), so they are split full, or
-// at nine tenths where keys also land in the middle (expiry times of
-// leases of different TTLs, the index's targets, dead letters of older
-// entries). Not the ident bucket (random lock keys) nor leases, whose
-// values grow in place when a lease ends: a full node splits again on
-// each such update (measured 0.21 fill).
+// increasing order: times (backend time is monotonic), sequences, lease
+// ids (a time prefix), or a few such streams (the List index, by owner
+// and program). At bbolt's default of one half, a node split by appending
+// stays half empty for good (measured 0.50 fill in each of these), so
+// they are split full, or at nine tenths where keys also land in the
+// middle (expiry times of leases of different TTLs, the index's targets,
+// dead letters of older entries). The leases bucket splits at eight
+// tenths: its values grow by about a tenth in place when a lease ends,
+// and a node split full then splits again on each such update (measured
+// 0.21 fill). Not the ident bucket: random lock keys.
 var storeFills = []bucketFill{
 	{bucketIdemExp, 1}, {bucketCommitExp, 1}, {bucketHistoryExp, 1}, {bucketOutbox, 1},
-	{bucketActiveExp, 0.9}, {bucketIndex, 0.9}, {bucketOutboxDead, 0.9},
+	{bucketActiveExp, 0.9}, {bucketIndex, 0.9}, {bucketOutboxDead, 0.9}, {bucketLeases, 0.8},
 }
 
 // auditFills: audit event ids increase in the order events are made.
