@@ -83,7 +83,29 @@ func (ts Timestamp) Add(d time.Duration) Timestamp { return At(ts.t.Add(d)) }
 // Before reports ts < o.
 func (ts Timestamp) Before(o Timestamp) bool { return ts.t.Before(o.t) }
 
-func (ts Timestamp) String() string { return ts.t.Format(timestampLayout) }
+func (ts Timestamp) String() string {
+	var buf [len(timestampLayout)]byte
+	return string(appendTimestamp(buf[:0], ts.t))
+}
+
+// appendTimestamp appends t in timestampLayout exactly as
+// t.AppendFormat(b, timestampLayout) does, without interpreting the
+// layout on every call (every record, evidence and history encoding
+// formats three or four times); a year outside 0..9999 goes to
+// AppendFormat.
+func appendTimestamp(b []byte, t time.Time) []byte {
+	year, month, day := t.Date()
+	if year < 0 || year > 9999 {
+		return t.AppendFormat(b, timestampLayout)
+	}
+	hour, minute, sec := t.Clock()
+	ms := t.Nanosecond() / int(time.Millisecond)
+	b = append(b, byte('0'+year/1000), byte('0'+year/100%10), byte('0'+year/10%10), byte('0'+year%10), '-',
+		byte('0'+int(month)/10), byte('0'+int(month)%10), '-', byte('0'+day/10), byte('0'+day%10), 'T',
+		byte('0'+hour/10), byte('0'+hour%10), ':', byte('0'+minute/10), byte('0'+minute%10), ':',
+		byte('0'+sec/10), byte('0'+sec%10), '.', byte('0'+ms/100), byte('0'+ms/10%10), byte('0'+ms%10))
+	return append(b, 'Z')
+}
 
 // MarshalJSON writes the contract's timestamp form.
 func (ts Timestamp) MarshalJSON() ([]byte, error) {

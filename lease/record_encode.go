@@ -116,7 +116,7 @@ func appendTimestampField(b []byte, name string, ts Timestamp) ([]byte, error) {
 	}
 	b = append(b, name...)
 	b = append(b, '"')
-	b = ts.t.AppendFormat(b, timestampLayout)
+	b = appendTimestamp(b, ts.t)
 	return append(b, '"'), nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math/rand"
 	"reflect"
 	"strings"
 	"testing"
@@ -512,5 +513,25 @@ func TestCheckOpaqueID(t *testing.T) {
 	// Opaque ids keep case.
 	if CheckOpaqueID("x", "ABC") != nil {
 		t.Fatal("uppercase opaque id rejected")
+	}
+}
+
+// appendTimestamp writes exactly what time.Time.AppendFormat writes for
+// the timestamp layout, across years, zones and sub-millisecond parts.
+func TestAppendTimestampMatchesAppendFormat(t *testing.T) {
+	r := rand.New(rand.NewSource(5))
+	zones := []*time.Location{time.UTC, time.FixedZone("east", 14*3600), time.FixedZone("west", -12*3600-1800)}
+	edges := []time.Time{time.Unix(0, 0), time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(-1, 12, 31, 23, 59, 59, 999999999, time.UTC),
+		time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC), time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC), {}}
+	for i := 0; i < 200000; i++ {
+		var tm time.Time
+		if i < len(edges) {
+			tm = edges[i]
+		} else {
+			tm = time.Unix(r.Int63n(500_000_000_000)-200_000_000_000, r.Int63n(1e9)).In(zones[r.Intn(len(zones))])
+		}
+		if got, want := string(appendTimestamp([]byte("x"), tm)), string(tm.AppendFormat([]byte("x"), timestampLayout)); got != want {
+			t.Fatalf("%v: %q, want %q", tm, got, want)
+		}
 	}
 }
