@@ -266,7 +266,7 @@ func findHistory(entries []string, leaseID string) *lease.HistoryEntry {
 
 // decodeRecord strictly decodes a record read under lockKey.
 func (s *Store) decodeRecord(raw []byte, lockKey string) (*lease.Record, error) {
-	rec, err := s.records.decode(raw)
+	rec, err := s.records.Decode(raw)
 	if err != nil {
 		return nil, err
 	}

@@ -98,7 +98,7 @@ type Store struct {
 	// backupHook, if set (tests only), runs once a backup has closed the
 	// gate, before it reads.
 	backupHook func()
-	records    recordMemo
+	records    *lease.RecordMemo
 	// compact: the namespace stores evidence and history in version 2
 	// (format.go).
 	compact atomic.Bool
@@ -147,6 +147,7 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	}
 	s := &Store{
 		opts: o.StoreOptions.WithDefaults(), keys: layout{ns: ns}, lib: newLibrary("", librarySource),
+		records:      lease.NewRecordMemo(lease.DecodeRecord),
 		allowUnknown: o.AllowUnverifiedDurability,
 		replyGrace:   orDefault(o.ReplyGrace, 2*time.Second),
 		reclaimGrace: orDefault(o.ReclaimGrace, 24*time.Hour),
