@@ -132,7 +132,7 @@ func BenchmarkReapBacklog(b *testing.B) {
 		var left int
 		_ = s.db.View(func(tx *bbolt.Tx) error {
 			return eachOfKind(tx, kindActive, func(_ string, _, v []byte) error {
-				if r, err := lease.DecodeRecord(v); err == nil && !r.LiveAt(lease.At(s.now())) {
+				if r, err := lease.DecodeStoredRecord(v); err == nil && !r.LiveAt(lease.At(s.now())) {
 					left++
 				}
 				return nil

@@ -76,7 +76,7 @@ func (c *Closed) State(ctx context.Context) (lease.RestoredState, error) {
 			return err
 		}
 		return eachOfKind(tx, kindActive, func(lockKey string, _, v []byte) error {
-			rec, err := lease.DecodeRecord(v)
+			rec, err := lease.DecodeStoredRecord(v)
 			if err != nil || rec.LockKey != lockKey {
 				return lease.Errorf(lease.CodeCorrupt, "a restored active record is corrupt")
 			}
@@ -132,7 +132,7 @@ func (c *Closed) Finish(ctx context.Context, plan lease.RecoveryPlan) (lease.Rec
 		}
 		var active []*lease.Record
 		if err := eachOfKind(tx, kindActive, func(lockKey string, _, v []byte) error {
-			rec, err := lease.DecodeRecord(v)
+			rec, err := lease.DecodeStoredRecord(v)
 			if err != nil || rec.LockKey != lockKey {
 				return lease.Errorf(lease.CodeCorrupt, "a restored active record is corrupt")
 			}

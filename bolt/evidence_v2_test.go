@@ -238,7 +238,7 @@ func v1Evidence(tx *bbolt.Tx, lockKey string, v []byte) (v1 []byte, known, ok bo
 	}
 	ident := tx.Bucket(bucketIdent)
 	var id *lease.Identity
-	if r, err := lease.DecodeRecord(ident.Get(activeKey(lockKey))); err == nil {
+	if r, err := lease.DecodeStoredRecord(ident.Get(activeKey(lockKey))); err == nil {
 		t := r.Identity()
 		id = &t
 	}

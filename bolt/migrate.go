@@ -22,7 +22,7 @@ var (
 // migrate brings to it (so a backup of it restores).
 func readableSchema(v string) bool {
 	switch v {
-	case schemaVersion, schemaVersionV4, schemaVersionV3, schemaVersionV2, schemaVersionV1:
+	case schemaVersion, schemaVersionV5, schemaVersionV4, schemaVersionV3, schemaVersionV2, schemaVersionV1:
 		return true
 	}
 	return false
@@ -43,10 +43,10 @@ func migrate(tx *bbolt.Tx, from string) error {
 			return err
 		}
 		fallthrough
-	case schemaVersionV3, schemaVersionV4:
-		// Versions 4 and 5 only add forms of evidence and history; the
-		// version 1 entries a file holds stay as they are (readers take
-		// both).
+	case schemaVersionV3, schemaVersionV4, schemaVersionV5:
+		// Versions 4 to 6 only add forms of evidence, history and active
+		// records; the version 1 values a file holds stay as they are
+		// (readers take both).
 	default:
 		return errSchema
 	}

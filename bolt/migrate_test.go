@@ -51,7 +51,13 @@ func downgradeToV2(t *testing.T, path string) {
 		}
 		if err := ident.ForEach(func(k, v []byte) error {
 			lockKey, kind, _ := splitIdentKey(k)
-			switch kind { // schema 2 builds wrote version 1 evidence and history
+			switch kind { // schema 2 builds wrote version 1 records, evidence and history
+			case kindActive:
+				v1, ok := lease.ExpandRecord(string(v))
+				if !ok {
+					return fmt.Errorf("active record of %s does not expand", lockKey)
+				}
+				v = []byte(v1)
 			case kindIdem:
 				v1, _, ok := v1Evidence(tx, lockKey, v)
 				if !ok {

@@ -302,13 +302,21 @@ func storedEvidence(tx *bbolt.Tx, p lease.Prepared) (v []byte, ok bool) {
 }
 
 // loadActive strictly decodes the active record of lockKey; nil if none. A
-// record that fails decoding is quarantined and reported corrupt.
+// record that fails decoding is quarantined and reported corrupt. Reads
+// go through the memo (a record is read again and again between writes);
+// a write transaction decodes directly: the bytes it reads were mostly
+// written by the last mutation of the lease and never read, so the memo
+// would only add a copy to each.
 func (s *Store) loadActive(tx *bbolt.Tx, lockKey string) (*lease.Record, error) {
 	v := tx.Bucket(bucketIdent).Get(activeKey(lockKey))
 	if v == nil {
 		return nil, nil
 	}
-	rec, err := lease.DecodeRecord(v)
+	decode := lease.DecodeStoredRecord
+	if !tx.Writable() {
+		decode = s.records.Decode
+	}
+	rec, err := decode(v)
 	if err == nil && rec.LockKey != lockKey {
 		err = lease.Errorf(lease.CodeCorrupt, "record: stored under a foreign lock key")
 	}
@@ -327,10 +335,11 @@ func (s *Store) quarantine(tx *bbolt.Tx, lockKey string, id lease.Identity, reas
 	return lease.CorruptState(s.log, id, reason)
 }
 
-// putActive writes rec as the active record and its expiry index entry,
-// replacing prev's (nil for a new lease).
+// putActive writes rec as the active record (in version 2,
+// lease.CompactRecord: schema 6) and its expiry index entry, replacing
+// prev's (nil for a new lease).
 func (s *Store) putActive(tx *bbolt.Tx, rec, prev *lease.Record) error {
-	b, err := rec.Encode()
+	b, err := lease.CompactRecord(rec)
 	if err != nil {
 		return err
 	}

@@ -69,7 +69,7 @@ func (s *Store) expireSlice(tx *bbolt.Tx) (int, error) {
 		if v == nil {
 			continue
 		}
-		cur, err := lease.DecodeRecord(v)
+		cur, err := lease.DecodeStoredRecord(v)
 		if err != nil || cur.LockKey != string(lockKey) || cur.LiveAt(lease.UnixMilli(now)) {
 			continue
 		}

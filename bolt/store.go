@@ -36,11 +36,13 @@ import (
 // migrated when they are opened (migrate.go), and a backup of any of them
 // restores. Version 4 writes idempotency evidence in version 2
 // (lease.CompactEvidence) and version 5 history entries too
-// (lease.CompactHistory); a build of an older schema cannot read them, so
-// it refuses the file instead of answering a replay or a history read
-// wrongly.
+// (lease.CompactHistory), version 6 active records too
+// (lease.CompactRecord); a build of an older schema cannot read them, so
+// it refuses the file instead of answering a replay, a history read or a
+// lease wrongly.
 const (
-	schemaVersion   = "5"
+	schemaVersion   = "6"
+	schemaVersionV5 = "5"
 	schemaVersionV4 = "4"
 	schemaVersionV3 = "3"
 	schemaVersionV2 = "2"
@@ -100,6 +102,9 @@ type Store struct {
 	closed atomic.Bool
 	// soloCommits disables group commit (benchmarks measure what it buys).
 	soloCommits bool
+	// records decodes active records (either stored version), rereads of
+	// the same bytes from memory.
+	records *lease.RecordMemo
 
 	// Backend time. tmu orders time readings with transactions: lastMs
 	// keeps the process clock monotone; pendingTx and pendingMs are the id
@@ -134,7 +139,8 @@ func Open(path string, o Options) (*Store, error) {
 	if err != nil {
 		return nil, lease.Errorf(lease.CodeBackendUnavailable, "cannot open the store file: %s", classify(err))
 	}
-	s := &Store{db: db, opts: o.StoreOptions.WithDefaults(), now: o.Now, stop: make(chan struct{})}
+	s := &Store{db: db, opts: o.StoreOptions.WithDefaults(), now: o.Now, stop: make(chan struct{}),
+		records: lease.NewRecordMemo(lease.DecodeStoredRecord)}
 	s.log = s.opts.Logger
 	if s.now == nil {
 		s.now = time.Now

@@ -215,28 +215,22 @@ func ExpandHistory(raw string) (string, bool) {
 	if len(f) != Hv2Lines {
 		return "", false
 	}
-	for i := Hv2Ended; i < Hv2Lines-1; i++ {
-		if i != Hv2Reason && !plainText(f[i]) {
+	for _, i := range []int{Hv2Ended, Hv2By, Hv2Request, Hv2Incident} {
+		if !plainText(f[i]) {
 			return "", false
 		}
 	}
-	rec := f[Hv2Record:]
-	for _, v := range []string{f[Hv2Ended], rec[5], rec[6], rec[7], rec[8], rec[9], rec[10]} {
-		if !digits(v) {
-			return "", false
-		}
-	}
-	meta, reason := rec[16], f[Hv2Reason]
-	if !strings.HasPrefix(meta, "{") || !json.Valid([]byte(meta)) {
+	if !digits(f[Hv2Ended]) || !recordLinesOK(f[Hv2Tag:]) {
 		return "", false
 	}
 	// The reason is a JSON string (which may hold escaped quotes).
+	reason := f[Hv2Reason]
 	if reason != "" && (!strings.HasPrefix(reason, `"`) || !json.Valid([]byte(reason))) {
 		return "", false
 	}
-	b := newRecordWriter(len(meta) + len(reason))
+	b := newRecordWriter(len(f[Hv2Lines-1]) + len(reason))
 	b.add(`{"history_version":1,"record":`)
-	b.record(f[Hv2Tag], [7]string(f[Hv2Tuple:Hv2Tuple+7]), rec)
+	b.record(f[Hv2Tag], [7]string(f[Hv2Tuple:Hv2Tuple+7]), f[Hv2Record:])
 	b.add(`,"ended_at":"`, msText(f[Hv2Ended]), `"`)
 	if v := f[Hv2By]; v != "" {
 		b.add(`,"ended_by":"`, v, `"`)
@@ -269,10 +263,8 @@ func CompactHistory(h *HistoryEntry) ([]byte, error) {
 		reason = appendStringField(nil, "", h.Reason)
 	}
 	b := newRecordWriter(metadataRoom)
-	b.add(HistoryV2Prefix, msOf(h.EndedAt), "\n", h.EndedBy, "\n", h.RequestID, "\n", string(reason), "\n", h.IncidentID,
-		"\n", lockKeyTag(r), "\n", r.TenantID, "\n", r.ProgramID, "\n", r.TargetNamespace, "\n", r.TargetID, "\n", r.ActorName,
-		"\n", r.WorkflowName, "\n", r.OperationClass, "\n")
-	if !b.facts(r) {
+	b.add(HistoryV2Prefix, msOf(h.EndedAt), "\n", h.EndedBy, "\n", h.RequestID, "\n", string(reason), "\n", h.IncidentID, "\n")
+	if !b.identified(r) {
 		return v1, nil
 	}
 	if back, ok := ExpandHistory(b.String()); !ok || back != string(v1) {
@@ -293,6 +285,100 @@ func DecodeStoredHistory(raw []byte) (*HistoryEntry, error) {
 		return nil, corrupt("history: version 2 entry is malformed")
 	}
 	return DecodeHistoryEntry([]byte(v1))
+}
+
+// recordLinesOK checks the lines of a record in version 2 (a history
+// entry's from Hv2Tag, a record's from Rv2Tag): hash tag, tuple and facts
+// plain text, its numbers decimal digits, metadata (the last) one JSON
+// object.
+func recordLinesOK(f []string) bool {
+	for _, v := range f[:len(f)-1] {
+		if !plainText(v) {
+			return false
+		}
+	}
+	rec := f[1+7:]
+	for _, v := range rec[5:11] {
+		if !digits(v) {
+			return false
+		}
+	}
+	meta := rec[16]
+	return strings.HasPrefix(meta, "{") && json.Valid([]byte(meta))
+}
+
+// identified writes r's hash tag, tuple and facts, one per line, as both
+// history version 2 and record version 2 store them; false if the
+// metadata does not encode.
+func (b *recordWriter) identified(r *Record) bool {
+	b.add(lockKeyTag(r), "\n", r.TenantID, "\n", r.ProgramID, "\n", r.TargetNamespace, "\n", r.TargetID, "\n", r.ActorName,
+		"\n", r.WorkflowName, "\n", r.OperationClass, "\n")
+	return b.facts(r)
+}
+
+// Active records are stored (by bolt, from schema 6) in version 1 (the
+// record's JSON, Record.Encode) or version 2 ("rv2"): the hash tag, the
+// tuple's seven components and the record's facts one per line, as a
+// history entry of version 2 holds them without its ending lines; about
+// half the bytes. Readers take both (DecodeStoredRecord).
+const RecordV2Prefix = "rv2\n"
+
+// Record version 2 line numbers (0 is the version).
+const (
+	Rv2Tag    = 1 + iota
+	Rv2Tuple                 // 7 lines
+	Rv2Record = Rv2Tuple + 7 // 17 lines, metadata last
+	Rv2Lines  = Rv2Record + 17
+)
+
+// ExpandRecord returns a stored record as version 1 bytes: version 1 as it
+// is, version 2 rebuilt (ok false if it cannot be; see ExpandEvidence).
+// Strict decoding of the result is the caller's.
+func ExpandRecord(raw string) (string, bool) {
+	if !strings.HasPrefix(raw, RecordV2Prefix) {
+		return raw, true
+	}
+	f := strings.SplitN(raw, "\n", Rv2Lines)
+	if len(f) != Rv2Lines || !recordLinesOK(f[Rv2Tag:]) {
+		return "", false
+	}
+	b := newRecordWriter(len(f[Rv2Lines-1]))
+	b.record(f[Rv2Tag], [7]string(f[Rv2Tuple:Rv2Tuple+7]), f[Rv2Record:])
+	return b.String(), true
+}
+
+// CompactRecord returns r as a stored record in version 2. It is version
+// 2 only when ExpandRecord gives back exactly r's version 1 encoding from
+// it; anything else is stored in version 1, which every reader also
+// accepts.
+func CompactRecord(r *Record) ([]byte, error) {
+	v1, err := r.Encode()
+	if err != nil {
+		return nil, err
+	}
+	b := newRecordWriter(metadataRoom)
+	b.add(RecordV2Prefix)
+	if !b.identified(r) {
+		return v1, nil
+	}
+	if back, ok := ExpandRecord(b.String()); !ok || back != string(v1) {
+		return v1, nil
+	}
+	return []byte(b.String()), nil
+}
+
+// DecodeStoredRecord strictly decodes a stored record of either version:
+// version 2 is rebuilt (ExpandRecord) and then decoded as version 1; one
+// that cannot be rebuilt is corrupt.
+func DecodeStoredRecord(raw []byte) (*Record, error) {
+	if len(raw) < len(RecordV2Prefix) || string(raw[:len(RecordV2Prefix)]) != RecordV2Prefix {
+		return DecodeRecord(raw)
+	}
+	v1, ok := ExpandRecord(string(raw))
+	if !ok {
+		return nil, corrupt("record: version 2 is malformed")
+	}
+	return DecodeRecord([]byte(v1))
 }
 
 // plainText reports a string written verbatim between JSON quotes that

@@ -49,3 +49,20 @@ func TestRecordMemo(t *testing.T) {
 	}
 }
 
+// A memo answers with its own decoder only: one of DecodeRecord refuses a
+// version 2 record (the Valkey adapter stores version 1 alone), one of
+// DecodeStoredRecord reads it.
+func TestRecordMemoKeepsItsDecoder(t *testing.T) {
+	rec := validRecord()
+	v2, err := CompactRecord(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewRecordMemo(DecodeRecord).Decode(v2); CodeOf(err) != CodeCorrupt {
+		t.Fatalf("version 1 memo: %v, want corrupt", err)
+	}
+	got, err := NewRecordMemo(DecodeStoredRecord).Decode(v2)
+	if err != nil || got.LeaseID != rec.LeaseID {
+		t.Fatalf("stored-record memo: %v", err)
+	}
+}
