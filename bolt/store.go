@@ -102,8 +102,9 @@ type Store struct {
 	closed atomic.Bool
 	// soloCommits disables group commit (benchmarks measure what it buys).
 	soloCommits bool
-	// records decodes active records (either stored version), rereads of
-	// the same bytes from memory.
+	// records decodes the active records read-only transactions read (of
+	// either stored version), answering rereads of the same bytes from
+	// memory.
 	records *lease.RecordMemo
 
 	// Backend time. tmu orders time readings with transactions: lastMs
