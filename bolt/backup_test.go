@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,5 +105,31 @@ func TestMalformedCounterFloorFailsClosed(t *testing.T) {
 	defer s.Close()
 	if _, err := s.Acquire(context.Background(), acquireReq("req-1", time.Minute, time.Now().Add(time.Minute))); code(err) != lease.CodeCorrupt {
 		t.Fatalf("acquire with a malformed floor: %v", err)
+	}
+}
+
+// A backup of a store file of a schema this build does not know is
+// refused for what it is, and nothing is restored (the error said
+// "cannot close the restored snapshot").
+func TestRestoreRefusesAnUnknownSchema(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src.db")
+	s, err := Open(src, Options{ReapInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.db.Update(func(tx *bbolt.Tx) error { return tx.Bucket(bucketMeta).Put(keySchema, []byte("7")) }); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	target := filepath.Join(dir, "restored.db")
+	_, err = NewNamespace(target, Options{}).Restore(context.Background(), bytes.NewReader(rhBackup(t, src, time.Now())))
+	if !errors.Is(err, errSchema) || !strings.Contains(err.Error(), "unsupported schema version") || strings.Contains(err.Error(), "close") {
+		t.Fatalf("restore of a schema 7 backup: %v", err)
+	}
+	for _, p := range []string{target, target + ".restoring"} {
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s exists after a refused restore: %v", p, err)
+		}
 	}
 }

@@ -73,11 +73,14 @@ func (n *Namespace) Restore(_ context.Context, r io.Reader) (h backupfile.Header
 		}
 		return meta.Put(keyRestored, marker)
 	})
-	if cerr := db.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return backupfile.Header{}, fmt.Errorf("cannot close the restored snapshot: %w", err)
+	cerr := db.Close()
+	switch {
+	case errors.Is(err, errSchema):
+		return backupfile.Header{}, fmt.Errorf("the backup's store file has an unsupported schema version: %w", err)
+	case err != nil:
+		return backupfile.Header{}, fmt.Errorf("cannot mark the restored snapshot: %w", err)
+	case cerr != nil:
+		return backupfile.Header{}, fmt.Errorf("cannot close the restored snapshot: %w", cerr)
 	}
 	// The file takes the store's place only once closed: a crash before
 	// leaves no store at path, never an open one.
