@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"bytes"
 	"encoding/json"
 	"strconv"
 	"strings"
@@ -105,10 +106,32 @@ func CompactEvidence(e *IdempotencyRecord, id Identity) ([]byte, error) {
 	if !b.facts(e.Lease) {
 		return v1, nil
 	}
-	if back, ok := ExpandEvidence(b.String(), id); !ok || back != string(v1) {
-		return v1, nil
+	return b.orVersion1(v1, func(v2 string) (string, bool) { return ExpandEvidence(v2, id) }), nil
+}
+
+// orVersion1 returns the version 2 value b holds when expand gives back
+// exactly v1 from it, and v1 otherwise: what every compact writer stores.
+func (b *recordWriter) orVersion1(v1 []byte, expand func(string) (string, bool)) []byte {
+	if back, ok := expand(b.String()); !ok || back != string(v1) {
+		return v1
 	}
-	return []byte(b.String()), nil
+	return []byte(b.String())
+}
+
+// decodeEitherVersion strictly decodes a stored value of either version: one
+// starting with prefix (version 2) is rebuilt by expand and then decoded
+// as version 1; one that cannot be rebuilt is corrupt (why).
+func decodeEitherVersion[T any](raw []byte, prefix string, expand func(string) (string, bool), decode func([]byte) (T, error),
+	why string) (T, error) {
+	if !bytes.HasPrefix(raw, []byte(prefix)) {
+		return decode(raw)
+	}
+	v1, ok := expand(string(raw))
+	if !ok {
+		var zero T
+		return zero, corrupt(why)
+	}
+	return decode([]byte(v1))
 }
 
 // metadataRoom is what a writer reserves for metadata and reason text.
@@ -267,24 +290,14 @@ func CompactHistory(h *HistoryEntry) ([]byte, error) {
 	if !b.identified(r) {
 		return v1, nil
 	}
-	if back, ok := ExpandHistory(b.String()); !ok || back != string(v1) {
-		return v1, nil
-	}
-	return []byte(b.String()), nil
+	return b.orVersion1(v1, ExpandHistory), nil
 }
 
 // DecodeStoredHistory strictly decodes a stored history entry of either
 // version: version 2 is rebuilt (ExpandHistory) and then decoded as
 // version 1; one that cannot be rebuilt is corrupt.
 func DecodeStoredHistory(raw []byte) (*HistoryEntry, error) {
-	if len(raw) < len(HistoryV2Prefix) || string(raw[:len(HistoryV2Prefix)]) != HistoryV2Prefix {
-		return DecodeHistoryEntry(raw)
-	}
-	v1, ok := ExpandHistory(string(raw))
-	if !ok {
-		return nil, corrupt("history: version 2 entry is malformed")
-	}
-	return DecodeHistoryEntry([]byte(v1))
+	return decodeEitherVersion(raw, HistoryV2Prefix, ExpandHistory, DecodeHistoryEntry, "history: version 2 entry is malformed")
 }
 
 // recordLinesOK checks the lines of a record in version 2 (a history
@@ -297,7 +310,7 @@ func recordLinesOK(f []string) bool {
 			return false
 		}
 	}
-	rec := f[1+7:]
+	rec := f[Rv2Record-Rv2Tag:] // the facts, after the tag and the tuple
 	for _, v := range rec[5:11] {
 		if !digits(v) {
 			return false
@@ -361,24 +374,14 @@ func CompactRecord(r *Record) ([]byte, error) {
 	if !b.identified(r) {
 		return v1, nil
 	}
-	if back, ok := ExpandRecord(b.String()); !ok || back != string(v1) {
-		return v1, nil
-	}
-	return []byte(b.String()), nil
+	return b.orVersion1(v1, ExpandRecord), nil
 }
 
 // DecodeStoredRecord strictly decodes a stored record of either version:
 // version 2 is rebuilt (ExpandRecord) and then decoded as version 1; one
 // that cannot be rebuilt is corrupt.
 func DecodeStoredRecord(raw []byte) (*Record, error) {
-	if len(raw) < len(RecordV2Prefix) || string(raw[:len(RecordV2Prefix)]) != RecordV2Prefix {
-		return DecodeRecord(raw)
-	}
-	v1, ok := ExpandRecord(string(raw))
-	if !ok {
-		return nil, corrupt("record: version 2 is malformed")
-	}
-	return DecodeRecord([]byte(v1))
+	return decodeEitherVersion(raw, RecordV2Prefix, ExpandRecord, DecodeRecord, "record: version 2 is malformed")
 }
 
 // plainText reports a string written verbatim between JSON quotes that
