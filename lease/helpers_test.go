@@ -1,12 +1,14 @@
 package lease
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 // Fixed instants of the contract example: 2026-08-05T12:00:00.000Z and friends.
@@ -148,4 +150,34 @@ func normMeta(r *Record) *Record {
 		c.Metadata = Metadata{}
 	}
 	return c
+}
+
+// spellings checks stored values of one version 2 form against their
+// reader: each is refused as corrupt, or decodes to a value whose compact
+// form gives back exactly those (valid UTF-8) bytes, so no second
+// spelling of a value is ever accepted. It counts both outcomes.
+type spellings[T any] struct {
+	decode            func([]byte) (T, error)
+	compact           func(T) ([]byte, error)
+	accepted, refused int
+}
+
+func (c *spellings[T]) check(t *testing.T, m []byte) {
+	t.Helper()
+	v, err := c.decode(m)
+	if err != nil {
+		if CodeOf(err) != CodeCorrupt {
+			t.Fatalf("%q: %v, want corrupt", m, err)
+		}
+		c.refused++
+		return
+	}
+	c.accepted++
+	again, cerr := c.compact(v)
+	if cerr != nil || !bytes.Equal(again, m) {
+		t.Fatalf("a second spelling is accepted:\nstored    %q\ncanonical %q (%v)", m, again, cerr)
+	}
+	if !utf8.Valid(m) {
+		t.Fatalf("invalid UTF-8 accepted: %q", m)
+	}
 }

@@ -6,7 +6,6 @@ import (
 	"math/rand"
 	"strings"
 	"testing"
-	"unicode/utf8"
 )
 
 // Random records, hostile metadata and identities included, through
@@ -86,31 +85,16 @@ func TestDecodeStoredRecordFailsClosed(t *testing.T) {
 		}
 		seeds = append(seeds, b)
 	}
-	var accepted, refused int
+	c := spellings[*Record]{decode: DecodeStoredRecord, compact: CompactRecord}
 	for _, seed := range seeds {
 		muts := rhMutations(seed, r)
 		muts = append(muts, []byte("rv2"), []byte("rv2\n"), []byte("RV2\n"+string(seed[4:])), []byte("rv2\r\n"+string(seed[4:])))
 		for _, m := range muts {
-			rec, err := DecodeStoredRecord(m)
-			if err != nil {
-				if CodeOf(err) != CodeCorrupt {
-					t.Fatalf("%q: %v, want corrupt", m, err)
-				}
-				refused++
-				continue
-			}
-			accepted++
-			again, cerr := CompactRecord(rec)
-			if cerr != nil || !bytes.Equal(again, m) {
-				t.Fatalf("a second spelling is accepted:\nstored %q\ncanonical %q (%v)", m, again, cerr)
-			}
-			if !utf8.Valid(m) {
-				t.Fatalf("invalid UTF-8 accepted: %q", m)
-			}
+			c.check(t, m)
 		}
 	}
-	t.Logf("%d mutations accepted (each canonical), %d refused", accepted, refused)
-	if refused == 0 {
+	t.Logf("%d mutations accepted (each canonical), %d refused", c.accepted, c.refused)
+	if c.refused == 0 {
 		t.Fatal("no mutation was refused")
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"reflect"
 	"strings"
 	"testing"
-	"unicode/utf8"
 )
 
 // rhAlphabet are the pieces hostile reasons are built of: quotes,
@@ -226,28 +225,13 @@ func rhSeeds(t *testing.T) [][]byte {
 // was guessed. Everything else is a corrupt error.
 func TestReviewHistCorruptEntriesFailClosed(t *testing.T) {
 	r := rand.New(rand.NewSource(7))
-	var accepted, refused int
+	c := spellings[*HistoryEntry]{decode: DecodeStoredHistory, compact: CompactHistory}
 	for _, seed := range rhSeeds(t) {
 		for _, m := range rhMutations(seed, r) {
-			h, err := DecodeStoredHistory(m)
-			if err != nil {
-				if CodeOf(err) != CodeCorrupt {
-					t.Fatalf("%q: %v, want corrupt", m, err)
-				}
-				refused++
-				continue
-			}
-			accepted++
-			again, cerr := CompactHistory(h)
-			if cerr != nil || !bytes.Equal(again, m) {
-				t.Fatalf("a second spelling is accepted:\nstored %q\ncanonical %q (%v)", m, again, cerr)
-			}
-			if !utf8.Valid(m) {
-				t.Fatalf("invalid UTF-8 accepted: %q", m)
-			}
+			c.check(t, m)
 		}
 	}
-	t.Logf("%d mutations accepted (each canonical), %d refused", accepted, refused)
+	t.Logf("%d mutations accepted (each canonical), %d refused", c.accepted, c.refused)
 }
 
 // oldValkeyHistory is the Valkey adapter's History reading of one entry

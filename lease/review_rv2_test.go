@@ -448,22 +448,8 @@ func rvSeeds(t *testing.T, r *rand.Rand) [][]byte {
 
 func TestReviewRv2CorruptRecordsFailClosedOrCanonical(t *testing.T) {
 	r := rand.New(rand.NewSource(31337))
-	var accepted, refused int
-	check := func(m []byte) {
-		rec, err := DecodeStoredRecord(m)
-		if err != nil {
-			if CodeOf(err) != CodeCorrupt {
-				t.Fatalf("%q: %v, want corrupt", m, err)
-			}
-			refused++
-			return
-		}
-		accepted++
-		again, cerr := CompactRecord(rec)
-		if cerr != nil || !bytes.Equal(again, m) {
-			t.Fatalf("a second spelling is accepted:\nstored    %q\ncanonical %q (%v)", m, again, cerr)
-		}
-	}
+	c := spellings[*Record]{decode: DecodeStoredRecord, compact: CompactRecord}
+	check := func(m []byte) { c.check(t, m) }
 	seeds := rvSeeds(t, r)
 	for si, seed := range seeds {
 		for _, m := range rhMutations(seed, r) {
@@ -490,7 +476,7 @@ func TestReviewRv2CorruptRecordsFailClosedOrCanonical(t *testing.T) {
 			check(seed[:i])
 		}
 	}
-	t.Logf("%d accepted (each canonical), %d refused", accepted, refused)
+	t.Logf("%d accepted (each canonical), %d refused", c.accepted, c.refused)
 }
 
 // Lines of another identity's rv2 record spliced in: with only the tag, only
