@@ -79,9 +79,7 @@ func TestAppendOrderedBucketsSplitFull(t *testing.T) {
 	wantFills(t, s.db, "after the acquisitions", bucketFill{bucketIdemExp, 0.9}, bucketFill{bucketActiveExp, 0.8},
 		bucketFill{bucketIndex, 0.75}, bucketFill{bucketLeases, 0.7})
 	for i, l := range held {
-		if _, err := s.Release(ctx, lease.ReleaseRequest{Identity: l.Identity(), LeaseID: l.LeaseID, FencingToken: l.FencingToken,
-			ServiceInstanceID: l.ServiceInstanceID, Mutation: lease.Mutation{RequestID: fmt.Sprintf("rel-%d", i),
-				DeadlineAt: time.Now().Add(time.Minute), Caller: lease.Caller{PrincipalID: l.OwnerPrincipalID}}}); err != nil {
+		if _, err := s.Release(ctx, releaseOf(l, fmt.Sprintf("rel-%d", i), time.Now().Add(time.Minute))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -129,10 +127,7 @@ func TestHistoryExpBehindTheHeadStaysFull(t *testing.T) {
 			t.Fatal(err)
 		}
 		if prev != nil {
-			if _, err := s.Release(ctx, lease.ReleaseRequest{Identity: prev.Identity(), LeaseID: prev.LeaseID,
-				FencingToken: prev.FencingToken, ServiceInstanceID: prev.ServiceInstanceID,
-				Mutation: lease.Mutation{RequestID: fmt.Sprintf("rel-%d", i), DeadlineAt: far,
-					Caller: lease.Caller{PrincipalID: prev.OwnerPrincipalID}}}); err != nil {
+			if _, err := s.Release(ctx, releaseOf(prev, fmt.Sprintf("rel-%d", i), far)); err != nil {
 				t.Fatal(err)
 			}
 		}

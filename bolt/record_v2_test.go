@@ -27,6 +27,12 @@ func storedActive(t *testing.T, s *Store, rec *lease.Record) []byte {
 	return v
 }
 
+// releaseOf is the owner's release of r, request id, by deadline.
+func releaseOf(r *lease.Record, id string, deadline time.Time) lease.ReleaseRequest {
+	return lease.ReleaseRequest{Identity: r.Identity(), LeaseID: r.LeaseID, FencingToken: r.FencingToken,
+		ServiceInstanceID: r.ServiceInstanceID, Mutation: lease.Mutation{RequestID: id, DeadlineAt: deadline, Caller: callerOfRecord(r)}}
+}
+
 func renewOf(r *lease.Record, id string, far time.Time) lease.RenewRequest {
 	return lease.RenewRequest{Identity: r.Identity(), LeaseID: r.LeaseID, FencingToken: r.FencingToken, TTL: 2 * time.Minute,
 		ServiceInstanceID: r.ServiceInstanceID, Mutation: lease.Mutation{RequestID: id, DeadlineAt: far, Caller: callerOfRecord(r)}}
@@ -115,9 +121,7 @@ func TestActiveRecordsInVersion2AndVersion1StillRead(t *testing.T) {
 		}
 	}
 	for _, r := range []*lease.Record{a, ren.Lease} {
-		rel, err := s.Release(ctx, lease.ReleaseRequest{Identity: r.Identity(), LeaseID: r.LeaseID, FencingToken: r.FencingToken,
-			ServiceInstanceID: r.ServiceInstanceID, Mutation: lease.Mutation{RequestID: "rel-" + r.TargetID, DeadlineAt: far,
-				Caller: callerOfRecord(r)}})
+		rel, err := s.Release(ctx, releaseOf(r, "rel-"+r.TargetID, far))
 		if err != nil || rel.Lease.State != lease.StateReleased || rel.Lease.FencingToken != r.FencingToken {
 			t.Fatalf("release %s: %+v, %v", r.TargetID, rel.Lease, err)
 		}
