@@ -103,7 +103,7 @@ func TestSchema3EvidenceStillReplays(t *testing.T) {
 				return err
 			}
 		}
-		return tx.Bucket(bucketMeta).Put(keySchema, []byte(schemaVersionV3))
+		return asSchema(tx, schemaVersionV3)
 	}); err != nil {
 		t.Fatal(err)
 	}

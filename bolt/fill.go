@@ -24,7 +24,7 @@ type bucketFill struct {
 // whose entries the reaper writes at the expiry time, up to a reap
 // interval back, splits at three quarters (review measured 0.33 fill at
 // 1, 0.74 at 0.75, 0.73 at the default). The leases bucket splits at
-// eight tenths: its values grow by about a tenth in place when a lease
+// eight tenths: its entries grow by about a seventh in place when a lease
 // ends, and a node split full then splits again on each such update
 // (measured 0.21 fill). Not the ident bucket: random lock keys.
 //

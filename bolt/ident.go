@@ -1,41 +1,85 @@
 package bolt
 
 import (
-	"bytes"
+	"crypto/sha256"
+	"encoding/base64"
+	"strings"
 
 	bbolt "go.etcd.io/bbolt"
+
+	"github.com/starintel/starlease/lease"
 )
 
 // The ident bucket holds every per-identity fact a lease mutation touches,
-// keyed lock key ‖ 0 ‖ kind ‖ rest. Lock keys are one fixed-length form
-// without a 0 byte (lease.CheckLockKey), so an identity's facts sort
+// keyed packed lock key ‖ kind ‖ rest, so an identity's facts sort
 // together and one mutation rewrites one leaf for all of them: the store
 // is bound by the pages each group commit writes, and the schema 2 layout
 // (one bucket per kind, each keyed by a hash) dirtied four leaves per
 // mutation for what is here one.
+//
+// Since schema 7 a lock key is stored packed: the 32 bytes of the SHA-256
+// its text carries (lease.KeyPrefix and base64url of them), so the text's
+// 69 bytes do not repeat in every key of the identity and every index
+// entry naming it. Packed keys have one length, so no separator follows.
 const (
 	kindActive  = 'a' // → the active record
 	kindCounter = 'c' // → uint64 fencing counter, never deleted
 	kindHistory = 'h' // ‖ seq (uint64) → terminal evidence
-	kindIdem    = 'i' // ‖ idempotency scope → evidence
+	kindIdem    = 'i' // ‖ packed idempotency scope → evidence
 )
 
-func identKey(lockKey string, kind byte, rest string) []byte {
-	k := make([]byte, 0, len(lockKey)+2+len(rest)+8)
-	k = append(k, lockKey...)
-	k = append(k, 0, kind)
-	return append(k, rest...)
+const packedLen = sha256.Size
+
+// packDigest is the 32 bytes whose unpadded base64url is text. Lock keys
+// (lease.CheckLockKey) and idempotency scopes (lease.IdempotencyScope)
+// always are such text; any other text packs to its own SHA-256, which
+// no stored key has without a SHA-256 collision, so it finds nothing.
+func packDigest(text string) []byte {
+	if b, ok := digestOfText(text); ok {
+		return b
+	}
+	sum := sha256.Sum256([]byte(text))
+	return sum[:]
 }
 
-func activeKey(lockKey string) []byte { return identKey(lockKey, kindActive, "") }
+// digestOfText decodes text, the unpadded base64url of 32 bytes; ok is
+// false for any other text.
+func digestOfText(text string) (b []byte, ok bool) {
+	if len(text) != base64.RawURLEncoding.EncodedLen(packedLen) {
+		return nil, false
+	}
+	b = make([]byte, packedLen, packedLen+9) // room for a kind and a sequence
+	n, err := base64.RawURLEncoding.Strict().Decode(b, []byte(text))
+	return b, err == nil && n == packedLen
+}
 
-func counterKey(lockKey string) []byte { return identKey(lockKey, kindCounter, "") }
+// packLockKey is lockKey's packed form.
+func packLockKey(lockKey string) []byte {
+	d, ok := strings.CutPrefix(lockKey, lease.KeyPrefix)
+	if !ok {
+		d = lockKey + "\x00" // not a lock key: packs to a digest of no lock key's text
+	}
+	return packDigest(d)
+}
 
-func idemKey(lockKey, scope string) []byte { return identKey(lockKey, kindIdem, scope) }
+// unpackLockKey is the text of a packed lock key.
+func unpackLockKey(packed []byte) string {
+	return lease.KeyPrefix + base64.RawURLEncoding.EncodeToString(packed)
+}
+
+func identKey(lockKey string, kind byte, rest []byte) []byte {
+	return append(append(packLockKey(lockKey), kind), rest...)
+}
+
+func activeKey(lockKey string) []byte { return identKey(lockKey, kindActive, nil) }
+
+func counterKey(lockKey string) []byte { return identKey(lockKey, kindCounter, nil) }
+
+func idemKey(lockKey, scope string) []byte { return identKey(lockKey, kindIdem, packDigest(scope)) }
 
 // historyPrefix precedes the sequence number of each of lockKey's history
 // entries.
-func historyPrefix(lockKey string) []byte { return identKey(lockKey, kindHistory, "") }
+func historyPrefix(lockKey string) []byte { return identKey(lockKey, kindHistory, nil) }
 
 func historyKey(lockKey string, seq uint64) []byte {
 	return append(historyPrefix(lockKey), u64(seq)...)
@@ -44,15 +88,14 @@ func historyKey(lockKey string, seq uint64) []byte {
 // splitIdentKey returns the lock key and kind of an ident key; ok is false
 // for a key of no known shape.
 func splitIdentKey(k []byte) (lockKey string, kind byte, ok bool) {
-	i := bytes.IndexByte(k, 0)
-	if i <= 0 || i+1 >= len(k) {
+	if len(k) <= packedLen {
 		return "", 0, false
 	}
-	return string(k[:i]), k[i+1], true
+	return unpackLockKey(k[:packedLen]), k[packedLen], true
 }
 
 // eachOfKind calls fn with the lock key and value of every ident entry of
-// kind, in lock key order. It reads the whole bucket: for recovery and
+// kind, in packed lock key order. It reads the whole bucket: for recovery and
 // backups, not for requests.
 func eachOfKind(tx *bbolt.Tx, kind byte, fn func(lockKey string, k, v []byte) error) error {
 	return tx.Bucket(bucketIdent).ForEach(func(k, v []byte) error {

@@ -22,7 +22,7 @@ var (
 // migrate brings to it (so a backup of it restores).
 func readableSchema(v string) bool {
 	switch v {
-	case schemaVersion, schemaVersionV5, schemaVersionV4, schemaVersionV3, schemaVersionV2, schemaVersionV1:
+	case schemaVersion, schemaVersionV6, schemaVersionV5, schemaVersionV4, schemaVersionV3, schemaVersionV2, schemaVersionV1:
 		return true
 	}
 	return false
@@ -47,6 +47,11 @@ func migrate(tx *bbolt.Tx, from string) error {
 		// Versions 4 to 6 only add forms of evidence, history and active
 		// records; the version 1 values a file holds stay as they are
 		// (readers take both).
+		fallthrough
+	case schemaVersionV6:
+		if err := migrateV6(tx); err != nil {
+			return err
+		}
 	default:
 		return errSchema
 	}
@@ -59,7 +64,7 @@ func migrateV1(tx *bbolt.Tx) error {
 	aexp, hexp := tx.Bucket(bucketActiveExp), tx.Bucket(bucketHistoryExp)
 	if err := forEachIn(tx, legacyActive, func(k, v []byte) error {
 		if rec, err := lease.DecodeRecord(v); err == nil && rec.LockKey == string(k) {
-			return aexp.Put(activeExpKey(rec), nil)
+			return aexp.Put(append(u64(uint64(max(rec.ExpiresAt.UnixMilli(), 0))), rec.LockKey...), nil)
 		}
 		return nil // corrupt: never reaped, as before
 	}); err != nil {
@@ -73,7 +78,8 @@ func migrateV1(tx *bbolt.Tx) error {
 	})
 }
 
-// migrateV2 moves the per-kind buckets into bucketIdent and rewrites the
+// migrateV2 moves the per-kind buckets into bucketIdent (in the schema 6
+// layout, which migrateV6 then packs) and rewrites the
 // time indexes that name their keys. Values move byte for byte, corrupt
 // ones included (they stay quarantined where they are read). Evidence is
 // placed under the lock key of the lease it holds; evidence that does not
@@ -81,10 +87,10 @@ func migrateV1(tx *bbolt.Tx) error {
 // lose it (a retry of its request would run again).
 func migrateV2(tx *bbolt.Tx) error {
 	ident := tx.Bucket(bucketIdent)
-	if err := forEachIn(tx, legacyActive, func(k, v []byte) error { return ident.Put(activeKey(string(k)), v) }); err != nil {
+	if err := forEachIn(tx, legacyActive, func(k, v []byte) error { return ident.Put(v6IdentKey(string(k), kindActive, ""), v) }); err != nil {
 		return err
 	}
-	if err := forEachIn(tx, legacyCounters, func(k, v []byte) error { return ident.Put(counterKey(string(k)), v) }); err != nil {
+	if err := forEachIn(tx, legacyCounters, func(k, v []byte) error { return ident.Put(v6IdentKey(string(k), kindCounter, ""), v) }); err != nil {
 		return err
 	}
 	if err := forEachIn(tx, legacyHistory, func(k, v []byte) error {
@@ -92,7 +98,7 @@ func migrateV2(tx *bbolt.Tx) error {
 		if !ok {
 			return lease.Errorf(lease.CodeCorrupt, "cannot migrate the store file: a history key is malformed")
 		}
-		return ident.Put(historyKey(lockKey, seq), v)
+		return ident.Put(v6IdentKey(lockKey, kindHistory, string(u64(seq))), v)
 	}); err != nil {
 		return err
 	}
@@ -105,7 +111,7 @@ func migrateV2(tx *bbolt.Tx) error {
 	}
 	if err := rewriteIndex(tx.Bucket(bucketHistoryExp), func(old []byte) []byte {
 		if lockKey, seq, ok := splitLegacyHistoryKey(old); ok {
-			return historyKey(lockKey, seq)
+			return v6IdentKey(lockKey, kindHistory, string(u64(seq)))
 		}
 		return nil
 	}); err != nil {
@@ -117,7 +123,7 @@ func migrateV2(tx *bbolt.Tx) error {
 		if err != nil {
 			return lease.Errorf(lease.CodeCorrupt, "cannot migrate the store file: idempotency evidence is corrupt")
 		}
-		nk := idemKey(ev.Lease.LockKey, string(k))
+		nk := v6IdentKey(ev.Lease.LockKey, kindIdem, string(k))
 		placed[string(k)] = nk
 		return ident.Put(nk, v)
 	}); err != nil {
@@ -157,24 +163,102 @@ func splitLegacyHistoryKey(k []byte) (string, uint64, bool) {
 // rewriteIndex replaces every entry ms ‖ key of a time index with ms ‖
 // to(key); an entry to answers nil for is dropped (it names nothing).
 func rewriteIndex(index *bbolt.Bucket, to func(key []byte) []byte) error {
-	var old [][]byte
-	if err := index.ForEach(func(k, _ []byte) error { old = append(old, bytes.Clone(k)); return nil }); err != nil {
+	return rewriteBucket(index, func(k, _ []byte) ([]byte, []byte, error) {
+		if len(k) < 8 {
+			return nil, nil, nil
+		}
+		if nk := to(k[8:]); nk != nil {
+			return append(bytes.Clone(k[:8]), nk...), nil, nil
+		}
+		return nil, nil, nil
+	})
+}
+
+// rewriteBucket replaces every entry k → v of b with to(k, v), or drops
+// it when to answers a nil key; an error of to fails the rewrite.
+func rewriteBucket(b *bbolt.Bucket, to func(k, v []byte) ([]byte, []byte, error)) error {
+	type entry struct{ k, v []byte }
+	var old []entry
+	if err := b.ForEach(func(k, v []byte) error { old = append(old, entry{bytes.Clone(k), bytes.Clone(v)}); return nil }); err != nil {
 		return err
 	}
-	for _, k := range old {
-		if err := index.Delete(k); err != nil {
+	for _, e := range old {
+		if err := b.Delete(e.k); err != nil {
 			return err
 		}
 	}
-	for _, k := range old {
-		if len(k) < 8 {
-			continue
+	for _, e := range old {
+		nk, nv, err := to(e.k, e.v)
+		if err != nil {
+			return err
 		}
-		if nk := to(k[8:]); nk != nil {
-			if err := index.Put(append(bytes.Clone(k[:8]), nk...), nil); err != nil {
+		if nk != nil {
+			if err := b.Put(nk, nv); err != nil {
 				return err
 			}
 		}
 	}
 	return nil
+}
+
+// The schema 6 layout, which migrations up to it write and migrateV6
+// packs: lock keys and idempotency scopes as text, a 0 after the lock key.
+func v6IdentKey(lockKey string, kind byte, rest string) []byte {
+	return append(append([]byte(lockKey), 0, kind), rest...)
+}
+
+// migrateV6 packs the lock keys and scopes of the schema 6 layout (see
+// ident.go): in ident keys and the time indexes that name them, the
+// active-expiry index and the lease-id lookups; List index entries lose
+// their copy of the lock key, which the lookup of their lease id holds.
+// A key of no schema 6 shape refuses the file: nothing writes one, and
+// one moved wrongly would lose an identity's facts.
+func migrateV6(tx *bbolt.Tx) error {
+	malformed := lease.Errorf(lease.CodeCorrupt, "cannot migrate the store file: a key is not of schema 6")
+	pack := func(old []byte) ([]byte, bool) {
+		i := bytes.IndexByte(old, 0)
+		if i <= 0 || i+1 >= len(old) || lease.CheckLockKey(string(old[:i])) != nil {
+			return nil, false
+		}
+		lockKey, kind, rest := string(old[:i]), old[i+1], old[i+2:]
+		switch {
+		case kind == kindIdem:
+			scope, ok := digestOfText(string(rest))
+			return identKey(lockKey, kind, scope), ok
+		case kind == kindHistory && len(rest) == 8, (kind == kindActive || kind == kindCounter) && len(rest) == 0:
+			return identKey(lockKey, kind, rest), true
+		}
+		return nil, false
+	}
+	if err := rewriteBucket(tx.Bucket(bucketIdent), func(k, v []byte) ([]byte, []byte, error) {
+		if nk, ok := pack(k); ok {
+			return nk, v, nil
+		}
+		return nil, nil, malformed
+	}); err != nil {
+		return err
+	}
+	for _, b := range [][]byte{bucketIdemExp, bucketHistoryExp} {
+		if err := rewriteIndex(tx.Bucket(b), func(old []byte) []byte { nk, _ := pack(old); return nk }); err != nil {
+			return err
+		}
+	}
+	if err := rewriteIndex(tx.Bucket(bucketActiveExp), func(lockKey []byte) []byte {
+		if lease.CheckLockKey(string(lockKey)) != nil {
+			return nil
+		}
+		return packLockKey(string(lockKey))
+	}); err != nil {
+		return err
+	}
+	if err := rewriteBucket(tx.Bucket(bucketLeases), func(k, v []byte) ([]byte, []byte, error) {
+		i := bytes.IndexByte(v, 0)
+		if i <= 0 || lease.CheckLockKey(string(v[:i])) != nil {
+			return nil, nil, malformed
+		}
+		return k, append(packLockKey(string(v[:i])), v[i+1:]...), nil
+	}); err != nil {
+		return err
+	}
+	return rewriteBucket(tx.Bucket(bucketIndex), func(k, _ []byte) ([]byte, []byte, error) { return k, nil, nil })
 }

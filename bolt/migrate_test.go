@@ -3,6 +3,7 @@ package bolt
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -37,15 +38,18 @@ func downgradeToV2(t *testing.T, path string) {
 			}
 			legacy[kind] = b
 		}
+		if err := unpackLookups(tx); err != nil {
+			return err
+		}
 		ident := tx.Bucket(bucketIdent)
 		oldKey := func(k []byte) []byte {
 			lockKey, kind, _ := splitIdentKey(k)
-			rest := k[len(lockKey)+2:]
+			rest := k[packedLen+1:]
 			switch kind {
 			case kindHistory:
 				return append(join(lockKey, ""), rest...)
 			case kindIdem:
-				return bytes.Clone(rest)
+				return []byte(base64.RawURLEncoding.EncodeToString(rest))
 			}
 			return []byte(lockKey)
 		}

@@ -56,7 +56,7 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Re
 			return lease.Result{}, err
 		}
 		for _, k := range indexKeys(rec) {
-			if err := tx.Bucket(bucketIndex).Put(k, []byte(p.LockKey)); err != nil {
+			if err := tx.Bucket(bucketIndex).Put(k, nil); err != nil {
 				return lease.Result{}, err
 			}
 		}
@@ -358,7 +358,7 @@ func (s *Store) putActive(tx *bbolt.Tx, rec, prev *lease.Record) error {
 // activeExpKey is the reaper's index entry of an active record, ordered by
 // expires_at.
 func activeExpKey(rec *lease.Record) []byte {
-	return append(u64(uint64(max(rec.ExpiresAt.UnixMilli(), 0))), rec.LockKey...)
+	return append(u64(uint64(max(rec.ExpiresAt.UnixMilli(), 0))), packLockKey(rec.LockKey)...)
 }
 
 // historyExpKey is the retention index entry of history entry k, ordered
@@ -471,9 +471,20 @@ func findHistory(tx *bbolt.Tx, lockKey, leaseID string) *lease.HistoryEntry {
 	return nil
 }
 
-// putLeaseState records where a lease id lives and its state.
+// putLeaseState records where a lease id lives and its state: packed lock
+// key ‖ state ‖ 0 ‖ ended ms.
 func putLeaseState(tx *bbolt.Tx, leaseID, lockKey string, state lease.State, endedMs int64) error {
-	return tx.Bucket(bucketLeases).Put([]byte(leaseID), join(lockKey, string(state), strconv.FormatInt(endedMs, 10)))
+	return tx.Bucket(bucketLeases).Put([]byte(leaseID), append(packLockKey(lockKey), join(string(state), strconv.FormatInt(endedMs, 10))...))
+}
+
+// leaseLockKey is the lock key of leaseID's identity; ok is false if the
+// store has no lookup for it, or only a malformed one.
+func leaseLockKey(tx *bbolt.Tx, leaseID string) (lockKey string, ok bool) {
+	v := tx.Bucket(bucketLeases).Get([]byte(leaseID))
+	if len(v) <= packedLen {
+		return "", false
+	}
+	return unpackLockKey(v[:packedLen]), true
 }
 
 // indexKeys are the List index entries of an active record.

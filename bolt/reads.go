@@ -41,11 +41,10 @@ func (s *Store) Inspect(ctx context.Context, req lease.InspectRequest) (lease.Re
 		res := lease.Result{Code: lease.CodeInspected, BackendTime: now}
 		key := lockKey
 		if req.LeaseID != "" {
-			v := tx.Bucket(bucketLeases).Get([]byte(req.LeaseID))
-			if v == nil {
+			var ok bool
+			if key, ok = leaseLockKey(tx, req.LeaseID); !ok {
 				return res, lease.NotFound(now)
 			}
-			key = string(v[:bytes.IndexByte(v, 0)])
 		}
 		cur, err := s.loadActive(tx, key)
 		switch {
@@ -78,23 +77,27 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 		out := lease.ListResult{Leases: []*lease.Record{}, BackendTime: now}
 		prefix := append(join(string(f.By), f.Value), 0)
 		c := tx.Bucket(bucketIndex).Cursor()
-		k, v := c.Seek(prefix)
+		k, _ := c.Seek(prefix)
 		if after != "" {
-			k, v = c.Seek(append(bytes.Clone(prefix), after...))
+			k, _ = c.Seek(append(bytes.Clone(prefix), after...))
 			if k != nil && string(k[len(prefix):]) == after {
-				k, v = c.Next()
+				k, _ = c.Next()
 			}
 		}
 		budget := 4*size + 64
 		last := ""
-		for ; k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+		for ; k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
 			if len(out.Leases) == size || budget == 0 {
 				out.NextPageToken = pg.NextPageToken(last)
 				return out, nil
 			}
 			budget--
 			last = string(k[len(prefix):])
-			rec, err := s.loadActive(tx, string(v))
+			lockKey, ok := leaseLockKey(tx, last)
+			if !ok {
+				continue // no lookup (ended and retired): not listed
+			}
+			rec, err := s.loadActive(tx, lockKey)
 			if err != nil || rec == nil || rec.LeaseID != last || !rec.LiveAt(now) {
 				continue // corrupt (already alerted), ended or expired: not listed
 			}

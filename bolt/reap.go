@@ -59,18 +59,21 @@ func (s *Store) expireSlice(tx *bbolt.Tx) (int, error) {
 	now := s.clock(tx).UnixMilli()
 	due := dueKeys(tx.Bucket(bucketActiveExp), now)
 	for _, k := range due {
-		lockKey := k[8:]
 		// The entry goes whatever the record says: a live or corrupt
 		// record (or none) under it is not this entry's lease any more.
 		if err := tx.Bucket(bucketActiveExp).Delete(k); err != nil {
 			return 0, err
 		}
-		v := tx.Bucket(bucketIdent).Get(activeKey(string(lockKey)))
+		if len(k) != 8+packedLen {
+			continue
+		}
+		lockKey := unpackLockKey(k[8:])
+		v := tx.Bucket(bucketIdent).Get(activeKey(lockKey))
 		if v == nil {
 			continue
 		}
 		cur, err := lease.DecodeStoredRecord(v)
-		if err != nil || cur.LockKey != string(lockKey) || cur.LiveAt(lease.UnixMilli(now)) {
+		if err != nil || cur.LockKey != lockKey || cur.LiveAt(lease.UnixMilli(now)) {
 			continue
 		}
 		if !bytes.Equal(activeExpKey(cur), k) {

@@ -76,7 +76,7 @@ func TestActiveRecordsInVersion2AndVersion1StillRead(t *testing.T) {
 		if err := tx.Bucket(bucketIdent).Put(activeKey(b.LockKey), []byte(encoded(t, b))); err != nil {
 			return err
 		}
-		return tx.Bucket(bucketMeta).Put(keySchema, []byte(schemaVersionV5))
+		return asSchema(tx, schemaVersionV5)
 	}); err != nil {
 		t.Fatal(err)
 	}

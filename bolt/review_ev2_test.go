@@ -45,7 +45,7 @@ func schema3File(t *testing.T, path string, c *clock, far time.Time) leaseLife {
 				return err
 			}
 		}
-		return tx.Bucket(bucketMeta).Put(keySchema, []byte(schemaVersionV3))
+		return asSchema(tx, schemaVersionV3)
 	}); err != nil {
 		t.Fatal(err)
 	}

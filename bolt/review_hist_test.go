@@ -420,7 +420,7 @@ func TestReviewHistBackupRestoreBothSchemas(t *testing.T) {
 							return err
 						}
 					}
-					return tx.Bucket(bucketMeta).Put(keySchema, []byte(schemaVersionV3))
+					return asSchema(tx, schemaVersionV3)
 				}); err != nil {
 					t.Fatal(err)
 				}

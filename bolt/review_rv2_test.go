@@ -217,7 +217,7 @@ func TestReviewRv2BackupsOfSchema5And6Recover(t *testing.T) {
 							return err
 						}
 					}
-					return tx.Bucket(bucketMeta).Put(keySchema, []byte(schemaVersionV5))
+					return asSchema(tx, schemaVersionV5)
 				}); err != nil {
 					t.Fatal(err)
 				}

@@ -39,9 +39,11 @@ import (
 // (lease.CompactHistory), version 6 active records too
 // (lease.CompactRecord); a build of an older schema cannot read them, so
 // it refuses the file instead of answering a replay, a history read or a
-// lease wrongly.
+// lease wrongly. Version 7 packs lock keys and idempotency scopes in keys
+// (ident.go) and drops the lock key from List index entries.
 const (
-	schemaVersion   = "6"
+	schemaVersion   = "7"
+	schemaVersionV6 = "6"
 	schemaVersionV5 = "5"
 	schemaVersionV4 = "4"
 	schemaVersionV3 = "3"
@@ -51,10 +53,10 @@ const (
 
 var (
 	bucketMeta       = []byte("meta")
-	bucketIdent      = []byte("ident")       // lock key ‖ 0 ‖ kind ‖ … → an identity's facts (identKey, schema 3)
+	bucketIdent      = []byte("ident")       // packed lock key ‖ kind ‖ … → an identity's facts (identKey, schema 3)
 	bucketIdemExp    = []byte("idem_exp")    // expiry ms ‖ evidence's ident key → ∅
-	bucketLeases     = []byte("leases")      // lease id → lock key ‖ 0 ‖ state ‖ 0 ‖ ended ms
-	bucketIndex      = []byte("index")       // by ‖ 0 ‖ value ‖ 0 ‖ lease id → lock key
+	bucketLeases     = []byte("leases")      // lease id → packed lock key ‖ state ‖ 0 ‖ ended ms
+	bucketIndex      = []byte("index")       // by ‖ 0 ‖ value ‖ 0 ‖ lease id → ∅ (the leases bucket names its identity)
 	bucketHighWater  = []byte("high_water")  // lock key ‖ 0 ‖ sink → uint64, never deleted
 	bucketCommits    = []byte("commits")     // commit scope → accepted commit
 	bucketCommitExp  = []byte("commit_exp")  // expiry ms ‖ scope → ∅
@@ -63,7 +65,7 @@ var (
 	bucketOutbox     = []byte("outbox")      // seq → outbox entry, in acceptance order
 	bucketOutboxIDs  = []byte("outbox_ids")  // message id → seq
 	bucketOutboxDead = []byte("outbox_dead") // seq → dead letter (JSON: entry, reason, dead_at), oldest first
-	bucketActiveExp  = []byte("active_exp")  // expires ms ‖ lock key → ∅, one per active record (schema 2)
+	bucketActiveExp  = []byte("active_exp")  // expires ms ‖ packed lock key → ∅, one per active record (schema 2)
 	bucketHistoryExp = []byte("history_exp") // ended ms ‖ history key → ∅, one per history entry (schema 2)
 	allBuckets       = [][]byte{bucketMeta, bucketIdent, bucketIdemExp, bucketLeases, bucketIndex, bucketHighWater,
 		bucketCommits, bucketCommitExp, bucketCommitSeq, bucketQuarantine, bucketOutbox, bucketOutboxIDs,
