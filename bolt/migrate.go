@@ -3,6 +3,7 @@ package bolt
 import (
 	"bytes"
 	"encoding/binary"
+	"slices"
 
 	bbolt "go.etcd.io/bbolt"
 
@@ -109,7 +110,7 @@ func migrateV2(tx *bbolt.Tx) error {
 			return err
 		}
 	}
-	if err := rewriteIndex(tx.Bucket(bucketHistoryExp), func(old []byte) []byte {
+	if err := rewriteIndex(tx, bucketHistoryExp, func(old []byte) []byte {
 		if lockKey, seq, ok := splitLegacyHistoryKey(old); ok {
 			return v6IdentKey(lockKey, kindHistory, string(u64(seq)))
 		}
@@ -129,7 +130,7 @@ func migrateV2(tx *bbolt.Tx) error {
 	}); err != nil {
 		return err
 	}
-	if err := rewriteIndex(tx.Bucket(bucketIdemExp), func(scope []byte) []byte { return placed[string(scope)] }); err != nil {
+	if err := rewriteIndex(tx, bucketIdemExp, func(scope []byte) []byte { return placed[string(scope)] }); err != nil {
 		return err
 	}
 	for _, b := range [][]byte{legacyActive, legacyCounters, legacyHistory, legacyIdem} {
@@ -160,10 +161,10 @@ func splitLegacyHistoryKey(k []byte) (string, uint64, bool) {
 	return string(k[:i]), binary.BigEndian.Uint64(k[i+1:]), true
 }
 
-// rewriteIndex replaces every entry ms ‖ key of a time index with ms ‖
-// to(key); an entry to answers nil for is dropped (it names nothing).
-func rewriteIndex(index *bbolt.Bucket, to func(key []byte) []byte) error {
-	return rewriteBucket(index, func(k, _ []byte) ([]byte, []byte, error) {
+// rewriteIndex replaces every entry ms ‖ key of the time index name with
+// ms ‖ to(key); an entry to answers nil for is dropped (it names nothing).
+func rewriteIndex(tx *bbolt.Tx, name []byte, to func(key []byte) []byte) error {
+	return rewriteBucket(tx, name, func(k, _ []byte) ([]byte, []byte, error) {
 		if len(k) < 8 {
 			return nil, nil, nil
 		}
@@ -174,28 +175,47 @@ func rewriteIndex(index *bbolt.Bucket, to func(key []byte) []byte) error {
 	})
 }
 
-// rewriteBucket replaces every entry k → v of b with to(k, v), or drops
-// it when to answers a nil key; an error of to fails the rewrite.
-func rewriteBucket(b *bbolt.Bucket, to func(k, v []byte) ([]byte, []byte, error)) error {
+// rewriteBucket replaces every entry k → v of bucket name with to(k, v),
+// or drops it when to answers a nil key; an error of to fails the rewrite
+// before anything changes. The bucket is rebuilt, not edited in place:
+// its entries are put in key order into a new bucket of the same name and
+// sequence, each leaf filled once (deleting and reinserting a large
+// bucket's keys one by one took minutes), as full as storeFills lets its
+// bucket be split, or full.
+func rewriteBucket(tx *bbolt.Tx, name []byte, to func(k, v []byte) ([]byte, []byte, error)) error {
 	type entry struct{ k, v []byte }
-	var old []entry
-	if err := b.ForEach(func(k, v []byte) error { old = append(old, entry{bytes.Clone(k), bytes.Clone(v)}); return nil }); err != nil {
+	var out []entry
+	b := tx.Bucket(name)
+	seq := b.Sequence()
+	if err := b.ForEach(func(k, v []byte) error {
+		nk, nv, err := to(k, v)
+		if nk != nil {
+			out = append(out, entry{bytes.Clone(nk), bytes.Clone(nv)})
+		}
+		return err
+	}); err != nil {
 		return err
 	}
-	for _, e := range old {
-		if err := b.Delete(e.k); err != nil {
-			return err
+	slices.SortFunc(out, func(a, b entry) int { return bytes.Compare(a.k, b.k) })
+	if err := tx.DeleteBucket(name); err != nil {
+		return err
+	}
+	nb, err := tx.CreateBucket(name)
+	if err != nil {
+		return err
+	}
+	if err := nb.SetSequence(seq); err != nil {
+		return err
+	}
+	nb.FillPercent = 1
+	for _, f := range storeFills {
+		if bytes.Equal(f.bucket, name) {
+			nb.FillPercent = f.fill
 		}
 	}
-	for _, e := range old {
-		nk, nv, err := to(e.k, e.v)
-		if err != nil {
+	for _, e := range out {
+		if err := nb.Put(e.k, e.v); err != nil {
 			return err
-		}
-		if nk != nil {
-			if err := b.Put(nk, nv); err != nil {
-				return err
-			}
 		}
 	}
 	return nil
@@ -230,7 +250,7 @@ func migrateV6(tx *bbolt.Tx) error {
 		}
 		return nil, false
 	}
-	if err := rewriteBucket(tx.Bucket(bucketIdent), func(k, v []byte) ([]byte, []byte, error) {
+	if err := rewriteBucket(tx, bucketIdent, func(k, v []byte) ([]byte, []byte, error) {
 		if nk, ok := pack(k); ok {
 			return nk, v, nil
 		}
@@ -239,11 +259,11 @@ func migrateV6(tx *bbolt.Tx) error {
 		return err
 	}
 	for _, b := range [][]byte{bucketIdemExp, bucketHistoryExp} {
-		if err := rewriteIndex(tx.Bucket(b), func(old []byte) []byte { nk, _ := pack(old); return nk }); err != nil {
+		if err := rewriteIndex(tx, b, func(old []byte) []byte { nk, _ := pack(old); return nk }); err != nil {
 			return err
 		}
 	}
-	if err := rewriteIndex(tx.Bucket(bucketActiveExp), func(lockKey []byte) []byte {
+	if err := rewriteIndex(tx, bucketActiveExp, func(lockKey []byte) []byte {
 		if lease.CheckLockKey(string(lockKey)) != nil {
 			return nil
 		}
@@ -251,7 +271,7 @@ func migrateV6(tx *bbolt.Tx) error {
 	}); err != nil {
 		return err
 	}
-	if err := rewriteBucket(tx.Bucket(bucketLeases), func(k, v []byte) ([]byte, []byte, error) {
+	if err := rewriteBucket(tx, bucketLeases, func(k, v []byte) ([]byte, []byte, error) {
 		i := bytes.IndexByte(v, 0)
 		if i <= 0 || lease.CheckLockKey(string(v[:i])) != nil {
 			return nil, nil, malformed
@@ -260,5 +280,5 @@ func migrateV6(tx *bbolt.Tx) error {
 	}); err != nil {
 		return err
 	}
-	return rewriteBucket(tx.Bucket(bucketIndex), func(k, _ []byte) ([]byte, []byte, error) { return k, nil, nil })
+	return rewriteBucket(tx, bucketIndex, func(k, _ []byte) ([]byte, []byte, error) { return k, nil, nil })
 }

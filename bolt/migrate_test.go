@@ -83,7 +83,7 @@ func downgradeToV2(t *testing.T, path string) {
 			return err
 		}
 		for _, b := range [][]byte{bucketHistoryExp, bucketIdemExp} {
-			if err := rewriteIndex(tx.Bucket(b), oldKey); err != nil {
+			if err := rewriteIndex(tx, b, oldKey); err != nil {
 				return err
 			}
 		}

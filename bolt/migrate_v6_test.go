@@ -36,11 +36,11 @@ func v6Key(k []byte) []byte {
 // version: a test builds a state with today's code, then makes it an
 // older file.
 func asSchema(tx *bbolt.Tx, version string) error {
-	if err := rewriteBucket(tx.Bucket(bucketIdent), func(k, v []byte) ([]byte, []byte, error) { return v6Key(k), v, nil }); err != nil {
+	if err := rewriteBucket(tx, bucketIdent, func(k, v []byte) ([]byte, []byte, error) { return v6Key(k), v, nil }); err != nil {
 		return err
 	}
 	for _, b := range [][]byte{bucketIdemExp, bucketHistoryExp} {
-		if err := rewriteIndex(tx.Bucket(b), v6Key); err != nil {
+		if err := rewriteIndex(tx, b, v6Key); err != nil {
 			return err
 		}
 	}
@@ -54,18 +54,18 @@ func asSchema(tx *bbolt.Tx, version string) error {
 // active-expiry index their lock keys as text, as schemas 2 to 6 stored
 // them.
 func unpackLookups(tx *bbolt.Tx) error {
-	if err := rewriteBucket(tx.Bucket(bucketIndex), func(k, _ []byte) ([]byte, []byte, error) {
+	if err := rewriteBucket(tx, bucketIndex, func(k, _ []byte) ([]byte, []byte, error) {
 		lockKey, _ := leaseLockKey(tx, string(k[bytes.LastIndexByte(k, 0)+1:]))
 		return k, []byte(lockKey), nil
 	}); err != nil {
 		return err
 	}
-	if err := rewriteBucket(tx.Bucket(bucketLeases), func(k, v []byte) ([]byte, []byte, error) {
+	if err := rewriteBucket(tx, bucketLeases, func(k, v []byte) ([]byte, []byte, error) {
 		return k, append(append([]byte(unpackLockKey(v[:packedLen])), 0), v[packedLen:]...), nil
 	}); err != nil {
 		return err
 	}
-	return rewriteIndex(tx.Bucket(bucketActiveExp), func(packed []byte) []byte { return []byte(unpackLockKey(packed)) })
+	return rewriteIndex(tx, bucketActiveExp, func(packed []byte) []byte { return []byte(unpackLockKey(packed)) })
 }
 
 // schema6Fixture is testdata/schema6.db, written by the schema 6 code at a
