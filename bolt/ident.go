@@ -32,14 +32,23 @@ const packedLen = sha256.Size
 
 // packDigest is the 32 bytes whose unpadded base64url is text. Lock keys
 // (lease.CheckLockKey) and idempotency scopes (lease.IdempotencyScope)
-// always are such text; any other text packs to its own SHA-256, which
-// no stored key has without a SHA-256 collision, so it finds nothing.
+// always are such text, and every caller passes one; any other text packs
+// to foreignPacked(text).
 func packDigest(text string) []byte {
 	if b, ok := digestOfText(text); ok {
 		return b
 	}
+	return foreignPacked(text)
+}
+
+// foreignPacked is the packed form of a text that is no lock key or scope:
+// 33 bytes, so that in every key it is part of, byte 32 is 0xff where each
+// stored key has a kind or its end. No stored key has one as a part, so
+// it finds nothing, whatever the text (a hash of it alone would alias the
+// identity whose canonical tuple is that text).
+func foreignPacked(text string) []byte {
 	sum := sha256.Sum256([]byte(text))
-	return sum[:]
+	return append(sum[:], 0xff)
 }
 
 // digestOfText decodes text, the unpadded base64url of 32 bytes; ok is
@@ -49,17 +58,18 @@ func digestOfText(text string) (b []byte, ok bool) {
 		return nil, false
 	}
 	b = make([]byte, packedLen, packedLen+9) // room for a kind and a sequence
-	n, err := base64.RawURLEncoding.Strict().Decode(b, []byte(text))
-	return b, err == nil && n == packedLen
+	if n, err := base64.RawURLEncoding.Strict().Decode(b, []byte(text)); err != nil || n != packedLen {
+		return nil, false
+	}
+	return b, true
 }
 
 // packLockKey is lockKey's packed form.
 func packLockKey(lockKey string) []byte {
-	d, ok := strings.CutPrefix(lockKey, lease.KeyPrefix)
-	if !ok {
-		d = lockKey + "\x00" // not a lock key: packs to a digest of no lock key's text
+	if d, ok := strings.CutPrefix(lockKey, lease.KeyPrefix); ok {
+		return packDigest(d)
 	}
-	return packDigest(d)
+	return foreignPacked(lockKey)
 }
 
 // unpackLockKey is the text of a packed lock key.

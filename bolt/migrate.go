@@ -243,8 +243,9 @@ func migrateV6(tx *bbolt.Tx) error {
 		lockKey, kind, rest := string(old[:i]), old[i+1], old[i+2:]
 		switch {
 		case kind == kindIdem:
-			scope, ok := digestOfText(string(rest))
-			return identKey(lockKey, kind, scope), ok
+			if scope, ok := digestOfText(string(rest)); ok {
+				return identKey(lockKey, kind, scope), true
+			}
 		case kind == kindHistory && len(rest) == 8, (kind == kindActive || kind == kindCounter) && len(rest) == 0:
 			return identKey(lockKey, kind, rest), true
 		}
@@ -259,7 +260,12 @@ func migrateV6(tx *bbolt.Tx) error {
 		return err
 	}
 	for _, b := range [][]byte{bucketIdemExp, bucketHistoryExp} {
-		if err := rewriteIndex(tx, b, func(old []byte) []byte { nk, _ := pack(old); return nk }); err != nil {
+		if err := rewriteIndex(tx, b, func(old []byte) []byte {
+			if nk, ok := pack(old); ok {
+				return nk
+			}
+			return nil
+		}); err != nil {
 			return err
 		}
 	}
