@@ -308,7 +308,13 @@ func storedEvidence(tx *bbolt.Tx, p lease.Prepared) (v []byte, ok bool) {
 // written by the last mutation of the lease and never read, so the memo
 // would only add a copy to each.
 func (s *Store) loadActive(tx *bbolt.Tx, lockKey string) (*lease.Record, error) {
-	v := tx.Bucket(bucketIdent).Get(activeKey(lockKey))
+	return s.loadActiveFrom(tx, tx.Bucket(bucketIdent), lockKey)
+}
+
+// loadActiveFrom is loadActive with tx's ident bucket at hand: a read
+// transaction looks a bucket up anew (and allocates) on each tx.Bucket.
+func (s *Store) loadActiveFrom(tx *bbolt.Tx, ident *bbolt.Bucket, lockKey string) (*lease.Record, error) {
+	v := ident.Get(activeKey(lockKey))
 	if v == nil {
 		return nil, nil
 	}
@@ -477,10 +483,10 @@ func putLeaseState(tx *bbolt.Tx, leaseID, lockKey string, state lease.State, end
 	return tx.Bucket(bucketLeases).Put([]byte(leaseID), append(packLockKey(lockKey), join(string(state), strconv.FormatInt(endedMs, 10))...))
 }
 
-// leaseLockKey is the lock key of leaseID's identity; ok is false if the
-// store has no lookup for it, or only a malformed one.
-func leaseLockKey(tx *bbolt.Tx, leaseID string) (lockKey string, ok bool) {
-	v := tx.Bucket(bucketLeases).Get([]byte(leaseID))
+// leaseLockKey is the lock key of leaseID's identity, from the leases
+// bucket; ok is false if it has no lookup for it, or only a malformed one.
+func leaseLockKey(leases *bbolt.Bucket, leaseID string) (lockKey string, ok bool) {
+	v := leases.Get([]byte(leaseID))
 	if len(v) <= packedLen {
 		return "", false
 	}

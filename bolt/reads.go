@@ -42,7 +42,7 @@ func (s *Store) Inspect(ctx context.Context, req lease.InspectRequest) (lease.Re
 		key := lockKey
 		if req.LeaseID != "" {
 			var ok bool
-			if key, ok = leaseLockKey(tx, req.LeaseID); !ok {
+			if key, ok = leaseLockKey(tx.Bucket(bucketLeases), req.LeaseID); !ok {
 				return res, lease.NotFound(now)
 			}
 		}
@@ -76,7 +76,7 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 	return read(s, ctx, lease.Deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.ListResult, error) {
 		out := lease.ListResult{Leases: []*lease.Record{}, BackendTime: now}
 		prefix := append(join(string(f.By), f.Value), 0)
-		c := tx.Bucket(bucketIndex).Cursor()
+		c, leases, ident := tx.Bucket(bucketIndex).Cursor(), tx.Bucket(bucketLeases), tx.Bucket(bucketIdent)
 		k, _ := c.Seek(prefix)
 		if after != "" {
 			k, _ = c.Seek(append(bytes.Clone(prefix), after...))
@@ -93,11 +93,11 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 			}
 			budget--
 			last = string(k[len(prefix):])
-			lockKey, ok := leaseLockKey(tx, last)
+			lockKey, ok := leaseLockKey(leases, last)
 			if !ok {
 				continue // no lookup (ended and retired): not listed
 			}
-			rec, err := s.loadActive(tx, lockKey)
+			rec, err := s.loadActiveFrom(tx, ident, lockKey)
 			if err != nil || rec == nil || rec.LeaseID != last || !rec.LiveAt(now) {
 				continue // corrupt (already alerted), ended or expired: not listed
 			}
