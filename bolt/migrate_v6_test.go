@@ -297,21 +297,7 @@ func TestSchemaV6FixtureMigrates(t *testing.T) {
 	if got := kindLen(t, s, kindIdem); got != 0 {
 		t.Fatalf("evidence left past retention: %d", got)
 	}
-	c.Add(lease.DefaultHistoryRetention)
-	if err := s.reap(ctx); err != nil {
-		t.Fatal(err)
-	}
-	for _, b := range [][]byte{bucketHistoryExp, bucketIdemExp, bucketActiveExp, bucketLeases, bucketIndex} {
-		if got := bucketLen(t, s, b); got != 0 {
-			t.Fatalf("%s entries left past retention: %d", b, got)
-		}
-	}
-	if got := kindLen(t, s, kindHistory); got != 0 {
-		t.Fatalf("history entries left past retention: %d", got)
-	}
-	if got := kindLen(t, s, kindCounter); got != 3 {
-		t.Fatalf("counters: %d, want 3 (never reclaimed)", got)
-	}
+	checkRetiredPastHistoryRetention(t, s, c, [][]byte{bucketHistoryExp, bucketIdemExp, bucketActiveExp, bucketLeases, bucketIndex}, 3)
 }
 
 // The migration loses nothing: packing the fixture and writing it back in

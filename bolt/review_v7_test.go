@@ -172,7 +172,7 @@ func TestReview7PackRoundTrip(t *testing.T) {
 	}
 	// A non-canonical spelling (a trailing-bit variant) is no lock key
 	// and must not reach the canonical key's facts.
-	_, k, _ := lease.CanonicalLockKey(testIdentity, leasetest.StoreOptions().OperationClasses)
+	k := testLockKey(t)
 	last := k[len(k)-1]
 	for _, r := range base64URLAlphabet {
 		v := k[:len(k)-1] + string(r)
@@ -190,10 +190,7 @@ const base64URLAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0
 // latent, as every lock key reaching the store is derived by
 // CanonicalLockKey or checked by CheckLockKey first).
 func TestReview7PackOfForeignTextAliases(t *testing.T) {
-	_, k, err := lease.CanonicalLockKey(testIdentity, leasetest.StoreOptions().OperationClasses)
-	if err != nil {
-		t.Fatal(err)
-	}
+	k := testLockKey(t)
 	id := testIdentity
 	id.WorkflowName, id.OperationClass = "default", "default"
 	json := fmt.Sprintf(`["v1",%q,%q,%q,%q,%q,%q,%q]`, id.TenantID, id.ProgramID, id.TargetNamespace, id.TargetID,
