@@ -65,7 +65,7 @@ func migrateV1(tx *bbolt.Tx) error {
 	aexp, hexp := tx.Bucket(bucketActiveExp), tx.Bucket(bucketHistoryExp)
 	if err := forEachIn(tx, legacyActive, func(k, v []byte) error {
 		if rec, err := lease.DecodeRecord(v); err == nil && rec.LockKey == string(k) {
-			return aexp.Put(append(u64(uint64(max(rec.ExpiresAt.UnixMilli(), 0))), rec.LockKey...), nil)
+			return aexp.Put(timeIndexKey(rec.ExpiresAt, []byte(rec.LockKey)), nil) // schema 2's text lock key
 		}
 		return nil // corrupt: never reaped, as before
 	}); err != nil {
@@ -73,7 +73,7 @@ func migrateV1(tx *bbolt.Tx) error {
 	}
 	return forEachIn(tx, legacyHistory, func(k, v []byte) error {
 		if h, err := lease.DecodeHistoryEntry(v); err == nil {
-			return hexp.Put(historyExpKey(h.EndedAt, k), nil)
+			return hexp.Put(timeIndexKey(h.EndedAt, k), nil)
 		}
 		return nil
 	})

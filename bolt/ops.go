@@ -364,13 +364,13 @@ func (s *Store) putActive(tx *bbolt.Tx, rec, prev *lease.Record) error {
 // activeExpKey is the reaper's index entry of an active record, ordered by
 // expires_at.
 func activeExpKey(rec *lease.Record) []byte {
-	return append(u64(uint64(max(rec.ExpiresAt.UnixMilli(), 0))), packLockKey(rec.LockKey)...)
+	return timeIndexKey(rec.ExpiresAt, packLockKey(rec.LockKey))
 }
 
-// historyExpKey is the retention index entry of history entry k, ordered
-// by ended_at.
-func historyExpKey(endedAt lease.Timestamp, k []byte) []byte {
-	return append(u64(uint64(max(endedAt.UnixMilli(), 0))), k...)
+// timeIndexKey is k's entry in a time index ordered by at: the active
+// records' by expires_at, the history entries' by ended_at.
+func timeIndexKey(at lease.Timestamp, k []byte) []byte {
+	return append(u64(uint64(max(at.UnixMilli(), 0))), k...)
 }
 
 // ended says who ended a lease and why.
@@ -398,7 +398,7 @@ func (s *Store) archive(tx *bbolt.Tx, cur *lease.Record, state lease.State, ende
 	if err := ident.Put(hk, b); err != nil {
 		return err
 	}
-	if err := tx.Bucket(bucketHistoryExp).Put(historyExpKey(endedAt, hk), nil); err != nil {
+	if err := tx.Bucket(bucketHistoryExp).Put(timeIndexKey(endedAt, hk), nil); err != nil {
 		return err
 	}
 	if err := ident.Delete(activeKey(cur.LockKey)); err != nil {
@@ -445,7 +445,7 @@ func forgetHistory(tx *bbolt.Tx, k []byte) error {
 		if err := tx.Bucket(bucketLeases).Delete([]byte(h.Record.LeaseID)); err != nil {
 			return err
 		}
-		if err := tx.Bucket(bucketHistoryExp).Delete(historyExpKey(h.EndedAt, k)); err != nil {
+		if err := tx.Bucket(bucketHistoryExp).Delete(timeIndexKey(h.EndedAt, k)); err != nil {
 			return err
 		}
 	}
