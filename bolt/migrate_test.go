@@ -104,24 +104,38 @@ type schema2Fixture struct {
 	ClockAfter         time.Time       `json:"clock_after"`
 }
 
+// openFixture decodes testdata/name.json into fx and returns a temporary
+// copy of testdata/name.db, the store file it describes.
+func openFixture(t *testing.T, name string, fx any) string {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("testdata", name+".json"))
+	if err == nil {
+		err = json.Unmarshal(raw, fx)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := os.ReadFile(filepath.Join("testdata", name+".db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tempStoreFile(t, db)
+}
+
+// tempStoreFile writes the store file raw to a temporary directory.
+func tempStoreFile(t *testing.T, raw []byte) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "leases.db")
+	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 func openSchema2Fixture(t *testing.T, edit func(*bbolt.Tx) error) (string, schema2Fixture) {
 	t.Helper()
 	var fx schema2Fixture
-	raw, err := os.ReadFile("testdata/schema2.json")
-	if err == nil {
-		err = json.Unmarshal(raw, &fx)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	db, err := os.ReadFile("testdata/schema2.db")
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "leases.db")
-	if err := os.WriteFile(path, db, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	path := openFixture(t, "schema2", &fx)
 	if edit != nil {
 		d, err := bbolt.Open(path, 0o600, nil)
 		if err != nil {

@@ -5,8 +5,6 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -95,21 +93,7 @@ func (f *schema6Fixture) UnmarshalJSON(b []byte) error {
 func openSchema6Fixture(t *testing.T) (string, schema6Fixture) {
 	t.Helper()
 	var fx schema6Fixture
-	raw, err := os.ReadFile("testdata/schema6.json")
-	if err == nil {
-		err = json.Unmarshal(raw, &fx)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	db, err := os.ReadFile("testdata/schema6.db")
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "leases.db")
-	if err := os.WriteFile(path, db, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	path := openFixture(t, "schema6", &fx)
 	return path, fx
 }
 

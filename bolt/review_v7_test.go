@@ -85,11 +85,7 @@ func r7CopyFile(t *testing.T, src string) string {
 			t.Fatal(err)
 		}
 	}
-	path := filepath.Join(t.TempDir(), "store.db")
-	if err := os.WriteFile(path, raw, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
+	return tempStoreFile(t, raw)
 }
 
 // The schema 6 build's file, migrated by opening it, answers every read,
