@@ -17,3 +17,18 @@ func TestConformance(t *testing.T) {
 		return leasetest.Backend{Store: s, Faults: faults{s}}
 	})
 }
+
+// TestConformanceCompactRecords runs the suite again on namespaces switched
+// to format 3 (format.go): evidence, history and active records stored in
+// version 2, read and written by the library's version 2 paths.
+func TestConformanceCompactRecords(t *testing.T) {
+	r, pw := aclServer(t)
+	leasetest.Run(t, func(t *testing.T) leasetest.Backend {
+		s := open(t, r, Options{Username: "starlease", PasswordFile: pw, KeyPrefix: "starlease:" + randomPrefix(),
+			StoreOptions: leasetest.StoreOptions(), CompactRecords: true})
+		if !s.compactRecords.Load() {
+			t.Fatal("the namespace is not in format 3")
+		}
+		return leasetest.Backend{Store: s, Faults: faults{s}}
+	})
+}

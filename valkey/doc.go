@@ -17,14 +17,14 @@
 // A key of the identity's layout (or one the transition writes) that holds
 // another type fails closed the same way, checked before the first write.
 // The Go side validates all input with lease.Prepare* before, and strictly
-// decodes every record it receives with lease.DecodeRecord after.
+// decodes every record it receives with lease.DecodeStoredRecord after.
 //
 // Strict decoding is a pure function of a record's bytes, so both sides
 // remember its results by the exact bytes, bounded: the library (up to
 // 2048 records, a few MB of the server's Lua memory, lost on restart) for
 // records it decoded or wrote (a writer first checks that decoding its
 // bytes would give back the same record), and the adapter (2048 records)
-// for what DecodeRecord returned. A hit is the decoder's own answer for
+// for what DecodeStoredRecord returned. A hit is the decoder's own answer for
 // those bytes, and the lock key and tuple are still compared on every
 // read; any other bytes are decoded in full.
 //
@@ -41,7 +41,9 @@
 // suffix after "starintel:target-lease:v1:" (43 base64url characters), used
 // as a hash tag so all keys of one identity share one slot:
 //
-//	ns:{tag}:active         the active record v1 (JSON); PXAT expires_at+ReclaimGrace,
+//	ns:{tag}:active         the active record: version 1 (JSON), or version 2 (its lines,
+//	                        lease.CompactRecord) once ns:format is "3"; read in either
+//	                        version; PXAT expires_at+ReclaimGrace,
 //	                        storage reclamation only: expiry is decided from expires_at
 //	ns:{tag}:counter        durable fencing counter; no TTL, never deleted
 //	ns:{tag}:idem:<scope>   idempotency evidence; TTL IdempotencyRetention; written as
@@ -96,7 +98,9 @@
 //	                        no TTL, never lowered
 //	ns:epoch, ns:last_recovery  the recovery epoch and the last recovery's record
 //	ns:format               "2" once the namespace is switched to the compact stored
-//	                        formats (format.go); absent: version 1. Never unset.
+//	                        formats of evidence and history, "3" once active records
+//	                        are compact too (format.go); absent: version 1. Never
+//	                        lowered or unset.
 //
 // Every operation on an identity archives an expired active record it
 // finds; the reaper (Options.ReapInterval) archives the rest from the

@@ -12,19 +12,35 @@ import (
 // Stored formats. Evidence and history entries have two versions: 1, a
 // copy of the record's JSON, which every build reads; and 2 ("compact",
 // evidence.go), the facts one per line, about a third of the bytes, which
-// only builds with evidence.go read. Instances of several builds share a
-// namespace during a rolling deploy, so a namespace is written in version
-// 1 until an operator switches it, once every instance reads version 2
-// (EnableCompactFormat; `starlease serve --valkey-compact-format`). The
-// switch is the key layout.format() holding "2", read at Open and at every
-// reaper pass; it is one way (an instance of an older build would answer
-// version 2 data as corrupt). Every build reads both versions.
-const compactFormat = "2"
+// only builds with evidence.go read. Active records have two versions
+// too: 1, the record's JSON, and 2 (lease.CompactRecord, "rv2"), its
+// lines, about half the bytes, which builds since read. Instances of
+// several builds share a namespace during a rolling deploy, so a
+// namespace is written in version 1 until an operator switches it, once
+// every instance reads what the switch writes. The switch is the key
+// layout.format(), read at Open and at every reaper pass:
+//
+//	(none)  version 1 everywhere
+//	"2"     evidence and history in version 2 (EnableCompactFormat;
+//	        `starlease serve --valkey-compact-format`)
+//	"3"     that, and active records in version 2 (EnableCompactRecords;
+//	        `--valkey-compact-records`)
+//
+// It is one way (raise_format in library.lua never lowers it; an instance
+// of an older build would answer the later data as corrupt). Every build
+// reads every version it knows.
+const (
+	compactFormat  = "2"
+	compactRecords = "3"
+)
 
-// writeFormat is the last ARGV of each call that keeps evidence or history
-// (library.lua's context).
+// writeFormat is the last ARGV of each call that keeps evidence, history
+// or an active record (library.lua's context).
 func (s *Store) writeFormat() string {
-	if s.compact.Load() {
+	switch {
+	case s.compactRecords.Load():
+		return "compact_records"
+	case s.compact.Load():
 		return "compact"
 	}
 	return "v1"
@@ -38,12 +54,14 @@ func (s *Store) loadFormat(ctx context.Context) {
 	v, err := s.client.Do(ctx, s.client.B().Get().Key(s.keys.format()).Build()).ToString()
 	switch {
 	case err == nil:
-		if v != compactFormat {
+		if v != compactFormat && v != compactRecords {
 			s.log.Warn("unknown stored-format switch; writing version 1", "value_bytes", len(v))
 		}
-		s.compact.Store(v == compactFormat)
+		s.compact.Store(v == compactFormat || v == compactRecords)
+		s.compactRecords.Store(v == compactRecords)
 	case vk.IsValkeyNil(err):
 		s.compact.Store(false)
+		s.compactRecords.Store(false)
 	default:
 		s.log.Warn("cannot read the stored-format switch", "error_class", classify(err))
 	}
@@ -54,10 +72,30 @@ func (s *Store) loadFormat(ctx context.Context) {
 // instance at its next reaper pass. Only once every instance sharing the
 // namespace runs a build that reads version 2.
 func (s *Store) EnableCompactFormat(ctx context.Context) error {
-	if err := s.client.Do(ctx, s.client.B().Set().Key(s.keys.format()).Value(compactFormat).Build()).Error(); err != nil {
-		return lease.Errorf(lease.CodeBackendUnavailable, "cannot switch the stored format: %s", classify(err))
+	return s.raiseFormat(ctx, compactFormat)
+}
+
+// EnableCompactRecords switches the namespace to format 3: evidence,
+// history and active records in version 2. Only once every instance
+// sharing the namespace runs a build that reads version 2 records (this
+// one or a later one).
+func (s *Store) EnableCompactRecords(ctx context.Context) error {
+	return s.raiseFormat(ctx, compactRecords)
+}
+
+// raiseFormat sets the switch to want unless it holds want or a later
+// format, then takes the namespace's format as its own. A switch holding
+// a value this build does not know is left alone and refused.
+func (s *Store) raiseFormat(ctx context.Context, want string) error {
+	rep, err := s.fcall(ctx, call{fn: "raise_format", keys: []string{s.keys.format()}, args: []string{want}})
+	if err != nil {
+		return lease.Errorf(lease.CodeBackendUnavailable, "cannot switch the stored format: %s", lease.AsError(err).Reason)
+	}
+	if rep.status != "ok" {
+		return lease.Errorf(lease.CodeCorrupt, "the stored-format switch holds a value this build does not know")
 	}
 	s.compact.Store(true)
-	s.log.Info("AUDIT lease namespace switched to the compact stored format")
+	s.compactRecords.Store(rep.at(0) == compactRecords)
+	s.log.Info("AUDIT lease namespace stored format", "format", rep.at(0))
 	return nil
 }

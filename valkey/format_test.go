@@ -1,6 +1,7 @@
 package valkey
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 
@@ -69,5 +70,101 @@ func TestCompactFormatIsANamespaceSwitch(t *testing.T) {
 	d := open(t, r, Options{KeyPrefix: randomPrefix(), ReapInterval: -1, StoreOptions: leasetest.StoreOptions(), CompactFormat: true})
 	if v, _ := get(t, d, d.keys.format()); v != compactFormat || !d.compact.Load() {
 		t.Fatalf("a store opened with CompactFormat: switch %q, compact %v", v, d.compact.Load())
+	}
+}
+
+// Format 3 stores active records in version 2 from the switch on, for a
+// writer at once and for another instance at its next reaper pass;
+// records of either version are read by both and a version 1 record is
+// rewritten in version 2 at its next change. The switch only rises: an
+// instance opened with CompactFormat leaves a format 3 namespace in 3,
+// and a value the build does not know is refused and left as it is.
+func TestCompactRecordsIsANamespaceSwitch(t *testing.T) {
+	r := sharedServer(t)
+	o := Options{KeyPrefix: randomPrefix(), ReapInterval: -1, StoreOptions: leasetest.StoreOptions(), CompactFormat: true}
+	a, b := open(t, r, o), open(t, r, o)
+	stored := func(s *Store, rec *lease.Record) string {
+		t.Helper()
+		v, ok := get(t, s, s.keys.active(tagOf(rec.LockKey)))
+		if !ok {
+			t.Fatal("no active record")
+		}
+		return v
+	}
+	old, err := b.Acquire(bg, acquireReq(newIdentity()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := stored(b, old.Lease); !strings.HasPrefix(v, `{"record_version":1,`) {
+		t.Fatalf("record in format 2: %.30q, want version 1", v)
+	}
+	if err := a.EnableCompactRecords(bg); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := get(t, a, a.keys.format()); v != compactRecords || !a.compactRecords.Load() || !a.compact.Load() {
+		t.Fatalf("switch %q, records %v, compact %v", v, a.compactRecords.Load(), a.compact.Load())
+	}
+	// b has not seen the switch yet: it still writes version 1 records,
+	// and reads the version 2 ones a writes.
+	fresh, err := a.Acquire(bg, acquireReq(newIdentity()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := stored(a, fresh.Lease); !strings.HasPrefix(v, lease.RecordV2Prefix) {
+		t.Fatalf("record after the switch: %.30q, want version 2", v)
+	}
+	rn, err := b.Renew(bg, renewReq(fresh.Lease))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := stored(b, rn.Lease); !strings.HasPrefix(v, `{"record_version":1,`) {
+		t.Fatalf("a format 2 writer's record: %.30q", v)
+	}
+	if err := b.reap(bg); err != nil {
+		t.Fatal(err)
+	}
+	if !b.compactRecords.Load() {
+		t.Fatal("the reaper pass did not take the switch")
+	}
+	for _, rec := range []*lease.Record{old.Lease, rn.Lease} {
+		got, err := b.Renew(bg, renewReq(rec))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v := stored(b, got.Lease); !strings.HasPrefix(v, lease.RecordV2Prefix) {
+			t.Fatalf("a version 1 record renewed after the switch: %.30q", v)
+		}
+		in, err := a.Inspect(bg, lease.InspectRequest{Identity: rec.Identity(), DeadlineAt: far()})
+		if err != nil || !reflect.DeepEqual(in.Lease, got.Lease) {
+			t.Fatalf("inspect: %+v %v, want %+v", in.Lease, err, got.Lease)
+		}
+		if _, err := a.Release(bg, releaseReq(got.Lease)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Opening with the earlier format's option does not lower it.
+	c := open(t, r, o)
+	if v, _ := get(t, c, c.keys.format()); v != compactRecords || !c.compactRecords.Load() {
+		t.Fatalf("after an open with CompactFormat: switch %q, records %v", v, c.compactRecords.Load())
+	}
+	if err := c.EnableCompactFormat(bg); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := get(t, c, c.keys.format()); v != compactRecords || !c.compactRecords.Load() {
+		t.Fatalf("after EnableCompactFormat: switch %q, records %v", v, c.compactRecords.Load())
+	}
+	// A value this build does not know stays, and is refused.
+	if err := c.client.Do(bg, c.client.B().Set().Key(c.keys.format()).Value("4").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.EnableCompactRecords(bg); lease.CodeOf(err) != lease.CodeCorrupt {
+		t.Fatalf("raising an unknown switch: %v, want corrupt", err)
+	}
+	if v, _ := get(t, c, c.keys.format()); v != "4" {
+		t.Fatalf("the unknown switch became %q", v)
+	}
+	c.loadFormat(bg)
+	if c.compact.Load() || c.compactRecords.Load() {
+		t.Fatal("an unknown switch is not read as version 1")
 	}
 }

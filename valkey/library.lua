@@ -205,6 +205,30 @@ local function encode(r, state)
     .. ',"state":"' .. (state or r.state) .. '"}'
 end
 
+-- LOCK_PREFIX is lease.KeyPrefix: a lock key is it and the hash tag.
+local LOCK_PREFIX = 'starintel:target-lease:v1:'
+
+-- encode_rv2 builds record version 2 (lease.CompactRecord's bytes) from
+-- r, whose lock key is LOCK_PREFIX and tag: the tag, the tuple and the
+-- facts one per line, in the order a version 2 history entry holds them
+-- after its ending lines, metadata last. About half of encode's bytes.
+local function encode_rv2(r, tag)
+  return 'rv2\n' .. tag .. '\n' .. r.tenant_id .. '\n' .. r.program_id .. '\n' .. r.target_namespace
+    .. '\n' .. r.target_id .. '\n' .. r.actor_name .. '\n' .. r.workflow_name .. '\n' .. r.operation_class
+    .. '\n' .. r.lease_id .. '\n' .. r.owner_principal_id .. '\n' .. r.owner_client_id
+    .. '\n' .. r.owner_credential_id .. '\n' .. r.service_instance_id .. '\n' .. int(r.fencing_token)
+    .. '\n' .. int(r.acquired_at) .. '\n' .. int(r.renewed_at) .. '\n' .. int(r.expires_at)
+    .. '\n' .. int(r.ttl_ms) .. '\n' .. int(r.maximum_lifetime_ms) .. '\n' .. r.execution_id
+    .. '\n' .. r.job_id .. '\n' .. r.trace_id .. '\n' .. r.request_id .. '\n' .. r.state .. '\n' .. r.metadata
+end
+
+-- tag_of is the hash tag of a lock key, or nil if it is not LOCK_PREFIX
+-- and a tag.
+local function tag_of(lock_key)
+  if type(lock_key) ~= 'string' or string.sub(lock_key, 1, #LOCK_PREFIX) ~= LOCK_PREFIX then return nil end
+  return string.sub(lock_key, #LOCK_PREFIX + 1)
+end
+
 local function is_id(v)
   if type(v) ~= 'string' then return false end
   local ok = ID_OK[v]
@@ -350,12 +374,58 @@ local function rec_put_written(raw, r, renewed)
   end
 end
 
+-- RV2_TEXT_FIELDS are the names of record version 2's lines after its
+-- tag, in order; metadata, the rest of the text, follows the last.
+local RV2_TEXT_FIELDS = {
+  'tenant_id', 'program_id', 'target_namespace', 'target_id', 'actor_name', 'workflow_name', 'operation_class',
+  'lease_id', 'owner_principal_id', 'owner_client_id', 'owner_credential_id', 'service_instance_id',
+  'fencing_token', 'acquired_at', 'renewed_at', 'expires_at', 'ttl_ms', 'maximum_lifetime_ms',
+  'execution_id', 'job_id', 'trace_id', 'request_id', 'state',
+}
+local RV2_NUMBERS = { fencing_token = true, acquired_at = true, renewed_at = true, expires_at = true,
+  ttl_ms = true, maximum_lifetime_ms = true }
+
+-- decode_rv2 strictly reads a record of version 2 (see decode): its lines
+-- make a record, which must be one a writer writes (written: every field
+-- of its kind and range, metadata a JSON object, a known state,
+-- consistent values) and must encode to exactly raw (so numbers are
+-- canonical decimals and no line is extra or missing), the way version 1
+-- bytes must re-encode to themselves. Go's lease.DecodeStoredRecord
+-- accepts the same bytes (it rebuilds version 1 and decodes that).
+local function decode_rv2(raw, lock_key, a, o)
+  local at = 5
+  local nl = string.find(raw, '\n', at, true)
+  if not nl then return nil, 'record version 2 is malformed' end
+  local tag = string.sub(raw, at, nl - 1)
+  at = nl + 1
+  local r = { record_version = 1, lock_key = LOCK_PREFIX .. tag }
+  for i = 1, #RV2_TEXT_FIELDS do
+    nl = string.find(raw, '\n', at, true)
+    if not nl then return nil, 'record version 2 is malformed' end
+    local name, v = RV2_TEXT_FIELDS[i], string.sub(raw, at, nl - 1)
+    if RV2_NUMBERS[name] then
+      if not string.find(v, '^%d+$') or #v > 16 then return nil, 'record field ' .. name .. ' is not a number' end
+      v = tonumber(v)
+    end
+    r[name] = v
+    at = nl + 1
+  end
+  r.metadata = string.sub(raw, at)
+  if not written(r) or encode_rv2(r, tag) ~= raw then return nil, 'record version 2 is not in canonical form' end
+  local why
+  r, why = matches(r, lock_key, a, o)
+  if not r then return nil, why end
+  rec_put(raw, r)
+  return r
+end
+
 -- decode strictly reads a stored record. lock_key is the requested one;
 -- a and o, when given, the requested canonical tuple (see matches).
 -- Returns the record (timestamps in ms) or nil and a reason.
 local function decode(raw, lock_key, a, o)
   local known = REC_OF[raw]
   if known then return matches(known, lock_key, a, o) end
+  if string.sub(raw, 1, 4) == 'rv2\n' then return decode_rv2(raw, lock_key, a, o) end
   local ok, t = pcall(cjson.decode, raw)
   if not ok or type(t) ~= 'table' then return nil, 'record is not JSON' end
   if t.record_version ~= 1 then return nil, 'record version is not 1' end
@@ -573,7 +643,10 @@ local function context(keys, args)
     -- history with the format to write them in: 'compact' (version 2)
     -- once the namespace has been switched to it, else version 1, which
     -- instances of older builds still sharing the namespace can read.
-    compact = args[#args] == 'compact',
+    compact = args[#args] == 'compact' or args[#args] == 'compact_records',
+    -- 'compact_records' (namespace format 3) also stores active records
+    -- in version 2 (encode_rv2); every build since reads both.
+    rv2 = args[#args] == 'compact_records',
   }
 end
 
@@ -595,7 +668,9 @@ end
 -- expires_at: storage reclamation only, the decision is always made from
 -- the stored expires_at.
 local function store_active(c, r, renewed)
-  local raw = encode(r)
+  local tag = c.rv2 and tag_of(r.lock_key)
+  local raw
+  if tag then raw = encode_rv2(r, tag) else raw = encode(r) end
   redis.call('SET', c.k_active, raw, 'PXAT', int(r.expires_at + c.grace))
   redis.call('ZADD', c.k_expiry, int(r.expires_at), expiry_member(r, c.tag))
   rec_drop(c.raw)
@@ -1256,6 +1331,27 @@ end
 -- clock returns backend time only: the floor of a read.
 local function clock() return { 'ok', int(now_ms()) } end
 
+-- raise_format sets the namespace's stored-format switch (KEYS 1) to
+-- ARGV 1, a format this library writes, unless it holds that one or a
+-- later one already: the switch is one way, so an instance opened with
+-- an earlier format's option never takes a namespace back. A value it
+-- does not know (a later build's, or damage) is left as it is: 'unknown'.
+local FORMAT_LEVEL = { ['2'] = 2, ['3'] = 3 }
+local function raise_format(keys, args)
+  local want = FORMAT_LEVEL[args[1]]
+  if not want then return redis.error_reply('unknown format') end
+  local now = int(now_ms())
+  local cur, why = get(keys[1])
+  if why then return { 'unknown', now } end
+  if cur then
+    local have = FORMAT_LEVEL[cur]
+    if not have then return { 'unknown', now } end
+    if have >= want then return { 'ok', now, cur } end
+  end
+  redis.call('SET', keys[1], args[1])
+  return { 'ok', now, args[1] }
+end
+
 -- probe reads TIME and writes one scratch key: the floor of a mutation.
 local function probe(keys) redis.call('INCR', keys[1]); return { 'ok', int(now_ms()) } end
 
@@ -1266,6 +1362,7 @@ redis.register_function(FN .. 'finish', finish)
 redis.register_function(FN .. 'commit', commit)
 redis.register_function(FN .. 'expire', expire)
 redis.register_function(FN .. 'probe', probe)
+redis.register_function(FN .. 'raise_format', raise_format)
 redis.register_function(FN .. 'outbox_done', outbox_done)
 redis.register_function(FN .. 'outbox_dead', outbox_dead)
 redis.register_function(FN .. 'outbox_recount', outbox_recount)

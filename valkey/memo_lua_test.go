@@ -37,18 +37,35 @@ redis.register_function { function_name = FN .. 'memo_check', callback = memo_ch
 // Every record the library remembers when writing it is exactly what a
 // full strict decode of its bytes gives, for each kind of writer and for
 // metadata that needs escaping.
-func TestLibraryMemoAgreesWithDecode(t *testing.T) {
-	s := open(t, sharedServer(t), Options{StoreOptions: leasetest.StoreOptions()})
-	src := strings.Replace(librarySource, "\nlocal RO = { 'no-writes' }", memoCheck+"\nlocal RO = { 'no-writes' }", 1)
+// withTestFunctions makes s call a copy of the library with extra Lua
+// (test functions, which see the library's locals) added, under its own
+// library name and function prefix.
+func withTestFunctions(t *testing.T, s *Store, extra, name, prefix string) {
+	t.Helper()
+	src := strings.Replace(librarySource, "\nlocal RO = { 'no-writes' }", extra+"\nlocal RO = { 'no-writes' }", 1)
 	if src == librarySource {
-		t.Fatal("no anchor for the check function")
+		t.Fatal("no anchor for the test functions")
 	}
-	lib := &library{name: "starlease_memo_check", prefix: "slmc_"}
+	lib := &library{name: name, prefix: prefix}
 	lib.code = strings.NewReplacer("__LIBRARY__", lib.name, "__FN__", lib.prefix).Replace(src)
 	if err := lib.load(bg, s.client); err != nil {
 		t.Fatal(err)
 	}
 	s.lib = lib
+}
+
+// In both record versions (a namespace in format 3 stores version 2).
+func TestLibraryMemoAgreesWithDecode(t *testing.T) {
+	for _, records := range []bool{false, true} {
+		t.Run(map[bool]string{false: "version1", true: "compact_records"}[records], func(t *testing.T) {
+			libraryMemoAgreesWithDecode(t, records)
+		})
+	}
+}
+
+func libraryMemoAgreesWithDecode(t *testing.T, records bool) {
+	s := open(t, sharedServer(t), Options{StoreOptions: leasetest.StoreOptions(), CompactRecords: records})
+	withTestFunctions(t, s, memoCheck, "starlease_memo_check", "slmc_")
 	check := func(rec *lease.Record, want string) {
 		t.Helper()
 		got, err := s.client.Do(bg, s.build(call{fn: "memo_check", ro: true, keys: []string{s.keys.active(tagOf(rec.LockKey))}})).ToString()
@@ -67,6 +84,9 @@ func TestLibraryMemoAgreesWithDecode(t *testing.T) {
 			t.Fatal(err)
 		}
 		check(a.Lease, "same")
+		if raw, _ := get(t, s, s.keys.active(tagOf(a.Lease.LockKey))); strings.HasPrefix(raw, lease.RecordV2Prefix) != records {
+			t.Fatalf("stored record %.20q, want version 2: %v", raw, records)
+		}
 		r, err := s.Renew(bg, renewReq(a.Lease))
 		if err != nil {
 			t.Fatal(err)

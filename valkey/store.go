@@ -50,6 +50,9 @@ type Options struct {
 	// CompactFormat switches the namespace, for good, to the compact stored
 	// formats when the store opens (format.go).
 	CompactFormat bool
+	// CompactRecords switches it, for good, to format 3 when the store
+	// opens: CompactFormat's, and active records in version 2 as well.
+	CompactRecords bool
 	// DialTimeout bounds connecting; zero means 5 s.
 	DialTimeout time.Duration
 	// ReplyGrace is how long past a request's deadline the adapter waits
@@ -99,9 +102,9 @@ type Store struct {
 	// gate, before it reads.
 	backupHook func()
 	records    *lease.RecordMemo
-	// compact: the namespace stores evidence and history in version 2
-	// (format.go).
-	compact atomic.Bool
+	// compact: the namespace stores evidence and history in version 2;
+	// compactRecords: active records too (format.go).
+	compact, compactRecords atomic.Bool
 }
 
 var _ lease.Store = (*Store)(nil)
@@ -147,7 +150,7 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	}
 	s := &Store{
 		opts: o.StoreOptions.WithDefaults(), keys: layout{ns: ns}, lib: newLibrary("", librarySource),
-		records:      lease.NewRecordMemo(lease.DecodeRecord),
+		records:      lease.NewRecordMemo(lease.DecodeStoredRecord),
 		allowUnknown: o.AllowUnverifiedDurability,
 		replyGrace:   orDefault(o.ReplyGrace, 2*time.Second),
 		reclaimGrace: orDefault(o.ReclaimGrace, 24*time.Hour),
@@ -203,8 +206,15 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 		return nil, lease.Errorf(lease.CodeBackendUnavailable, "cannot load the function library: %s", classify(err))
 	}
 	s.loadFormat(ctx)
-	if o.CompactFormat && !s.compact.Load() {
-		if err := s.EnableCompactFormat(ctx); err != nil {
+	var raise func(context.Context) error
+	switch {
+	case o.CompactRecords && !s.compactRecords.Load():
+		raise = s.EnableCompactRecords
+	case o.CompactFormat && !s.compact.Load():
+		raise = s.EnableCompactFormat
+	}
+	if raise != nil {
+		if err := raise(ctx); err != nil {
 			client.Close()
 			return nil, err
 		}

@@ -10,6 +10,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -110,18 +111,41 @@ func sharedServer(t *testing.T) *testenv.Redis {
 
 // The stored bytes of every kind of evidence are exactly what lease's own
 // encoders produce, and decode strictly.
+// Format 3 stores active records in version 2: exactly lease.CompactRecord's
+// bytes, which DecodeStoredRecord reads back as the record.
 func TestStoredBytesAreCanonical(t *testing.T) {
-	for _, compact := range []bool{false, true} {
-		t.Run(map[bool]string{false: "version1", true: "compact"}[compact], func(t *testing.T) {
-			storedBytesAreCanonical(t, compact)
+	for _, format := range []string{"", compactFormat, compactRecords} {
+		t.Run(map[string]string{"": "version1", compactFormat: "compact", compactRecords: "compact_records"}[format], func(t *testing.T) {
+			storedBytesAreCanonical(t, format)
 		})
 	}
 }
 
-func storedBytesAreCanonical(t *testing.T, compact bool) {
+// storedRecordWant is the stored form of rec in s's namespace format.
+func storedRecordWant(t *testing.T, s *Store, rec *lease.Record) string {
+	t.Helper()
+	want, err := rec.Encode()
+	if s.compactRecords.Load() {
+		want, err = lease.CompactRecord(rec)
+		if !bytes.HasPrefix(want, []byte(lease.RecordV2Prefix)) {
+			t.Fatalf("the record has no version 2 form: %s", want)
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(want)
+}
+
+func storedBytesAreCanonical(t *testing.T, format string) {
 	s := open(t, sharedServer(t), Options{StoreOptions: leasetest.StoreOptions()})
-	if compact {
+	switch format {
+	case compactFormat:
 		if err := s.EnableCompactFormat(bg); err != nil {
+			t.Fatal(err)
+		}
+	case compactRecords:
+		if err := s.EnableCompactRecords(bg); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -136,15 +160,11 @@ func storedBytesAreCanonical(t *testing.T, compact bool) {
 	if !ok {
 		t.Fatal("no active key")
 	}
-	want, err := res.Lease.Encode()
-	if err != nil {
-		t.Fatal(err)
+	if want := storedRecordWant(t, s, res.Lease); raw != want {
+		t.Fatalf("stored record differs from its encoding:\n got  %s\n want %s", raw, want)
 	}
-	if raw != string(want) {
-		t.Fatalf("stored record differs from Record.Encode:\n got  %s\n want %s", raw, want)
-	}
-	if _, err := lease.DecodeRecord([]byte(raw)); err != nil {
-		t.Fatalf("stored record fails strict decoding: %v", err)
+	if got, err := lease.DecodeStoredRecord([]byte(raw)); err != nil || !reflect.DeepEqual(got, res.Lease) {
+		t.Fatalf("stored record fails strict decoding: %+v %v", got, err)
 	}
 	if pttl, _ := s.client.Do(bg, s.client.B().Pttl().Key(s.keys.active(tag)).Build()).AsInt64(); pttl <= 0 {
 		t.Fatalf("active key PTTL %d, want a TTL", pttl)
@@ -156,8 +176,8 @@ func storedBytesAreCanonical(t *testing.T, compact bool) {
 		t.Fatal(err)
 	}
 	raw, _ = get(t, s, s.keys.active(tag))
-	if want, _ := rn.Lease.Encode(); raw != string(want) {
-		t.Fatalf("renewed record differs from Record.Encode:\n got  %s\n want %s", raw, want)
+	if want := storedRecordWant(t, s, rn.Lease); raw != want {
+		t.Fatalf("renewed record differs from its encoding:\n got  %s\n want %s", raw, want)
 	}
 
 	// Idempotency evidence.

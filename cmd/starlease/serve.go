@@ -63,6 +63,7 @@ type backendFlags struct {
 	valkeyPrefix                               string
 	valkeyTLSCAFile, valkeyTLSServerName       string
 	valkeyUnverified, valkeyCompact            bool
+	valkeyCompactRecords                       bool
 	etcdEndpoints, etcdUser, etcdPasswordFile  string
 	etcdTLSCAFile, etcdPrefix                  string
 	etcdMaxClockSkew                           time.Duration
@@ -78,6 +79,7 @@ func (f *backendFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.valkeyTLSServerName, "valkey-tls-server-name", "", "valkey backend: the name the server's certificate must hold (default: the address's host)")
 	fs.BoolVar(&f.valkeyUnverified, "valkey-allow-unverified-durability", false, "valkey backend: accept a server that hides CONFIG (durability verified out of band)")
 	fs.BoolVar(&f.valkeyCompact, "valkey-compact-format", false, "valkey backend: switch the namespace, for good, to the compact stored formats of evidence and history (a third of the bytes); only once every instance sharing it runs this build or a later one")
+	fs.BoolVar(&f.valkeyCompactRecords, "valkey-compact-records", false, "valkey backend: switch the namespace, for good, to format 3: the compact formats, and active records in their compact version too (about half their bytes); only once every instance sharing it runs this build or a later one")
 	fs.StringVar(&f.etcdEndpoints, "etcd-endpoints", "http://127.0.0.1:2379", "etcd backend: comma-separated client URLs of the cluster's members")
 	fs.StringVar(&f.etcdUser, "etcd-username", "", "etcd backend: user name (with --etcd-password-file)")
 	fs.StringVar(&f.etcdPasswordFile, "etcd-password-file", "", "etcd backend: file holding the password")
@@ -110,7 +112,7 @@ func (f *backendFlags) etcdOptions(opts lease.StoreOptions) etcd.Options {
 func (f *backendFlags) valkeyOptions(opts lease.StoreOptions) valkey.Options {
 	return valkey.Options{Addr: f.valkeyAddr, Username: f.valkeyUser, PasswordFile: f.valkeyPasswordFile,
 		KeyPrefix: f.valkeyPrefix, StoreOptions: opts, AllowUnverifiedDurability: f.valkeyUnverified, CompactFormat: f.valkeyCompact,
-		TLSCAFile: f.valkeyTLSCAFile, TLSServerName: f.valkeyTLSServerName}
+		CompactRecords: f.valkeyCompactRecords, TLSCAFile: f.valkeyTLSCAFile, TLSServerName: f.valkeyTLSServerName}
 }
 
 // keysFlags are the backend flags to repeat in a keys command line so it

@@ -295,7 +295,7 @@ func setupRows(b *testing.B) []row {
 	redis := testenv.StartRedis(b)
 	// The namespace switched to the compact stored formats, as a
 	// deployment runs once every instance has this build.
-	valkeyStore, err := valkey.Open(bg, valkey.Options{Addr: redis.Addr(), StoreOptions: storeOptions(), CompactFormat: true})
+	valkeyStore, err := valkey.Open(bg, valkey.Options{Addr: redis.Addr(), StoreOptions: storeOptions(), CompactRecords: true})
 	if err != nil {
 		b.Fatal(err)
 	}
