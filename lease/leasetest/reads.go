@@ -1,9 +1,11 @@
 package leasetest
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/starintel/starlease/lease"
 )
@@ -325,4 +327,38 @@ func (s *suite) historyGroup(t *testing.T) {
 			DeadlineAt: deadline(), Caller: e.admin})
 		mustInvalid(e.t, err, "page_token")
 	})
+}
+
+// CheckStaleIndexListsNothing is the check of a backend's test that put
+// back the List index entries of an ended lease of id, held by
+// staleOwner, while successor (another owner's lease) holds id: listing by
+// staleOwner finds nothing, and listing by successor's owner, by id's
+// program and by id's target finds successor alone. The entries' lease-id
+// lookup still names id, so only List's check that the active record is
+// the entry's lease keeps successor out of staleOwner's page.
+func CheckStaleIndexListsNothing(t *testing.T, s lease.Store, id lease.Identity, staleOwner string, successor *lease.Record) {
+	t.Helper()
+	for _, tc := range []struct {
+		req  lease.ListRequest
+		want string
+	}{
+		{lease.ListRequest{By: lease.ListByOwner, OwnerPrincipalID: staleOwner}, ""},
+		{lease.ListRequest{By: lease.ListByOwner, OwnerPrincipalID: successor.OwnerPrincipalID}, successor.LeaseID},
+		{lease.ListRequest{By: lease.ListByProgram, TenantID: id.TenantID, ProgramID: id.ProgramID}, successor.LeaseID},
+		{lease.ListRequest{By: lease.ListByTarget, TenantID: id.TenantID, ProgramID: id.ProgramID,
+			TargetNamespace: id.TargetNamespace, TargetID: id.TargetID}, successor.LeaseID},
+	} {
+		tc.req.DeadlineAt, tc.req.PageSize = time.Now().Add(time.Minute), 50
+		res, err := s.List(context.Background(), tc.req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, r := range res.Leases {
+			got = append(got, r.LeaseID)
+		}
+		if want := []string{tc.want}; tc.want == "" && len(got) != 0 || tc.want != "" && !slices.Equal(got, want) {
+			t.Fatalf("list by %s %q: %q, want %q", tc.req.By, tc.req.OwnerPrincipalID, got, tc.want)
+		}
+	}
 }
