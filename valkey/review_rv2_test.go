@@ -6,6 +6,7 @@ package valkey
 // assert behaviour that held.
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 
@@ -134,5 +135,28 @@ func TestReviewRV2AcquireOverExpiredRecordGoRefuses(t *testing.T) {
 	_, err = s.Acquire(bg, acquireReq(exp.Identity()))
 	if lease.CodeOf(err) != lease.CodeCorrupt {
 		t.Errorf("acquire over an expired record Go refuses as corrupt: %v, want corrupt", err)
+	}
+}
+
+// The recovery tools open the namespace with the backend flags, so an
+// operator who passes the server's --valkey-compact-records to `starlease
+// restore` opens the (empty) target with CompactRecords: Open writes the
+// format switch into it first, and the restore then refuses the target as
+// not empty (it holds <prefix>:format). The same holds for
+// --valkey-compact-format (before this change too).
+func TestReviewRV2RestoreWithCompactRecordsOption(t *testing.T) {
+	r := sharedServer(t)
+	src := open(t, r, Options{StoreOptions: leasetest.StoreOptions(), CompactRecords: true})
+	if _, err := src.Acquire(bg, acquireReq(newIdentity())); err != nil {
+		t.Fatal(err)
+	}
+	var backup bytes.Buffer
+	if _, err := src.Backup(bg, &backup); err != nil {
+		t.Fatal(err)
+	}
+	n := NewNamespace(Options{Addr: r.Addr(), KeyPrefix: randomPrefix(), StoreOptions: leasetest.StoreOptions(), CompactRecords: true})
+	defer n.Close()
+	if _, err := n.Restore(bg, bytes.NewReader(backup.Bytes())); err != nil {
+		t.Fatalf("restore of a format 3 backup by a tool opened with CompactRecords: %v", err)
 	}
 }
