@@ -310,3 +310,57 @@ func TestRV2ReviewBackupRestoreFormat3(t *testing.T) {
 		t.Fatalf("acquire after restore: %+v %v", next, err)
 	}
 }
+
+// A version 2 record copied under another identity's key is refused by
+// every path, even while the library's and Go's memos hold its bytes
+// (decoded under its own key): inspect (by identity and by lease id),
+// renew, release, commit, acquire and the reaper's expiry; the copy is
+// left in place and the original lease is untouched.
+func TestRV2ReviewRecordUnderForeignKey(t *testing.T) {
+	s := open(t, sharedServer(t), Options{StoreOptions: leasetest.StoreOptions(), CompactRecords: true})
+	a, err := s.Acquire(bg, acquireReq(newIdentity()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := s.Acquire(bg, acquireReq(newIdentity()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Warm both memos with a's bytes.
+	if _, err := s.Inspect(bg, lease.InspectRequest{Identity: a.Lease.Identity(), DeadlineAt: far()}); err != nil {
+		t.Fatal(err)
+	}
+	rawA := storedActive(t, s, a.Lease)
+	kb := s.keys.active(tagOf(b.Lease.LockKey))
+	if err := s.client.Do(bg, s.client.B().Set().Key(kb).Value(rawA).Keepttl().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	// b's identity with a's lease facts: what a stale or confused caller holds.
+	forged := a.Lease.Clone()
+	forged.TenantID, forged.ProgramID, forged.TargetID = b.Lease.TenantID, b.Lease.ProgramID, b.Lease.TargetID
+	forged.LockKey = b.Lease.LockKey
+	_, err = s.Inspect(bg, lease.InspectRequest{Identity: b.Lease.Identity(), DeadlineAt: far()})
+	mustCode(t, err, lease.CodeCorrupt)
+	_, err = s.Inspect(bg, lease.InspectRequest{LeaseID: b.Lease.LeaseID, DeadlineAt: far()})
+	mustCode(t, err, lease.CodeCorrupt)
+	for name, op := range map[string]func() error{
+		"renew":   func() error { _, err := s.Renew(bg, renewReq(forged)); return err },
+		"release": func() error { _, err := s.Release(bg, releaseReq(forged)); return err },
+		"commit":  func() error { _, err := s.AuthorizeCommit(bg, commitReq(forged)); return err },
+		"acquire": func() error { _, err := s.Acquire(bg, acquireReq(b.Lease.Identity())); return err },
+	} {
+		if err := op(); lease.CodeOf(err) != lease.CodeCorrupt {
+			t.Errorf("%s under the foreign record: %v, want corrupt", name, err)
+		}
+	}
+	if err := s.expireIfCurrent(bg, b.Lease.LockKey, a.Lease.LeaseID, a.Lease.FencingToken); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := get(t, s, kb); v != rawA {
+		t.Fatal("the foreign copy was changed")
+	}
+	in, err := s.Inspect(bg, lease.InspectRequest{Identity: a.Lease.Identity(), DeadlineAt: far()})
+	if err != nil || !reflect.DeepEqual(in.Lease, a.Lease) {
+		t.Fatalf("the original: %+v %v", in, err)
+	}
+}
