@@ -364,3 +364,69 @@ func TestRV2ReviewRecordUnderForeignKey(t *testing.T) {
 		t.Fatalf("the original: %+v %v", in, err)
 	}
 }
+
+// An identity with non-ASCII components of the longest length (256 bytes)
+// is stored, read, renewed, listed and ended in record version 2.
+func TestRV2ReviewUnicodeIdentity(t *testing.T) {
+	s := open(t, sharedServer(t), Options{StoreOptions: leasetest.StoreOptions(), CompactRecords: true})
+	id := newIdentity()
+	id.TenantID = "ténant-ü-" + uid("")
+	id.TargetID = strings.Repeat("é", 128) // 256 bytes
+	id.ActorName = "актор"
+	a, err := s.Acquire(bg, acquireReq(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if raw := storedActive(t, s, a.Lease); raw != storedRecordWant(t, s, a.Lease) || !isV2(raw) {
+		t.Fatalf("stored %q", raw)
+	}
+	rn, err := s.Renew(bg, renewReq(a.Lease))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := s.List(bg, lease.ListRequest{By: lease.ListByTarget, TenantID: rn.Lease.TenantID, ProgramID: rn.Lease.ProgramID,
+		TargetNamespace: rn.Lease.TargetNamespace, TargetID: rn.Lease.TargetID, DeadlineAt: far()})
+	if err != nil || len(l.Leases) != 1 || !reflect.DeepEqual(l.Leases[0], rn.Lease) {
+		t.Fatalf("list: %+v %v", l, err)
+	}
+	if _, err := s.AuthorizeCommit(bg, commitReq(rn.Lease)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Revoke(bg, adminReq(rn.Lease)); err != nil {
+		t.Fatal(err)
+	}
+	if h := onlyHistoryEntry(t, s, tagOf(a.Lease.LockKey)); h.Record.State != lease.StateRevoked || h.Record.TargetID != id.TargetID {
+		t.Fatalf("history: %+v", h.Record)
+	}
+}
+
+// The reaper's expiry archives an expired version 2 record as expired at
+// its expires_at, and leaves a live one alone.
+func TestRV2ReviewReaperOnVersion2(t *testing.T) {
+	s := open(t, sharedServer(t), Options{StoreOptions: leasetest.StoreOptions(), CompactRecords: true})
+	live, err := s.Acquire(bg, acquireReq(newIdentity()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.expireIfCurrent(bg, live.Lease.LockKey, live.Lease.LeaseID, live.Lease.FencingToken); err != nil {
+		t.Fatal(err)
+	}
+	if raw := storedActive(t, s, live.Lease); !isV2(raw) {
+		t.Fatal("the live record changed")
+	}
+	exp := putExpired(t, faults{s}, live.Lease)
+	v2, _ := lease.CompactRecord(exp)
+	if err := s.client.Do(bg, s.client.B().Set().Key(s.keys.active(tagOf(exp.LockKey))).Value(string(v2)).Keepttl().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.expireIfCurrent(bg, exp.LockKey, exp.LeaseID, exp.FencingToken); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := get(t, s, s.keys.active(tagOf(exp.LockKey))); ok {
+		t.Fatal("the expired record is still active")
+	}
+	h := onlyHistoryEntry(t, s, tagOf(exp.LockKey))
+	if h.Record.State != lease.StateExpired || h.EndedAt != exp.ExpiresAt || h.Record.LeaseID != exp.LeaseID {
+		t.Fatalf("history: %+v", h)
+	}
+}
