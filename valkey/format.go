@@ -83,19 +83,42 @@ func (s *Store) EnableCompactRecords(ctx context.Context) error {
 	return s.raiseFormat(ctx, compactRecords)
 }
 
+// errFormatClosed is raiseFormat's answer on a closed namespace, which
+// changes nothing until it reopens.
+var errFormatClosed = lease.Errorf(lease.CodeBackendUnavailable, "the namespace is closed; its stored-format switch is left as it is")
+
 // raiseFormat sets the switch to want unless it holds want or a later
 // format, then takes the namespace's format as its own. A switch holding
-// a value this build does not know is left alone and refused.
+// a value this build does not know is left alone and refused; so is the
+// switch of a closed namespace (errFormatClosed).
 func (s *Store) raiseFormat(ctx context.Context, want string) error {
-	rep, err := s.fcall(ctx, call{fn: "raise_format", keys: []string{s.keys.format()}, args: []string{want}})
+	rep, err := s.fcall(ctx, call{fn: "raise_format", keys: []string{s.keys.format(), s.keys.gate()}, args: []string{want}})
 	if err != nil {
 		return lease.Errorf(lease.CodeBackendUnavailable, "cannot switch the stored format: %s", lease.AsError(err).Reason)
 	}
-	if rep.status != "ok" {
+	switch rep.status {
+	case "ok":
+	case "closed":
+		return errFormatClosed
+	default:
 		return lease.Errorf(lease.CodeCorrupt, "the stored-format switch holds a value this build does not know")
 	}
 	s.compact.Store(true)
 	s.compactRecords.Store(rep.at(0) == compactRecords)
 	s.log.Info("AUDIT lease namespace stored format", "format", rep.at(0))
 	return nil
+}
+
+// raiseWanted raises the switch to the format the store's options ask for
+// (Options.CompactFormat, CompactRecords), if the namespace is below it.
+// It runs at Open and at every reaper pass, so a namespace that was
+// closed when the store opened is switched once it reopens.
+func (s *Store) raiseWanted(ctx context.Context) error {
+	switch {
+	case s.wantFormat == compactRecords && !s.compactRecords.Load():
+	case s.wantFormat == compactFormat && !s.compact.Load():
+	default:
+		return nil
+	}
+	return s.raiseFormat(ctx, s.wantFormat)
 }

@@ -1,6 +1,7 @@
 package valkey
 
 import (
+	"errors"
 	"reflect"
 	"strings"
 	"testing"
@@ -166,5 +167,39 @@ func TestCompactRecordsIsANamespaceSwitch(t *testing.T) {
 	c.loadFormat(bg)
 	if c.compact.Load() || c.compactRecords.Load() {
 		t.Fatal("an unknown switch is not read as version 1")
+	}
+}
+
+// A closed namespace keeps its switch: an instance opened with
+// CompactRecords while it is sealed opens (mutations are refused anyway)
+// and leaves the switch as it is, then raises it at its first reaper pass
+// after recovery reopens the namespace.
+func TestCompactRecordsWaitsForAClosedNamespace(t *testing.T) {
+	r := sharedServer(t)
+	o := Options{Addr: r.Addr(), KeyPrefix: randomPrefix(), ReapInterval: -1, StoreOptions: leasetest.StoreOptions(), CompactFormat: true}
+	s := open(t, r, o)
+	if _, err := s.Acquire(bg, acquireReq(newIdentity())); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Seal(bg); err != nil {
+		t.Fatal(err)
+	}
+	o.CompactRecords = true
+	d := open(t, r, o)
+	if v, _ := get(t, d, d.keys.format()); v != compactFormat || d.compactRecords.Load() {
+		t.Fatalf("a sealed namespace's switch: %q, records %v", v, d.compactRecords.Load())
+	}
+	if err := d.EnableCompactRecords(bg); !errors.Is(err, errFormatClosed) {
+		t.Fatalf("raising a sealed namespace's switch: %v", err)
+	}
+	c, _ := closedState(t, o)
+	if _, err := c.Finish(bg, lease.RecoveryPlan{Reason: "failover drill"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.reap(bg); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := get(t, d, d.keys.format()); v != compactRecords || !d.compactRecords.Load() {
+		t.Fatalf("after the namespace reopened: switch %q, records %v", v, d.compactRecords.Load())
 	}
 }

@@ -229,11 +229,16 @@ local function tag_of(lock_key)
   return string.sub(lock_key, #LOCK_PREFIX + 1)
 end
 
+-- is_id is lease.CheckOpaqueID: ASCII letters, digits and . _ : -, a
+-- letter or digit first, at most 256 bytes, no '..', and no API key
+-- ('star_sk_' in any case), so the library never acts on a record whose
+-- ids Go refuses.
 local function is_id(v)
   if type(v) ~= 'string' then return false end
   local ok = ID_OK[v]
   if ok == nil then
-    ok = #v <= 256 and string.find(v, '^[%w][%w%._:%-]*$') ~= nil
+    ok = #v <= 256 and string.find(v, '^[%w][%w%._:%-]*$') ~= nil and not string.find(v, '..', 1, true)
+      and not string.find(string.lower(v), 'star_sk_', 1, true)
     memo_room()
     ID_OK[v] = ok
   end
@@ -1336,11 +1341,14 @@ local function clock() return { 'ok', int(now_ms()) } end
 -- later one already: the switch is one way, so an instance opened with
 -- an earlier format's option never takes a namespace back. A value it
 -- does not know (a later build's, or damage) is left as it is: 'unknown'.
+-- A closed namespace (KEYS 2, the gate) changes nothing: 'closed'.
 local FORMAT_LEVEL = { ['2'] = 2, ['3'] = 3 }
 local function raise_format(keys, args)
   local want = FORMAT_LEVEL[args[1]]
   if not want then return redis.error_reply('unknown format') end
-  local now = int(now_ms())
+  local t = now_ms()
+  local now = int(t)
+  if closed(keys[2], t) then return { 'closed', now } end
   local cur, why = get(keys[1])
   if why then return { 'unknown', now } end
   if cur then

@@ -23,6 +23,10 @@ type Namespace struct {
 // NewNamespace returns the namespace o reaches.
 func NewNamespace(o Options) *Namespace {
 	o.ReapInterval = -1
+	// A tool takes the namespace's stored format as it is (a backup
+	// carries its switch): switching it would write into a restore's
+	// empty target, or change a closed namespace.
+	o.CompactFormat, o.CompactRecords = false, false
 	return &Namespace{o: o}
 }
 

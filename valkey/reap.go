@@ -28,6 +28,9 @@ func (s *Store) reap(ctx context.Context) error {
 		return err
 	}
 	s.loadFormat(ctx)
+	if err := s.raiseWanted(ctx); err != nil {
+		s.log.Warn("cannot switch the stored format", "reason", lease.AsError(err).Reason)
+	}
 	for ctx.Err() == nil {
 		rep, err := s.fcall(ctx, call{fn: "due", ro: true, keys: []string{s.keys.expiry()}, args: []string{strconv.Itoa(reapBatch)}})
 		if err != nil {

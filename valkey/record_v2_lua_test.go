@@ -27,8 +27,9 @@ redis.register_function { function_name = FN .. 'decode_check', callback = decod
 
 // rv2Corruptions are damaged copies of a version 2 record: each line
 // emptied, padded, signed, zero-led, cased, cut by a carriage return or a
-// quote; lines added, lost, swapped; numbers out of range or not
-// canonical; metadata that is not one canonical object; another tag.
+// quote, holding '..' or an API key's prefix; lines added, lost, swapped;
+// numbers out of range or not canonical; metadata that is not one
+// canonical object; another tag.
 func rv2Corruptions(raw string) map[string]string {
 	lines := strings.Split(raw, "\n")
 	meta := len(lines) - 1 // metadata is last; it has no newline here
@@ -43,6 +44,7 @@ func rv2Corruptions(raw string) map[string]string {
 			"empty": "", "suffix": v + "0", "zero_led": "0" + v, "space": v + " ", "signed": "-" + v, "plus": "+" + v,
 			"cr": v + "\r", "quote": v + `"`, "backslash": v + `\`, "upper": strings.ToUpper(v), "tab": "\t" + v,
 			"exp": v + "e0", "dot": v + ".0", "hex": "0x" + v, "nul": v + "\x00", "del": v + "\x7f",
+			"dotdot": v + "..x", "api_key": v + "_star_sk_x", "api_key_upper": v + "_STAR_SK_x",
 		} {
 			out[fmt.Sprintf("line%d_%s", i, name)] = with(i, w)
 		}

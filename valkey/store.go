@@ -105,6 +105,9 @@ type Store struct {
 	// compact: the namespace stores evidence and history in version 2;
 	// compactRecords: active records too (format.go).
 	compact, compactRecords atomic.Bool
+	// wantFormat is the format the options ask for, raised to at Open and
+	// at each reaper pass (raiseWanted).
+	wantFormat string
 }
 
 var _ lease.Store = (*Store)(nil)
@@ -206,18 +209,17 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 		return nil, lease.Errorf(lease.CodeBackendUnavailable, "cannot load the function library: %s", classify(err))
 	}
 	s.loadFormat(ctx)
-	var raise func(context.Context) error
 	switch {
-	case o.CompactRecords && !s.compactRecords.Load():
-		raise = s.EnableCompactRecords
-	case o.CompactFormat && !s.compact.Load():
-		raise = s.EnableCompactFormat
+	case o.CompactRecords:
+		s.wantFormat = compactRecords
+	case o.CompactFormat:
+		s.wantFormat = compactFormat
 	}
-	if raise != nil {
-		if err := raise(ctx); err != nil {
-			client.Close()
-			return nil, err
-		}
+	if err := s.raiseWanted(ctx); errors.Is(err, errFormatClosed) {
+		s.log.Warn("the namespace is closed: its stored format is switched once it reopens")
+	} else if err != nil {
+		client.Close()
+		return nil, err
 	}
 	if h := s.checkDurability(ctx); h.Status != lease.HealthOK {
 		s.log.Error("ALERT lease backend unsuitable; mutations are refused", "reason", h.Reason)
