@@ -470,7 +470,7 @@ func findHistory(tx *bbolt.Tx, lockKey, leaseID string) *lease.HistoryEntry {
 	prefix := historyPrefix(lockKey)
 	c := tx.Bucket(bucketIdent).Cursor()
 	for k, v := seekLast(c, prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Prev() {
-		if h, err := lease.DecodeStoredHistory(v); err == nil && h.Record.LeaseID == leaseID {
+		if h, err := lease.DecodeStoredHistory(v); err == nil && h.Record.LeaseID == leaseID && h.Record.LockKey == lockKey {
 			return h
 		}
 	}

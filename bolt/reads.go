@@ -140,7 +140,8 @@ func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.Hi
 				return out, nil
 			}
 			h, err := lease.DecodeStoredHistory(v)
-			if err != nil {
+			if err != nil || h.Record.LockKey != lockKey {
+				// Another identity's entry is not this one's to show.
 				s.quarantine(tx, lockKey, pg.Identity, "history entry is corrupt")
 				continue
 			}

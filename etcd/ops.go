@@ -411,7 +411,10 @@ func (s *Store) findHistory(t *txn, lockKey, leaseID string) (*lease.HistoryEntr
 	if err != nil || raw == nil {
 		return nil, err
 	}
-	return lease.MatchHistory(raw, leaseID), nil
+	if h := lease.MatchHistory(raw, leaseID); h != nil && h.Record.LockKey == lockKey {
+		return h, nil
+	}
+	return nil, nil
 }
 
 // indexKeys are the List index entries of an active record.

@@ -215,7 +215,8 @@ func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.Hi
 			return out, nil
 		}
 		h, err := lease.DecodeHistoryEntry(kv.Value)
-		if err != nil {
+		if err != nil || h.Record.LockKey != pg.LockKey {
+			// Another identity's entry is not this one's to show.
 			lease.CorruptState(s.log, pg.Identity, "history entry is corrupt")
 			continue
 		}

@@ -250,14 +250,14 @@ func (s *Store) currentOf(orig *lease.Record, rep reply, id lease.Identity) (*le
 	if err != nil {
 		return nil, err
 	}
-	return lease.CurrentOf(orig, cur, rep.now, func() *lease.HistoryEntry { return findHistory(rep.f[min(3, len(rep.f)):], orig.LeaseID) }), nil
+	return lease.CurrentOf(orig, cur, rep.now, func() *lease.HistoryEntry { return findHistory(rep.f[min(3, len(rep.f)):], orig.LockKey, orig.LeaseID) }), nil
 }
 
 // findHistory returns the first entry (newest first) that strictly decodes
-// and names leaseID.
-func findHistory(entries []string, leaseID string) *lease.HistoryEntry {
+// and names leaseID under lockKey.
+func findHistory(entries []string, lockKey, leaseID string) *lease.HistoryEntry {
 	for _, e := range entries {
-		if h, err := lease.DecodeStoredHistory([]byte(e)); err == nil && h.Record.LeaseID == leaseID {
+		if h, err := lease.DecodeStoredHistory([]byte(e)); err == nil && h.Record.LeaseID == leaseID && h.Record.LockKey == lockKey {
 			return h
 		}
 	}

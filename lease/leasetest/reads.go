@@ -362,3 +362,23 @@ func CheckStaleIndexListsNothing(t *testing.T, s lease.Store, id lease.Identity,
 		}
 	}
 }
+
+// CheckHistoryHoldsOnlyItsIdentity is the check of a backend's test that
+// put foreign, an ended lease of another identity, among the history of
+// id, where own has ended: id's history lists own and never foreign,
+// which a caller allowed id's history need not be allowed to see.
+func CheckHistoryHoldsOnlyItsIdentity(t *testing.T, s lease.Store, id lease.Identity, caller lease.Caller, own, foreign *lease.Record) {
+	t.Helper()
+	res, err := s.History(context.Background(), lease.HistoryRequest{Identity: id, PageSize: 50,
+		DeadlineAt: time.Now().Add(time.Minute), Caller: caller})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range res.Entries {
+		got = append(got, e.Record.LeaseID)
+	}
+	if !slices.Equal(got, []string{own.LeaseID}) {
+		t.Fatalf("history of the identity: %q, want only %s (not the foreign %s)", got, own.LeaseID, foreign.LeaseID)
+	}
+}
