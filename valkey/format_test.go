@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/starintel/starlease/internal/testenv"
 	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/lease/leasetest"
 )
@@ -175,15 +176,7 @@ func TestCompactRecordsIsANamespaceSwitch(t *testing.T) {
 // and leaves the switch as it is, then raises it at its first reaper pass
 // after recovery reopens the namespace.
 func TestCompactRecordsWaitsForAClosedNamespace(t *testing.T) {
-	r := sharedServer(t)
-	o := Options{Addr: r.Addr(), KeyPrefix: randomPrefix(), ReapInterval: -1, StoreOptions: leasetest.StoreOptions(), CompactFormat: true}
-	s := open(t, r, o)
-	if _, err := s.Acquire(bg, acquireReq(newIdentity())); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Seal(bg); err != nil {
-		t.Fatal(err)
-	}
+	r, o, _ := sealedCompactNamespace(t)
 	o.CompactRecords = true
 	d := open(t, r, o)
 	if v, _ := get(t, d, d.keys.format()); v != compactFormat || d.compactRecords.Load() {
@@ -202,4 +195,20 @@ func TestCompactRecordsWaitsForAClosedNamespace(t *testing.T) {
 	if v, _ := get(t, d, d.keys.format()); v != compactRecords || !d.compactRecords.Load() {
 		t.Fatalf("after the namespace reopened: switch %q, records %v", v, d.compactRecords.Load())
 	}
+}
+
+// sealedCompactNamespace is a namespace in format 2 holding a lease,
+// sealed (closed as after a failover), with the options that opened it.
+func sealedCompactNamespace(t *testing.T) (*testenv.Redis, Options, *Store) {
+	t.Helper()
+	r := sharedServer(t)
+	o := Options{Addr: r.Addr(), KeyPrefix: randomPrefix(), ReapInterval: -1, StoreOptions: leasetest.StoreOptions(), CompactFormat: true}
+	s := open(t, r, o)
+	if _, err := s.Acquire(bg, acquireReq(newIdentity())); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Seal(bg); err != nil {
+		t.Fatal(err)
+	}
+	return r, o, s
 }

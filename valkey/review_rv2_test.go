@@ -168,15 +168,7 @@ func TestReviewRV2RestoreWithCompactRecordsOption(t *testing.T) {
 // closed namespace's format. (Low impact: no record is rewritten while
 // closed; shown for the gate's promise.)
 func TestReviewRV2RaiseFormatIgnoresGate(t *testing.T) {
-	r := sharedServer(t)
-	o := Options{Addr: r.Addr(), KeyPrefix: randomPrefix(), ReapInterval: -1, StoreOptions: leasetest.StoreOptions(), CompactFormat: true}
-	s := open(t, r, o)
-	if _, err := s.Acquire(bg, acquireReq(newIdentity())); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Seal(bg); err != nil {
-		t.Fatal(err)
-	}
+	_, o, s := sealedCompactNamespace(t)
 	o.CompactRecords = true
 	c, err := NewNamespace(o).OpenClosed(bg)
 	if err == nil {

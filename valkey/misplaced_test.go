@@ -8,6 +8,9 @@ import (
 	"github.com/starintel/starlease/lease/leasetest"
 )
 
+// Data stored in the wrong place (left by damage, or copied under
+// another identity's keys) is never shown as the place's own.
+
 // A stale List index member (one damage left behind: its lease ended, its
 // identity now holds another owner's lease) lists nothing: only List's
 // check that the identity's active record is the member's lease keeps the
@@ -47,4 +50,30 @@ func TestListSkipsStaleIndexMemberOfAnotherOwnersSuccessor(t *testing.T) {
 		}
 	}
 	leasetest.CheckStaleIndexListsNothing(t, s, id, owner.PrincipalID, second.Lease)
+}
+
+// A history entry of another identity found among an identity's entries
+// (damage, or a copy under the wrong key) is not listed in its history.
+func TestHistorySkipsAnotherIdentitysEntry(t *testing.T) {
+	s := open(t, sharedServer(t), Options{StoreOptions: leasetest.StoreOptions(), CompactRecords: true})
+	ended := func() *lease.Record {
+		t.Helper()
+		a, err := s.Acquire(bg, acquireReq(newIdentity()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Release(bg, releaseReq(a.Lease)); err != nil {
+			t.Fatal(err)
+		}
+		return a.Lease
+	}
+	own, foreign := ended(), ended()
+	entry, err := s.client.Do(bg, s.client.B().Lindex().Key(s.keys.history(tagOf(foreign.LockKey))).Index(0).Build()).ToString()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.client.Do(bg, s.client.B().Lpush().Key(s.keys.history(tagOf(own.LockKey))).Element(entry).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	leasetest.CheckHistoryHoldsOnlyItsIdentity(t, s, own.Identity(), owner, own, foreign)
 }
