@@ -382,3 +382,46 @@ func CheckHistoryHoldsOnlyItsIdentity(t *testing.T, s lease.Store, id lease.Iden
 		t.Fatalf("history of the identity: %q, want only %s (not the foreign %s)", got, own.LeaseID, foreign.LeaseID)
 	}
 }
+
+// ListFiltersOf are the three List filters that select r (by its owner,
+// its target and its program), for a backend's test that plants index
+// entries under them.
+func ListFiltersOf(r *lease.Record) []lease.ListFilter {
+	id := r.Identity()
+	return []lease.ListFilter{
+		{By: lease.ListByOwner, Value: lease.OwnerIndexValue(r.OwnerPrincipalID)},
+		{By: lease.ListByTarget, Value: lease.TargetIndexValue(id)},
+		{By: lease.ListByProgram, Value: lease.ProgramIndexValue(id)},
+	}
+}
+
+// CheckListHoldsOnlyItsFilter is the check of a backend's test that put,
+// under each of own's three List filters (ListFiltersOf), an index entry
+// naming foreign: a live lease of another owner, tenant, program and
+// target, whose own entries and lease-id lookup are intact. Listing by
+// own's owner, target and program finds own alone: foreign is selected by
+// none of these filters, and a caller allowed own's scope need not be
+// allowed foreign's.
+func CheckListHoldsOnlyItsFilter(t *testing.T, s lease.Store, own, foreign *lease.Record) {
+	t.Helper()
+	id := own.Identity()
+	for _, req := range []lease.ListRequest{
+		{By: lease.ListByOwner, OwnerPrincipalID: own.OwnerPrincipalID},
+		{By: lease.ListByTarget, TenantID: id.TenantID, ProgramID: id.ProgramID, TargetNamespace: id.TargetNamespace, TargetID: id.TargetID},
+		{By: lease.ListByProgram, TenantID: id.TenantID, ProgramID: id.ProgramID},
+	} {
+		req.DeadlineAt, req.PageSize = time.Now().Add(time.Minute), 50
+		res, err := s.List(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, r := range res.Leases {
+			got = append(got, r.LeaseID)
+		}
+		if !slices.Equal(got, []string{own.LeaseID}) {
+			t.Errorf("list by %s of the own lease's filter: %q, want only %s (not the foreign %s, tenant %s)",
+				req.By, got, own.LeaseID, foreign.LeaseID, foreign.TenantID)
+		}
+	}
+}
