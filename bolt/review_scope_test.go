@@ -46,3 +46,94 @@ func TestReviewScopeListHoldsOnlyItsFilter(t *testing.T) {
 	}
 	leasetest.CheckListHoldsOnlyItsFilter(t, s, own, foreign)
 }
+
+// scopeCycle acquires and releases a lease of the given target for
+// principal, returning the released lease as acquired.
+func scopeCycle(t *testing.T, s *Store, tenant, target, principal, rid string) *lease.Record {
+	t.Helper()
+	a := scopeAcquire(t, s, tenant, "program-a", target, principal, rid)
+	if _, err := s.Release(context.Background(), lease.ReleaseRequest{Identity: a.Identity(), LeaseID: a.LeaseID,
+		FencingToken: a.FencingToken, ServiceInstanceID: a.ServiceInstanceID,
+		Mutation: lease.Mutation{RequestID: rid + "-r", DeadlineAt: time.Now().Add(time.Hour), Caller: callerOfRecord(a)}}); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// A history entry of another identity found among an identity's entries
+// (damage, or a copy under the wrong key: the case c19a7b0 keeps out of
+// History) must not decide anything about that other identity. When the
+// identity's history is trimmed (HistoryPerIdentity) — or its retention
+// ends (retireHistorySlice, the same forgetHistory) — the entry goes, and
+// with it the lease-id lookup of the lease it names: the OTHER identity's
+// lookup. Its lease is then not found by id (Inspect, the service's
+// History) though its own history still holds it; were the named lease
+// active, List, which reads the lookup, would drop it too.
+func TestReviewScopeTrimKeepsAnotherIdentitysLookup(t *testing.T) {
+	ctx := context.Background()
+	o := Options{StoreOptions: leasetest.StoreOptions(), ReapInterval: -1}
+	o.HistoryPerIdentity = 2
+	s := openTemp(t, o)
+	for _, active := range []bool{false, true} {
+		name := map[bool]string{false: "ended", true: "active"}[active]
+		t.Run(name, func(t *testing.T) {
+			tenant := "tenant-" + name
+			var foreign *lease.Record
+			var entry []byte
+			if active {
+				foreign = scopeAcquire(t, s, "tenant-foreign-"+name, "program-a", "target-foreign", "prn-foreign", "req-foreign-"+name)
+				ended := foreign.Clone()
+				ended.State = lease.StateReleased
+				b, err := (&lease.HistoryEntry{HistoryVersion: lease.HistoryVersion, Record: ended, EndedAt: foreign.AcquiredAt}).Encode()
+				if err != nil {
+					t.Fatal(err)
+				}
+				entry = b
+			} else {
+				foreign = scopeCycle(t, s, "tenant-foreign-"+name, "target-foreign", "prn-foreign", "req-foreign-"+name)
+				if err := s.db.View(func(tx *bbolt.Tx) error {
+					c := tx.Bucket(bucketIdent).Cursor()
+					k, v := c.Seek(historyPrefix(foreign.LockKey))
+					if k == nil {
+						t.Fatal("no history entry of the foreign lease")
+					}
+					entry = append([]byte(nil), v...)
+					return nil
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			own := scopeCycle(t, s, tenant, "target-own", "prn-own", "req-own-1-"+name)
+			// The copy is the identity's oldest entry: the first the trim drops.
+			if err := s.db.Update(func(tx *bbolt.Tx) error {
+				return tx.Bucket(bucketIdent).Put(historyKey(own.LockKey, 0), entry)
+			}); err != nil {
+				t.Fatal(err)
+			}
+			before, err := s.Inspect(ctx, lease.InspectRequest{LeaseID: foreign.LeaseID, DeadlineAt: time.Now().Add(time.Minute)})
+			if err != nil {
+				t.Fatalf("the foreign lease by id before the trim: %v", err)
+			}
+			for i := 2; i <= 3; i++ {
+				scopeCycle(t, s, tenant, "target-own", "prn-own", "req-own-"+string(rune('0'+i))+"-"+name)
+			}
+			got, err := s.Inspect(ctx, lease.InspectRequest{LeaseID: foreign.LeaseID, DeadlineAt: time.Now().Add(time.Minute)})
+			if err != nil {
+				t.Errorf("the foreign lease (%s, tenant %s) by id after another identity's history was trimmed: %v, want %s as before",
+					foreign.LeaseID, foreign.TenantID, err, before.Lease.State)
+			} else if got.Lease.LeaseID != foreign.LeaseID {
+				t.Errorf("inspect by id: %s, want %s", got.Lease.LeaseID, foreign.LeaseID)
+			}
+			if active {
+				res, err := s.List(ctx, lease.ListRequest{By: lease.ListByOwner, OwnerPrincipalID: "prn-foreign",
+					DeadlineAt: time.Now().Add(time.Minute), PageSize: 50})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(res.Leases) != 1 || res.Leases[0].LeaseID != foreign.LeaseID {
+					t.Errorf("list by the foreign owner: %d leases, want its live lease %s", len(res.Leases), foreign.LeaseID)
+				}
+			}
+		})
+	}
+}
