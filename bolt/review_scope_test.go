@@ -137,3 +137,33 @@ func TestReviewScopeTrimKeepsAnotherIdentitysLookup(t *testing.T) {
 		})
 	}
 }
+
+// The reaper's time indexes (idempotency evidence's, history's) name the
+// key they drop. An entry that names a key of another kind of another
+// identity — its fencing counter — must not drop it: the counter is never
+// deleted (contract: "Expiring or deleting the active lease MUST NOT
+// delete, reset, wrap, or reuse that counter"). The reaper deletes
+// whatever key the entry names, so the identity's next lease gets a token
+// it has already issued.
+func TestReviewScopeReaperDropsOnlyItsKind(t *testing.T) {
+	ctx := context.Background()
+	for _, index := range [][]byte{bucketIdemExp, bucketHistoryExp} {
+		t.Run(string(index), func(t *testing.T) {
+			s := openTemp(t, Options{ReapInterval: -1})
+			first := scopeCycle(t, s, "tenant-victim", "target-victim", "prn-victim", "req-victim-1")
+			if err := s.db.Update(func(tx *bbolt.Tx) error {
+				return tx.Bucket(index).Put(timeIndexKey(lease.UnixMilli(1), counterKey(first.LockKey)), nil)
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.reap(ctx); err != nil {
+				t.Fatal(err)
+			}
+			next := scopeAcquire(t, s, "tenant-victim", "program-a", "target-victim", "prn-victim", "req-victim-2")
+			if next.FencingToken <= first.FencingToken {
+				t.Fatalf("token after a reaper pass: %d, want above the %d already issued (the counter was deleted)",
+					next.FencingToken, first.FencingToken)
+			}
+		})
+	}
+}
