@@ -1,7 +1,9 @@
 package bolt
 
 import (
+	"bytes"
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -163,6 +165,72 @@ func TestReviewScopeReaperDropsOnlyItsKind(t *testing.T) {
 			if next.FencingToken <= first.FencingToken {
 				t.Fatalf("token after a reaper pass: %d, want above the %d already issued (the counter was deleted)",
 					next.FencingToken, first.FencingToken)
+			}
+		})
+	}
+}
+
+// scopePublish publishes one outbox message under a fresh lease of the
+// tenant's identity, returning its message id.
+func scopePublish(t *testing.T, s *Store, tenant string) string {
+	t.Helper()
+	a := scopeAcquire(t, s, tenant, "program-a", "target-"+tenant, "prn-"+tenant, "req-pub-"+tenant)
+	m := lease.OutboxMessage{RoutingKey: "q", Body: []byte("result of " + tenant)}
+	res, err := s.AuthorizeCommit(context.Background(), lease.CommitRequest{Identity: a.Identity(), LeaseID: a.LeaseID,
+		FencingToken: a.FencingToken, ServiceInstanceID: a.ServiceInstanceID, Sink: "rabbitmq", CommitID: "commit-" + tenant,
+		ExecutionID: a.ExecutionID, JobID: a.JobID, Outbox: &m, DeadlineAt: time.Now().Add(time.Minute), Caller: callerOfRecord(a)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.Commit.Target // a publication's target is its message id
+}
+
+// pendingIDs are the message ids of the pending outbox, oldest first.
+func pendingIDs(t *testing.T, s interface {
+	OutboxPending(context.Context, int) ([]lease.OutboxEntry, error)
+}) []string {
+	t.Helper()
+	es, err := s.OutboxPending(context.Background(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, e := range es {
+		ids = append(ids, e.MessageID)
+	}
+	return ids
+}
+
+// The outbox's id lookup (message id → entry) names, after damage, the
+// entry of another commit — another tenant's publication. The relay's
+// OutboxDone of the first message (it was published and confirmed) must
+// not remove that other, unpublished entry: it removes whatever entry the
+// lookup names, without checking the entry's message id, so the other
+// tenant's fenced publication is lost (and the first one stays pending).
+// OutboxDeadLetter does the same.
+func TestReviewScopeOutboxDoneRemovesOnlyItsEntry(t *testing.T) {
+	for _, op := range []string{"done", "dead-letter"} {
+		t.Run(op, func(t *testing.T) {
+			ctx := context.Background()
+			s := openTemp(t, Options{ReapInterval: -1})
+			first, other := scopePublish(t, s, "tenant-first"), scopePublish(t, s, "tenant-other")
+			if err := s.db.Update(func(tx *bbolt.Tx) error {
+				ids := tx.Bucket(bucketOutboxIDs)
+				return ids.Put([]byte(first), bytes.Clone(ids.Get([]byte(other))))
+			}); err != nil {
+				t.Fatal(err)
+			}
+			var err error
+			if op == "done" {
+				err = s.OutboxDone(ctx, first)
+			} else {
+				err = s.OutboxDeadLetter(ctx, first, "broker refused it")
+			}
+			if err != nil && lease.CodeOf(err) != lease.CodeCorrupt {
+				t.Fatal(err)
+			}
+			if got := pendingIDs(t, s); !slices.Contains(got, other) {
+				t.Fatalf("pending after the %s of %s: %q; the other tenant's unpublished %s was removed", op, first, got, other)
 			}
 		})
 	}

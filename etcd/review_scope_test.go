@@ -2,6 +2,7 @@ package etcd
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -36,4 +37,69 @@ func TestReviewScopeListHoldsOnlyItsFilter(t *testing.T) {
 		}
 	}
 	leasetest.CheckListHoldsOnlyItsFilter(t, s, own, foreign)
+}
+
+// scopePublish publishes one outbox message under a fresh lease of the
+// target's identity in tenant, returning its message id.
+func scopePublish(t *testing.T, s *Store, tenant string) string {
+	t.Helper()
+	ctx := context.Background()
+	req := recAcquire("target-"+tenant, "req-pub-"+tenant, 3*time.Minute)
+	req.Identity.TenantID = tenant
+	a, err := s.Acquire(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := a.Lease
+	m := lease.OutboxMessage{RoutingKey: "q", Body: []byte("result of " + tenant)}
+	res, err := s.AuthorizeCommit(ctx, lease.CommitRequest{Identity: l.Identity(), LeaseID: l.LeaseID,
+		FencingToken: l.FencingToken, ServiceInstanceID: l.ServiceInstanceID, Sink: "rabbitmq", CommitID: "commit-" + tenant,
+		ExecutionID: l.ExecutionID, JobID: l.JobID, Outbox: &m, DeadlineAt: recFar(), Caller: recCaller})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.Commit.Target // a publication's target is its message id
+}
+
+// The outbox's id entry (message id → entry) names, after damage, the
+// entry of another commit — another tenant's publication. The relay's
+// OutboxDone of the first message must not remove that other, unpublished
+// entry: it removes whatever entry the id names, without checking the
+// entry's message id, so the other tenant's fenced publication is lost.
+// OutboxDeadLetter does the same.
+func TestReviewScopeOutboxDoneRemovesOnlyItsEntry(t *testing.T) {
+	c := testenv.StartEtcdCluster(t, 1)
+	for _, op := range []string{"done", "dead-letter"} {
+		t.Run(op, func(t *testing.T) {
+			ctx := context.Background()
+			s := open(t, c, Options{StoreOptions: leasetest.StoreOptions()})
+			first, other := scopePublish(t, s, "tenant-first"), scopePublish(t, s, "tenant-other")
+			r, err := s.cli.Get(ctx, s.keys.outboxID(other))
+			if err != nil || len(r.Kvs) != 1 {
+				t.Fatalf("id entry of the other message: %v", err)
+			}
+			if _, err := s.cli.Put(ctx, s.keys.outboxID(first), string(r.Kvs[0].Value)); err != nil {
+				t.Fatal(err)
+			}
+			if op == "done" {
+				err = s.OutboxDone(ctx, first)
+			} else {
+				err = s.OutboxDeadLetter(ctx, first, "broker refused it")
+			}
+			if err != nil && lease.CodeOf(err) != lease.CodeCorrupt {
+				t.Fatal(err)
+			}
+			es, err := s.OutboxPending(ctx, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, e := range es {
+				got = append(got, e.MessageID)
+			}
+			if !slices.Contains(got, other) {
+				t.Fatalf("pending after the %s of %s: %q; the other tenant's unpublished %s was removed", op, first, got, other)
+			}
+		})
+	}
 }
