@@ -235,3 +235,24 @@ func TestReviewScopeOutboxDoneRemovesOnlyItsEntry(t *testing.T) {
 		})
 	}
 }
+
+// Acquire evidence of one principal copied under another principal's
+// evidence key of the same identity and request id (version 2 evidence,
+// rebuilt with the request's identity) is answered by LookupRequest as the
+// second principal's result: Lookup checks the operation and lock key,
+// never that the evidence's lease is the requesting principal's.
+func TestReviewScopeLookupHoldsOnlyItsPrincipal(t *testing.T) {
+	s := openTemp(t, Options{ReapInterval: -1})
+	orig := scopeAcquire(t, s, "tenant-a", "program-a", "target-a", "prn-first", "req-shared")
+	if err := s.db.Update(func(tx *bbolt.Tx) error {
+		ident := tx.Bucket(bucketIdent)
+		v := ident.Get(idemKey(orig.LockKey, lease.IdempotencyScope(lease.OpAcquire, orig.LockKey, "prn-first", "req-shared")))
+		if v == nil {
+			t.Fatal("no evidence of the first principal's acquire")
+		}
+		return ident.Put(idemKey(orig.LockKey, lease.IdempotencyScope(lease.OpAcquire, orig.LockKey, "prn-second", "req-shared")), bytes.Clone(v))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	leasetest.CheckLookupHoldsOnlyItsPrincipal(t, s, orig, "prn-second", "req-shared")
+}

@@ -103,3 +103,25 @@ func TestReviewScopeOutboxDoneRemovesOnlyItsEntry(t *testing.T) {
 		})
 	}
 }
+
+// Acquire evidence of one principal copied under another principal's
+// evidence key of the same identity and request id is answered by
+// LookupRequest as the second principal's result (see the bolt twin).
+func TestReviewScopeLookupHoldsOnlyItsPrincipal(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, testenv.StartEtcdCluster(t, 1), Options{StoreOptions: leasetest.StoreOptions()})
+	a, err := s.Acquire(ctx, recAcquire("target-lookup", "req-shared", 3*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig := a.Lease
+	r, err := s.cli.Get(ctx, s.keys.idem(lease.IdempotencyScope(lease.OpAcquire, orig.LockKey, recCaller.PrincipalID, "req-shared")))
+	if err != nil || len(r.Kvs) != 1 {
+		t.Fatalf("evidence of the first principal's acquire: %v", err)
+	}
+	if _, err := s.cli.Put(ctx, s.keys.idem(lease.IdempotencyScope(lease.OpAcquire, orig.LockKey, "prn-second", "req-shared")),
+		string(r.Kvs[0].Value)); err != nil {
+		t.Fatal(err)
+	}
+	leasetest.CheckLookupHoldsOnlyItsPrincipal(t, s, orig, "prn-second", "req-shared")
+}

@@ -33,3 +33,27 @@ func TestReviewScopeListHoldsOnlyItsFilter(t *testing.T) {
 	}
 	leasetest.CheckListHoldsOnlyItsFilter(t, s, own, foreign)
 }
+
+// Acquire evidence of one principal copied under another principal's
+// evidence key of the same identity and request id is answered by
+// LookupRequest as the second principal's result (see the bolt twin).
+func TestReviewScopeLookupHoldsOnlyItsPrincipal(t *testing.T) {
+	s := open(t, sharedServer(t), Options{StoreOptions: leasetest.StoreOptions(), CompactRecords: true})
+	req := acquireReq(newIdentity())
+	a, err := s.Acquire(bg, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig := a.Lease
+	tag := tagOf(orig.LockKey)
+	ev, err := s.client.Do(bg, s.client.B().Get().Key(s.keys.idem(tag, lease.IdempotencyScope(lease.OpAcquire, orig.LockKey,
+		owner.PrincipalID, req.RequestID))).Build()).ToString()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.client.Do(bg, s.client.B().Set().Key(s.keys.idem(tag, lease.IdempotencyScope(lease.OpAcquire, orig.LockKey,
+		"prn_second_1", req.RequestID))).Value(ev).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	leasetest.CheckLookupHoldsOnlyItsPrincipal(t, s, orig, "prn_second_1", req.RequestID)
+}

@@ -425,3 +425,23 @@ func CheckListHoldsOnlyItsFilter(t *testing.T, s lease.Store, own, foreign *leas
 		}
 	}
 }
+
+// CheckLookupHoldsOnlyItsPrincipal is the check of a backend's test that
+// copied the acquire evidence of orig (acquired by its owner with
+// requestID) under the evidence key of the same identity, operation and
+// request id for principal, another principal: LookupRequest for
+// principal does not answer with orig, a lease principal never acquired
+// (the idempotency key is scoped by the owner principal; the evidence
+// names its owner, so a lookup can tell it is not principal's).
+func CheckLookupHoldsOnlyItsPrincipal(t *testing.T, s lease.Store, orig *lease.Record, principal, requestID string) {
+	t.Helper()
+	res, err := s.LookupRequest(context.Background(), lease.LookupRequest{Op: lease.OpAcquire, Identity: orig.Identity(),
+		PrincipalID: principal, RequestID: requestID, DeadlineAt: time.Now().Add(time.Minute)})
+	if err == nil {
+		t.Fatalf("lookup of %s's acquire %s: %s of lease %s owned by %s, want not found or corrupt",
+			principal, requestID, res.Code, res.Lease.LeaseID, res.Lease.OwnerPrincipalID)
+	}
+	if c := lease.CodeOf(err); c != lease.CodeNotFound && c != lease.CodeCorrupt {
+		t.Fatalf("lookup: %v, want not found or corrupt", err)
+	}
+}
