@@ -125,3 +125,39 @@ func TestReviewScopeLookupHoldsOnlyItsPrincipal(t *testing.T) {
 	}
 	leasetest.CheckLookupHoldsOnlyItsPrincipal(t, s, orig, "prn-second", "req-shared")
 }
+
+// A history retention index entry of one identity (he/<ms>/<lock key>/<seq>)
+// whose value names a lease of another identity — a live one — (damage,
+// or an entry copied from another identity's) must not delete that
+// lease's lease-id entry when the reaper drops it: dropDue deletes the
+// lease-id entry its value names without checking that the entry locates
+// a lease of this identity, so the live lease is no longer found by id
+// (Inspect, the service's History).
+func TestReviewScopeHistoryRetentionKeepsAnotherLeasesLookup(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, testenv.StartEtcdCluster(t, 1), Options{StoreOptions: leasetest.StoreOptions()})
+	own, err := s.Acquire(ctx, recAcquire("target-own", "req-own", 3*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Release(ctx, recRelease(own.Lease, "rel-own")); err != nil {
+		t.Fatal(err)
+	}
+	other := recAcquire("target-foreign", "req-foreign", 3*time.Minute)
+	other.Identity.TenantID = "tenant-foreign"
+	b, err := s.Acquire(ctx, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign := b.Lease
+	if _, err := s.cli.Put(ctx, s.keys.expiry(historyExpiry, 1, own.Lease.LockKey+"/"+hex16(1<<40)), foreign.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.reap(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Inspect(ctx, lease.InspectRequest{LeaseID: foreign.LeaseID, DeadlineAt: recFar()})
+	if err != nil || got.Lease.LeaseID != foreign.LeaseID {
+		t.Fatalf("the live foreign lease %s (tenant %s) by id after a reaper pass: %v, want it active", foreign.LeaseID, foreign.TenantID, err)
+	}
+}
