@@ -95,6 +95,18 @@ func historyKey(lockKey string, seq uint64) []byte {
 	return append(historyPrefix(lockKey), u64(seq)...)
 }
 
+// isIdemKey reports an evidence key: packed lock key ‖ kindIdem ‖ packed
+// scope.
+func isIdemKey(k []byte) bool {
+	return len(k) == 2*packedLen+1 && k[packedLen] == kindIdem
+}
+
+// isHistoryKey reports a history entry's key: packed lock key ‖
+// kindHistory ‖ sequence.
+func isHistoryKey(k []byte) bool {
+	return len(k) == packedLen+1+8 && k[packedLen] == kindHistory
+}
+
 // splitIdentKey returns the lock key and kind of an ident key; ok is false
 // for a key of no known shape.
 func splitIdentKey(k []byte) (lockKey string, kind byte, ok bool) {

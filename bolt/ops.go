@@ -438,12 +438,19 @@ func (s *Store) trimHistory(tx *bbolt.Tx, lockKey string) error {
 	return nil
 }
 
-// forgetHistory deletes one history entry and the lease-id lookup it backs.
+// forgetHistory deletes one history entry (k, a history key) and the
+// lease-id lookup it backs: only if the entry is of k's identity and the
+// lookup names that identity, so an entry of another identity found under
+// k (damage, a misplaced copy) never deletes that identity's lookup.
 func forgetHistory(tx *bbolt.Tx, k []byte) error {
 	hist := tx.Bucket(bucketIdent)
 	if h, err := lease.DecodeStoredHistory(hist.Get(k)); err == nil {
-		if err := tx.Bucket(bucketLeases).Delete([]byte(h.Record.LeaseID)); err != nil {
-			return err
+		lockKey := unpackLockKey(k[:packedLen])
+		leases := tx.Bucket(bucketLeases)
+		if named, ok := leaseLockKey(leases, h.Record.LeaseID); ok && named == lockKey && h.Record.LockKey == lockKey {
+			if err := leases.Delete([]byte(h.Record.LeaseID)); err != nil {
+				return err
+			}
 		}
 		if err := tx.Bucket(bucketHistoryExp).Delete(timeIndexKey(h.EndedAt, k)); err != nil {
 			return err

@@ -35,7 +35,7 @@ const reapPassBudget = 20 * time.Second
 func (s *Store) reap(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, reapPassBudget)
 	defer cancel()
-	for _, step := range []func(*bbolt.Tx) (int, error){s.expireSlice, s.dropSlice(bucketIdemExp, bucketIdent), s.dropSlice(bucketCommitExp, bucketCommits), s.retireHistorySlice} {
+	for _, step := range []func(*bbolt.Tx) (int, error){s.expireSlice, s.dropSlice(bucketIdemExp, bucketIdent, isIdemKey), s.dropSlice(bucketCommitExp, bucketCommits, nil), s.retireHistorySlice} {
 		for ctx.Err() == nil {
 			var n int
 			if err := s.mutate(ctx, func(tx *bbolt.Tx) error {
@@ -87,12 +87,16 @@ func (s *Store) expireSlice(tx *bbolt.Tx) (int, error) {
 }
 
 // dropSlice deletes, oldest first, up to reapSlice entries of data whose
-// expiry index entry (expiry ms ‖ key) is due.
-func (s *Store) dropSlice(index, data []byte) func(*bbolt.Tx) (int, error) {
+// expiry index entry (expiry ms ‖ key) is due. In a bucket of several
+// kinds, only a key ofKind accepts is deleted: a damaged index entry
+// naming a fencing counter or an active record deletes only itself.
+func (s *Store) dropSlice(index, data []byte, ofKind func([]byte) bool) func(*bbolt.Tx) (int, error) {
 	return func(tx *bbolt.Tx) (int, error) {
 		due := dueKeys(tx.Bucket(index), s.clock(tx).UnixMilli())
 		for _, k := range due {
-			if err := tx.Bucket(data).Delete(k[8:]); err != nil {
+			if ofKind != nil && !ofKind(k[8:]) {
+				lease.CorruptState(s.log, lease.Identity{}, "an expiry index entry names a key of another kind")
+			} else if err := tx.Bucket(data).Delete(k[8:]); err != nil {
 				return 0, err
 			}
 			if err := tx.Bucket(index).Delete(k); err != nil {
@@ -109,7 +113,9 @@ func (s *Store) retireHistorySlice(tx *bbolt.Tx) (int, error) {
 	cutoff := s.clock(tx).UnixMilli() - s.opts.HistoryRetention.Milliseconds() - 1
 	due := dueKeys(tx.Bucket(bucketHistoryExp), cutoff)
 	for _, k := range due {
-		if err := forgetHistory(tx, k[8:]); err != nil {
+		if !isHistoryKey(k[8:]) {
+			lease.CorruptState(s.log, lease.Identity{}, "a history retention entry names a key of another kind")
+		} else if err := forgetHistory(tx, k[8:]); err != nil {
 			return 0, err
 		}
 		// An entry that does not decode leaves its index entry to us.
