@@ -98,7 +98,7 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 				continue // no lookup (ended and retired): not listed
 			}
 			rec, err := s.loadActiveFrom(tx, ident, lockKey)
-			if err != nil || rec == nil || rec.LeaseID != last || !rec.LiveAt(now) {
+			if err != nil || rec == nil || rec.LeaseID != last || !f.Selects(rec) || !rec.LiveAt(now) {
 				continue // corrupt (already alerted), ended or expired: not listed
 			}
 			out.Leases = append(out.Leases, rec)

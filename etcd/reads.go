@@ -156,7 +156,7 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 					at = lease.UnixMilli(int64(recorded))
 				}
 			}
-			if rec.LeaseID != last || !rec.LiveAt(at) {
+			if rec.LeaseID != last || !pg.Filter.Selects(rec) || !rec.LiveAt(at) {
 				continue
 			}
 			out.Leases = append(out.Leases, rec)

@@ -17,6 +17,21 @@ type ListFilter struct {
 
 func (f ListFilter) tokenScope() string { return string(f.By) + "\x00" + f.Value }
 
+// Selects reports whether f lists r: r's owner, target or program (f.By)
+// is f's value. A backend checks it of every record an index entry leads
+// to, so an entry left under the wrong filter lists nothing.
+func (f ListFilter) Selects(r *Record) bool {
+	switch f.By {
+	case ListByOwner:
+		return OwnerIndexValue(r.OwnerPrincipalID) == f.Value
+	case ListByTarget:
+		return TargetIndexValue(r.Identity()) == f.Value
+	case ListByProgram:
+		return ProgramIndexValue(r.Identity()) == f.Value
+	}
+	return false
+}
+
 func historyTokenScope(lockKey string) string { return "history\x00" + lockKey }
 
 // Page is a validated request for one page of List or History: what it

@@ -148,7 +148,7 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 			after = e.leaseID
 			rec, err := s.decodeActive(recs.at(2*j), recs.at(2*j+1), lease.KeyPrefix+e.tag, lease.Identity{})
 			j++
-			if err != nil || rec == nil || rec.LeaseID != e.leaseID || !rec.LiveAt(recs.now) {
+			if err != nil || rec == nil || rec.LeaseID != e.leaseID || !f.Selects(rec) || !rec.LiveAt(recs.now) {
 				continue // corrupt (already alerted), ended or expired: not listed
 			}
 			out.Leases = append(out.Leases, rec)
