@@ -82,7 +82,7 @@ func putOutbox(tx *bbolt.Tx, e lease.OutboxEntry) error {
 	// again: the new entry replaces the old one, which would otherwise
 	// stay in the outbox with no id pointing at it, never removed.
 	if old := ids.Get([]byte(e.MessageID)); old != nil {
-		if raw := box.Get(old); raw != nil {
+		if raw := box.Get(old); raw != nil && !lease.OutboxEntryOfAnother(raw, e.MessageID) {
 			dPending, dBytes = 0, dBytes-lease.OutboxEntrySize(raw)
 			if err := box.Delete(old); err != nil {
 				return err
@@ -133,7 +133,7 @@ func (s *Store) OutboxDone(ctx context.Context, messageID string) error {
 			return nil
 		}
 		box := tx.Bucket(bucketOutbox)
-		if raw := box.Get(seq); raw != nil {
+		if raw := box.Get(seq); raw != nil && !lease.OutboxEntryOfAnother(raw, messageID) {
 			if err := addOutboxUsage(tx, -1, -lease.OutboxEntrySize(raw)); err != nil {
 				return err
 			}
@@ -187,7 +187,7 @@ func (s *Store) deadLetter(tx *bbolt.Tx, messageID, reason string) error {
 	}
 	box, dead := tx.Bucket(bucketOutbox), tx.Bucket(bucketOutboxDead)
 	raw := box.Get(seq)
-	if raw == nil {
+	if raw == nil || lease.OutboxEntryOfAnother(raw, messageID) {
 		return ids.Delete([]byte(messageID))
 	}
 	if dead.Stats().KeyN >= lease.MaxOutboxDeadLetters {

@@ -114,7 +114,7 @@ func (s *Store) putOutbox(t *txn, room *outboxRoom, e lease.OutboxEntry) error {
 		if err != nil {
 			return err
 		}
-		if raw != nil {
+		if raw != nil && !lease.OutboxEntryOfAnother(raw, e.MessageID) {
 			pending, bytes = pending-1, bytes-lease.OutboxEntrySize(raw)
 			t.del(oldKey)
 		}
@@ -219,7 +219,7 @@ func (s *Store) pendingEntry(t *txn, messageID string) (idKey string, raw []byte
 	if raw, err = t.get(key); err != nil {
 		return "", nil, "", err
 	}
-	if raw == nil {
+	if raw == nil || lease.OutboxEntryOfAnother(raw, messageID) {
 		t.del(idKey)
 		return idKey, nil, "", nil
 	}

@@ -261,6 +261,24 @@ func (m *OutboxMessage) Size() int64 {
 	return n
 }
 
+// OutboxEntryOfAnother reports whether a stored outbox entry, which the
+// lookup of messageID led to, is the entry of another message: it decodes
+// and names another message id (damage, a misplaced lookup). Removing,
+// dead-lettering or replacing it for messageID would drop another
+// commit's unpublished message, so backends leave it pending. An entry
+// that does not decode is no other message's: it is messageID's to remove.
+// An entry that begins with its message id as EncodeOutboxEntry writes it
+// (its first member) is messageID's without decoding its body.
+func OutboxEntryOfAnother(raw []byte, messageID string) bool {
+	if rest, ok := bytes.CutPrefix(raw, []byte(`{"message_id":"`)); ok {
+		if own, ok := bytes.CutPrefix(rest, []byte(messageID)); ok && len(own) > 0 && own[0] == '"' {
+			return false
+		}
+	}
+	e, err := DecodeOutboxEntry(raw)
+	return err == nil && e.MessageID != messageID
+}
+
 // OutboxEntrySize is the Size of the message of an encoded outbox entry
 // (EncodeOutboxEntry's bytes), 0 if it does not decode, so counting an
 // entry in and out agrees even for a corrupt one. Backends call it when an

@@ -72,3 +72,29 @@ func FuzzOutboxEntrySize(f *testing.F) {
 		}
 	})
 }
+
+// OutboxEntryOfAnother: an entry is its own message's (by its leading
+// member, or decoded), another message's only when it decodes and names
+// another id, and no message's when it does not decode.
+func TestOutboxEntryOfAnother(t *testing.T) {
+	own, err := EncodeOutboxEntry(outboxEntryOf(OutboxMessage{RoutingKey: "q", Body: []byte("abc")}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, id string
+		raw      []byte
+		want     bool
+	}{
+		{"its own", "msg_1", own, false},
+		{"another's", "msg_2", own, true},
+		{"a longer id sharing the prefix", "msg_", own, true},
+		{"an id the entry's extends", "msg_10", own, true},
+		{"not decodable", "msg_2", own[:len(own)-1], false},
+		{"leading member elsewhere", "msg_2", []byte(`{"lock_key":"x","message_id":"msg_1"}`), false},
+	} {
+		if got := OutboxEntryOfAnother(tc.raw, tc.id); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
