@@ -81,3 +81,31 @@ func TestHistorySkipsAnotherIdentitysEntry(t *testing.T) {
 	}
 	leasetest.CheckHistoryHoldsOnlyItsIdentity(t, s, own.Identity(), recCaller, own, foreign)
 }
+
+// History retention removes a lease's lease-id entry with its history
+// entry (only one that locates that entry: see
+// TestReviewScopeHistoryRetentionKeepsAnotherLeasesLookup), so lookups do
+// not outlive retention.
+func TestHistoryRetentionDropsItsLeaseIDEntry(t *testing.T) {
+	ctx := context.Background()
+	o := leasetest.StoreOptions()
+	o.HistoryRetention = time.Second
+	s := open(t, testenv.StartEtcdCluster(t, 1), Options{StoreOptions: o})
+	a, err := s.Acquire(ctx, recAcquire("target-retained", "req-retained", 3*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Release(ctx, recRelease(a.Lease, "rel-retained")); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := s.getOne(ctx, s.keys.leaseID(a.Lease.LeaseID)); err != nil || v == nil {
+		t.Fatalf("lease-id entry of the ended lease: %q, %v", v, err)
+	}
+	time.Sleep(2500 * time.Millisecond)
+	if err := s.reap(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := s.getOne(ctx, s.keys.leaseID(a.Lease.LeaseID)); err != nil || v != nil {
+		t.Fatalf("lease-id entry after history retention: %q, %v", v, err)
+	}
+}

@@ -185,13 +185,19 @@ func (s *Store) dropDue(ctx context.Context, kind string, cutoff int64, data fun
 		k := string(kv.Key)
 		rest := k[len(prefix)+17:] // past "<16 hex ms>/"
 		var victims []string
+		del := []clientv3.Op{clientv3.OpDelete(k)}
 		if data != nil {
 			victims = data(rest)
 		} else {
 			lockKey, seq, _ := strings.Cut(rest, "/")
-			victims = []string{s.keys.historyPrefix(lockKey) + seq, s.keys.leaseID(string(kv.Value))}
+			victims = []string{s.keys.historyPrefix(lockKey) + seq}
+			// The lease-id entry goes only if it locates this history
+			// entry: a damaged index entry naming another lease (of
+			// another identity, or live) leaves that lease's entry alone.
+			idKey := s.keys.leaseID(string(kv.Value))
+			del = append(del, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.Value(idKey), "=", lockKey+"\x00"+seq)},
+				[]clientv3.Op{clientv3.OpDelete(idKey)}, nil))
 		}
-		del := []clientv3.Op{clientv3.OpDelete(k)}
 		for _, v := range victims {
 			del = append(del, clientv3.OpDelete(v))
 		}
