@@ -174,12 +174,20 @@ func (p Prepared) Replay(ev *IdempotencyRecord, now Timestamp, current func(orig
 // Lookup is the answer of LookupRequest p from raw, the evidence stored
 // under its scope: the original result, with the lease's state now where
 // it has changed (current finds it; if it cannot, the state is left out).
-// ok is false for evidence that fails decoding or is of another operation
-// or lock key: corrupt.
+// ok is false for evidence that fails decoding, is of another operation
+// or lock key, or, for an owner's operation (acquire, renew, release), of
+// a lease another principal owns: corrupt, since the scope it is stored
+// under names the requester (damage, a misplaced copy).
 func (p Prepared) Lookup(raw []byte, current func(orig *Record) (*Record, error)) (res Result, ok bool) {
 	ev, err := DecodeIdempotencyRecord(raw)
 	if err != nil || ev.Op != p.Op || ev.Lease.LockKey != p.LockKey {
 		return Result{}, false
+	}
+	switch p.Op {
+	case OpAcquire, OpRenew, OpRelease:
+		if ev.Lease.OwnerPrincipalID != p.Principal {
+			return Result{}, false
+		}
 	}
 	res = ev.Result()
 	if cur, err := current(ev.Lease); err == nil && cur.State != ev.Lease.State {

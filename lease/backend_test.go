@@ -103,7 +103,8 @@ func TestEvidenceAnswers(t *testing.T) {
 	now := UnixMilli(msExpires + 1)
 	d1, d2 := strings.Repeat("1", 64), strings.Repeat("2", 64)
 	rec := validRecord()
-	p := Prepared{Op: OpAcquire, Identity: contractIdentity(), LockKey: rec.LockKey, Digest: d1}
+	// Principal as PrepareLookup sets it: the caller, here the lease's owner.
+	p := Prepared{Op: OpAcquire, Identity: contractIdentity(), LockKey: rec.LockKey, Digest: d1, Principal: rec.OwnerPrincipalID}
 	ev := &IdempotencyRecord{Version: IdempotencyVersion, Op: OpAcquire, Digest: d1, Code: CodeAcquired, Lease: rec, BackendTime: UnixMilli(msAcquired)}
 	raw, err := ev.Encode()
 	if err != nil {
@@ -173,11 +174,16 @@ func TestEvidenceAnswers(t *testing.T) {
 	if _, ok := renew.Lookup(raw, released); ok {
 		t.Fatal("Lookup accepted evidence of another operation")
 	}
+	stranger := p
+	stranger.Principal = "prn_other"
+	if _, ok := stranger.Lookup(raw, released); ok {
+		t.Fatal("Lookup accepted evidence of a lease another principal owns")
+	}
 	if _, ok := p.Lookup([]byte("{}"), released); ok {
 		t.Fatal("Lookup accepted corrupt evidence")
 	}
 	// A lookup has no digest to compare: any inputs of the request id.
-	if _, ok := (Prepared{Op: OpAcquire, LockKey: rec.LockKey}).Lookup(raw, released); !ok {
+	if _, ok := (Prepared{Op: OpAcquire, LockKey: rec.LockKey, Principal: rec.OwnerPrincipalID}).Lookup(raw, released); !ok {
 		t.Fatal("Lookup compared the digest")
 	}
 }

@@ -24,6 +24,8 @@ type Prepared struct {
 	Scope string
 	// Digest covers every behaviour-affecting input of the operation.
 	Digest string
+	// Principal is the caller a lookup answers (PrepareLookup only).
+	Principal string
 }
 
 // fieldHasher builds an unambiguous digest: every field is written as its
@@ -430,5 +432,6 @@ func PrepareLookup(req LookupRequest, o StoreOptions) (Prepared, error) {
 	if err := CheckOpaqueID("request_id", req.RequestID); err != nil {
 		return Prepared{}, err
 	}
-	return Prepared{Op: req.Op, Identity: id, LockKey: key, Scope: IdempotencyScope(req.Op, key, req.PrincipalID, req.RequestID)}, nil
+	return Prepared{Op: req.Op, Identity: id, LockKey: key, Scope: IdempotencyScope(req.Op, key, req.PrincipalID, req.RequestID),
+		Principal: req.PrincipalID}, nil
 }
