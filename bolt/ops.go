@@ -439,15 +439,17 @@ func (s *Store) trimHistory(tx *bbolt.Tx, lockKey string) error {
 }
 
 // forgetHistory deletes one history entry (k, a history key) and the
-// lease-id lookup it backs: only if the entry is of k's identity and the
-// lookup names that identity, so an entry of another identity found under
-// k (damage, a misplaced copy) never deletes that identity's lookup.
+// lease-id lookup it backs: only the lookup archiving this entry wrote
+// (this identity, the entry's terminal state and end), so an entry found
+// under k that is another identity's, or names a live lease or another
+// ended one (damage, a misplaced copy), never deletes that lease's lookup.
 func forgetHistory(tx *bbolt.Tx, k []byte) error {
 	hist := tx.Bucket(bucketIdent)
 	if h, err := lease.DecodeStoredHistory(hist.Get(k)); err == nil {
 		lockKey := unpackLockKey(k[:packedLen])
 		leases := tx.Bucket(bucketLeases)
-		if named, ok := leaseLockKey(leases, h.Record.LeaseID); ok && named == lockKey && h.Record.LockKey == lockKey {
+		own := leaseStateValue(lockKey, h.Record.State, h.EndedAt.UnixMilli())
+		if h.Record.LockKey == lockKey && bytes.Equal(leases.Get([]byte(h.Record.LeaseID)), own) {
 			if err := leases.Delete([]byte(h.Record.LeaseID)); err != nil {
 				return err
 			}
@@ -487,7 +489,11 @@ func findHistory(tx *bbolt.Tx, lockKey, leaseID string) *lease.HistoryEntry {
 // putLeaseState records where a lease id lives and its state: packed lock
 // key ‖ state ‖ 0 ‖ ended ms.
 func putLeaseState(tx *bbolt.Tx, leaseID, lockKey string, state lease.State, endedMs int64) error {
-	return tx.Bucket(bucketLeases).Put([]byte(leaseID), append(packLockKey(lockKey), join(string(state), strconv.FormatInt(endedMs, 10))...))
+	return tx.Bucket(bucketLeases).Put([]byte(leaseID), leaseStateValue(lockKey, state, endedMs))
+}
+
+func leaseStateValue(lockKey string, state lease.State, endedMs int64) []byte {
+	return append(packLockKey(lockKey), join(string(state), strconv.FormatInt(endedMs, 10))...)
 }
 
 // leaseLockKey is the lock key of leaseID's identity, from the leases

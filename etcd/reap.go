@@ -194,9 +194,13 @@ func (s *Store) dropDue(ctx context.Context, kind string, cutoff int64, data fun
 			// The lease-id entry goes only if it locates this history
 			// entry: a damaged index entry naming another lease (of
 			// another identity, or live) leaves that lease's entry alone.
-			idKey := s.keys.leaseID(string(kv.Value))
-			del = append(del, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.Value(idKey), "=", lockKey+"\x00"+seq)},
-				[]clientv3.Op{clientv3.OpDelete(idKey)}, nil))
+			// Sequence 0 locates no history entry (they start at 1): it is
+			// a live lease's location.
+			if seq != hex16(0) {
+				idKey := s.keys.leaseID(string(kv.Value))
+				del = append(del, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.Value(idKey), "=", lockKey+"\x00"+seq)},
+					[]clientv3.Op{clientv3.OpDelete(idKey)}, nil))
+			}
 		}
 		for _, v := range victims {
 			del = append(del, clientv3.OpDelete(v))
