@@ -508,12 +508,11 @@ func leaseLockKey(leases *bbolt.Bucket, leaseID string) (lockKey string, ok bool
 
 // indexKeys are the List index entries of an active record.
 func indexKeys(r *lease.Record) [][]byte {
-	id := r.Identity()
-	return [][]byte{
-		indexKey(lease.ListFilter{By: lease.ListByOwner, Value: lease.OwnerIndexValue(r.OwnerPrincipalID)}, r.LeaseID),
-		indexKey(lease.ListFilter{By: lease.ListByTarget, Value: lease.TargetIndexValue(id)}, r.LeaseID),
-		indexKey(lease.ListFilter{By: lease.ListByProgram, Value: lease.ProgramIndexValue(id)}, r.LeaseID),
+	var keys [][]byte
+	for _, f := range lease.FiltersOf(r) {
+		keys = append(keys, indexKey(f, r.LeaseID))
 	}
+	return keys
 }
 
 func indexKey(f lease.ListFilter, leaseID string) []byte {

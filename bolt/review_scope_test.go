@@ -37,7 +37,7 @@ func TestReviewScopeListHoldsOnlyItsFilter(t *testing.T) {
 	own := scopeAcquire(t, s, "tenant-own", "program-own", "target-own", "prn-own", "req-own")
 	foreign := scopeAcquire(t, s, "tenant-foreign", "program-foreign", "target-foreign", "prn-foreign", "req-foreign")
 	if err := s.db.Update(func(tx *bbolt.Tx) error {
-		for _, f := range leasetest.ListFiltersOf(own) {
+		for _, f := range lease.FiltersOf(own) {
 			if err := tx.Bucket(bucketIndex).Put(indexKey(f, foreign.LeaseID), nil); err != nil {
 				return err
 			}

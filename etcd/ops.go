@@ -419,10 +419,9 @@ func (s *Store) findHistory(t *txn, lockKey, leaseID string) (*lease.HistoryEntr
 
 // indexKeys are the List index entries of an active record.
 func (s *Store) indexKeys(r *lease.Record) []string {
-	id := r.Identity()
-	return []string{
-		s.keys.index(lease.ListFilter{By: lease.ListByOwner, Value: lease.OwnerIndexValue(r.OwnerPrincipalID)}, r.LeaseID),
-		s.keys.index(lease.ListFilter{By: lease.ListByTarget, Value: lease.TargetIndexValue(id)}, r.LeaseID),
-		s.keys.index(lease.ListFilter{By: lease.ListByProgram, Value: lease.ProgramIndexValue(id)}, r.LeaseID),
+	var keys []string
+	for _, f := range lease.FiltersOf(r) {
+		keys = append(keys, s.keys.index(f, r.LeaseID))
 	}
+	return keys
 }

@@ -31,7 +31,7 @@ func TestReviewScopeListHoldsOnlyItsFilter(t *testing.T) {
 		t.Fatal(err)
 	}
 	own, foreign := a.Lease, b.Lease
-	for _, f := range leasetest.ListFiltersOf(own) {
+	for _, f := range lease.FiltersOf(own) {
 		if _, err := s.cli.Put(ctx, s.keys.index(f, foreign.LeaseID), foreign.LockKey); err != nil {
 			t.Fatal(err)
 		}

@@ -17,6 +17,17 @@ type ListFilter struct {
 
 func (f ListFilter) tokenScope() string { return string(f.By) + "\x00" + f.Value }
 
+// FiltersOf are the three List filters that select r: by its owner, its
+// target and its program (the index entries a backend keeps for it).
+func FiltersOf(r *Record) [3]ListFilter {
+	id := r.Identity()
+	return [3]ListFilter{
+		{By: ListByOwner, Value: OwnerIndexValue(r.OwnerPrincipalID)},
+		{By: ListByTarget, Value: TargetIndexValue(id)},
+		{By: ListByProgram, Value: ProgramIndexValue(id)},
+	}
+}
+
 // Selects reports whether f lists r: r's owner, target or program (f.By)
 // is f's value. A backend checks it of every record an index entry leads
 // to, so an entry left under the wrong filter lists nothing.

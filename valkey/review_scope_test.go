@@ -25,7 +25,7 @@ func TestReviewScopeListHoldsOnlyItsFilter(t *testing.T) {
 		t.Fatal(err)
 	}
 	own, foreign := a.Lease, b.Lease
-	for _, f := range leasetest.ListFiltersOf(own) {
+	for _, f := range lease.FiltersOf(own) {
 		m := string(f.By) + "\x00" + f.Value + foreign.LeaseID + "\x00" + tagOf(foreign.LockKey)
 		if err := s.client.Do(bg, s.client.B().Zadd().Key(s.keys.index()).ScoreMember().ScoreMember(0, m).Build()).Error(); err != nil {
 			t.Fatal(err)

@@ -383,20 +383,8 @@ func CheckHistoryHoldsOnlyItsIdentity(t *testing.T, s lease.Store, id lease.Iden
 	}
 }
 
-// ListFiltersOf are the three List filters that select r (by its owner,
-// its target and its program), for a backend's test that plants index
-// entries under them.
-func ListFiltersOf(r *lease.Record) []lease.ListFilter {
-	id := r.Identity()
-	return []lease.ListFilter{
-		{By: lease.ListByOwner, Value: lease.OwnerIndexValue(r.OwnerPrincipalID)},
-		{By: lease.ListByTarget, Value: lease.TargetIndexValue(id)},
-		{By: lease.ListByProgram, Value: lease.ProgramIndexValue(id)},
-	}
-}
-
 // CheckListHoldsOnlyItsFilter is the check of a backend's test that put,
-// under each of own's three List filters (ListFiltersOf), an index entry
+// under each of own's three List filters (lease.FiltersOf), an index entry
 // naming foreign: a live lease of another owner, tenant, program and
 // target, whose own entries and lease-id lookup are intact. Listing by
 // own's owner, target and program finds own alone: foreign is selected by
