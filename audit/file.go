@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 )
@@ -48,6 +49,11 @@ type FileSink struct {
 	torn   int64 // bytes of a torn tail OpenFile quarantined
 
 	reopened int // times the file at path was (re)opened in place of s.f
+
+	// durable, if set (Indexed, before the first Write), is called with
+	// the events of each batch the file took, in file order, before their
+	// writers return.
+	durable func([]Event)
 }
 
 // file is what FileSink needs of its *os.File (tests wrap it to inject
@@ -217,6 +223,50 @@ func syncDir(dir string) error {
 	return d.Sync()
 }
 
+// tailEvents returns the events of the file's last n lines, oldest first,
+// and the number of those lines that do not decode (skipped). It reads
+// backwards from the end of the last durable line, at most as many bytes
+// as n lines of the longest event take.
+func (s *FileSink) tailEvents(n int) (events []Event, bad int, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, 0, ErrClosed
+	}
+	limit := int64(n+1) * (MaxEventBytes + 1)
+	var chunks [][]byte // newest first
+	newlines, read, off := 0, int64(0), s.size
+	for off > 0 && newlines <= n && read < limit {
+		k := min(int64(64<<10), off)
+		off -= k
+		c := make([]byte, k)
+		if _, err := s.f.ReadAt(c, off); err != nil {
+			return nil, 0, err
+		}
+		newlines += bytes.Count(c, []byte{'\n'})
+		read += k
+		chunks = append(chunks, c)
+	}
+	slices.Reverse(chunks)
+	lines := bytes.Split(bytes.Join(chunks, nil), []byte{'\n'})
+	lines = lines[:len(lines)-1] // the region ends with a newline
+	if off > 0 && len(lines) > 0 {
+		lines = lines[1:] // begins before the bytes read
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	for _, line := range lines {
+		e, err := Unmarshal(line)
+		if err != nil {
+			bad++
+			continue
+		}
+		events = append(events, e)
+	}
+	return events, bad, nil
+}
+
 // Path is the file's path.
 func (s *FileSink) Path() string { return s.path }
 
@@ -226,6 +276,7 @@ func (s *FileSink) TornBytes() int64 { return s.torn }
 
 // pendingLine is one Write's line waiting in the queue, and its outcome.
 type pendingLine struct {
+	ev   Event
 	b    []byte
 	high bool
 	err  error
@@ -242,7 +293,7 @@ func (s *FileSink) Write(ctx context.Context, e Event) error {
 	if err != nil {
 		return err
 	}
-	p := &pendingLine{b: append(b, '\n'), high: e.Priority == PriorityHigh || PriorityOf(e.EventType) == PriorityHigh,
+	p := &pendingLine{ev: e, b: append(b, '\n'), high: e.Priority == PriorityHigh || PriorityOf(e.EventType) == PriorityHigh,
 		done: make(chan struct{})}
 	s.lines.Submit(p, s.appendBatch)
 	<-p.done
@@ -267,6 +318,13 @@ func (s *FileSink) appendBatch(batch []*pendingLine) {
 		high = high || p.high
 	}
 	err = s.appendGuarded(lines, high)
+	if err == nil && s.durable != nil {
+		events := make([]Event, len(batch))
+		for i, p := range batch {
+			events[i] = p.ev
+		}
+		s.durable(events)
+	}
 }
 
 // appendGuarded is appendLocked under s.mu. A panic in it fails the batch

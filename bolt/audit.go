@@ -85,6 +85,7 @@ type AuditSink struct {
 var (
 	_ audit.Sink    = (*AuditSink)(nil)
 	_ audit.Checker = (*AuditSink)(nil)
+	_ audit.Index   = (*AuditSink)(nil)
 )
 
 // OpenAudit opens (creating if needed, mode 0600) the bbolt audit file at
@@ -168,6 +169,60 @@ func (s *AuditSink) Write(ctx context.Context, e audit.Event) error {
 	}
 	s.setOutcome(at, nil)
 	return err
+}
+
+// AddMissing stores, in one committed transaction (shared with concurrent
+// writers), each of events whose event id the store does not hold yet,
+// then prunes past retention: audit.Index, for the store as the index of
+// the server's audit file (audit.Indexed).
+func (s *AuditSink) AddMissing(ctx context.Context, events []audit.Event) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("audit: write: %w", err)
+	}
+	encoded := make([][]byte, len(events))
+	for i, e := range events {
+		b, err := audit.Marshal(e)
+		if err != nil {
+			return err
+		}
+		encoded[i] = b
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return audit.ErrClosed
+	}
+	var at uint64
+	err := s.group.update(func(tx *bbolt.Tx) error {
+		at = s.ran.Add(1)
+		ev := tx.Bucket(auditBucketEvents)
+		n, high := auditCount(tx, auditKeyCount), auditCount(tx, auditKeyHigh)
+		added := 0
+		for i, e := range events {
+			key := []byte(e.EventID)
+			if ev.Get(key) != nil {
+				continue
+			}
+			if err := ev.Put(key, encoded[i]); err != nil {
+				return err
+			}
+			n, added = n+1, added+1
+			if auditHighPriority(encoded[i]) {
+				high++
+			}
+		}
+		n, high, _ = s.prune(tx, n, high, auditPrunePerWrite*max(added, 1))
+		return auditSetCounts(tx, n, high)
+	})
+	if at == 0 {
+		at = s.ran.Add(1)
+	}
+	if err != nil {
+		s.setOutcome(at, fmt.Errorf("%s: write: %w", filepath.Base(s.path), audit.SystemError(err)))
+		return fmt.Errorf("audit: write: %w", err)
+	}
+	s.setOutcome(at, nil)
+	return nil
 }
 
 // setOutcome records the outcome of the write function run at, unless a
