@@ -260,22 +260,31 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 }
 
 // backend is what serve runs on: the lease store, the credential store and
-// the backend's own audit sink.
+// the backend's own audit sink (Valkey, etcd), or its local audit store
+// (bolt), which indexes the audit file.
 type backend struct {
 	store lease.Store
 	creds auth.Store
 	sink  audit.Sink
+	index audit.Index
 }
 
 func (b backend) close() {
-	if b.sink != nil {
-		b.sink.Close()
-	}
+	b.closeAudit()
 	if b.creds != nil {
 		b.creds.Close()
 	}
 	if b.store != nil {
 		b.store.Close()
+	}
+}
+
+func (b backend) closeAudit() {
+	if b.sink != nil {
+		b.sink.Close()
+	}
+	if b.index != nil {
+		b.index.Close()
 	}
 }
 
@@ -307,7 +316,7 @@ func openBackend(ctx context.Context, f backendFlags, dataDir string, opts lease
 			b.close()
 			return backend{}, err
 		}
-		b.sink = as
+		b.index = as
 	case "valkey":
 		vs, err := valkey.Open(ctx, f.valkeyOptions(opts))
 		if err != nil {
@@ -376,16 +385,35 @@ func serve(ctx context.Context, f serveFlags, stdout io.Writer, log *slog.Logger
 	defer b.creds.Close()
 	fileSink, err := audit.OpenFile(filepath.Join(f.dataDir, auditFile))
 	if err != nil {
-		b.sink.Close()
+		b.closeAudit()
 		return err
 	}
 	if n := fileSink.TornBytes(); n > 0 {
 		log.Warn("audit: the audit file ended in a torn line (a crash during a write); it was moved aside",
 			"bytes", n, "quarantine", auditFile+".torn")
 	}
-	// Every audit event goes to the local JSON-lines file and to the
-	// backend's own sink, behind one limiter.
-	sink := audit.NewLimiter(audit.Multi(fileSink, b.sink), audit.LimiterOptions{})
+	// Every audit event goes to the local JSON-lines file and, with Valkey
+	// or etcd, to the backend's shared sink at the same time, behind one
+	// limiter. With bolt the file is where an event is durable, and the
+	// bolt audit store indexes it just after (audit.Indexed): a request
+	// waits for one fsync, not also for a commit of the store after it.
+	var both audit.Sink
+	if b.index != nil {
+		indexed, bad, err := audit.OpenIndexed(ctx, fileSink, b.index, audit.IndexedOptions{})
+		if err != nil {
+			fileSink.Close()
+			b.closeAudit()
+			return err
+		}
+		b.index = nil // closed by indexed
+		if bad > 0 {
+			log.Warn("audit: lines at the end of the audit file do not decode; the audit store does not hold them", "lines", bad)
+		}
+		both = indexed
+	} else {
+		both = audit.Multi(fileSink, b.sink)
+	}
+	sink := audit.NewLimiter(both, audit.LimiterOptions{})
 	defer sink.Close()
 	creds := b.creds
 	authn, err := auth.NewAuthenticator(creds, pepper, nil)
