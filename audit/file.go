@@ -51,9 +51,9 @@ type FileSink struct {
 	reopened int // times the file at path was (re)opened in place of s.f
 
 	// durable, if set (Indexed, before the first Write), is called with
-	// the events of each batch the file took, in file order, before their
-	// writers return.
-	durable func([]Event)
+	// the lines (without their newline) of each batch the file took, in
+	// file order, before their writers return.
+	durable func([][]byte)
 }
 
 // file is what FileSink needs of its *os.File (tests wrap it to inject
@@ -223,19 +223,24 @@ func syncDir(dir string) error {
 	return d.Sync()
 }
 
-// tailEvents returns the events of the file's last n lines, oldest first,
-// and the number of those lines that do not decode (skipped). It reads
-// backwards from the end of the last durable line, at most as many bytes
-// as n lines of the longest event take.
-func (s *FileSink) tailEvents(n int) (events []Event, bad int, err error) {
+// linesBefore returns up to n whole lines (without their newlines) that
+// end at offset end (a line boundary; a negative end or one past the last
+// durable line means that line's end), oldest first, and the offset at
+// which the first of them starts. It reads backwards, at most as many
+// bytes as n lines of the longest event take (a longer line is cut to its
+// end: it is no event).
+func (s *FileSink) linesBefore(end int64, n int) (lines [][]byte, start int64, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return nil, 0, ErrClosed
 	}
+	if end < 0 || end > s.size {
+		end = s.size
+	}
 	limit := int64(n+1) * (MaxEventBytes + 1)
 	var chunks [][]byte // newest first
-	newlines, read, off := 0, int64(0), s.size
+	newlines, read, off := 0, int64(0), end
 	for off > 0 && newlines <= n && read < limit {
 		k := min(int64(64<<10), off)
 		off -= k
@@ -248,23 +253,21 @@ func (s *FileSink) tailEvents(n int) (events []Event, bad int, err error) {
 		chunks = append(chunks, c)
 	}
 	slices.Reverse(chunks)
-	lines := bytes.Split(bytes.Join(chunks, nil), []byte{'\n'})
+	data := bytes.Join(chunks, nil)
+	lines = bytes.Split(data, []byte{'\n'})
 	lines = lines[:len(lines)-1] // the region ends with a newline
+	start = off
 	if off > 0 && len(lines) > 0 {
+		start += int64(len(lines[0]) + 1)
 		lines = lines[1:] // begins before the bytes read
 	}
 	if len(lines) > n {
+		for _, l := range lines[:len(lines)-n] {
+			start += int64(len(l) + 1)
+		}
 		lines = lines[len(lines)-n:]
 	}
-	for _, line := range lines {
-		e, err := Unmarshal(line)
-		if err != nil {
-			bad++
-			continue
-		}
-		events = append(events, e)
-	}
-	return events, bad, nil
+	return lines, start, nil
 }
 
 // Path is the file's path.
@@ -276,7 +279,6 @@ func (s *FileSink) TornBytes() int64 { return s.torn }
 
 // pendingLine is one Write's line waiting in the queue, and its outcome.
 type pendingLine struct {
-	ev   Event
 	b    []byte
 	high bool
 	err  error
@@ -293,7 +295,7 @@ func (s *FileSink) Write(ctx context.Context, e Event) error {
 	if err != nil {
 		return err
 	}
-	p := &pendingLine{ev: e, b: append(b, '\n'), high: e.Priority == PriorityHigh || PriorityOf(e.EventType) == PriorityHigh,
+	p := &pendingLine{b: append(b, '\n'), high: e.Priority == PriorityHigh || PriorityOf(e.EventType) == PriorityHigh,
 		done: make(chan struct{})}
 	s.lines.Submit(p, s.appendBatch)
 	<-p.done
@@ -319,11 +321,11 @@ func (s *FileSink) appendBatch(batch []*pendingLine) {
 	}
 	err = s.appendGuarded(lines, high)
 	if err == nil && s.durable != nil {
-		events := make([]Event, len(batch))
+		taken := make([][]byte, len(batch))
 		for i, p := range batch {
-			events[i] = p.ev
+			taken[i] = p.b[:len(p.b)-1]
 		}
-		s.durable(events)
+		s.durable(taken)
 	}
 }
 

@@ -11,17 +11,23 @@ import (
 // Index is an audit store that Indexed fills from the audit file: the
 // bolt audit store (bolt.AuditSink), which operators query.
 type Index interface {
-	// AddMissing stores durably, in one transaction, each of events whose
-	// event id it does not hold yet, and nothing if it fails.
-	AddMissing(ctx context.Context, events []Event) error
+	// AddMissing stores durably, in one transaction, the event of each of
+	// lines (audit file lines without their newline) whose event id it
+	// does not hold yet, and nothing if it fails. It returns how many it
+	// added, and how many lines it skipped: those that do not decode
+	// strictly (Unmarshal).
+	AddMissing(ctx context.Context, lines [][]byte) (added, skipped int, err error)
+	// Holds reports whether it holds the event of every line of lines
+	// that decodes strictly.
+	Holds(ctx context.Context, lines [][]byte) (bool, error)
 	Close() error
 }
 
 // IndexedOptions configures an Indexed sink.
 type IndexedOptions struct {
-	// MaxBehind bounds the events the file holds and the index does not
-	// yet: a Write waits for room (or its context) beyond it. Zero means
-	// DefaultMaxBehind.
+	// MaxBehind bounds the events the file took that wait in memory for
+	// the index; more are counted as overflow and read back from the file
+	// once the index takes events again. Zero means DefaultMaxBehind.
 	MaxBehind int
 	// RetryInterval is how often adding to a failing index is retried.
 	// Zero means one second.
@@ -34,48 +40,59 @@ type IndexedOptions struct {
 	// less for the disk with the requests' own. Zero means
 	// DefaultGather; negative means no wait.
 	Gather time.Duration
+	// OnBehind, if set, is called when catching up read back
+	// MaxRuns×2×MaxBehind lines and the index lacked events in each run:
+	// events before those lines may stay missing from it.
+	OnBehind func(lines int)
+	// MaxRuns bounds the runs of 2×MaxBehind lines catching up reads
+	// back. Zero means DefaultMaxRuns.
+	MaxRuns int
 }
 
 // Defaults of IndexedOptions.
 const (
 	DefaultMaxBehind = 4096
 	DefaultGather    = 50 * time.Millisecond
+	DefaultMaxRuns   = 256
 )
+
+// ErrIndexBehind marks Indexed.Check's report of a failing index: events
+// are durable in the audit file and wait for the index.
+var ErrIndexBehind = errors.New("the audit store is behind the audit file")
 
 // Indexed is the audit sink of a server whose audit store is local (the
 // bolt backend): an event is durable once the audit file holds it
-// (FileSink: fsynced) and Write returns then; the index gets it after,
-// with every event written meanwhile in one transaction. A request then
-// waits for the file's fsync alone, not also for the index's commit after
-// it (two more fsyncs).
+// (FileSink: fsynced) and Write returns then; the index gets the file's
+// line after, with every line written meanwhile in one transaction. A
+// request then waits for the file's fsync alone, not also for the index's
+// commit after it (two more fsyncs). The index never holds up a Write: a
+// failing index only makes events wait, and Check report it.
 //
-// At most MaxBehind events are in the file and not in the index: a Write
-// takes room before it writes the file and the room is freed once the
-// index holds the event. The index takes the events in file order, so
-// those it lacks are always among the file's last MaxBehind lines; after a
-// crash OpenIndexed adds those (the ones already there are skipped by event
-// id) before it takes any new event.
-//
-// The bound holds for the file at the path: an event not yet indexed when
-// the file is rotated away (copied and truncated, or renamed) and the
-// server crashes before indexing it is in the rotated file only.
-//
-// A failing index does not fail Writes while there is room: the events
-// are durable in the file and wait, in order, and are added when the
-// index takes them again; Check reports the failure meanwhile. Close adds
-// what waits, then closes the index and the file.
+// The index holds a prefix of the file's lines: it takes them in file
+// order, so those it lacks are the file's last lines. At most MaxBehind
+// wait in memory; lines the file takes while that many wait (overflow: the
+// index failing, or slower than the writes, for a while) are only
+// counted, and read back from the file. Catching up (at OpenIndexed, after
+// a crash; and after an overflow) reads the file backwards in runs of
+// 2×MaxBehind lines until a run the index holds entirely (the lines of a
+// file batch whose fsync failed, at most MaxBehind, may sit among them),
+// then adds the runs oldest first, so a failure half way leaves a prefix
+// again. It reads back at most MaxRuns runs (OnBehind reports reaching
+// that). The index then lacks only lines not yet indexed when the file was
+// rotated away (copied and truncated, or renamed) before a crash. The file
+// holds every event regardless.
 type Indexed struct {
 	file  *FileSink
 	index Index
 	opts  IndexedOptions
-	room  chan struct{} // a token per event taken and not yet indexed
 
 	life   sync.RWMutex // Write holds it for reading; Close waits for Writes
 	closed bool
 
-	mu      sync.Mutex
-	waiting []Event // in the file, not yet in the index, in file order
-	failed  error   // the last AddMissing's failure, while events wait
+	mu       sync.Mutex
+	waiting  [][]byte // lines the file took, not yet in the index, in file order
+	overflow int      // lines the file took while MaxBehind waited
+	failed   error    // the index's last failure, while lines wait
 
 	adding sync.Mutex // one AddMissing at a time, so the index gets file order
 
@@ -86,11 +103,12 @@ type Indexed struct {
 	closeErr  error
 }
 
-// OpenIndexed returns file's events indexed by index: first it adds the
-// events of the file's last MaxBehind lines the index lacks (what a crash
-// left unindexed), and reports how many of those lines did not decode
-// (skipped: the file is the record, the index a copy). It fails if the
-// index cannot take them. Closing the sink closes file and index.
+// OpenIndexed returns file's events indexed by index. First it catches
+// up: it adds what the index lacks at the end of the file (what a crash
+// left unindexed). If the index cannot take it now, the sink starts with
+// the catch-up pending, and Check reports it. It returns how many lines
+// the catch-up added do not decode (skipped: the file is the record, the
+// index a copy). Closing the sink closes file and index.
 func OpenIndexed(ctx context.Context, file *FileSink, index Index, o IndexedOptions) (*Indexed, int, error) {
 	if o.MaxBehind <= 0 {
 		o.MaxBehind = DefaultMaxBehind
@@ -104,48 +122,45 @@ func OpenIndexed(ctx context.Context, file *FileSink, index Index, o IndexedOpti
 	if o.Gather == 0 {
 		o.Gather = DefaultGather
 	}
-	tail, bad, err := file.tailEvents(o.MaxBehind)
-	if err != nil {
-		return nil, 0, fmt.Errorf("audit: read the audit file's last events: %w", err)
+	if o.MaxRuns <= 0 {
+		o.MaxRuns = DefaultMaxRuns
 	}
-	if len(tail) > 0 {
-		if err := index.AddMissing(ctx, tail); err != nil {
-			return nil, bad, fmt.Errorf("audit: index the audit file's last events: %w", err)
-		}
-	}
-	s := &Indexed{file: file, index: index, opts: o, room: make(chan struct{}, o.MaxBehind),
+	s := &Indexed{file: file, index: index, opts: o,
 		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
-	// Set before the first Write: appendBatch reads it under the file's
+	skipped, err := s.catchUp(ctx)
+	if err != nil {
+		if errors.Is(err, errReadBack) {
+			return nil, 0, err
+		}
+		// The file is fine: start with the catch-up pending.
+		s.overflow, s.failed = 1, err
+	}
+	// Set before the first Write: appendBatch reads them under the file's
 	// queue, after this.
+	file.lines.Max = o.MaxBehind
 	file.durable = s.took
 	go s.loop()
-	return s, bad, nil
+	return s, skipped, nil
 }
 
-// Write writes e to the file (durable when it returns nil) and queues it
-// for the index.
+// Write writes e to the file, durable when it returns nil; the index gets
+// it later.
 func (s *Indexed) Write(ctx context.Context, e Event) error {
 	s.life.RLock()
 	defer s.life.RUnlock()
 	if s.closed {
 		return ErrClosed
 	}
-	select {
-	case s.room <- struct{}{}:
-	case <-ctx.Done():
-		return fmt.Errorf("audit: write: the audit store is %d events behind the audit file: %w", s.opts.MaxBehind, ctx.Err())
-	}
-	if err := s.file.Write(ctx, e); err != nil {
-		<-s.room
-		return err
-	}
-	return nil
+	return s.file.Write(ctx, e)
 }
 
-// took queues a batch the file took, in file order (FileSink.durable).
-func (s *Indexed) took(events []Event) {
+// took queues the lines of a batch the file took, in file order
+// (FileSink.durable).
+func (s *Indexed) took(lines [][]byte) {
 	s.mu.Lock()
-	s.waiting = append(s.waiting, events...)
+	keep := min(max(s.opts.MaxBehind-len(s.waiting), 0), len(lines))
+	s.waiting = append(s.waiting, lines[:keep]...)
+	s.overflow += len(lines) - keep
 	s.mu.Unlock()
 	select {
 	case s.kick <- struct{}{}:
@@ -164,76 +179,176 @@ func (s *Indexed) loop() {
 		case <-s.kick:
 		case <-t.C:
 		}
-		_ = s.Flush(context.Background())
-		if s.opts.Gather > 0 {
+		pause := s.opts.Gather
+		if s.Flush(context.Background()) != nil {
+			// A failing index is tried again every RetryInterval, not at
+			// every batch the file takes meanwhile.
+			pause = s.opts.RetryInterval
+		}
+		if pause > 0 {
 			select {
 			case <-s.stop:
 				return
-			case <-time.After(s.opts.Gather):
+			case <-time.After(pause):
 			}
 		}
 	}
 }
 
-// Flush adds every event waiting to the index, in one transaction, and
-// returns its failure (the events then wait for the next try).
+// add is AddMissing within IndexTimeout, a panic of the index an error.
+func (s *Indexed) add(ctx context.Context, lines [][]byte) (added, skipped int, err error) {
+	actx, cancel := context.WithTimeout(ctx, s.opts.IndexTimeout)
+	defer cancel()
+	err = Recovered(func() error {
+		added, skipped, err = s.index.AddMissing(actx, lines)
+		return err
+	})
+	return added, skipped, err
+}
+
+// Flush adds every line waiting to the index, in one transaction, or,
+// after an overflow, catches up from the file; it returns the index's
+// failure (the lines then wait for the next try).
 func (s *Indexed) Flush(ctx context.Context) error {
 	s.adding.Lock()
 	defer s.adding.Unlock()
 	s.mu.Lock()
 	batch := s.waiting[:len(s.waiting):len(s.waiting)]
+	over := s.overflow
 	s.mu.Unlock()
-	if len(batch) == 0 {
-		return nil
+	switch {
+	case over > 0:
+		// The waiting lines are in the file too (took runs after the
+		// append): catching up covers them, in file order.
+		if _, err := s.catchUp(ctx); err != nil {
+			return s.fail(err)
+		}
+	case len(batch) > 0:
+		if _, _, err := s.add(ctx, batch); err != nil {
+			return s.fail(err)
+		}
 	}
-	actx, cancel := context.WithTimeout(ctx, s.opts.IndexTimeout)
-	err := Recovered(func() error { return s.index.AddMissing(actx, batch) })
-	cancel()
 	s.mu.Lock()
-	if err != nil {
-		s.failed = err
-		s.mu.Unlock()
-		return err
-	}
-	s.waiting = append([]Event(nil), s.waiting[len(batch):]...)
-	if len(s.waiting) == 0 {
+	s.waiting = append([][]byte(nil), s.waiting[len(batch):]...)
+	s.overflow -= over
+	if len(s.waiting) == 0 && s.overflow == 0 {
 		s.failed = nil
 	}
 	s.mu.Unlock()
-	for range batch {
-		<-s.room
-	}
 	return nil
 }
 
-// Waiting is the number of events in the file and not yet in the index.
+// errReadBack marks a failure to read the audit file back.
+var errReadBack = errors.New("audit: read the audit file back")
+
+// run is a run of lines catching up reads back: the offsets of its
+// first line and of its end.
+type run struct{ start, end int64 }
+
+// catchUp adds what the index lacks at the end of the file, oldest
+// first: it reads runs of 2×MaxBehind lines backwards until one the index
+// holds entirely, the file's start, or MaxRuns runs, then adds them
+// forwards, each in one transaction, so the index holds a prefix of the
+// file again even if one fails. It returns the lines it added that do not
+// decode.
+func (s *Indexed) catchUp(ctx context.Context) (skipped int, err error) {
+	n := 2 * s.opts.MaxBehind
+	var runs []run
+	for end := int64(-1); len(runs) < s.opts.MaxRuns; {
+		lines, start, err := s.file.linesBefore(end, n)
+		if err != nil {
+			return 0, fmt.Errorf("%w: %w", errReadBack, err)
+		}
+		if len(lines) == 0 {
+			break
+		}
+		if end < 0 {
+			end = start
+			for _, l := range lines {
+				end += int64(len(l) + 1)
+			}
+		}
+		held, err := s.holds(ctx, lines)
+		if err != nil {
+			return 0, err
+		}
+		if held {
+			break
+		}
+		runs = append(runs, run{start, end})
+		if start == 0 {
+			break
+		}
+		end = start
+	}
+	if len(runs) == s.opts.MaxRuns && s.opts.OnBehind != nil {
+		s.opts.OnBehind(s.opts.MaxRuns * n)
+	}
+	for i := len(runs) - 1; i >= 0; i-- {
+		lines, _, err := s.file.linesBefore(runs[i].end, n)
+		if err != nil {
+			return skipped, fmt.Errorf("%w: %w", errReadBack, err)
+		}
+		_, bad, err := s.add(ctx, lines)
+		if err != nil {
+			return skipped, err
+		}
+		skipped += bad
+	}
+	return skipped, nil
+}
+
+// holds is Holds within IndexTimeout, a panic of the index an error.
+func (s *Indexed) holds(ctx context.Context, lines [][]byte) (held bool, err error) {
+	actx, cancel := context.WithTimeout(ctx, s.opts.IndexTimeout)
+	defer cancel()
+	err = Recovered(func() error {
+		held, err = s.index.Holds(actx, lines)
+		return err
+	})
+	return held, err
+}
+
+func (s *Indexed) fail(err error) error {
+	s.mu.Lock()
+	s.failed = err
+	s.mu.Unlock()
+	return err
+}
+
+// Waiting is the number of lines the file took that the index does not
+// hold yet (waiting in memory, and overflow).
 func (s *Indexed) Waiting() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.waiting)
+	return len(s.waiting) + s.overflow
 }
 
-// Check reports the file's Check, else the index's failure while events
-// wait for it, else the index's own Check.
+// Check reports the file's Check (durable audit unavailable), else the
+// index's failure while lines wait for it (ErrIndexBehind: the events are
+// durable in the file), else the index's own Check.
 func (s *Indexed) Check(ctx context.Context) error {
 	if err := s.file.Check(ctx); err != nil {
 		return err
 	}
 	s.mu.Lock()
-	failed, n := s.failed, len(s.waiting)
+	failed, n := s.failed, len(s.waiting)+s.overflow
 	s.mu.Unlock()
 	if failed != nil {
-		return fmt.Errorf("%d audit events wait for the audit store: %w", n, SystemError(failed))
+		return fmt.Errorf("%w: %d events wait: %w", ErrIndexBehind, n, SystemError(failed))
 	}
 	if c, ok := s.index.(Checker); ok {
-		return c.Check(ctx)
+		if err := c.Check(ctx); err != nil {
+			return fmt.Errorf("%w: %w", ErrIndexBehind, err)
+		}
 	}
 	return nil
 }
 
-// Close refuses new Writes, waits for those under way, adds what waits to
-// the index (one last try), and closes the index and the file. Events
-// that could not be added stay in the file, and OpenIndexed adds them.
+// Close refuses new Writes, waits for those under way (each bounded by
+// the file's fsync), adds what waits to the index (one last try), and
+// closes the index and the file. Lines it could not add stay in the file,
+// and OpenIndexed adds them.
 func (s *Indexed) Close() error {
 	s.closeOnce.Do(func() {
 		s.life.Lock()

@@ -172,42 +172,51 @@ func (s *AuditSink) Write(ctx context.Context, e audit.Event) error {
 }
 
 // AddMissing stores, in one committed transaction (shared with concurrent
-// writers), each of events whose event id the store does not hold yet,
-// then prunes past retention: audit.Index, for the store as the index of
-// the server's audit file (audit.Indexed).
-func (s *AuditSink) AddMissing(ctx context.Context, events []audit.Event) error {
+// writers), the event of each of lines (audit file lines) whose event id
+// the store does not hold yet, then prunes past retention: audit.Index,
+// for the store as the index of the server's audit file (audit.Indexed).
+// Each line is decoded strictly and stored as Marshal encodes the event,
+// so the store holds what Write would; a line that does not decode is
+// skipped and counted.
+func (s *AuditSink) AddMissing(ctx context.Context, lines [][]byte) (added, skipped int, err error) {
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("audit: write: %w", err)
+		return 0, 0, fmt.Errorf("audit: write: %w", err)
 	}
-	encoded := make([][]byte, len(events))
-	for i, e := range events {
+	type entry struct{ key, value []byte }
+	entries := make([]entry, 0, len(lines))
+	for _, line := range lines {
+		e, err := audit.Unmarshal(line)
+		if err != nil {
+			skipped++
+			continue
+		}
 		b, err := audit.Marshal(e)
 		if err != nil {
-			return err
+			skipped++
+			continue
 		}
-		encoded[i] = b
+		entries = append(entries, entry{[]byte(e.EventID), b})
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.closed {
-		return audit.ErrClosed
+		return 0, skipped, audit.ErrClosed
 	}
 	var at uint64
-	err := s.group.update(func(tx *bbolt.Tx) error {
+	err = s.group.update(func(tx *bbolt.Tx) error {
 		at = s.ran.Add(1)
 		ev := tx.Bucket(auditBucketEvents)
 		n, high := auditCount(tx, auditKeyCount), auditCount(tx, auditKeyHigh)
-		added := 0
-		for i, e := range events {
-			key := []byte(e.EventID)
-			if ev.Get(key) != nil {
+		added = 0
+		for _, e := range entries {
+			if ev.Get(e.key) != nil {
 				continue
 			}
-			if err := ev.Put(key, encoded[i]); err != nil {
+			if err := ev.Put(e.key, e.value); err != nil {
 				return err
 			}
 			n, added = n+1, added+1
-			if auditHighPriority(encoded[i]) {
+			if auditHighPriority(e.value) {
 				high++
 			}
 		}
@@ -219,10 +228,41 @@ func (s *AuditSink) AddMissing(ctx context.Context, events []audit.Event) error 
 	}
 	if err != nil {
 		s.setOutcome(at, fmt.Errorf("%s: write: %w", filepath.Base(s.path), audit.SystemError(err)))
-		return fmt.Errorf("audit: write: %w", err)
+		return 0, skipped, fmt.Errorf("audit: write: %w", err)
 	}
 	s.setOutcome(at, nil)
-	return nil
+	return added, skipped, nil
+}
+
+// Holds reports whether the store holds the event of every line of
+// lines (audit file lines) that decodes strictly: audit.Index.
+func (s *AuditSink) Holds(ctx context.Context, lines [][]byte) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	var keys [][]byte
+	for _, line := range lines {
+		if e, err := audit.Unmarshal(line); err == nil {
+			keys = append(keys, []byte(e.EventID))
+		}
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return false, audit.ErrClosed
+	}
+	held := true
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		ev := tx.Bucket(auditBucketEvents)
+		for _, k := range keys {
+			if ev.Get(k) == nil {
+				held = false
+				return nil
+			}
+		}
+		return nil
+	})
+	return held, err
 }
 
 // setOutcome records the outcome of the write function run at, unless a

@@ -29,12 +29,33 @@ type flakyIndex struct {
 
 var errIndexDown = errors.New("no space left on device")
 
-func (f *flakyIndex) AddMissing(ctx context.Context, events []audit.Event) error {
+func (f *flakyIndex) AddMissing(ctx context.Context, lines [][]byte) (int, int, error) {
 	f.calls.Add(1)
 	if f.failing.Load() {
-		return fmt.Errorf("audit: write: %w", errIndexDown)
+		return 0, 0, fmt.Errorf("audit: write: %w", errIndexDown)
 	}
-	return f.AuditSink.AddMissing(ctx, events)
+	return f.AuditSink.AddMissing(ctx, lines)
+}
+
+func (f *flakyIndex) Holds(ctx context.Context, lines [][]byte) (bool, error) {
+	if f.failing.Load() {
+		return false, fmt.Errorf("audit: read: %w", errIndexDown)
+	}
+	return f.AuditSink.Holds(ctx, lines)
+}
+
+// linesOf is the audit file lines of events.
+func linesOf(t *testing.T, events ...audit.Event) [][]byte {
+	t.Helper()
+	out := make([][]byte, len(events))
+	for i, e := range events {
+		b, err := audit.Marshal(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[i] = b
+	}
+	return out
 }
 
 // indexedFiles opens an audit file and a bolt audit store in dir.
@@ -105,7 +126,7 @@ func TestIndexedFileFirstThenStore(t *testing.T) {
 	if err != nil || bad != 0 {
 		t.Fatalf("open: %d bad, %v", bad, err)
 	}
-	events := freshEvents(300)
+	events := freshEvents(120)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var missing []string
@@ -149,43 +170,70 @@ func TestIndexedFileFirstThenStore(t *testing.T) {
 	if err := store2.db.View(func(tx *bbolt.Tx) error { high = int(auditCount(tx, auditKeyHigh)); return nil }); err != nil {
 		t.Fatal(err)
 	}
-	if high != 60 {
-		t.Fatalf("high-priority count %d, want 60", high)
+	if high != 24 {
+		t.Fatalf("high-priority count %d, want 24", high)
 	}
 }
 
-// A crash leaves events in the file the store lacks; opening again adds
-// those of the file's last MaxBehind lines, each once, and none already
-// there twice.
+// A crash leaves events in the file the store lacks; opening again reads
+// the file backwards in runs of 2×MaxBehind lines and adds what each run
+// lacks, until a run adds nothing: everything before it is in the store.
 func TestIndexedCatchesUpAfterACrash(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	file, store := indexedFiles(t, dir)
-	events := freshEvents(12)
-	for _, e := range events {
-		if err := file.Write(ctx, e); err != nil {
-			t.Fatal(err)
-		}
+	for _, c := range []struct {
+		name        string
+		held        []int // events the store holds before opening
+		wantIndexed []int // events it holds after
+	}{
+		// Runs of 8: 12..19 adds 12, 14..19; 4..11 adds 4..8, 11; 0..3
+		// adds 1..3 (the file's start).
+		{"missing throughout", []int{0, 9, 10, 13}, seq(0, 20)},
+		// 12..19 are all there: the scan stops; 0..7 stay missing (no
+		// crash leaves a hole behind lines the store holds).
+		{"a run already held", seq(8, 20), seq(8, 20)},
+		// A clean stop left nothing: the first run adds nothing.
+		{"nothing missing", seq(0, 20), seq(0, 20)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			file, store := indexedFiles(t, dir)
+			events := freshEvents(20)
+			for _, e := range events {
+				if err := file.Write(ctx, e); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, _, err := store.AddMissing(ctx, linesOf(t, pick(events, c.held)...)); err != nil {
+				t.Fatal(err)
+			}
+			s, bad, err := audit.OpenIndexed(ctx, file, store, audit.IndexedOptions{MaxBehind: 4})
+			if err != nil || bad != 0 {
+				t.Fatalf("open: %d bad, %v", bad, err)
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			want := auditIDs(pick(events, c.wantIndexed))
+			slices.Sort(want)
+			if got := storedIDs(t, filepath.Join(dir, AuditFileName)); !slices.Equal(got, want) {
+				t.Fatalf("after catching up the store holds %d events, want %d", len(got), len(want))
+			}
+		})
 	}
-	// The store already has some of the last ones (indexed before the
-	// crash), and one of the first ones.
-	if err := store.AddMissing(ctx, []audit.Event{events[0], events[9], events[10]}); err != nil {
-		t.Fatal(err)
+}
+
+func seq(from, to int) (out []int) {
+	for i := from; i < to; i++ {
+		out = append(out, i)
 	}
-	s, bad, err := audit.OpenIndexed(ctx, file, store, audit.IndexedOptions{MaxBehind: 8})
-	if err != nil || bad != 0 {
-		t.Fatalf("open: %d bad, %v", bad, err)
+	return out
+}
+
+func pick(events []audit.Event, at []int) (out []audit.Event) {
+	for _, i := range at {
+		out = append(out, events[i])
 	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	// The last 8 lines are events 4..11; 0 was there already; 1..3 lie
-	// further back than any unindexed event can (see audit.Indexed).
-	want := auditIDs(append([]audit.Event{events[0]}, events[4:]...))
-	slices.Sort(want)
-	if got := storedIDs(t, filepath.Join(dir, AuditFileName)); !slices.Equal(got, want) {
-		t.Fatalf("after catching up the store holds %v, want %v", got, want)
-	}
+	return out
 }
 
 // Damaged lines at the end of the file are skipped and counted; the
@@ -231,41 +279,46 @@ func TestIndexedSkipsLinesThatDoNotDecode(t *testing.T) {
 	}
 }
 
-// While the store fails, Writes go on into the file until MaxBehind
-// events wait; the next waits for room and fails with its context,
-// leaving nothing in the file; Check says why. Once the store takes
-// events again, the waiting ones reach it in file order.
-func TestIndexedStoreDownWaitsThenCatchesUp(t *testing.T) {
+// While the store fails, every Write goes on into the file, beyond
+// MaxBehind too; the store is tried every RetryInterval, not at each
+// write; Check says why, naming no path. Once the store takes events
+// again, it gets them all: those waiting, and the overflow read back from
+// the file.
+func TestIndexedStoreDownThenCatchesUp(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	file, store := indexedFiles(t, dir)
 	index := &flakyIndex{AuditSink: store}
-	s, _, err := audit.OpenIndexed(ctx, file, index, audit.IndexedOptions{MaxBehind: 3, RetryInterval: 20 * time.Millisecond})
+	s, _, err := audit.OpenIndexed(ctx, file, index, audit.IndexedOptions{MaxBehind: 3, RetryInterval: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
 	index.failing.Store(true)
-	events := freshEvents(4)
-	for _, e := range events[:3] {
-		if err := s.Write(ctx, e); err != nil {
-			t.Fatalf("write while the store is down, with room: %v", err)
+	events := freshEvents(10)
+	if err := s.Write(ctx, events[0]); err != nil {
+		t.Fatal(err)
+	}
+	for index.calls.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	for _, e := range events[1:] {
+		short, cancel := context.WithTimeout(ctx, time.Second)
+		err := s.Write(short, e)
+		cancel()
+		if err != nil {
+			t.Fatalf("write while the store is down: %v", err)
 		}
 	}
-	short, cancel := context.WithTimeout(ctx, 150*time.Millisecond)
-	err = s.Write(short, events[3])
-	cancel()
-	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "behind the audit file") {
-		t.Fatalf("write with no room: %v, want a deadline error naming the backlog", err)
+	if calls := index.calls.Load(); calls > 2 {
+		t.Fatalf("the failing store was tried %d times during the writes, want once per RetryInterval", calls)
 	}
-	if got := fileIDs(t, file.Path()); len(got) != 3 || slices.Contains(got, events[3].EventID) {
-		t.Fatalf("the file holds %d events, want the 3 written and not the refused one", len(got))
+	if got := fileIDs(t, file.Path()); len(got) != 10 {
+		t.Fatalf("the file holds %d events, want all 10", len(got))
 	}
-	if err := s.Check(ctx); err == nil || !strings.Contains(err.Error(), "3 audit events wait") || strings.Contains(err.Error(), dir) {
-		t.Fatalf("check while the store is down: %v, want the backlog and no path", err)
-	}
-	if n := s.Waiting(); n != 3 {
-		t.Fatalf("%d events wait, want 3", n)
+	err = s.Check(ctx)
+	if !errors.Is(err, audit.ErrIndexBehind) || !strings.Contains(err.Error(), "10 events wait") || strings.Contains(err.Error(), dir) {
+		t.Fatalf("check while the store is down: %v, want ErrIndexBehind, the backlog and no path", err)
 	}
 	index.failing.Store(false)
 	deadline := time.Now().Add(10 * time.Second)
@@ -279,12 +332,55 @@ func TestIndexedStoreDownWaitsThenCatchesUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := auditIDs(stored), auditIDs(events[:3]); !slices.Equal(got, want) {
+	got, want := auditIDs(stored), auditIDs(events)
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
 		t.Fatalf("the store holds %v, want %v", got, want)
 	}
-	// Room again: a Write goes through.
-	if err := s.Write(ctx, events[3]); err != nil {
-		t.Fatalf("write after the store came back: %v", err)
+}
+
+// An overflow catching up cannot read back entirely is reported: the
+// store gets the file's last MaxRuns runs of 2×MaxBehind lines, and
+// OnBehind says how many lines it read back.
+func TestIndexedReportsWhatItCannotCatchUpOn(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	file, store := indexedFiles(t, dir)
+	index := &flakyIndex{AuditSink: store}
+	var behind atomic.Int64
+	s, _, err := audit.OpenIndexed(ctx, file, index, audit.IndexedOptions{MaxBehind: 2, MaxRuns: 4, RetryInterval: 20 * time.Millisecond,
+		OnBehind: func(n int) { behind.Add(int64(n)) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	index.failing.Store(true)
+	events := freshEvents(40)
+	for _, e := range events {
+		if err := s.Write(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	index.failing.Store(false)
+	deadline := time.Now().Add(10 * time.Second)
+	for s.Waiting() > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	// 4 runs of 4 lines: events 24..39.
+	want := auditIDs(events[24:])
+	slices.Sort(want)
+	stored, err := store.Read(ctx, audit.Filter{}, audit.MaxReadLimit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := auditIDs(stored)
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Fatalf("the store holds %d events, want %d", len(got), len(want))
+	}
+	if n := behind.Load(); n != 16 {
+		t.Fatalf("OnBehind said %d lines, want the 16 read back", n)
 	}
 }
 

@@ -108,7 +108,9 @@ func (s *Service) Config() Config { return s.cfg }
 
 // Health is the backend's health, degraded while durable audit is
 // unavailable (audit.Check of the sink fails): force-release and revoke
-// are refused then, since they need it.
+// are refused then, since they need it. It is degraded too while the
+// queryable audit store is behind the durable audit file
+// (audit.ErrIndexBehind), which refuses nothing.
 func (s *Service) Health(ctx context.Context) lease.Health {
 	h := s.store.Health(ctx)
 	err := audit.Check(ctx, s.sink)
@@ -116,6 +118,9 @@ func (s *Service) Health(ctx context.Context) lease.Health {
 		return h
 	}
 	why := "durable audit unavailable: " + strings.ReplaceAll(err.Error(), "\n", "; ")
+	if errors.Is(err, audit.ErrIndexBehind) {
+		why = strings.ReplaceAll(err.Error(), "\n", "; ")
+	}
 	if h.Status == lease.HealthOK {
 		return lease.Health{Status: lease.HealthDegraded, Reason: why}
 	}

@@ -399,7 +399,9 @@ func serve(ctx context.Context, f serveFlags, stdout io.Writer, log *slog.Logger
 	// waits for one fsync, not also for a commit of the store after it.
 	var both audit.Sink
 	if b.index != nil {
-		indexed, bad, err := audit.OpenIndexed(ctx, fileSink, b.index, audit.IndexedOptions{})
+		indexed, bad, err := audit.OpenIndexed(ctx, fileSink, b.index, audit.IndexedOptions{OnBehind: func(lines int) {
+			log.Warn("audit: audit.db lacked events in each of the last lines of audit.jsonl read back; older ones it lacks stay missing there", "lines", lines)
+		}})
 		if err != nil {
 			fileSink.Close()
 			b.closeAudit()
