@@ -105,10 +105,12 @@ type Indexed struct {
 
 // OpenIndexed returns file's events indexed by index. First it catches
 // up: it adds what the index lacks at the end of the file (what a crash
-// left unindexed). If the index cannot take it now, the sink starts with
-// the catch-up pending, and Check reports it. It returns how many lines
-// the catch-up added do not decode (skipped: the file is the record, the
-// index a copy). Closing the sink closes file and index.
+// left unindexed). If that is more than startupRuns runs, or the index
+// cannot take it now, the sink starts with the catch-up pending (done in
+// the background; Check reports a failure), so a server with a wiped
+// audit store and a long audit file starts at once. It returns how many
+// lines the catch-up added do not decode (skipped: the file is the record,
+// the index a copy). Closing the sink closes file and index.
 func OpenIndexed(ctx context.Context, file *FileSink, index Index, o IndexedOptions) (*Indexed, int, error) {
 	if o.MaxBehind <= 0 {
 		o.MaxBehind = DefaultMaxBehind
@@ -127,13 +129,17 @@ func OpenIndexed(ctx context.Context, file *FileSink, index Index, o IndexedOpti
 	}
 	s := &Indexed{file: file, index: index, opts: o,
 		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
-	skipped, err := s.catchUp(ctx)
+	skipped, pending, err := s.catchUp(ctx, min(startupRuns, o.MaxRuns), startupRuns < o.MaxRuns)
 	if err != nil {
 		if errors.Is(err, errReadBack) {
 			return nil, 0, err
 		}
+		s.failed = err
+	}
+	if pending || err != nil {
 		// The file is fine: start with the catch-up pending.
-		s.overflow, s.failed = 1, err
+		s.overflow = 1
+		s.kick <- struct{}{}
 	}
 	// Set before the first Write: appendBatch reads them under the file's
 	// queue, after this.
@@ -220,7 +226,7 @@ func (s *Indexed) Flush(ctx context.Context) error {
 	case over > 0:
 		// The waiting lines are in the file too (took runs after the
 		// append): catching up covers them, in file order.
-		if _, err := s.catchUp(ctx); err != nil {
+		if _, _, err := s.catchUp(ctx, s.opts.MaxRuns, false); err != nil {
 			return s.fail(err)
 		}
 	case len(batch) > 0:
@@ -245,21 +251,28 @@ var errReadBack = errors.New("audit: read the audit file back")
 // first line and of its end.
 type run struct{ start, end int64 }
 
+// startupRuns bounds the runs OpenIndexed reads back before it starts;
+// more are caught up in the background.
+const startupRuns = 16
+
 // catchUp adds what the index lacks at the end of the file, oldest
 // first: it reads runs of 2×MaxBehind lines backwards until one the index
-// holds entirely, the file's start, or MaxRuns runs, then adds them
+// holds entirely, the file's start, or maxRuns runs, then adds them
 // forwards, each in one transaction, so the index holds a prefix of the
-// file again even if one fails. It returns the lines it added that do not
-// decode.
-func (s *Indexed) catchUp(ctx context.Context) (skipped int, err error) {
+// file again even if one fails. If maxRuns runs were read and
+// deferCapped, it adds nothing and reports the catch-up pending. It
+// returns the lines it added that do not decode.
+func (s *Indexed) catchUp(ctx context.Context, maxRuns int, deferCapped bool) (skipped int, pending bool, err error) {
 	n := 2 * s.opts.MaxBehind
 	var runs []run
-	for end := int64(-1); len(runs) < s.opts.MaxRuns; {
+	reached := false // a run the index holds, or the file's start
+	for end := int64(-1); len(runs) < maxRuns; {
 		lines, start, err := s.file.linesBefore(end, n)
 		if err != nil {
-			return 0, fmt.Errorf("%w: %w", errReadBack, err)
+			return 0, false, fmt.Errorf("%w: %w", errReadBack, err)
 		}
 		if len(lines) == 0 {
+			reached = true
 			break
 		}
 		if end < 0 {
@@ -270,32 +283,39 @@ func (s *Indexed) catchUp(ctx context.Context) (skipped int, err error) {
 		}
 		held, err := s.holds(ctx, lines)
 		if err != nil {
-			return 0, err
+			return 0, false, err
 		}
 		if held {
+			reached = true
 			break
 		}
 		runs = append(runs, run{start, end})
 		if start == 0 {
+			reached = true
 			break
 		}
 		end = start
 	}
-	if len(runs) == s.opts.MaxRuns && s.opts.OnBehind != nil {
-		s.opts.OnBehind(s.opts.MaxRuns * n)
+	if !reached {
+		if deferCapped {
+			return 0, true, nil
+		}
+		if s.opts.OnBehind != nil {
+			s.opts.OnBehind(maxRuns * n)
+		}
 	}
 	for i := len(runs) - 1; i >= 0; i-- {
 		lines, _, err := s.file.linesBefore(runs[i].end, n)
 		if err != nil {
-			return skipped, fmt.Errorf("%w: %w", errReadBack, err)
+			return skipped, false, fmt.Errorf("%w: %w", errReadBack, err)
 		}
 		_, bad, err := s.add(ctx, lines)
 		if err != nil {
-			return skipped, err
+			return skipped, false, err
 		}
 		skipped += bad
 	}
-	return skipped, nil
+	return skipped, false, nil
 }
 
 // holds is Holds within IndexTimeout, a panic of the index an error.

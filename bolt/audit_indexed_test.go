@@ -236,6 +236,61 @@ func pick(events []audit.Event, at []int) (out []audit.Event) {
 	return out
 }
 
+// gatedIndex is the bolt audit store whose AddMissing waits for open.
+type gatedIndex struct {
+	*AuditSink
+	open chan struct{}
+}
+
+func (g *gatedIndex) AddMissing(ctx context.Context, lines [][]byte) (int, int, error) {
+	<-g.open
+	return g.AuditSink.AddMissing(ctx, lines)
+}
+
+// A store far behind a long file (wiped) does not hold the start up: the
+// catch-up reads 16 runs, adds nothing before the sink opens, and goes on
+// in the background, where the store gets every event.
+func TestIndexedStartsAtOnceFarBehind(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	file, store := indexedFiles(t, dir)
+	events := freshEvents(100)
+	for _, e := range events {
+		if err := file.Write(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	index := &gatedIndex{AuditSink: store, open: make(chan struct{})}
+	// Runs of 4 lines: 16 runs are 64 lines, fewer than the 100 missing.
+	opened := make(chan error, 1)
+	var s *audit.Indexed
+	go func() {
+		var err error
+		s, _, err = audit.OpenIndexed(ctx, file, index, audit.IndexedOptions{MaxBehind: 2, Gather: -1})
+		opened <- err
+	}()
+	select {
+	case err := <-opened:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		close(index.open)
+		t.Fatal("OpenIndexed waited to add what the store lacks before it returned")
+	}
+	close(index.open)
+	deadline := time.Now().Add(10 * time.Second)
+	for s.Waiting() > 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n, err := store.Count(ctx); err != nil || n != 100 {
+		t.Fatalf("the store holds %d events after catching up (%v), want 100", n, err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // Damaged lines at the end of the file are skipped and counted; the
 // events around them are added.
 func TestIndexedSkipsLinesThatDoNotDecode(t *testing.T) {
