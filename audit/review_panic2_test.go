@@ -517,9 +517,16 @@ func TestReviewPanic2SpoolPanickyOnceBackend(t *testing.T) {
 	if sp.Pending() != 1 {
 		t.Fatalf("pending %d, want 1", sp.Pending())
 	}
-	time.Sleep(50 * time.Millisecond) // a few forwarding attempts, each panicking
-	if err := sp.Check(context.Background()); err == nil || !strings.Contains(err.Error(), "1 events spooled") {
-		t.Fatalf("Check while the backend panics: %v", err)
+	// A forwarding attempt, panicking, must have run before Check reports
+	// it: under load the first may take longer than a few retry intervals.
+	var checkErr error
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if checkErr = sp.Check(context.Background()); checkErr != nil {
+			break
+		}
+	}
+	if checkErr == nil || !strings.Contains(checkErr.Error(), "1 events spooled") {
+		t.Fatalf("Check while the backend panics: %v", checkErr)
 	}
 	closed := make(chan error, 1)
 	go func() { closed <- sp.Close() }()
