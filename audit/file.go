@@ -52,8 +52,12 @@ type FileSink struct {
 
 	// durable, if set (Indexed, before the first Write), is called with
 	// the lines (without their newline) of each batch the file took, in
-	// file order, before their writers return.
-	durable func([][]byte)
+	// file order, before their writers return, and the file's generation.
+	durable func(gen uint64, lines [][]byte)
+	// gen counts the times the lines before the end stopped being the
+	// file's: it was reopened at its path (rotated away) or found shorter
+	// (cut from outside). Offsets of one generation mean nothing in another.
+	gen uint64
 }
 
 // file is what FileSink needs of its *os.File (tests wrap it to inject
@@ -127,6 +131,7 @@ func (s *FileSink) followPathLocked() error {
 	old := s.f
 	s.f, s.size, s.dirty, s.torn = f, size, false, s.torn+torn
 	s.reopened++
+	s.gen++
 	_ = old.Close()
 	return nil
 }
@@ -225,18 +230,23 @@ func syncDir(dir string) error {
 
 // linesBefore returns up to n whole lines (without their newlines) that
 // end at offset end (a line boundary; a negative end or one past the last
-// durable line means that line's end), oldest first, and the offset at
-// which the first of them starts. It reads backwards, at most as many
-// bytes as n lines of the longest event take (a longer line is cut to its
-// end: it is no event).
-func (s *FileSink) linesBefore(end int64, n int) (lines [][]byte, start int64, err error) {
+// durable line means that line's end), oldest first, the offset at which
+// the first of them starts, and the file's generation they belong to. It
+// reads backwards, at most as many bytes as n lines of the longest event
+// take (a longer line is cut to its end: it is no event), without holding
+// up writes: the lines before the end of the last durable line do not
+// change within a generation.
+func (s *FileSink) linesBefore(end int64, n int) (lines [][]byte, start int64, gen uint64, err error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.closed {
-		return nil, 0, ErrClosed
+		s.mu.Unlock()
+		return nil, 0, 0, ErrClosed
 	}
-	if end < 0 || end > s.size {
-		end = s.size
+	f, size := s.f, s.size
+	gen = s.gen
+	s.mu.Unlock()
+	if end < 0 || end > size {
+		end = size
 	}
 	limit := int64(n+1) * (MaxEventBytes + 1)
 	var chunks [][]byte // newest first
@@ -245,16 +255,15 @@ func (s *FileSink) linesBefore(end int64, n int) (lines [][]byte, start int64, e
 		k := min(int64(64<<10), off)
 		off -= k
 		c := make([]byte, k)
-		if _, err := s.f.ReadAt(c, off); err != nil {
-			return nil, 0, err
+		if _, err := f.ReadAt(c, off); err != nil {
+			return nil, 0, 0, err
 		}
 		newlines += bytes.Count(c, []byte{'\n'})
 		read += k
 		chunks = append(chunks, c)
 	}
 	slices.Reverse(chunks)
-	data := bytes.Join(chunks, nil)
-	lines = bytes.Split(data, []byte{'\n'})
+	lines = bytes.Split(bytes.Join(chunks, nil), []byte{'\n'})
 	lines = lines[:len(lines)-1] // the region ends with a newline
 	start = off
 	if off > 0 && len(lines) > 0 {
@@ -267,7 +276,14 @@ func (s *FileSink) linesBefore(end int64, n int) (lines [][]byte, start int64, e
 		}
 		lines = lines[len(lines)-n:]
 	}
-	return lines, start, nil
+	return lines, start, gen, nil
+}
+
+// generation is the file's generation (see gen).
+func (s *FileSink) generation() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.gen
 }
 
 // Path is the file's path.
@@ -319,13 +335,14 @@ func (s *FileSink) appendBatch(batch []*pendingLine) {
 		lines = append(lines, p.b...)
 		high = high || p.high
 	}
-	err = s.appendGuarded(lines, high)
+	var gen uint64
+	err = s.appendGuarded(lines, high, &gen)
 	if err == nil && s.durable != nil {
 		taken := make([][]byte, len(batch))
 		for i, p := range batch {
 			taken[i] = p.b[:len(p.b)-1]
 		}
-		s.durable(taken)
+		s.durable(gen, taken)
 	}
 }
 
@@ -334,7 +351,7 @@ func (s *FileSink) appendBatch(batch []*pendingLine) {
 // file may then hold some or all of the batch's lines, reported as not
 // written, so as after a failed write they are cut off at once (or, if
 // that fails too, before the next write and by Check).
-func (s *FileSink) appendGuarded(b []byte, high bool) (err error) {
+func (s *FileSink) appendGuarded(b []byte, high bool, gen *uint64) (err error) {
 	s.mu.Lock()
 	returned := false
 	defer func() {
@@ -349,6 +366,7 @@ func (s *FileSink) appendGuarded(b []byte, high bool) (err error) {
 	}()
 	err = Recovered(func() error { return s.appendLocked(b, high) })
 	returned = true
+	*gen = s.gen
 	return err
 }
 
@@ -425,6 +443,7 @@ func (s *FileSink) shrinkToFileLocked() error {
 			return err
 		}
 		s.size = end
+		s.gen++
 	}
 	return nil
 }

@@ -40,9 +40,10 @@ type IndexedOptions struct {
 	// less for the disk with the requests' own. Zero means
 	// DefaultGather; negative means no wait.
 	Gather time.Duration
-	// OnBehind, if set, is called when catching up read back
-	// MaxRuns×2×MaxBehind lines and the index lacked events in each run:
-	// events before those lines may stay missing from it.
+	// OnBehind, if set, is called with a number of lines of the audit
+	// file the index will not get: overflow lines of a file rotated away
+	// before they were read back, or the lines read back when catching up
+	// reached MaxRuns runs (events before them may stay missing).
 	OnBehind func(lines int)
 	// MaxRuns bounds the runs of 2×MaxBehind lines catching up reads
 	// back. Zero means DefaultMaxRuns.
@@ -72,15 +73,20 @@ var ErrIndexBehind = errors.New("the audit store is behind the audit file")
 // order, so those it lacks are the file's last lines. At most MaxBehind
 // wait in memory; lines the file takes while that many wait (overflow: the
 // index failing, or slower than the writes, for a while) are only
-// counted, and read back from the file. Catching up (at OpenIndexed, after
-// a crash; and after an overflow) reads the file backwards in runs of
-// 2×MaxBehind lines until a run the index holds entirely (the lines of a
-// file batch whose fsync failed, at most MaxBehind, may sit among them),
-// then adds the runs oldest first, so a failure half way leaves a prefix
-// again. It reads back at most MaxRuns runs (OnBehind reports reaching
-// that). The index then lacks only lines not yet indexed when the file was
-// rotated away (copied and truncated, or renamed) before a crash. The file
-// holds every event regardless.
+// counted, and read back from the file once the lines waiting in memory
+// are in. Catching up (after an overflow, and at OpenIndexed after a
+// crash) reads the file backwards in runs of 2×MaxBehind lines until a run
+// the index holds entirely (the lines of a file batch whose fsync failed,
+// at most MaxBehind, may sit among them), then adds the runs oldest first,
+// so a failure half way leaves a prefix again. It reads back at most
+// MaxRuns runs. A failing index is retried after RetryInterval, doubling
+// up to 64 times that while it keeps failing.
+//
+// The index lacks (and OnBehind reports) overflow lines of a file that was
+// rotated away (renamed, or copied and truncated) before they were read
+// back, and lines further back than MaxRuns runs; after a crash also lines
+// not yet indexed when the file was rotated away. The file holds every
+// event regardless.
 type Indexed struct {
 	file  *FileSink
 	index Index
@@ -92,15 +98,21 @@ type Indexed struct {
 	mu       sync.Mutex
 	waiting  [][]byte // lines the file took, not yet in the index, in file order
 	overflow int      // lines the file took while MaxBehind waited
+	overGen  uint64   // the file's generation the overflow lines are in
 	failed   error    // the index's last failure, while lines wait
+	failures int      // consecutive failed Flushes, for the retry's backoff
 
 	adding sync.Mutex // one AddMissing at a time, so the index gets file order
 
-	kick      chan struct{}
-	stop      chan struct{}
-	done      chan struct{}
-	closeOnce sync.Once
-	closeErr  error
+	kick chan struct{}
+	stop chan struct{}
+	done chan struct{}
+	// halt ends the loop's work under way when Close begins (catching up
+	// stops between runs).
+	halt       context.Context
+	cancelHalt context.CancelFunc
+	closeOnce  sync.Once
+	closeErr   error
 }
 
 // OpenIndexed returns file's events indexed by index. First it catches
@@ -129,16 +141,19 @@ func OpenIndexed(ctx context.Context, file *FileSink, index Index, o IndexedOpti
 	}
 	s := &Indexed{file: file, index: index, opts: o,
 		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
-	skipped, pending, err := s.catchUp(ctx, min(startupRuns, o.MaxRuns), startupRuns < o.MaxRuns)
+	s.halt, s.cancelHalt = context.WithCancel(context.Background())
+	gen := file.generation()
+	skipped, pending, err := s.catchUp(ctx, min(startupRuns, o.MaxRuns), startupRuns < o.MaxRuns, gen)
 	if err != nil {
 		if errors.Is(err, errReadBack) {
+			s.cancelHalt()
 			return nil, 0, err
 		}
-		s.failed = err
+		s.failed, s.failures = err, 1
 	}
 	if pending || err != nil {
 		// The file is fine: start with the catch-up pending.
-		s.overflow = 1
+		s.overflow, s.overGen = 1, gen
 		s.kick <- struct{}{}
 	}
 	// Set before the first Write: appendBatch reads them under the file's
@@ -162,12 +177,28 @@ func (s *Indexed) Write(ctx context.Context, e Event) error {
 
 // took queues the lines of a batch the file took, in file order
 // (FileSink.durable).
-func (s *Indexed) took(lines [][]byte) {
+func (s *Indexed) took(gen uint64, lines [][]byte) {
 	s.mu.Lock()
-	keep := min(max(s.opts.MaxBehind-len(s.waiting), 0), len(lines))
+	lost := 0
+	if s.overflow > 0 && gen != s.overGen {
+		// The overflow lines are in a file rotated away.
+		lost, s.overflow = s.overflow, 0
+	}
+	// While overflow lines wait to be read back, later lines overflow
+	// too: none may reach the index before them.
+	keep := 0
+	if s.overflow == 0 {
+		keep = min(max(s.opts.MaxBehind-len(s.waiting), 0), len(lines))
+	}
 	s.waiting = append(s.waiting, lines[:keep]...)
-	s.overflow += len(lines) - keep
+	if keep < len(lines) {
+		if s.overflow == 0 {
+			s.overGen = gen
+		}
+		s.overflow += len(lines) - keep
+	}
 	s.mu.Unlock()
+	s.behind(lost)
 	select {
 	case s.kick <- struct{}{}:
 	default:
@@ -186,10 +217,13 @@ func (s *Indexed) loop() {
 		case <-t.C:
 		}
 		pause := s.opts.Gather
-		if s.Flush(context.Background()) != nil {
-			// A failing index is tried again every RetryInterval, not at
-			// every batch the file takes meanwhile.
-			pause = s.opts.RetryInterval
+		if s.Flush(s.halt) != nil {
+			// A failing index is tried again after RetryInterval, not at
+			// every batch the file takes meanwhile, and less often while
+			// it keeps failing.
+			s.mu.Lock()
+			pause = s.opts.RetryInterval << min(s.failures-1, 6)
+			s.mu.Unlock()
 		}
 		if pause > 0 {
 			select {
@@ -212,7 +246,7 @@ func (s *Indexed) add(ctx context.Context, lines [][]byte) (added, skipped int, 
 	return added, skipped, err
 }
 
-// Flush adds every line waiting to the index, in one transaction, or,
+// Flush adds every line waiting to the index, in one transaction, then,
 // after an overflow, catches up from the file; it returns the index's
 // failure (the lines then wait for the next try).
 func (s *Indexed) Flush(ctx context.Context) error {
@@ -220,23 +254,37 @@ func (s *Indexed) Flush(ctx context.Context) error {
 	defer s.adding.Unlock()
 	s.mu.Lock()
 	batch := s.waiting[:len(s.waiting):len(s.waiting)]
-	over := s.overflow
+	over, overGen := s.overflow, s.overGen
 	s.mu.Unlock()
-	switch {
-	case over > 0:
-		// The waiting lines are in the file too (took runs after the
-		// append): catching up covers them, in file order.
-		if _, _, err := s.catchUp(ctx, s.opts.MaxRuns, false); err != nil {
-			return s.fail(err)
-		}
-	case len(batch) > 0:
+	// The waiting lines come before any overflow line in the file: they
+	// go first, from memory, wherever the file is now.
+	if len(batch) > 0 {
 		if _, _, err := s.add(ctx, batch); err != nil {
 			return s.fail(err)
 		}
+		s.mu.Lock()
+		s.waiting = append([][]byte(nil), s.waiting[len(batch):]...)
+		s.mu.Unlock()
+	}
+	if over > 0 {
+		lost := 0
+		switch _, _, err := s.catchUp(ctx, s.opts.MaxRuns, false, overGen); {
+		case errors.Is(err, errRotated):
+			lost = over
+		case err != nil:
+			return s.fail(err)
+		}
+		s.mu.Lock()
+		if s.overGen == overGen && s.overflow >= over {
+			s.overflow -= over
+		} else {
+			lost = 0 // took found the file rotated and reported them
+		}
+		s.mu.Unlock()
+		s.behind(lost)
 	}
 	s.mu.Lock()
-	s.waiting = append([][]byte(nil), s.waiting[len(batch):]...)
-	s.overflow -= over
+	s.failures = 0
 	if len(s.waiting) == 0 && s.overflow == 0 {
 		s.failed = nil
 	}
@@ -244,32 +292,52 @@ func (s *Indexed) Flush(ctx context.Context) error {
 	return nil
 }
 
+// behind reports n lines the index will not get (OnBehind).
+func (s *Indexed) behind(n int) {
+	if n > 0 && s.opts.OnBehind != nil {
+		s.opts.OnBehind(n)
+	}
+}
+
 // errReadBack marks a failure to read the audit file back.
 var errReadBack = errors.New("audit: read the audit file back")
+
+// errRotated: the lines to read back are in a file rotated away.
+var errRotated = errors.New("audit: the audit file was rotated away")
 
 // run is a run of lines catching up reads back: the offsets of its
 // first line and of its end.
 type run struct{ start, end int64 }
 
+// closeBudget bounds Close's last try to add what waits.
+const closeBudget = time.Second
+
 // startupRuns bounds the runs OpenIndexed reads back before it starts;
 // more are caught up in the background.
-const startupRuns = 16
+const startupRuns = 2
 
 // catchUp adds what the index lacks at the end of the file, oldest
 // first: it reads runs of 2×MaxBehind lines backwards until one the index
 // holds entirely, the file's start, or maxRuns runs, then adds them
 // forwards, each in one transaction, so the index holds a prefix of the
 // file again even if one fails. If maxRuns runs were read and
-// deferCapped, it adds nothing and reports the catch-up pending. It
-// returns the lines it added that do not decode.
-func (s *Indexed) catchUp(ctx context.Context, maxRuns int, deferCapped bool) (skipped int, pending bool, err error) {
+// deferCapped, it adds nothing and reports the catch-up pending. The file
+// must stay in generation gen (errRotated); it stops between runs when
+// ctx ends. It returns the lines it added that do not decode.
+func (s *Indexed) catchUp(ctx context.Context, maxRuns int, deferCapped bool, gen uint64) (skipped int, pending bool, err error) {
 	n := 2 * s.opts.MaxBehind
 	var runs []run
 	reached := false // a run the index holds, or the file's start
 	for end := int64(-1); len(runs) < maxRuns; {
-		lines, start, err := s.file.linesBefore(end, n)
+		if err := ctx.Err(); err != nil {
+			return 0, false, err
+		}
+		lines, start, g, err := s.file.linesBefore(end, n)
 		if err != nil {
 			return 0, false, fmt.Errorf("%w: %w", errReadBack, err)
+		}
+		if g != gen {
+			return 0, false, errRotated
 		}
 		if len(lines) == 0 {
 			reached = true
@@ -300,14 +368,18 @@ func (s *Indexed) catchUp(ctx context.Context, maxRuns int, deferCapped bool) (s
 		if deferCapped {
 			return 0, true, nil
 		}
-		if s.opts.OnBehind != nil {
-			s.opts.OnBehind(maxRuns * n)
-		}
+		s.behind(maxRuns * n)
 	}
 	for i := len(runs) - 1; i >= 0; i-- {
-		lines, _, err := s.file.linesBefore(runs[i].end, n)
+		if err := ctx.Err(); err != nil {
+			return skipped, false, err
+		}
+		lines, _, g, err := s.file.linesBefore(runs[i].end, n)
 		if err != nil {
 			return skipped, false, fmt.Errorf("%w: %w", errReadBack, err)
+		}
+		if g != gen {
+			return skipped, false, errRotated
 		}
 		_, bad, err := s.add(ctx, lines)
 		if err != nil {
@@ -332,6 +404,7 @@ func (s *Indexed) holds(ctx context.Context, lines [][]byte) (held bool, err err
 func (s *Indexed) fail(err error) error {
 	s.mu.Lock()
 	s.failed = err
+	s.failures++
 	s.mu.Unlock()
 	return err
 }
@@ -375,8 +448,13 @@ func (s *Indexed) Close() error {
 		s.closed = true
 		s.life.Unlock()
 		close(s.stop)
+		s.cancelHalt()
 		<-s.done
-		err := s.Flush(context.Background())
+		// One last try, bounded: what it does not add stays in the file
+		// for OpenIndexed.
+		ctx, cancel := context.WithTimeout(context.Background(), closeBudget)
+		err := s.Flush(ctx)
+		cancel()
 		s.closeErr = errors.Join(err, s.index.Close(), s.file.Close())
 	})
 	return s.closeErr

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"github.com/starintel/starlease/internal/groupcommit"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -164,7 +165,7 @@ func (s *AuditSink) Write(ctx context.Context, e audit.Event) error {
 		at = s.ran.Add(1)
 	}
 	if err != nil && !errors.Is(err, ErrDuplicateAuditEvent) {
-		s.setOutcome(at, fmt.Errorf("%s: write: %w", filepath.Base(s.path), audit.SystemError(err)))
+		s.setOutcome(at, fmt.Errorf("%s: write: %w", filepath.Base(s.path), s.reason(err)))
 		return fmt.Errorf("audit: write: %w", err)
 	}
 	s.setOutcome(at, nil)
@@ -227,23 +228,35 @@ func (s *AuditSink) AddMissing(ctx context.Context, lines [][]byte) (added, skip
 		at = s.ran.Add(1)
 	}
 	if err != nil {
-		s.setOutcome(at, fmt.Errorf("%s: write: %w", filepath.Base(s.path), audit.SystemError(err)))
-		return 0, skipped, fmt.Errorf("audit: write: %w", err)
+		s.setOutcome(at, fmt.Errorf("%s: write: %w", filepath.Base(s.path), s.reason(err)))
+		return 0, skipped, fmt.Errorf("%s: write: %w", filepath.Base(s.path), s.reason(err))
 	}
 	s.setOutcome(at, nil)
 	return added, skipped, nil
 }
 
 // Holds reports whether the store holds the event of every line of
-// lines (audit file lines) that decodes strictly: audit.Index.
+// lines (audit file lines) that decodes strictly, or would not keep it:
+// audit.Index. An event older than MaxAge, or a normal-priority one older
+// than every stored event while MaxEvents normal ones are stored, is one
+// retention took out (or would at once): held, so catching up does not add
+// it again at every start.
 func (s *AuditSink) Holds(ctx context.Context, lines [][]byte) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	var keys [][]byte
+	type probe struct {
+		key  []byte
+		high bool
+	}
+	var probes []probe
 	for _, line := range lines {
-		if e, err := audit.Unmarshal(line); err == nil {
-			keys = append(keys, []byte(e.EventID))
+		// A line the file took starts with its event id (Marshal's
+		// order): read it there, without decoding the whole line.
+		if id, ok := leadingEventID(line); ok {
+			probes = append(probes, probe{id, auditHighPriority(line)})
+		} else if e, err := audit.Unmarshal(line); err == nil {
+			probes = append(probes, probe{[]byte(e.EventID), e.Priority == audit.PriorityHigh || audit.PriorityOf(e.EventType) == audit.PriorityHigh})
 		}
 	}
 	s.mu.RLock()
@@ -251,11 +264,18 @@ func (s *AuditSink) Holds(ctx context.Context, lines [][]byte) (bool, error) {
 	if s.closed {
 		return false, audit.ErrClosed
 	}
+	cutoff := ulid.Timestamp(s.opts.Now().Add(-s.opts.MaxAge))
 	held := true
 	err := s.db.View(func(tx *bbolt.Tx) error {
 		ev := tx.Bucket(auditBucketEvents)
-		for _, k := range keys {
-			if ev.Get(k) == nil {
+		n, high := auditCount(tx, auditKeyCount), auditCount(tx, auditKeyHigh)
+		full := n-min(high, n) >= uint64(s.opts.MaxEvents)
+		oldest, _ := ev.Cursor().First()
+		for _, p := range probes {
+			switch {
+			case ev.Get(p.key) != nil, auditKeyTime(p.key) < cutoff:
+			case full && !p.high && oldest != nil && bytes.Compare(p.key, oldest) < 0:
+			default:
 				held = false
 				return nil
 			}
@@ -264,6 +284,42 @@ func (s *AuditSink) Holds(ctx context.Context, lines [][]byte) (bool, error) {
 	})
 	return held, err
 }
+
+// leadingEventID is the event id a line opens with, as Marshal writes
+// it: {"event_id":"<26-character ULID>",.
+func leadingEventID(line []byte) ([]byte, bool) {
+	const open = `{"event_id":"`
+	rest, ok := bytes.CutPrefix(line, []byte(open))
+	if !ok || len(rest) < ulid.EncodedSize+2 || rest[ulid.EncodedSize] != '"' || rest[ulid.EncodedSize+1] != ',' {
+		return nil, false
+	}
+	id := rest[:ulid.EncodedSize]
+	if _, err := ulid.ParseStrict(string(id)); err != nil {
+		return nil, false
+	}
+	return id, true
+}
+
+// reason is err as /readyz may show it: bbolt formats some errors as text
+// with the file's path in it (a failed resize), so the data directory is
+// taken out of the text.
+func (s *AuditSink) reason(err error) error {
+	err = audit.SystemError(err)
+	dir := filepath.Dir(s.path) + string(filepath.Separator)
+	if msg := err.Error(); strings.Contains(msg, dir) {
+		return &scrubbedError{msg: strings.ReplaceAll(msg, dir, ""), err: err}
+	}
+	return err
+}
+
+// scrubbedError is an error whose text had a path taken out.
+type scrubbedError struct {
+	msg string
+	err error
+}
+
+func (e *scrubbedError) Error() string { return e.msg }
+func (e *scrubbedError) Unwrap() error { return e.err }
 
 // setOutcome records the outcome of the write function run at, unless a
 // later one is already recorded.

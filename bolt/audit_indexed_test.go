@@ -396,8 +396,8 @@ func TestIndexedStoreDownThenCatchesUp(t *testing.T) {
 }
 
 // An overflow catching up cannot read back entirely is reported: the
-// store gets the file's last MaxRuns runs of 2×MaxBehind lines, and
-// OnBehind says how many lines it read back.
+// store gets the lines waiting in memory and the file's last MaxRuns runs
+// of 2×MaxBehind lines, and OnBehind says how many lines it read back.
 func TestIndexedReportsWhatItCannotCatchUpOn(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -422,8 +422,9 @@ func TestIndexedReportsWhatItCannotCatchUpOn(t *testing.T) {
 	for s.Waiting() > 0 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	// 4 runs of 4 lines: events 24..39.
-	want := auditIDs(events[24:])
+	// The 2 waiting in memory (events 0 and 1), then 4 runs of 4 lines:
+	// events 24..39.
+	want := auditIDs(append(events[:2:2], events[24:]...))
 	slices.Sort(want)
 	stored, err := store.Read(ctx, audit.Filter{}, audit.MaxReadLimit)
 	if err != nil {
@@ -475,5 +476,23 @@ func TestIndexedCloseLeavesNothingBehind(t *testing.T) {
 	slices.Sort(want)
 	if got := storedIDs(t, filepath.Join(dir, AuditFileName)); !slices.Equal(got, want) {
 		t.Fatalf("after reopening the store holds %v, want %v", got, want)
+	}
+}
+
+// Holds reads a line's event id where Marshal puts it, first; anything
+// else is decoded in full.
+func TestLeadingEventIDReadsMarshalsOrder(t *testing.T) {
+	for _, e := range freshEvents(5) {
+		line := linesOf(t, e)[0]
+		id, ok := leadingEventID(line)
+		if !ok || string(id) != e.EventID {
+			t.Fatalf("leadingEventID(%.60s…) = %q, %v; want %s", line, id, ok, e.EventID)
+		}
+	}
+	for _, bad := range []string{`{"event_type":"x","event_id":"01M91DJ5188BNB54NZBB6EPXKF"}`, `{"event_id":"01M91DJ5188BNB54NZBB6EPXK"}`,
+		`{"event_id":"01M91DJ5188BNB54NZBB6EPXKFX",`, `{"event_id":"not-a-ulid-at-all-not-a-ulid",`} {
+		if id, ok := leadingEventID([]byte(bad)); ok {
+			t.Fatalf("leadingEventID(%s) = %q, want none", bad, id)
+		}
 	}
 }

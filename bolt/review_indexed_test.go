@@ -223,6 +223,10 @@ func TestReviewIndexedRealStoreRandomCrashes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// What the start left to the background.
+	for deadline := time.Now().Add(time.Minute); s.Waiting() > 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -400,7 +400,7 @@ func serve(ctx context.Context, f serveFlags, stdout io.Writer, log *slog.Logger
 	var both audit.Sink
 	if b.index != nil {
 		indexed, bad, err := audit.OpenIndexed(ctx, fileSink, b.index, audit.IndexedOptions{OnBehind: func(lines int) {
-			log.Warn("audit: audit.db lacked events in each of the last lines of audit.jsonl read back; older ones it lacks stay missing there", "lines", lines)
+			log.Warn("audit: audit.db will lack events that audit.jsonl (or a rotated copy of it) holds: they were not read back", "lines", lines)
 		}})
 		if err != nil {
 			fileSink.Close()
