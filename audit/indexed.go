@@ -15,8 +15,11 @@ type Index interface {
 	// lines (audit file lines without their newline) whose event id it
 	// does not hold yet, and nothing if it fails. It returns how many it
 	// added, and how many lines it skipped: those that do not decode
-	// strictly (Unmarshal).
-	AddMissing(ctx context.Context, lines [][]byte) (added, skipped int, err error)
+	// strictly (Unmarshal). taken says the lines are the ones this
+	// process's file took, exactly Marshal's bytes (the file writes
+	// nothing else): they need not be decoded again; lines read back from
+	// the file may have been changed on disk, and are.
+	AddMissing(ctx context.Context, lines [][]byte, taken bool) (added, skipped int, err error)
 	// Holds reports whether it holds the event of every line of lines
 	// that decodes strictly.
 	Holds(ctx context.Context, lines [][]byte) (bool, error)
@@ -236,11 +239,11 @@ func (s *Indexed) loop() {
 }
 
 // add is AddMissing within IndexTimeout, a panic of the index an error.
-func (s *Indexed) add(ctx context.Context, lines [][]byte) (added, skipped int, err error) {
+func (s *Indexed) add(ctx context.Context, lines [][]byte, taken bool) (added, skipped int, err error) {
 	actx, cancel := context.WithTimeout(ctx, s.opts.IndexTimeout)
 	defer cancel()
 	err = Recovered(func() error {
-		added, skipped, err = s.index.AddMissing(actx, lines)
+		added, skipped, err = s.index.AddMissing(actx, lines, taken)
 		return err
 	})
 	return added, skipped, err
@@ -259,7 +262,7 @@ func (s *Indexed) Flush(ctx context.Context) error {
 	// The waiting lines come before any overflow line in the file: they
 	// go first, from memory, wherever the file is now.
 	if len(batch) > 0 {
-		if _, _, err := s.add(ctx, batch); err != nil {
+		if _, _, err := s.add(ctx, batch, true); err != nil {
 			return s.fail(err)
 		}
 		s.mu.Lock()
@@ -381,7 +384,7 @@ func (s *Indexed) catchUp(ctx context.Context, maxRuns int, deferCapped bool, ge
 		if g != gen {
 			return skipped, false, errRotated
 		}
-		_, bad, err := s.add(ctx, lines)
+		_, bad, err := s.add(ctx, lines, false)
 		if err != nil {
 			return skipped, false, err
 		}

@@ -98,11 +98,11 @@ type writeFailIndex struct {
 	holdsLines atomic.Int64
 }
 
-func (w *writeFailIndex) AddMissing(ctx context.Context, lines [][]byte) (int, int, error) {
+func (w *writeFailIndex) AddMissing(ctx context.Context, lines [][]byte, taken bool) (int, int, error) {
 	if w.failAdds.Load() {
 		return 0, 0, fmt.Errorf("audit: write: %w", syscall.ENOSPC)
 	}
-	return w.memIndex.AddMissing(ctx, lines)
+	return w.memIndex.AddMissing(ctx, lines, taken)
 }
 
 func (w *writeFailIndex) Holds(ctx context.Context, lines [][]byte) (bool, error) {

@@ -37,7 +37,7 @@ type memIndex struct {
 
 func newMemIndex() *memIndex { return &memIndex{ids: map[string]int{}} }
 
-func (m *memIndex) AddMissing(ctx context.Context, lines [][]byte) (int, int, error) {
+func (m *memIndex) AddMissing(ctx context.Context, lines [][]byte, taken bool) (int, int, error) {
 	events, skipped := decodeLines(lines)
 	added, err := m.add(ctx, events, nil)
 	return added, skipped, err
@@ -96,7 +96,7 @@ type proc struct {
 	dead atomic.Bool
 }
 
-func (p *proc) AddMissing(ctx context.Context, lines [][]byte) (int, int, error) {
+func (p *proc) AddMissing(ctx context.Context, lines [][]byte, taken bool) (int, int, error) {
 	events, skipped := decodeLines(lines)
 	added, err := p.m.add(ctx, events, &p.dead)
 	return added, skipped, err

@@ -178,14 +178,22 @@ func (s *AuditSink) Write(ctx context.Context, e audit.Event) error {
 // for the store as the index of the server's audit file (audit.Indexed).
 // Each line is decoded strictly and stored as Marshal encodes the event,
 // so the store holds what Write would; a line that does not decode is
-// skipped and counted.
-func (s *AuditSink) AddMissing(ctx context.Context, lines [][]byte) (added, skipped int, err error) {
+// skipped and counted. Lines the server's own file took (taken) are
+// Marshal's bytes already and are stored as they are.
+func (s *AuditSink) AddMissing(ctx context.Context, lines [][]byte, taken bool) (added, skipped int, err error) {
 	if err := ctx.Err(); err != nil {
 		return 0, 0, fmt.Errorf("audit: write: %w", err)
 	}
 	type entry struct{ key, value []byte }
 	entries := make([]entry, 0, len(lines))
 	for _, line := range lines {
+		if taken {
+			// Marshal's bytes as the file took them: what Write stores.
+			if id, ok := leadingEventID(line); ok {
+				entries = append(entries, entry{id, line})
+				continue
+			}
+		}
 		e, err := audit.Unmarshal(line)
 		if err != nil {
 			skipped++

@@ -29,12 +29,12 @@ type flakyIndex struct {
 
 var errIndexDown = errors.New("no space left on device")
 
-func (f *flakyIndex) AddMissing(ctx context.Context, lines [][]byte) (int, int, error) {
+func (f *flakyIndex) AddMissing(ctx context.Context, lines [][]byte, taken bool) (int, int, error) {
 	f.calls.Add(1)
 	if f.failing.Load() {
 		return 0, 0, fmt.Errorf("audit: write: %w", errIndexDown)
 	}
-	return f.AuditSink.AddMissing(ctx, lines)
+	return f.AuditSink.AddMissing(ctx, lines, taken)
 }
 
 func (f *flakyIndex) Holds(ctx context.Context, lines [][]byte) (bool, error) {
@@ -203,7 +203,7 @@ func TestIndexedCatchesUpAfterACrash(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if _, _, err := store.AddMissing(ctx, linesOf(t, pick(events, c.held)...)); err != nil {
+			if _, _, err := store.AddMissing(ctx, linesOf(t, pick(events, c.held)...), false); err != nil {
 				t.Fatal(err)
 			}
 			s, bad, err := audit.OpenIndexed(ctx, file, store, audit.IndexedOptions{MaxBehind: 4})
@@ -242,9 +242,9 @@ type gatedIndex struct {
 	open chan struct{}
 }
 
-func (g *gatedIndex) AddMissing(ctx context.Context, lines [][]byte) (int, int, error) {
+func (g *gatedIndex) AddMissing(ctx context.Context, lines [][]byte, taken bool) (int, int, error) {
 	<-g.open
-	return g.AuditSink.AddMissing(ctx, lines)
+	return g.AuditSink.AddMissing(ctx, lines, taken)
 }
 
 // A store far behind a long file (wiped) does not hold the start up: the

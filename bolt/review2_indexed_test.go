@@ -31,9 +31,9 @@ type countingIndex struct {
 	addLines, added atomic.Int64
 }
 
-func (c *countingIndex) AddMissing(ctx context.Context, lines [][]byte) (int, int, error) {
+func (c *countingIndex) AddMissing(ctx context.Context, lines [][]byte, taken bool) (int, int, error) {
 	c.addLines.Add(int64(len(lines)))
-	a, s, err := c.AuditSink.AddMissing(ctx, lines)
+	a, s, err := c.AuditSink.AddMissing(ctx, lines, taken)
 	c.added.Add(int64(a))
 	return a, s, err
 }

@@ -63,7 +63,7 @@ func TestReviewIndexedAddMissingMetaNoDriftWithPruning(t *testing.T) {
 	}
 	steps := [][]audit.Event{evs[:10], evs[5:20], append(append([]audit.Event{}, evs[18:25]...), evs[18:25]...), evs[:40], evs[30:40], evs}
 	for i, b := range steps {
-		if _, _, err := s.AddMissing(ctx, linesOf(t, b...)); err != nil {
+		if _, _, err := s.AddMissing(ctx, linesOf(t, b...), false); err != nil {
 			t.Fatal(err)
 		}
 		count, high, keys, highKeys, normalKeys := reviewMeta(t, s)
