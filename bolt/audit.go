@@ -179,7 +179,9 @@ func (s *AuditSink) Write(ctx context.Context, e audit.Event) error {
 // Each line is decoded strictly and stored as Marshal encodes the event,
 // so the store holds what Write would; a line that does not decode is
 // skipped and counted. Lines the server's own file took (taken) are
-// Marshal's bytes already and are stored as they are.
+// Marshal's bytes already and are stored as they are: taken is for
+// audit.Indexed's lines handed over in memory only; any other caller
+// passes false.
 func (s *AuditSink) AddMissing(ctx context.Context, lines [][]byte, taken bool) (added, skipped int, err error) {
 	if err := ctx.Err(); err != nil {
 		return 0, 0, fmt.Errorf("audit: write: %w", err)
