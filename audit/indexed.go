@@ -21,7 +21,8 @@ type Index interface {
 	// the file may have been changed on disk, and are.
 	AddMissing(ctx context.Context, lines [][]byte, taken bool) (added, skipped int, err error)
 	// Holds reports whether it holds the event of every line of lines
-	// that decodes strictly.
+	// that decodes, or would not keep it (its retention took it out), so
+	// catching up can stop there.
 	Holds(ctx context.Context, lines [][]byte) (bool, error)
 	Close() error
 }
