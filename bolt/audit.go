@@ -139,36 +139,15 @@ func (s *AuditSink) Write(ctx context.Context, e audit.Event) error {
 	if s.closed {
 		return audit.ErrClosed
 	}
-	key := []byte(e.EventID)
 	// A duplicate fails its own function only: the group commit runs it
 	// again alone and the others of its transaction commit.
-	var at uint64
-	err = s.group.update(func(tx *bbolt.Tx) error {
-		at = s.ran.Add(1)
-		ev := tx.Bucket(auditBucketEvents)
-		if ev.Get(key) != nil {
-			return ErrDuplicateAuditEvent
-		}
-		if err := ev.Put(key, b); err != nil {
-			return err
-		}
-		n, high := auditCount(tx, auditKeyCount)+1, auditCount(tx, auditKeyHigh)
-		if auditHighPriority(b) {
-			high++
-		}
-		n, high, _ = s.prune(tx, n, high, auditPrunePerWrite)
-		return auditSetCounts(tx, n, high)
+	err = s.update(func(tx *bbolt.Tx) error {
+		_, err := s.putEvents(tx, []auditEntry{{[]byte(e.EventID), b}}, ErrDuplicateAuditEvent)
+		return err
 	})
-	if at == 0 {
-		// No transaction ran the function: the outcome is newer than
-		// every one that did.
-		at = s.ran.Add(1)
-	}
 	if err != nil && !errors.Is(err, ErrDuplicateAuditEvent) {
-		s.setOutcome(at, fmt.Errorf("%s: write: %w", filepath.Base(s.path), s.reason(err)))
 		return fmt.Errorf("audit: write: %w", err)
 	}
-	s.setOutcome(at, nil)
 	return err
 }
 
@@ -186,13 +165,37 @@ func (s *AuditSink) AddMissing(ctx context.Context, lines [][]byte, taken bool) 
 	if err := ctx.Err(); err != nil {
 		return 0, 0, fmt.Errorf("audit: write: %w", err)
 	}
-	type entry struct{ key, value []byte }
-	entries := make([]entry, 0, len(lines))
+	entries, skipped := auditEntries(lines, taken)
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return 0, skipped, audit.ErrClosed
+	}
+	err = s.update(func(tx *bbolt.Tx) (err error) {
+		added, err = s.putEvents(tx, entries, nil)
+		return err
+	})
+	if err != nil {
+		return 0, skipped, fmt.Errorf("%s: write: %w", filepath.Base(s.path), s.reason(err))
+	}
+	return added, skipped, nil
+}
+
+// auditEntry is an event as the store keeps it: its id, and Marshal's
+// bytes.
+type auditEntry struct{ key, value []byte }
+
+// auditEntries is the entry of each of lines (audit file lines). A line
+// read back from the file is decoded strictly and encoded as Marshal does;
+// one that does not decode is skipped and counted. A line the server's own
+// file took (taken) is Marshal's bytes already: its id is read where
+// Marshal writes it.
+func auditEntries(lines [][]byte, taken bool) (entries []auditEntry, skipped int) {
+	entries = make([]auditEntry, 0, len(lines))
 	for _, line := range lines {
 		if taken {
-			// Marshal's bytes as the file took them: what Write stores.
 			if id, ok := leadingEventID(line); ok {
-				entries = append(entries, entry{id, line})
+				entries = append(entries, auditEntry{id, line})
 				continue
 			}
 		}
@@ -206,43 +209,57 @@ func (s *AuditSink) AddMissing(ctx context.Context, lines [][]byte, taken bool) 
 			skipped++
 			continue
 		}
-		entries = append(entries, entry{[]byte(e.EventID), b})
+		entries = append(entries, auditEntry{[]byte(e.EventID), b})
 	}
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if s.closed {
-		return 0, skipped, audit.ErrClosed
-	}
+	return entries, skipped
+}
+
+// update runs fn in a write transaction shared with concurrent writers
+// and records its outcome for Check; a duplicate event is no failure of
+// the store.
+func (s *AuditSink) update(fn func(*bbolt.Tx) error) error {
 	var at uint64
-	err = s.group.update(func(tx *bbolt.Tx) error {
+	err := s.group.update(func(tx *bbolt.Tx) error {
 		at = s.ran.Add(1)
-		ev := tx.Bucket(auditBucketEvents)
-		n, high := auditCount(tx, auditKeyCount), auditCount(tx, auditKeyHigh)
-		added = 0
-		for _, e := range entries {
-			if ev.Get(e.key) != nil {
-				continue
-			}
-			if err := ev.Put(e.key, e.value); err != nil {
-				return err
-			}
-			n, added = n+1, added+1
-			if auditHighPriority(e.value) {
-				high++
-			}
-		}
-		n, high, _ = s.prune(tx, n, high, auditPrunePerWrite*max(added, 1))
-		return auditSetCounts(tx, n, high)
+		return fn(tx)
 	})
 	if at == 0 {
+		// No transaction ran the function: the outcome is newer than
+		// every one that did.
 		at = s.ran.Add(1)
 	}
-	if err != nil {
+	if err != nil && !errors.Is(err, ErrDuplicateAuditEvent) {
 		s.setOutcome(at, fmt.Errorf("%s: write: %w", filepath.Base(s.path), s.reason(err)))
-		return 0, skipped, fmt.Errorf("%s: write: %w", filepath.Base(s.path), s.reason(err))
+		return err
 	}
 	s.setOutcome(at, nil)
-	return added, skipped, nil
+	return err
+}
+
+// putEvents stores each of entries the store does not hold yet (one it
+// holds is skipped, or fails with held when that is set), counts them in
+// and prunes past retention; it returns how many it stored.
+func (s *AuditSink) putEvents(tx *bbolt.Tx, entries []auditEntry, held error) (int, error) {
+	ev := tx.Bucket(auditBucketEvents)
+	n, high := auditCount(tx, auditKeyCount), auditCount(tx, auditKeyHigh)
+	added := 0
+	for _, e := range entries {
+		if ev.Get(e.key) != nil {
+			if held != nil {
+				return 0, held
+			}
+			continue
+		}
+		if err := ev.Put(e.key, e.value); err != nil {
+			return 0, err
+		}
+		n, added = n+1, added+1
+		if auditHighPriority(e.value) {
+			high++
+		}
+	}
+	n, high, _ = s.prune(tx, n, high, auditPrunePerWrite*max(added, 1))
+	return added, auditSetCounts(tx, n, high)
 }
 
 // Holds reports whether the store holds the event of every line of
@@ -255,20 +272,9 @@ func (s *AuditSink) Holds(ctx context.Context, lines [][]byte) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	type probe struct {
-		key  []byte
-		high bool
-	}
-	var probes []probe
-	for _, line := range lines {
-		// A line the file took starts with its event id (Marshal's
-		// order): read it there, without decoding the whole line.
-		if id, ok := leadingEventID(line); ok {
-			probes = append(probes, probe{id, auditHighPriority(line)})
-		} else if e, err := audit.Unmarshal(line); err == nil {
-			probes = append(probes, probe{[]byte(e.EventID), e.Priority == audit.PriorityHigh || audit.PriorityOf(e.EventType) == audit.PriorityHigh})
-		}
-	}
+	// A line the file took starts with its event id (Marshal's order):
+	// read it there, without decoding the whole line.
+	probes, _ := auditEntries(lines, true)
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.closed {
@@ -284,7 +290,7 @@ func (s *AuditSink) Holds(ctx context.Context, lines [][]byte) (bool, error) {
 		for _, p := range probes {
 			switch {
 			case ev.Get(p.key) != nil, auditKeyTime(p.key) < cutoff:
-			case full && !p.high && oldest != nil && bytes.Compare(p.key, oldest) < 0:
+			case full && !auditHighPriority(p.value) && oldest != nil && bytes.Compare(p.key, oldest) < 0:
 			default:
 				held = false
 				return nil
