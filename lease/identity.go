@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"strings"
+	"sync/atomic"
 	"unicode"
 	"unicode/utf8"
 
@@ -234,6 +235,48 @@ func (id Identity) lockKeyOfCanonical() string {
 		id.TargetID, id.ActorName, id.WorkflowName, id.OperationClass}
 	sum := sha256.Sum256(jsonStringArray(parts[:]))
 	return KeyPrefix + base64.RawURLEncoding.EncodeToString(sum[:])
+}
+
+// hashesTo reports whether id is canonical and hashes to lockKey: if not,
+// the field that is not canonical, or "lock_key" when the hash differs.
+// Every record a store reads or writes is checked so, several times per
+// operation (decode, history, evidence), so a tuple found sound is
+// remembered with its lock key: the check (seven normalizations and a
+// SHA-256) is a function of those eight strings alone, compared in full.
+func (id Identity) hashesTo(lockKey string) (field string, ok bool) {
+	slot := &soundTuples[tupleSlot(lockKey)]
+	if t := slot.Load(); t != nil && t.lockKey == lockKey && t.id == id {
+		return "", true
+	}
+	if f, ok := id.isCanonical(); !ok {
+		return f, false
+	}
+	if id.lockKeyOfCanonical() != lockKey {
+		return "lock_key", false
+	}
+	// Copies: a caller's strings may point into a buffer it reuses.
+	for _, f := range id.fields() {
+		*f.v = strings.Clone(*f.v)
+	}
+	slot.Store(&soundTuple{id: id, lockKey: strings.Clone(lockKey)})
+	return "", true
+}
+
+// soundTuples holds tuples hashesTo found sound, one per slot (a lock
+// key's last characters pick it); a bounded few hundred bytes each.
+var soundTuples [64]atomic.Pointer[soundTuple]
+
+type soundTuple struct {
+	id      Identity
+	lockKey string
+}
+
+func tupleSlot(lockKey string) int {
+	n := len(lockKey)
+	if n < 2 {
+		return 0
+	}
+	return int(lockKey[n-1]^lockKey[n-2]<<2) & (len(soundTuples) - 1)
 }
 
 // isCanonical reports whether id is its own normalization under the

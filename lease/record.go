@@ -548,12 +548,10 @@ func (r *Record) validate() error {
 	if r.RecordVersion != RecordVersion {
 		return Invalid("record_version", "unsupported record version")
 	}
-	id := r.Identity()
-	if f, ok := id.isCanonical(); !ok {
-		return Invalid(f, "stored tuple is not canonical")
-	}
-	if id.lockKeyOfCanonical() != r.LockKey {
+	if f, ok := r.Identity().hashesTo(r.LockKey); f == "lock_key" {
 		return Invalid("lock_key", "stored tuple does not hash to lock_key")
+	} else if !ok {
+		return Invalid(f, "stored tuple is not canonical")
 	}
 	for _, f := range []struct{ name, v string }{
 		{"lease_id", r.LeaseID}, {"owner_principal_id", r.OwnerPrincipalID},
