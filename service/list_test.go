@@ -123,7 +123,9 @@ func TestListOwnLeasesWalkOwnIndex(t *testing.T) {
 	other := principal(t, "prn-other1", auth.ClassAPIClient, "tenant:*,program:*", auth.CapLease)
 	own := principal(t, "prn-own2", auth.ClassAPIClient, "tenant:tenant-main,program:program-a", auth.CapLease)
 	acquireActors(t, s, other, "a0", "a1", "a2", "a3", "a4", "a5")
-	mine := acquireActors(t, s, own, "b0", "b1")
+	// A listing is in lease-id order, and two leases acquired in one
+	// millisecond can sort either way.
+	mine := slices.Sorted(slices.Values(acquireActors(t, s, own, "b0", "b1")))
 	for _, req := range []lease.ListRequest{
 		{By: lease.ListByProgram, TenantID: target.TenantID, ProgramID: target.ProgramID, PageSize: 5},
 		{By: lease.ListByOwner, OwnerPrincipalID: own.ID, PageSize: 5},
