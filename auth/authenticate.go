@@ -99,9 +99,11 @@ type Authenticator struct {
 	pepper Pepper
 	now    func() time.Time
 	// dummy credential verified on the unknown-id path, and its record,
-	// decoded on that path so it costs what a found record costs.
-	dummy       Credential
-	dummyRecord []byte
+	// decoded on that path so it costs what a found record costs: through
+	// Decodes, as the stores decode what they find.
+	dummy        Credential
+	dummyRecord  []byte
+	dummyDecodes Decodes
 	// equal is the constant-time comparison; tests wrap it to count calls.
 	equal func(a, b []byte) bool
 }
@@ -160,7 +162,7 @@ func (a *Authenticator) AuthenticateDetail(ctx context.Context, authorization []
 	case err == nil:
 	case errors.Is(err, ErrNotFound):
 		// The store decoded nothing; decode the dummy record instead.
-		DecodeCredential(a.dummyRecord)
+		a.dummyDecodes.Decode(a.dummy.ID, a.dummyRecord)
 	case errors.Is(err, ErrCorrupt):
 		fail.Reason = ReasonCorrupt
 	default:

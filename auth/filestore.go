@@ -22,9 +22,10 @@ import (
 // server re-reads the file on every request (no cache), so a key created,
 // revoked or rotated by another process takes effect on the next request.
 type FileStore struct {
-	dir    string
-	mu     sync.Mutex // serializes writers within this process
-	closed atomic.Bool
+	dir     string
+	mu      sync.Mutex // serializes writers within this process
+	closed  atomic.Bool
+	decodes Decodes
 }
 
 var _ Store = (*FileStore)(nil)
@@ -120,14 +121,7 @@ func (s *FileStore) Get(ctx context.Context, id string) (Credential, error) {
 		}
 		return Credential{}, fmt.Errorf("%w: cannot read the credential", ErrUnavailable)
 	}
-	c, err := DecodeCredential(b)
-	if err != nil {
-		return Credential{}, err
-	}
-	if c.ID != id {
-		return Credential{}, fmt.Errorf("%w: credential stored under another id", ErrCorrupt)
-	}
-	return c, nil
+	return s.decodes.Decode(id, b)
 }
 
 // List implements Store.

@@ -44,9 +44,10 @@ func (l layout) credential(id string) string { return l.credPrefix() + id }
 // and ErrUnavailable for everything else, with the class of the failure
 // but never an endpoint or a record. Safe for concurrent use.
 type CredentialStore struct {
-	s      *Store
-	owned  bool // Close closes s
-	closed atomic.Bool
+	s       *Store
+	owned   bool // Close closes s
+	closed  atomic.Bool
+	decodes auth.Decodes
 }
 
 var _ auth.Store = (*CredentialStore)(nil)
@@ -99,18 +100,6 @@ func (c *CredentialStore) failure(err error) error {
 	return fmt.Errorf("%w: %s", auth.ErrUnavailable, classify(err))
 }
 
-// decodeCredential strictly decodes the record stored under id.
-func decodeCredential(id string, raw []byte) (auth.Credential, error) {
-	cr, err := auth.DecodeCredential(raw)
-	if err != nil {
-		return auth.Credential{}, err
-	}
-	if cr.ID != id {
-		return auth.Credential{}, fmt.Errorf("%w: credential stored under another id", auth.ErrCorrupt)
-	}
-	return cr, nil
-}
-
 // Create implements auth.Store.
 func (c *CredentialStore) Create(ctx context.Context, cr auth.Credential) error {
 	rec, err := auth.EncodeCredential(cr)
@@ -151,7 +140,7 @@ func (c *CredentialStore) Get(ctx context.Context, id string) (auth.Credential, 
 	if len(r.Kvs) == 0 {
 		return auth.Credential{}, auth.ErrNotFound
 	}
-	return decodeCredential(id, r.Kvs[0].Value)
+	return c.decodes.Decode(id, r.Kvs[0].Value)
 }
 
 // List implements auth.Store: one range read of the records after the
@@ -187,7 +176,7 @@ func (c *CredentialStore) List(ctx context.Context, after string, limit int) ([]
 		if !auth.ValidCredentialID(id) {
 			return nil, fmt.Errorf("%w: a key under the credential prefix is not a credential id", auth.ErrCorrupt)
 		}
-		cr, err := decodeCredential(id, kv.Value)
+		cr, err := auth.DecodeStored(id, kv.Value)
 		if err != nil {
 			return nil, err
 		}
@@ -247,7 +236,7 @@ func (c *CredentialStore) current(t *txn, id string) (auth.Credential, error) {
 	if t.seen[k].mod == 0 {
 		return auth.Credential{}, auth.ErrNotFound
 	}
-	return decodeCredential(id, t.seen[k].val)
+	return auth.DecodeStored(id, t.seen[k].val)
 }
 
 // Revoke implements auth.Store.

@@ -76,9 +76,10 @@ func (k layout) credIndex() string           { return k.ns + ":cred:index" }
 // ErrUnavailable for everything else, without backend detail. Safe for
 // concurrent use.
 type CredentialStore struct {
-	s      *Store
-	owned  bool // Close closes s
-	closed atomic.Bool
+	s       *Store
+	owned   bool // Close closes s
+	closed  atomic.Bool
+	decodes auth.Decodes
 }
 
 var _ auth.Store = (*CredentialStore)(nil)
@@ -149,18 +150,6 @@ func (c *CredentialStore) read(ctx context.Context, id string) (string, error) {
 	return raw, nil
 }
 
-// decodeStored strictly decodes the record stored under id.
-func decodeStored(id, raw string) (auth.Credential, error) {
-	cr, err := auth.DecodeCredential([]byte(raw))
-	if err != nil {
-		return auth.Credential{}, err
-	}
-	if cr.ID != id {
-		return auth.Credential{}, fmt.Errorf("%w: credential stored under another id", auth.ErrCorrupt)
-	}
-	return cr, nil
-}
-
 // Create implements auth.Store.
 func (c *CredentialStore) Create(ctx context.Context, cr auth.Credential) error {
 	rec, err := auth.EncodeCredential(cr)
@@ -202,7 +191,7 @@ func (c *CredentialStore) Get(ctx context.Context, id string) (auth.Credential, 
 	if err != nil {
 		return auth.Credential{}, err
 	}
-	return decodeStored(id, raw)
+	return c.decodes.Decode(id, []byte(raw))
 }
 
 // List implements auth.Store: one ZRANGEBYLEX on the index after the
@@ -248,7 +237,7 @@ func (c *CredentialStore) List(ctx context.Context, after string, limit int) ([]
 		if err != nil {
 			return nil, c.failure(err)
 		}
-		cr, err := decodeStored(ids[i], raw)
+		cr, err := auth.DecodeStored(ids[i], []byte(raw))
 		if err != nil {
 			return nil, err
 		}
@@ -311,7 +300,7 @@ func (c *CredentialStore) Revoke(ctx context.Context, id string, at time.Time) (
 		if err != nil {
 			return auth.Credential{}, err
 		}
-		cur, err := decodeStored(id, raw)
+		cur, err := auth.DecodeStored(id, []byte(raw))
 		if err != nil {
 			return auth.Credential{}, err
 		}
@@ -353,7 +342,7 @@ func (c *CredentialStore) Rotate(ctx context.Context, oldID string, at time.Time
 		if err != nil {
 			return auth.Credential{}, err
 		}
-		cur, err := decodeStored(oldID, raw)
+		cur, err := auth.DecodeStored(oldID, []byte(raw))
 		if err != nil {
 			return auth.Credential{}, err
 		}

@@ -1,0 +1,73 @@
+package auth
+
+import (
+	"bytes"
+	"fmt"
+	"slices"
+	"sync"
+)
+
+// DecodeStored strictly decodes the record a store holds under id
+// (DecodeCredential) and checks that it is id's.
+func DecodeStored(id string, raw []byte) (Credential, error) {
+	c, err := DecodeCredential(raw)
+	if err != nil {
+		return Credential{}, err
+	}
+	if c.ID != id {
+		return Credential{}, fmt.Errorf("%w: credential stored under another id", ErrCorrupt)
+	}
+	return c, nil
+}
+
+// Decodes is DecodeStored for a store's Get, which every request calls: it
+// remembers, per id, the last record bytes it decoded and what they
+// decoded to. It is not a credential cache: the store still reads the
+// record at every request, and a decode is reused only for exactly the
+// bytes it came from, so a revocation, rotation or expiry written to the
+// record applies on the next request. The zero value is ready to use.
+type Decodes struct {
+	mu   sync.Mutex
+	last map[string]decoded
+}
+
+type decoded struct {
+	raw  []byte
+	cred Credential
+}
+
+// maxDecodes bounds what Decodes holds (about 1 KB per id); past it, it
+// starts again empty.
+const maxDecodes = 4096
+
+// Decode is DecodeStored(id, raw). Every caller gets a credential of its
+// own (no slice shared with another caller or the memory).
+func (d *Decodes) Decode(id string, raw []byte) (Credential, error) {
+	d.mu.Lock()
+	e, ok := d.last[id]
+	d.mu.Unlock()
+	if ok && bytes.Equal(e.raw, raw) {
+		return e.cred.clone(), nil
+	}
+	c, err := DecodeStored(id, raw)
+	if err != nil {
+		return Credential{}, err // decoded afresh every time: nothing to gain
+	}
+	d.mu.Lock()
+	if d.last == nil || len(d.last) >= maxDecodes {
+		d.last = make(map[string]decoded)
+	}
+	d.last[id] = decoded{raw: bytes.Clone(raw), cred: c.clone()}
+	d.mu.Unlock()
+	return c, nil
+}
+
+// clone copies c's slices, so a copy shares no memory with c.
+func (c Credential) clone() Credential {
+	c.Capabilities = slices.Clone(c.Capabilities)
+	for i := range c.Scope.grants {
+		c.Scope.grants[i] = slices.Clone(c.Scope.grants[i])
+	}
+	c.salt, c.verifier, c.mac = bytes.Clone(c.salt), bytes.Clone(c.verifier), bytes.Clone(c.mac)
+	return c
+}
