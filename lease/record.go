@@ -632,7 +632,7 @@ func CheckOpaqueID(field, v string) error {
 	}
 	// The charset admits a whole API key (star_sk_v1_<ULID>_<64 hex>);
 	// opaque ids are stored, audited and returned, so none may carry one.
-	if strings.Contains(strings.ToLower(v), "star_sk_") {
+	if containsLower(v, "star_sk_") {
 		return Invalid(field, "must not hold an API key (star_sk_)")
 	}
 	return nil

@@ -1,6 +1,9 @@
 package lease
 
-import "strings"
+import (
+	"strings"
+	"unicode/utf8"
+)
 
 // SecretShaped reports whether v holds what may be credential material:
 // an API key prefix ("star_sk_"), a bearer authorization ("bearer "), both
@@ -12,8 +15,7 @@ import "strings"
 // metadata holding such a value is refused (ValidateMetadata), and an audit
 // event replaces such a value by a keyed hash (package audit).
 func SecretShaped(v string) bool {
-	l := strings.ToLower(v)
-	if strings.Contains(l, "star_sk_") || strings.Contains(l, "bearer ") {
+	if containsLower(v, "star_sk_") || containsLower(v, "bearer ") {
 		return true
 	}
 	run := 0
@@ -64,4 +66,31 @@ func checkMetadataSecretFree(m Metadata) error {
 		}
 	}
 	return nil
+}
+
+// containsLower is strings.Contains(strings.ToLower(v), word) for an ASCII
+// lower-case word, without the lower-case copy when v is ASCII (where
+// ToLower changes only A to Z): every opaque id and most audited values are.
+func containsLower(v, word string) bool {
+	for i := 0; i < len(v); i++ {
+		if v[i] >= utf8.RuneSelf {
+			return strings.Contains(strings.ToLower(v), word)
+		}
+	}
+	for i := 0; i+len(word) <= len(v); i++ {
+		j := 0
+		for ; j < len(word); j++ {
+			c := v[i+j]
+			if 'A' <= c && c <= 'Z' {
+				c += 'a' - 'A'
+			}
+			if c != word[j] {
+				break
+			}
+		}
+		if j == len(word) {
+			return true
+		}
+	}
+	return false
 }
