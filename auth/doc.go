@@ -26,6 +26,8 @@
 // [ErrInvalidCredential]. Unknown ids run the same HMAC and constant-time
 // comparison against a dummy verifier. There is no cache: every call reads
 // the store, so revocation, rotation and expiry apply on the next request.
+// The stores reuse the decode of a record only for exactly the bytes it was
+// decoded from ([Decodes]).
 //
 // # Scope
 //
