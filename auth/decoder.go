@@ -36,8 +36,10 @@ type decoded struct {
 	cred Credential
 }
 
-// maxDecodes bounds what Decodes holds (about 1 KB per id); past it, it
-// starts again empty.
+// maxDecodes bounds what Decodes holds: a record and its decode per id,
+// about 1 KB for a typical key, at most about 33 KB for the largest record
+// Issue writes (64 grants); past it, it starts again empty. Only records a
+// store holds reach it: an unknown id is not found before any decode.
 const maxDecodes = 4096
 
 // Decode is DecodeStored(id, raw). Every caller gets a credential of its

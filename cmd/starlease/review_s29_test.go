@@ -29,8 +29,8 @@ func TestReviewS29GCGoalUnderLargeLiveHeap(t *testing.T) {
 	prev := debug.SetGCPercent(100)
 	defer debug.SetGCPercent(prev)
 	limit := debug.SetMemoryLimit(-1)
-	if got := tuneGC(func(string) (string, bool) { return "", false }); got != "400" {
-		t.Fatalf("tuneGC = %q", got)
+	if p, from := tuneGC(func(string) (string, bool) { return "", false }); p != 400 || from != "default" {
+		t.Fatalf("tuneGC = %d from %q", p, from)
 	}
 	if after := debug.SetMemoryLimit(-1); after != limit {
 		t.Fatalf("tuneGC changed the memory limit: %d -> %d", limit, after)

@@ -13,7 +13,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -252,7 +251,6 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	log.Info("garbage collector", "gogc", tuneGC(os.LookupEnv))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := serve(ctx, f, stdout, log); err != nil {
@@ -271,13 +269,16 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 const serveGCPercent = 400
 
 // tuneGC sets serve's GC target unless the environment sets GOGC (which the
-// runtime has already applied), and says which is in effect.
-func tuneGC(lookupEnv func(string) (string, bool)) string {
-	if v, ok := lookupEnv("GOGC"); ok {
-		return "GOGC=" + v
+// runtime has already applied, or ignored if malformed), and returns the
+// target in effect (-1: off) and where it comes from.
+func tuneGC(lookupEnv func(string) (string, bool)) (percent int, from string) {
+	if _, ok := lookupEnv("GOGC"); ok {
+		percent = debug.SetGCPercent(100) // read back what is in effect
+		debug.SetGCPercent(percent)
+		return percent, "GOGC"
 	}
 	debug.SetGCPercent(serveGCPercent)
-	return strconv.Itoa(serveGCPercent)
+	return serveGCPercent, "default"
 }
 
 // backend is what serve runs on: the lease store, the credential store and
@@ -404,6 +405,10 @@ func serve(ctx context.Context, f serveFlags, stdout io.Writer, log *slog.Logger
 	}
 	defer b.store.Close() // deferred first: the sinks and credentials close before it
 	defer b.creds.Close()
+	// After the open: a store migration's peak is the old file's size over
+	// again, not worth five times its live heap.
+	gcPercent, gcFrom := tuneGC(os.LookupEnv)
+	log.Info("garbage collector", "gc_percent", gcPercent, "from", gcFrom)
 	fileSink, err := audit.OpenFile(filepath.Join(f.dataDir, auditFile))
 	if err != nil {
 		b.closeAudit()
