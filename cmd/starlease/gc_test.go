@@ -1,7 +1,9 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -36,21 +38,47 @@ func TestTuneGCSetsServeTargetUnlessGOGCIsSet(t *testing.T) {
 	}
 }
 
-// TestServeLogsItsGCTarget runs the real server and reads the target it
-// logged once its store was open.
-func TestServeLogsItsGCTarget(t *testing.T) {
+func TestTuneProcsDoublesThePsUnlessGOMAXPROCSIsSet(t *testing.T) {
+	prev := runtime.GOMAXPROCS(3)
+	defer runtime.GOMAXPROCS(prev)
+
+	if n, from := tuneProcs(func(string) (string, bool) { return "", false }); n != 6 || from != "default" {
+		t.Fatalf("tuneProcs over 3 Ps without GOMAXPROCS says %d from %q, want 6 from default", n, from)
+	}
+	if inEffect := runtime.GOMAXPROCS(0); inEffect != 6 {
+		t.Fatalf("GOMAXPROCS after tuneProcs is %d, want 6", inEffect)
+	}
+	runtime.GOMAXPROCS(5) // as the runtime set it from GOMAXPROCS=5
+	if n, from := tuneProcs(func(k string) (string, bool) { return "5", k == "GOMAXPROCS" }); n != 5 || from != "GOMAXPROCS" {
+		t.Fatalf("tuneProcs with GOMAXPROCS=5 says %d from %q", n, from)
+	}
+	if inEffect := runtime.GOMAXPROCS(0); inEffect != 5 {
+		t.Fatalf("tuneProcs changed the GOMAXPROCS the environment set: %d", inEffect)
+	}
+}
+
+// TestServeLogsItsRuntimeTargets runs the real server and reads the GC
+// target and Ps it logged once its store was open.
+func TestServeLogsItsRuntimeTargets(t *testing.T) {
 	srv := testenv.StartStarlease(t, starleaseBin(t))
-	want := `"gc_percent":400,"from":"default"`
-	if _, ok := os.LookupEnv("GOGC"); ok { // the server inherits it
-		want = `"from":"GOGC"`
-	}
 	for _, line := range strings.Split(string(srv.Stderr()), "\n") {
-		if strings.Contains(line, `"msg":"garbage collector"`) {
-			if !strings.Contains(line, want) {
-				t.Fatalf("serve logged %s, want %s in it", line, want)
-			}
-			return
+		var e struct {
+			Msg       string `json:"msg"`
+			GCPercent int    `json:"gc_percent"`
+			GCFrom    string `json:"gc_from"`
+			Procs     int    `json:"gomaxprocs"`
+			ProcsFrom string `json:"gomaxprocs_from"`
 		}
+		if json.Unmarshal([]byte(line), &e) != nil || e.Msg != "runtime" {
+			continue
+		}
+		if _, set := os.LookupEnv("GOGC"); !set && (e.GCPercent != serveGCPercent || e.GCFrom != "default") {
+			t.Errorf("serve logged gc_percent %d from %q, want %d from default: %s", e.GCPercent, e.GCFrom, serveGCPercent, line)
+		}
+		if _, set := os.LookupEnv("GOMAXPROCS"); !set && (e.Procs < 2 || e.Procs%serveProcsPerCPU != 0 || e.ProcsFrom != "default") {
+			t.Errorf("serve logged gomaxprocs %d from %q, want a multiple of %d from default: %s", e.Procs, e.ProcsFrom, serveProcsPerCPU, line)
+		}
+		return
 	}
-	t.Fatalf("serve logged no garbage collector line; stderr:\n%s", srv.Stderr())
+	t.Fatalf("serve logged no runtime line; stderr:\n%s", srv.Stderr())
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"syscall"
@@ -281,6 +282,28 @@ func tuneGC(lookupEnv func(string) (string, bool)) (percent int, from string) {
 	return serveGCPercent, "default"
 }
 
+// serveProcsPerCPU is how many Ps serve runs per CPU the runtime found,
+// unless GOMAXPROCS is set. A request waits for the store's group commit,
+// run by one goroutine that blocks in fsync; when the syscall returns and
+// every P is running HTTP goroutines, it waits in the global run queue
+// behind them, and every caller in its batch with it. With a spare P it
+// resumes at once, and the kernel shares the cores. Measured at 64 clients
+// on 2 CPUs: 2 Ps per CPU did 13-19% more pairs than 1, 4 per CPU fewer
+// than 2.
+const serveProcsPerCPU = 2
+
+// tuneProcs sets serve's GOMAXPROCS unless the environment sets it, and
+// returns the number in effect and where it comes from. Set once at start:
+// the runtime then no longer follows a changed CPU limit of its cgroup.
+func tuneProcs(lookupEnv func(string) (string, bool)) (procs int, from string) {
+	if _, ok := lookupEnv("GOMAXPROCS"); ok {
+		return runtime.GOMAXPROCS(0), "GOMAXPROCS"
+	}
+	procs = serveProcsPerCPU * runtime.GOMAXPROCS(0)
+	runtime.GOMAXPROCS(procs)
+	return procs, "default"
+}
+
 // backend is what serve runs on: the lease store, the credential store and
 // the backend's own audit sink (Valkey, etcd), or its local audit store
 // (bolt), which indexes the audit file.
@@ -408,7 +431,8 @@ func serve(ctx context.Context, f serveFlags, stdout io.Writer, log *slog.Logger
 	// After the open: a store migration's peak is the old file's size over
 	// again, not worth five times its live heap.
 	gcPercent, gcFrom := tuneGC(os.LookupEnv)
-	log.Info("garbage collector", "gc_percent", gcPercent, "from", gcFrom)
+	procs, procsFrom := tuneProcs(os.LookupEnv)
+	log.Info("runtime", "gc_percent", gcPercent, "gc_from", gcFrom, "gomaxprocs", procs, "gomaxprocs_from", procsFrom)
 	fileSink, err := audit.OpenFile(filepath.Join(f.dataDir, auditFile))
 	if err != nil {
 		b.closeAudit()
