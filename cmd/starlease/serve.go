@@ -282,15 +282,17 @@ func tuneGC(lookupEnv func(string) (string, bool)) (percent int, from string) {
 	return serveGCPercent, "default"
 }
 
-// serveProcsPerCPU is how many Ps serve runs per CPU the runtime found,
-// unless GOMAXPROCS is set. A request waits for the store's group commit,
-// run by one goroutine that blocks in fsync; when the syscall returns and
-// every P is running HTTP goroutines, it waits in the global run queue
-// behind them, and every caller in its batch with it. With a spare P it
-// resumes at once, and the kernel shares the cores. Measured at 64 clients
-// on 2 CPUs: 2 Ps per CPU did 13-19% more pairs than 1, 4 per CPU fewer
-// than 2.
-const serveProcsPerCPU = 2
+// serveSpareProcs bounds the Ps serve runs beyond the CPUs the runtime
+// found, unless GOMAXPROCS is set: as many again, at most this many. A
+// request waits for the store's group commit, run by one goroutine that
+// blocks in fsync; when the syscall returns and every P is running HTTP
+// goroutines, it waits in the global run queue behind them, and every
+// caller in its batch with it. With a spare P it resumes at once, and the
+// kernel shares the cores. Measured at 64 clients on 2 CPUs: 4 Ps did
+// 13-19% more pairs than 2, 8 no more than 4. A few spare Ps suffice on a
+// large machine, where the collector's workers (a quarter of the Ps) would
+// otherwise grow with them.
+const serveSpareProcs = 4
 
 // tuneProcs sets serve's GOMAXPROCS unless the environment sets it, and
 // returns the number in effect and where it comes from. Set once at start:
@@ -299,7 +301,8 @@ func tuneProcs(lookupEnv func(string) (string, bool)) (procs int, from string) {
 	if _, ok := lookupEnv("GOMAXPROCS"); ok {
 		return runtime.GOMAXPROCS(0), "GOMAXPROCS"
 	}
-	procs = serveProcsPerCPU * runtime.GOMAXPROCS(0)
+	cpus := runtime.GOMAXPROCS(0)
+	procs = cpus + min(cpus, serveSpareProcs)
 	runtime.GOMAXPROCS(procs)
 	return procs, "default"
 }
