@@ -225,9 +225,7 @@ func (s *Indexed) loop() {
 			// A failing index is tried again after RetryInterval, not at
 			// every batch the file takes meanwhile, and less often while
 			// it keeps failing.
-			s.mu.Lock()
-			pause = s.opts.RetryInterval << min(s.failures-1, 6)
-			s.mu.Unlock()
+			pause = s.retryPause()
 		}
 		if pause > 0 {
 			select {
@@ -237,6 +235,17 @@ func (s *Indexed) loop() {
 			}
 		}
 	}
+}
+
+// retryPause is how long the loop waits after a failed Flush:
+// RetryInterval, doubled for each further consecutive failure, at most 64
+// times. A concurrent Flush (Close's last one) may have succeeded since and
+// reset the count: then RetryInterval (the count is never taken below one,
+// where the shift would panic).
+func (s *Indexed) retryPause() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.opts.RetryInterval << min(max(s.failures-1, 0), 6)
 }
 
 // add is AddMissing within IndexTimeout, a panic of the index an error.
