@@ -239,7 +239,8 @@ func (s *Indexed) loop() {
 
 // retryPause is how long the loop waits after a failed Flush:
 // RetryInterval, doubled for each further consecutive failure, at most 64
-// times. A concurrent Flush (Close's last one) may have succeeded since and
+// times. A Flush called from outside meanwhile (Close's waits for the loop
+// to end; a caller of the exported method need not) may have succeeded and
 // reset the count: then RetryInterval (the count is never taken below one,
 // where the shift would panic).
 func (s *Indexed) retryPause() time.Duration {
