@@ -19,7 +19,9 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Re
 	if err != nil {
 		return lease.Result{}, err
 	}
-	return s.mutation(ctx, p, req.DeadlineAt, func(tx *bbolt.Tx, now lease.Timestamp) (lease.Result, error) {
+	var written []byte
+	res, err := s.mutation(ctx, p, req.DeadlineAt, func(tx *bbolt.Tx, now lease.Timestamp) (lease.Result, error) {
+		written = nil
 		cur, err := s.loadActive(tx, p.LockKey)
 		if err != nil {
 			return lease.Result{}, refuse(err)
@@ -52,7 +54,7 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Re
 		if err := ident.Put(counterKey(p.LockKey), u64(rec.FencingToken)); err != nil {
 			return lease.Result{}, err
 		}
-		if err := s.putActive(tx, rec, nil); err != nil {
+		if written, err = s.putActive(tx, rec, nil); err != nil {
 			return lease.Result{}, err
 		}
 		for _, k := range indexKeys(rec) {
@@ -65,6 +67,8 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Re
 		}
 		return lease.Result{Code: lease.CodeAcquired, Lease: rec, BackendTime: now}, nil
 	})
+	s.warm(written, err)
+	return res, err
 }
 
 // Renew extends the exact matching active lease.
@@ -73,17 +77,21 @@ func (s *Store) Renew(ctx context.Context, req lease.RenewRequest) (lease.Result
 	if err != nil {
 		return lease.Result{}, err
 	}
-	return s.mutation(ctx, p, req.DeadlineAt, func(tx *bbolt.Tx, now lease.Timestamp) (lease.Result, error) {
+	var written []byte
+	res, err := s.mutation(ctx, p, req.DeadlineAt, func(tx *bbolt.Tx, now lease.Timestamp) (lease.Result, error) {
+		written = nil
 		cur, err := s.held(tx, p.LockKey, now, req.LeaseID, req.FencingToken, req.Caller.PrincipalID, req.ServiceInstanceID)
 		if err != nil {
 			return lease.Result{}, err
 		}
 		next := lease.Renewed(cur, req.TTL, now)
-		if err := s.putActive(tx, next, cur); err != nil {
+		if written, err = s.putActive(tx, next, cur); err != nil {
 			return lease.Result{}, err
 		}
 		return lease.Result{Code: lease.CodeRenewed, Lease: next, BackendTime: now}, nil
 	})
+	s.warm(written, err)
+	return res, err
 }
 
 // Release ends the exact matching active lease (compare-and-delete).
@@ -303,10 +311,11 @@ func storedEvidence(tx *bbolt.Tx, p lease.Prepared) (v []byte, ok bool) {
 
 // loadActive strictly decodes the active record of lockKey; nil if none. A
 // record that fails decoding is quarantined and reported corrupt. Reads
-// go through the memo (a record is read again and again between writes);
-// a write transaction decodes directly: the bytes it reads were mostly
-// written by the last mutation of the lease and never read, so the memo
-// would only add a copy to each.
+// go through the memo (a record is read again and again between writes).
+// A write transaction, which runs in the one committing goroutine, only
+// looks its bytes up: they were mostly written by the lease's last
+// mutation, whose caller put them in the memo after its commit (warm), so
+// their decoding ran outside the commit; a miss is decoded and not kept.
 func (s *Store) loadActive(tx *bbolt.Tx, lockKey string) (*lease.Record, error) {
 	return s.loadActiveFrom(tx, tx.Bucket(bucketIdent), lockKey)
 }
@@ -318,11 +327,15 @@ func (s *Store) loadActiveFrom(tx *bbolt.Tx, ident *bbolt.Bucket, lockKey string
 	if v == nil {
 		return nil, nil
 	}
-	decode := lease.DecodeStoredRecord
+	var rec *lease.Record
+	var err error
 	if !tx.Writable() {
-		decode = s.records.Decode
+		rec, err = s.records.Decode(v)
+	} else if known, ok := s.records.Known(v); ok {
+		rec = known
+	} else {
+		rec, err = lease.DecodeStoredRecord(v)
 	}
-	rec, err := decode(v)
 	if err == nil && rec.LockKey != lockKey {
 		err = lease.Errorf(lease.CodeCorrupt, "record: stored under a foreign lock key")
 	}
@@ -343,22 +356,34 @@ func (s *Store) quarantine(tx *bbolt.Tx, lockKey string, id lease.Identity, reas
 
 // putActive writes rec as the active record (in version 2,
 // lease.CompactRecord: schema 6) and its expiry index entry, replacing
-// prev's (nil for a new lease).
-func (s *Store) putActive(tx *bbolt.Tx, rec, prev *lease.Record) error {
+// prev's (nil for a new lease). It returns the record's bytes, for warm.
+func (s *Store) putActive(tx *bbolt.Tx, rec, prev *lease.Record) ([]byte, error) {
 	b, err := lease.CompactRecord(rec)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	exp := tx.Bucket(bucketActiveExp)
 	if prev != nil {
 		if err := exp.Delete(activeExpKey(prev)); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if err := exp.Put(activeExpKey(rec), nil); err != nil {
-		return err
+		return nil, err
 	}
-	return tx.Bucket(bucketIdent).Put(activeKey(rec.LockKey), b)
+	return b, tx.Bucket(bucketIdent).Put(activeKey(rec.LockKey), b)
+}
+
+// warm decodes the bytes of an active record a committed mutation wrote
+// into the memo, in the caller's goroutine: the lease's next mutation
+// then finds it decoded (loadActive) instead of decoding it in the
+// commit every writer waits for. The memo keeps only what the strict
+// decoder gives for those exact bytes, so warming with bytes that were
+// never stored, or were replaced since, changes no answer.
+func (s *Store) warm(written []byte, err error) {
+	if err == nil && written != nil {
+		_, _ = s.records.Decode(written)
+	}
 }
 
 // activeExpKey is the reaper's index entry of an active record, ordered by

@@ -51,6 +51,18 @@ func (mm *RecordMemo) Decode(raw []byte) (*Record, error) {
 	return rec, nil
 }
 
+// Known returns a copy of the record remembered for raw, without decoding
+// on a miss: for a caller that would decode a miss itself and not keep it.
+func (mm *RecordMemo) Known(raw []byte) (*Record, bool) {
+	mm.mu.Lock()
+	rec, ok := mm.m[string(raw)]
+	mm.mu.Unlock()
+	if !ok {
+		return nil, false
+	}
+	return rec.Clone(), true
+}
+
 // Len is the number of records the memo holds.
 func (mm *RecordMemo) Len() int {
 	mm.mu.Lock()
