@@ -67,7 +67,7 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Re
 		}
 		return lease.Result{Code: lease.CodeAcquired, Lease: rec, BackendTime: now}, nil
 	})
-	s.warm(written, err)
+	s.warm(written, res, err)
 	return res, err
 }
 
@@ -90,7 +90,7 @@ func (s *Store) Renew(ctx context.Context, req lease.RenewRequest) (lease.Result
 		}
 		return lease.Result{Code: lease.CodeRenewed, Lease: next, BackendTime: now}, nil
 	})
-	s.warm(written, err)
+	s.warm(written, res, err)
 	return res, err
 }
 
@@ -379,9 +379,10 @@ func (s *Store) putActive(tx *bbolt.Tx, rec, prev *lease.Record) ([]byte, error)
 // then finds it decoded (loadActive) instead of decoding it in the
 // commit every writer waits for. The memo keeps only what the strict
 // decoder gives for those exact bytes, so warming with bytes that were
-// never stored, or were replaced since, changes no answer.
-func (s *Store) warm(written []byte, err error) {
-	if err == nil && written != nil {
+// never stored, or were replaced since, changes no answer. A replay
+// wrote nothing (its written, if any, is from a run rolled back).
+func (s *Store) warm(written []byte, res lease.Result, err error) {
+	if err == nil && !res.Replayed && written != nil {
 		_, _ = s.records.Decode(written)
 	}
 }
