@@ -28,11 +28,8 @@ func NewRecordMemo(decode func([]byte) (*Record, error)) *RecordMemo {
 
 // Decode returns what the memo's decoder returns for raw.
 func (mm *RecordMemo) Decode(raw []byte) (*Record, error) {
-	mm.mu.Lock()
-	rec, ok := mm.m[string(raw)]
-	mm.mu.Unlock()
-	if ok {
-		return rec.Clone(), nil
+	if rec, ok := mm.Known(raw); ok {
+		return rec, nil
 	}
 	rec, err := mm.decode(raw)
 	if err != nil {
