@@ -14,17 +14,26 @@ import (
 	"github.com/starintel/starlease/lease/leasetest"
 )
 
-// storedActive returns the stored bytes of rec's identity's active record.
-func storedActive(t *testing.T, s *Store, rec *lease.Record) []byte {
+// storedActive returns the stored bytes of lockKey's active record (nil:
+// none).
+func storedActive(t *testing.T, s *Store, lockKey string) []byte {
 	t.Helper()
 	var v []byte
 	if err := s.db.View(func(tx *bbolt.Tx) error {
-		v = bytes.Clone(tx.Bucket(bucketIdent).Get(activeKey(rec.LockKey)))
+		v = bytes.Clone(tx.Bucket(bucketIdent).Get(activeKey(lockKey)))
 		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
 	return v
+}
+
+// putActiveRaw stores v as lockKey's active record, as damage would.
+func putActiveRaw(t *testing.T, s *Store, lockKey string, v []byte) {
+	t.Helper()
+	if err := (faults{s}).PutRawActive(context.Background(), lockKey, v); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // releaseOf is the owner's release of r, request id, by deadline.
@@ -65,7 +74,7 @@ func TestActiveRecordsInVersion2AndVersion1StillRead(t *testing.T) {
 	reqA, a := acquire("record-v2")
 	reqB, b := acquire("record-v1")
 	for _, r := range []*lease.Record{a, b} {
-		v := storedActive(t, s, r)
+		v := storedActive(t, s, r.LockKey)
 		v1, ok := lease.ExpandRecord(string(v))
 		if !strings.HasPrefix(string(v), lease.RecordV2Prefix) || !ok || v1 != encoded(t, r) || len(v) > len(v1)*6/10 {
 			t.Fatalf("active record not stored in version 2 at under 60%% of version 1's bytes (%d, %d): %q", len(v), len(v1), v)
@@ -93,7 +102,7 @@ func TestActiveRecordsInVersion2AndVersion1StillRead(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if v := storedActive(t, s, b); string(v) != encoded(t, b) {
+	if v := storedActive(t, s, b.LockKey); string(v) != encoded(t, b) {
 		t.Fatalf("opening rewrote a version 1 record: %q", v)
 	}
 	for _, r := range []*lease.Record{a, b} {
@@ -111,7 +120,7 @@ func TestActiveRecordsInVersion2AndVersion1StillRead(t *testing.T) {
 	if err != nil || ren.Lease.ExpiresAt != lease.At(c.Now().Add(2*time.Minute)) {
 		t.Fatalf("renew of a version 1 record: %+v, %v", ren.Lease, err)
 	}
-	if v := storedActive(t, s, b); !strings.HasPrefix(string(v), lease.RecordV2Prefix) {
+	if v := storedActive(t, s, b.LockKey); !strings.HasPrefix(string(v), lease.RecordV2Prefix) {
 		t.Fatalf("renewed record not stored in version 2: %q", v)
 	}
 	for req, orig := range map[*lease.AcquireRequest]*lease.Record{&reqA: a, &reqB: b} {
@@ -125,7 +134,7 @@ func TestActiveRecordsInVersion2AndVersion1StillRead(t *testing.T) {
 		if err != nil || rel.Lease.State != lease.StateReleased || rel.Lease.FencingToken != r.FencingToken {
 			t.Fatalf("release %s: %+v, %v", r.TargetID, rel.Lease, err)
 		}
-		if v := storedActive(t, s, r); v != nil {
+		if v := storedActive(t, s, r.LockKey); v != nil {
 			t.Fatalf("released record still stored: %q", v)
 		}
 	}
@@ -157,7 +166,7 @@ func TestCorruptVersion2RecordFailsClosed(t *testing.T) {
 				t.Fatal(err)
 			}
 			r := res.Lease
-			bad := strings.Join(edit(strings.Split(string(storedActive(t, s, r)), "\n")), "\n")
+			bad := strings.Join(edit(strings.Split(string(storedActive(t, s, r.LockKey)), "\n")), "\n")
 			if err := s.db.Update(func(tx *bbolt.Tx) error {
 				return tx.Bucket(bucketIdent).Put(activeKey(r.LockKey), []byte(bad))
 			}); err != nil {
@@ -176,7 +185,7 @@ func TestCorruptVersion2RecordFailsClosed(t *testing.T) {
 			}); err != nil {
 				t.Fatal(err)
 			}
-			if after := storedActive(t, s, r); string(after) != bad || quarantined == nil {
+			if after := storedActive(t, s, r.LockKey); string(after) != bad || quarantined == nil {
 				t.Fatalf("record %q (changed: %v), quarantine %q", after, string(after) != bad, quarantined)
 			}
 		})

@@ -32,7 +32,7 @@ func rvAcquire(t *testing.T, s *Store, target string, ttl time.Duration, far tim
 	if err != nil {
 		t.Fatalf("acquire %s: %v", target, err)
 	}
-	if v := storedActive(t, s, res.Lease); !strings.HasPrefix(string(v), lease.RecordV2Prefix) {
+	if v := storedActive(t, s, res.Lease.LockKey); !strings.HasPrefix(string(v), lease.RecordV2Prefix) {
 		t.Fatalf("%s not stored in version 2: %q", target, v)
 	}
 	return res.Lease
@@ -74,7 +74,7 @@ func TestReviewRv2SplicedRecordCorrupt(t *testing.T) {
 	far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	a := rvAcquire(t, s, "ziel-a", time.Minute, far)
 	b := rvAcquire(t, s, "ziel-b", time.Minute, far)
-	av := storedActive(t, s, a)
+	av := storedActive(t, s, a.LockKey)
 	// Memoize a's bytes first (a read), so the splice is a memo hit.
 	if in, err := s.Inspect(ctx, lease.InspectRequest{Identity: a.Identity(), DeadlineAt: far, Caller: callerOfRecord(a)}); err != nil || in.Lease.LeaseID != a.LeaseID {
 		t.Fatalf("inspect a: %v", err)
@@ -109,7 +109,7 @@ func TestReviewRv2SplicedRecordCorrupt(t *testing.T) {
 	if q := quarantined(t, s, b.LockKey); q == nil {
 		t.Fatal("b not quarantined")
 	}
-	if v := storedActive(t, s, b); !bytes.Equal(v, av) {
+	if v := storedActive(t, s, b.LockKey); !bytes.Equal(v, av) {
 		t.Fatalf("spliced value rewritten: %q", v)
 	}
 	// The reaper past b's expiry: b's entry names b's key, whose record is
@@ -118,7 +118,7 @@ func TestReviewRv2SplicedRecordCorrupt(t *testing.T) {
 	if err := s.reap(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if v := storedActive(t, s, b); !bytes.Equal(v, av) {
+	if v := storedActive(t, s, b.LockKey); !bytes.Equal(v, av) {
 		t.Fatalf("reaper touched the spliced value: %q", v)
 	}
 	// Recovery of a backup holding the splice fails closed.
@@ -268,7 +268,7 @@ func TestReviewRv2BackupsOfSchema5And6Recover(t *testing.T) {
 			if err != nil || again.Lease.FencingToken <= 100 {
 				t.Fatalf("acquire after recovery: %v", err)
 			}
-			if v := storedActive(t, s2, again.Lease); !strings.HasPrefix(string(v), lease.RecordV2Prefix) {
+			if v := storedActive(t, s2, again.Lease.LockKey); !strings.HasPrefix(string(v), lease.RecordV2Prefix) {
 				t.Fatalf("not version 2 after recovery: %q", v)
 			}
 		})

@@ -64,26 +64,6 @@ func (h s30Holder) release(ctx context.Context, s *Store, reqID string) (lease.R
 		Mutation: lease.Mutation{RequestID: reqID, DeadlineAt: s30Far, Caller: h.caller}})
 }
 
-// s30Stored is the active record's bytes of lockKey (nil: none).
-func s30Stored(t *testing.T, s *Store, lockKey string) []byte {
-	t.Helper()
-	var v []byte
-	if err := s.db.View(func(tx *bbolt.Tx) error {
-		v = bytes.Clone(tx.Bucket(bucketIdent).Get(activeKey(lockKey)))
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
-
-func s30Put(t *testing.T, s *Store, lockKey string, v []byte) {
-	t.Helper()
-	if err := s.db.Update(func(tx *bbolt.Tx) error { return tx.Bucket(bucketIdent).Put(activeKey(lockKey), v) }); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func s30Quarantined(t *testing.T, s *Store, lockKey string) string {
 	t.Helper()
 	var q string
@@ -153,7 +133,7 @@ func s30Scribble(r *lease.Record) {
 // s30Truth is the strict decode of the stored active record of lockKey.
 func s30Truth(t *testing.T, s *Store, lockKey string) *lease.Record {
 	t.Helper()
-	v := s30Stored(t, s, lockKey)
+	v := storedActive(t, s, lockKey)
 	if v == nil {
 		return nil
 	}
@@ -180,7 +160,7 @@ func TestReviewS30ScribbledResultsNeverReachTheStoreOrTheMemo(t *testing.T) {
 	}
 	h := s30HolderOf(acq.Lease)
 	lockKey := acq.Lease.LockKey
-	v0 := s30Stored(t, s, lockKey)
+	v0 := storedActive(t, s, lockKey)
 	truth0 := s30Truth(t, s, lockKey)
 	if truth0.Metadata["region"] != "eu-west" || truth0.FencingToken != 1 {
 		t.Fatalf("stored after acquire: %+v", truth0)
@@ -217,7 +197,7 @@ func TestReviewS30ScribbledResultsNeverReachTheStoreOrTheMemo(t *testing.T) {
 	if _, err := bad.renew(ctx, s, "s30-ren-thief", time.Minute); code(err) != lease.CodeLost {
 		t.Fatalf("renew by another principal: %v, want lease_lost", err)
 	}
-	if got := s30Stored(t, s, lockKey); !bytes.Equal(got, v0) {
+	if got := storedActive(t, s, lockKey); !bytes.Equal(got, v0) {
 		t.Fatalf("refused mutations changed the record: %q", got)
 	}
 
@@ -227,7 +207,7 @@ func TestReviewS30ScribbledResultsNeverReachTheStoreOrTheMemo(t *testing.T) {
 	if err != nil || ren.Code != lease.CodeRenewed {
 		t.Fatalf("renew: %+v, %v", ren, err)
 	}
-	v1 := s30Stored(t, s, lockKey)
+	v1 := storedActive(t, s, lockKey)
 	truth1 := s30Truth(t, s, lockKey)
 	if !reflect.DeepEqual(ren.Lease, truth1) {
 		t.Fatalf("renew returned %+v, stored %+v", ren.Lease, truth1)
@@ -260,7 +240,7 @@ func TestReviewS30ScribbledResultsNeverReachTheStoreOrTheMemo(t *testing.T) {
 		t.Fatalf("release returned %+v, want %+v", rel.Lease, want)
 	}
 	s30Scribble(rel.Lease)
-	if v := s30Stored(t, s, lockKey); v != nil {
+	if v := storedActive(t, s, lockKey); v != nil {
 		t.Fatalf("an active record is left after the release: %q", v)
 	}
 	got, err := s.Inspect(ctx, lease.InspectRequest{LeaseID: h.leaseID, DeadlineAt: s30Far})
@@ -291,7 +271,7 @@ func TestReviewS30BytesChangedUnderneathAreJudgedStrictly(t *testing.T) {
 			t.Fatal(err)
 		}
 		h := s30HolderOf(acq.Lease)
-		v0 := s30Stored(t, s, h.lockKey(t))
+		v0 := storedActive(t, s, h.lockKey(t))
 		if !s30MemoAgrees(t, s, v0) {
 			t.Fatal("acquire did not warm the memo")
 		}
@@ -306,7 +286,7 @@ func TestReviewS30BytesChangedUnderneathAreJudgedStrictly(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s30Put(t, s, other.LockKey, vOther)
+		putActiveRaw(t, s, other.LockKey, vOther)
 		if _, err := h.renew(ctx, s, "s30-ren-1", time.Minute); code(err) != lease.CodeLost {
 			t.Fatalf("renew of the replaced lease (warmed bytes no longer stored): %v, want lease_lost", err)
 		}
@@ -316,7 +296,7 @@ func TestReviewS30BytesChangedUnderneathAreJudgedStrictly(t *testing.T) {
 		if _, err := s30Acquire(ctx, s, testIdentity, "s30-acq-2", time.Minute, nil); code(err) != lease.CodeConflict {
 			t.Fatalf("acquire over the other live lease: %v, want conflict", err)
 		}
-		if got := s30Stored(t, s, other.LockKey); !bytes.Equal(got, vOther) {
+		if got := storedActive(t, s, other.LockKey); !bytes.Equal(got, vOther) {
 			t.Fatal("refused mutations changed the stored record")
 		}
 		oh := s30HolderOf(other)
@@ -326,7 +306,7 @@ func TestReviewS30BytesChangedUnderneathAreJudgedStrictly(t *testing.T) {
 		}
 		// The old bytes, warmed by the acquire, come back verbatim: they
 		// are the truth again, and what they say is what the memo says.
-		s30Put(t, s, h.lockKey(t), v0)
+		putActiveRaw(t, s, h.lockKey(t), v0)
 		s30MemoAgrees(t, s, v0)
 		if _, err := oh.release(ctx, s, "s30-rel-2"); code(err) != lease.CodeLost {
 			t.Fatalf("release by the replaced holder after the old bytes came back: %v, want lease_lost", err)
@@ -352,7 +332,7 @@ func TestReviewS30BytesChangedUnderneathAreJudgedStrictly(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		v := s30Stored(t, s, lockKey)
+		v := storedActive(t, s, lockKey)
 		if !s30MemoAgrees(t, s, v) {
 			t.Fatal("renew did not warm the memo")
 		}
@@ -378,7 +358,7 @@ func TestReviewS30BytesChangedUnderneathAreJudgedStrictly(t *testing.T) {
 		n := 0
 		for name, bad := range variants {
 			bad := bytes.Clone(bad)
-			s30Put(t, s, lockKey, bad)
+			putActiveRaw(t, s, lockKey, bad)
 			ops := map[string]func() error{
 				"renew": func() error {
 					_, err := h.renew(ctx, s, fmt.Sprint("s30-ren-", n), time.Minute)
@@ -411,13 +391,13 @@ func TestReviewS30BytesChangedUnderneathAreJudgedStrictly(t *testing.T) {
 				if op != "inspect" && s30Quarantined(t, s, lockKey) == "" {
 					t.Errorf("%s over %s bytes left no quarantine mark", op, name)
 				}
-				if got := s30Stored(t, s, lockKey); !bytes.Equal(got, bad) {
+				if got := storedActive(t, s, lockKey); !bytes.Equal(got, bad) {
 					t.Fatalf("%s over %s bytes changed them to %q", op, name, got)
 				}
 			}
 		}
 		// The warmed bytes, restored, are the renewed lease again.
-		s30Put(t, s, lockKey, v)
+		putActiveRaw(t, s, lockKey, v)
 		rel, err := h.release(ctx, s, "s30-rel-final")
 		if err != nil || rel.Lease.ExpiresAt != ren.Lease.ExpiresAt || rel.Lease.FencingToken != 1 {
 			t.Fatalf("release over the restored bytes: %+v, %v (renewed %+v)", rel.Lease, err, ren.Lease)
@@ -439,12 +419,12 @@ func TestReviewS30BytesChangedUnderneathAreJudgedStrictly(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		vTheirs := s30Stored(t, s, theirsRes.Lease.LockKey)
+		vTheirs := storedActive(t, s, theirsRes.Lease.LockKey)
 		if !s30MemoAgrees(t, s, vTheirs) {
 			t.Fatal("their renewal did not warm the memo")
 		}
-		vMine := s30Stored(t, s, mineRes.Lease.LockKey)
-		s30Put(t, s, mineRes.Lease.LockKey, vTheirs)
+		vMine := storedActive(t, s, mineRes.Lease.LockKey)
+		putActiveRaw(t, s, mineRes.Lease.LockKey, vTheirs)
 		// Their holder, naming my identity with their lease id and token
 		// (which the copied, warmed record holds), must not be served.
 		crossed := theirs
@@ -461,11 +441,11 @@ func TestReviewS30BytesChangedUnderneathAreJudgedStrictly(t *testing.T) {
 		if _, err := s30Acquire(ctx, s, mine.id, "s30-acq-3", time.Minute, nil); code(err) != lease.CodeCorrupt {
 			t.Fatalf("acquire of my identity over their record: %v, want corrupt", err)
 		}
-		if got := s30Stored(t, s, mineRes.Lease.LockKey); !bytes.Equal(got, vTheirs) {
+		if got := storedActive(t, s, mineRes.Lease.LockKey); !bytes.Equal(got, vTheirs) {
 			t.Fatal("the misplaced record was changed")
 		}
 		// Their own lease is untouched and theirs to release.
-		if got := s30Stored(t, s, theirsRes.Lease.LockKey); !bytes.Equal(got, vTheirs) {
+		if got := storedActive(t, s, theirsRes.Lease.LockKey); !bytes.Equal(got, vTheirs) {
 			t.Fatal("their record was changed")
 		}
 		rel, err := theirs.release(ctx, s, "s30-rel-t")
@@ -473,7 +453,7 @@ func TestReviewS30BytesChangedUnderneathAreJudgedStrictly(t *testing.T) {
 			t.Fatalf("their release: %+v, %v", rel.Lease, err)
 		}
 		// My bytes back: mine again.
-		s30Put(t, s, mineRes.Lease.LockKey, vMine)
+		putActiveRaw(t, s, mineRes.Lease.LockKey, vMine)
 		if _, err := mine.release(ctx, s, "s30-rel-m"); err != nil {
 			t.Fatalf("my release over my restored bytes: %v", err)
 		}
@@ -566,7 +546,7 @@ func TestReviewS30MemoFullOfForgedRecordsOfMyIdentity(t *testing.T) {
 	// Every real lease, warmed by its acquire and mostly evicted since:
 	// a wrong token is refused, the right one renews then releases.
 	for i, h := range holders {
-		v := s30Stored(t, s, h.lockKey(t))
+		v := storedActive(t, s, h.lockKey(t))
 		s30MemoAgrees(t, s, v)
 		wrong := h
 		wrong.token++
@@ -577,7 +557,7 @@ func TestReviewS30MemoFullOfForgedRecordsOfMyIdentity(t *testing.T) {
 		if err != nil || ren.Lease.FencingToken != 1 || ren.Lease.Metadata["n"] != fmt.Sprint(i) {
 			t.Fatalf("lease %d renew: %+v, %v", i, ren.Lease, err)
 		}
-		s30MemoAgrees(t, s, s30Stored(t, s, h.lockKey(t)))
+		s30MemoAgrees(t, s, storedActive(t, s, h.lockKey(t)))
 		rel, err := h.release(ctx, s, fmt.Sprint("s30-rel-", i))
 		if err != nil || rel.Lease.LeaseID != h.leaseID || rel.Lease.ExpiresAt != ren.Lease.ExpiresAt {
 			t.Fatalf("lease %d release: %+v, %v", i, rel.Lease, err)
@@ -640,7 +620,7 @@ func TestReviewS30GroupRerunWarmsNothingThatChangesAnAnswer(t *testing.T) {
 		if rolledBack == nil {
 			t.Fatal("the failing function did not share the acquire's transaction (test setup)")
 		}
-		stored := s30Stored(t, s, lockKey)
+		stored := storedActive(t, s, lockKey)
 		if bytes.Equal(stored, rolledBack) {
 			t.Fatal("the rolled-back record is the stored one (test setup: expected a fresh lease id)")
 		}
@@ -762,7 +742,7 @@ func TestReviewS30GroupRerunWarmsNothingThatChangesAnAnswer(t *testing.T) {
 		if s30MemoAgrees(t, s, firstRun) {
 			t.Fatal("a replayed acquire warmed the bytes of its rolled-back first run")
 		}
-		if got := s30Stored(t, s, lockKey); !bytes.Equal(got, substitute) {
+		if got := storedActive(t, s, lockKey); !bytes.Equal(got, substitute) {
 			t.Fatalf("stored %q, want the substitute", got)
 		}
 		// Everything is judged by the substitute, not by the warmed bytes.
@@ -776,7 +756,7 @@ func TestReviewS30GroupRerunWarmsNothingThatChangesAnAnswer(t *testing.T) {
 			t.Fatalf("release judged %+v, %v; want the substitute record", rel.Lease, err)
 		}
 		// The warmed bytes, stored now for real, are what they decode to.
-		s30Put(t, s, lockKey, firstRun)
+		putActiveRaw(t, s, lockKey, firstRun)
 		s30MemoAgrees(t, s, firstRun)
 		rel, err = h.release(ctx, s, "s30-rel-2")
 		if err != nil || rel.Lease.Metadata["run"] != "first" || rel.Lease.ExpiresAt != ghost.ExpiresAt {
@@ -849,7 +829,7 @@ func TestReviewS30RenewAndReleaseInOneBatch(t *testing.T) {
 					t.Fatalf("the release ended %+v, want the acquired record", rel.Lease)
 				}
 			}
-			if v := s30Stored(t, s, lockKey); v != nil {
+			if v := storedActive(t, s, lockKey); v != nil {
 				t.Fatalf("an active record is left: %q", v)
 			}
 			if _, err := h.renew(ctx, s, "s30-ren-2", time.Minute); code(err) != lease.CodeLost {
@@ -877,14 +857,14 @@ func TestReviewS30RenewalWritingIdenticalBytes(t *testing.T) {
 	}
 	h := s30HolderOf(acq.Lease)
 	lockKey := acq.Lease.LockKey
-	v0 := s30Stored(t, s, lockKey)
+	v0 := storedActive(t, s, lockKey)
 	for i := 0; i < 3; i++ {
 		ren, err := h.renew(ctx, s, fmt.Sprint("s30-ren-", i), time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
 		s30Scribble(ren.Lease)
-		if v := s30Stored(t, s, lockKey); !bytes.Equal(v, v0) {
+		if v := storedActive(t, s, lockKey); !bytes.Equal(v, v0) {
 			t.Fatalf("renewal %d at the same instant wrote other bytes (test premise): %q vs %q", i, v, v0)
 		}
 		s30MemoAgrees(t, s, v0)
@@ -903,7 +883,7 @@ func TestReviewS30RenewalWritingIdenticalBytes(t *testing.T) {
 	if err := s.reap(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if v := s30Stored(t, s, lockKey); v != nil {
+	if v := storedActive(t, s, lockKey); v != nil {
 		t.Fatal("the reaper left the expired lease active")
 	}
 	if n := expEntries(); n != 0 {
@@ -974,7 +954,7 @@ func TestReviewS30RenewalsRacingARelease(t *testing.T) {
 			t.Fatalf("round %d: release: %+v, %v", r, rel.Lease, err)
 		}
 		s30Scribble(rel.Lease)
-		if v := s30Stored(t, s, acq.Lease.LockKey); v != nil {
+		if v := storedActive(t, s, acq.Lease.LockKey); v != nil {
 			t.Fatalf("round %d: active record after the release: %q", r, v)
 		}
 		got, err := s.Inspect(ctx, lease.InspectRequest{LeaseID: h.leaseID, DeadlineAt: s30Far})
@@ -1075,7 +1055,7 @@ func TestReviewS30ConcurrentFencing(t *testing.T) {
 		if err != nil || c != uint64(grants[n]) || c != last[n] {
 			t.Errorf("identity %d: counter %d (%v), %d grants, last token %d", n, c, err, grants[n], last[n])
 		}
-		if v := s30Stored(t, s, lockKey); v != nil {
+		if v := storedActive(t, s, lockKey); v != nil {
 			t.Errorf("identity %d: active record left: %q", n, v)
 		}
 		total += grants[n]

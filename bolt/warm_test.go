@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	bbolt "go.etcd.io/bbolt"
-
 	"github.com/starintel/starlease/lease"
 )
 
@@ -30,25 +28,15 @@ func TestWarmMemoServesOnlyTheExactBytesItDecoded(t *testing.T) {
 		return got.Lease
 	}
 	release := func(s *Store, l *lease.Record, reqID string) (lease.Result, error) {
-		return s.Release(ctx, lease.ReleaseRequest{Identity: l.Identity(), LeaseID: l.LeaseID, FencingToken: l.FencingToken,
-			ServiceInstanceID: l.ServiceInstanceID, Mutation: lease.Mutation{RequestID: reqID, DeadlineAt: far, Caller: callerOfRecord(l)}})
+		return s.Release(ctx, releaseOf(l, reqID, far))
 	}
 	stored := func(t *testing.T, s *Store, lockKey string) []byte {
 		t.Helper()
-		var v []byte
-		if err := s.db.View(func(tx *bbolt.Tx) error {
-			v = bytes.Clone(tx.Bucket(bucketIdent).Get(activeKey(lockKey)))
-			return nil
-		}); err != nil || v == nil {
-			t.Fatalf("active record of %s: %q, %v", lockKey, v, err)
+		v := storedActive(t, s, lockKey)
+		if v == nil {
+			t.Fatalf("no active record of %s", lockKey)
 		}
 		return v
-	}
-	put := func(t *testing.T, s *Store, lockKey string, v []byte) {
-		t.Helper()
-		if err := s.db.Update(func(tx *bbolt.Tx) error { return tx.Bucket(bucketIdent).Put(activeKey(lockKey), v) }); err != nil {
-			t.Fatal(err)
-		}
 	}
 
 	t.Run("the release finds the acquired record decoded", func(t *testing.T) {
@@ -61,8 +49,7 @@ func TestWarmMemoServesOnlyTheExactBytesItDecoded(t *testing.T) {
 		if known.LeaseID != l.LeaseID || known.FencingToken != l.FencingToken || known.ExpiresAt != l.ExpiresAt {
 			t.Fatalf("memo holds %+v, the acquire returned %+v", known, l)
 		}
-		ren, err := s.Renew(ctx, lease.RenewRequest{Identity: l.Identity(), LeaseID: l.LeaseID, FencingToken: l.FencingToken,
-			ServiceInstanceID: l.ServiceInstanceID, TTL: 2 * time.Minute, Mutation: lease.Mutation{RequestID: "ren-1", DeadlineAt: far, Caller: callerOfRecord(l)}})
+		ren, err := s.Renew(ctx, renewOf(l, "ren-1", far))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -83,7 +70,7 @@ func TestWarmMemoServesOnlyTheExactBytesItDecoded(t *testing.T) {
 		l := held(t, s, testIdentity, "acq-1")
 		v := stored(t, s, l.LockKey)
 		bad := bytes.Clone(v[:len(v)/2])
-		put(t, s, l.LockKey, bad)
+		putActiveRaw(t, s, l.LockKey, bad)
 		if _, err := release(s, l, "rel-1"); lease.CodeOf(err) != lease.CodeCorrupt {
 			t.Fatalf("release over corrupt bytes: %v, want corrupt", err)
 		}
@@ -104,7 +91,7 @@ func TestWarmMemoServesOnlyTheExactBytesItDecoded(t *testing.T) {
 		if _, ok := s.records.Known(v); !ok {
 			t.Fatal("the second acquire did not leave its record in the memo")
 		}
-		put(t, s, mine.LockKey, v)
+		putActiveRaw(t, s, mine.LockKey, v)
 		if _, err := release(s, mine, "rel-1"); lease.CodeOf(err) != lease.CodeCorrupt {
 			t.Fatalf("release of mine over their record: %v, want corrupt", err)
 		}
