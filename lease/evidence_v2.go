@@ -58,35 +58,50 @@ func ExpandEvidence(raw string, id Identity) (string, bool) {
 	if !strings.HasPrefix(raw, EvidenceV2Prefix) {
 		return raw, true
 	}
-	f := strings.SplitN(raw, "\n", Ev2Lines)
-	if len(f) != Ev2Lines {
+	return expanded(raw, func(b *recordWriter) bool { return expandEvidence(b, raw, id) })
+}
+
+// expanded runs expand into a new writer: the document it wrote, or ok
+// false.
+func expanded(raw string, expand func(*recordWriter) bool) (string, bool) {
+	b := newRecordWriter(len(raw))
+	if !expand(b) {
 		return "", false
+	}
+	return b.String(), true
+}
+
+// expandEvidence writes to b the version 1 bytes of raw, version 2
+// evidence read for id; false if they cannot be rebuilt (ExpandEvidence).
+func expandEvidence(b *recordWriter, raw string, id Identity) bool {
+	var f [Ev2Lines]string
+	if !strings.HasPrefix(raw, EvidenceV2Prefix) || !splitLines(raw, f[:]) {
+		return false
 	}
 	for i := Ev2Op; i < Ev2Metadata; i++ {
 		if !plainText(f[i]) {
-			return "", false
+			return false
 		}
 	}
 	for _, i := range []int{Ev2Backend, Ev2Token, Ev2Acquired, Ev2Renewed, Ev2Expires, Ev2TTL, Ev2Lifetime} {
 		if !digits(f[i]) {
-			return "", false
+			return false
 		}
 	}
 	meta := f[Ev2Metadata]
 	if !strings.HasPrefix(meta, "{") || !json.Valid([]byte(meta)) {
-		return "", false
+		return false
 	}
 	for _, v := range []string{id.TenantID, id.ProgramID, id.TargetNamespace, id.TargetID, id.ActorName, id.WorkflowName, id.OperationClass} {
 		if !plainText(v) {
-			return "", false
+			return false
 		}
 	}
-	b := newRecordWriter(len(meta))
 	b.add(`{"idempotency_version":1,"op":"`, f[Ev2Op], `","digest":"`, f[Ev2Digest], `","code":"`, f[Ev2Code], `","lease":`)
 	b.record(f[Ev2Tag], [7]string{id.TenantID, id.ProgramID, id.TargetNamespace, id.TargetID, id.ActorName, id.WorkflowName,
 		id.OperationClass}, f[Ev2LeaseID:])
 	b.add(`,"backend_time":"`, msText(f[Ev2Backend]), `"}`)
-	return b.String(), true
+	return true
 }
 
 // CompactEvidence returns e as stored evidence in version 2, for a
@@ -106,16 +121,34 @@ func CompactEvidence(e *IdempotencyRecord, id Identity) ([]byte, error) {
 	if !b.facts(e.Lease) {
 		return v1, nil
 	}
-	return b.orVersion1(v1, func(v2 string) (string, bool) { return ExpandEvidence(v2, id) }), nil
+	return b.orVersion1(v1, func(m *recordWriter, v2 string) bool { return expandEvidence(m, v2, id) }), nil
 }
 
 // orVersion1 returns the version 2 value b holds when expand gives back
 // exactly v1 from it, and v1 otherwise: what every compact writer stores.
-func (b *recordWriter) orVersion1(v1 []byte, expand func(string) (string, bool)) []byte {
-	if back, ok := expand(b.String()); !ok || back != string(v1) {
+// expand writes to a matcher, which compares as it goes instead of
+// building the document again.
+func (b *recordWriter) orVersion1(v1 []byte, expand func(m *recordWriter, v2 string) bool) []byte {
+	v2 := b.String()
+	if m := matcher(v1); !expand(m, v2) || !m.matched() {
 		return v1
 	}
-	return []byte(b.String())
+	return []byte(v2)
+}
+
+// splitLines is strings.SplitN(s, "\n", len(f)) into f, without
+// allocating; false unless it gives exactly len(f) parts.
+func splitLines(s string, f []string) bool {
+	last := len(f) - 1
+	for i := range last {
+		j := strings.IndexByte(s, '\n')
+		if j < 0 {
+			return false
+		}
+		f[i], s = s[:j], s[j+1:]
+	}
+	f[last] = s
+	return true
 }
 
 // decodeEitherVersion strictly decodes a stored value of either version: one
@@ -164,8 +197,16 @@ func (b *recordWriter) facts(r *Record) bool {
 	return true
 }
 
-// recordWriter builds version 1 documents from stored facts.
-type recordWriter struct{ strings.Builder }
+// recordWriter builds version 1 documents from stored facts or, made by
+// matcher, only checks that the same writes spell one given document
+// exactly: a check runs the very code a build does.
+type recordWriter struct {
+	strings.Builder
+	matching bool
+	want     []byte // matching: the document the writes must spell
+	off      int    // matching: how much of want they have spelled
+	differs  bool   // matching: a write did not spell want
+}
 
 func newRecordWriter(extra int) *recordWriter {
 	b := &recordWriter{}
@@ -173,11 +214,25 @@ func newRecordWriter(extra int) *recordWriter {
 	return b
 }
 
+// matcher is a recordWriter that compares its writes with want.
+func matcher(want []byte) *recordWriter { return &recordWriter{matching: true, want: want} }
+
 func (b *recordWriter) add(parts ...string) {
 	for _, s := range parts {
-		b.WriteString(s)
+		if !b.matching {
+			b.WriteString(s)
+			continue
+		}
+		if b.differs || len(b.want)-b.off < len(s) || string(b.want[b.off:b.off+len(s)]) != s {
+			b.differs = true
+			return
+		}
+		b.off += len(s)
 	}
 }
+
+// matched reports that a matcher's writes spelled exactly its document.
+func (b *recordWriter) matched() bool { return b.matching && !b.differs && b.off == len(b.want) }
 
 // record writes a record's JSON byte for byte as library.lua's encode
 // does: tag is its lock key's hash tag, tuple its identity, f its facts
@@ -234,24 +289,29 @@ func ExpandHistory(raw string) (string, bool) {
 	if !strings.HasPrefix(raw, HistoryV2Prefix) {
 		return raw, true
 	}
-	f := strings.SplitN(raw, "\n", Hv2Lines)
-	if len(f) != Hv2Lines {
-		return "", false
+	return expanded(raw, func(b *recordWriter) bool { return expandHistory(b, raw) })
+}
+
+// expandHistory writes to b the version 1 bytes of raw, a version 2
+// history entry; false if they cannot be rebuilt (ExpandHistory).
+func expandHistory(b *recordWriter, raw string) bool {
+	var f [Hv2Lines]string
+	if !strings.HasPrefix(raw, HistoryV2Prefix) || !splitLines(raw, f[:]) {
+		return false
 	}
 	for _, i := range []int{Hv2Ended, Hv2By, Hv2Request, Hv2Incident} {
 		if !plainText(f[i]) {
-			return "", false
+			return false
 		}
 	}
 	if !digits(f[Hv2Ended]) || !recordLinesOK(f[Hv2Tag:]) {
-		return "", false
+		return false
 	}
 	// The reason is a JSON string (which may hold escaped quotes).
 	reason := f[Hv2Reason]
 	if reason != "" && (!strings.HasPrefix(reason, `"`) || !json.Valid([]byte(reason))) {
-		return "", false
+		return false
 	}
-	b := newRecordWriter(len(f[Hv2Lines-1]) + len(reason))
 	b.add(`{"history_version":1,"record":`)
 	b.record(f[Hv2Tag], [7]string(f[Hv2Tuple:Hv2Tuple+7]), f[Hv2Record:])
 	b.add(`,"ended_at":"`, msText(f[Hv2Ended]), `"`)
@@ -268,7 +328,7 @@ func ExpandHistory(raw string) (string, bool) {
 		b.add(`,"incident_id":"`, v, `"`)
 	}
 	b.add(`}`)
-	return b.String(), true
+	return true
 }
 
 // CompactHistory returns h as a stored history entry in version 2. It is
@@ -290,7 +350,7 @@ func CompactHistory(h *HistoryEntry) ([]byte, error) {
 	if !b.identified(r) {
 		return v1, nil
 	}
-	return b.orVersion1(v1, ExpandHistory), nil
+	return b.orVersion1(v1, expandHistory), nil
 }
 
 // DecodeStoredHistory strictly decodes a stored history entry of either
@@ -351,13 +411,18 @@ func ExpandRecord(raw string) (string, bool) {
 	if !strings.HasPrefix(raw, RecordV2Prefix) {
 		return raw, true
 	}
-	f := strings.SplitN(raw, "\n", Rv2Lines)
-	if len(f) != Rv2Lines || !recordLinesOK(f[Rv2Tag:]) {
-		return "", false
+	return expanded(raw, func(b *recordWriter) bool { return expandRecord(b, raw) })
+}
+
+// expandRecord writes to b the version 1 bytes of raw, a version 2
+// record; false if they cannot be rebuilt (ExpandRecord).
+func expandRecord(b *recordWriter, raw string) bool {
+	var f [Rv2Lines]string
+	if !strings.HasPrefix(raw, RecordV2Prefix) || !splitLines(raw, f[:]) || !recordLinesOK(f[Rv2Tag:]) {
+		return false
 	}
-	b := newRecordWriter(len(f[Rv2Lines-1]))
 	b.record(f[Rv2Tag], [7]string(f[Rv2Tuple:Rv2Tuple+7]), f[Rv2Record:])
-	return b.String(), true
+	return true
 }
 
 // CompactRecord returns r as a stored record in version 2. It is version
@@ -374,7 +439,7 @@ func CompactRecord(r *Record) ([]byte, error) {
 	if !b.identified(r) {
 		return v1, nil
 	}
-	return b.orVersion1(v1, ExpandRecord), nil
+	return b.orVersion1(v1, expandRecord), nil
 }
 
 // DecodeStoredRecord strictly decodes a stored record of either version:
