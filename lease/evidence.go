@@ -32,7 +32,7 @@ type IdempotencyRecord struct {
 // encoder and the decoder share it, so nothing is written that cannot be read.
 func (e *IdempotencyRecord) validate(stored bool) error {
 	if e.Version != IdempotencyVersion || !e.Op.Valid() || !e.Code.Success() || e.Lease == nil ||
-		len(e.Digest) != 64 || !e.BackendTime.inRange() {
+		!isSHA256Hex(e.Digest) || !e.BackendTime.inRange() {
 		return corrupt("invalid evidence")
 	}
 	return e.Lease.check(stored)
@@ -123,7 +123,7 @@ type commitEvidence struct {
 }
 
 func (c Commit) validate(version int) error {
-	if c.FencingToken < 1 || c.FencingToken > MaxFencingToken || !c.AcceptedAt.inRange() || len(c.Digest) != 64 {
+	if c.FencingToken < 1 || c.FencingToken > MaxFencingToken || !c.AcceptedAt.inRange() || !isSHA256Hex(c.Digest) {
 		return corrupt("invalid evidence")
 	}
 	switch version {

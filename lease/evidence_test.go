@@ -64,6 +64,20 @@ func TestIdempotencyRecordFailsClosed(t *testing.T) {
 	bad.Lease.State = "x"
 	_, err = bad.Encode()
 	wantCorrupt(t, err, "idempotency: unknown state")
+	// A digest is 64 lower-case hex digits, as every writer makes it: 64
+	// bytes of anything else (invalid UTF-8 among them, which JSON writes
+	// as U+FFFD) would encode evidence that no longer decodes.
+	for _, d := range []string{"\xff" + digest64[1:], strings.ToUpper(digest64), strings.Repeat("g", 64), digest64[1:] + "\n"} {
+		bad := validIdem()
+		bad.Digest = d
+		_, err := bad.Encode()
+		wantCorrupt(t, err, "idempotency: invalid evidence")
+		c := validCommitEvidence()
+		c.Digest = d
+		if b, err := EncodeCommit(c); err == nil {
+			t.Fatalf("commit evidence with digest %q encoded: %s", d, b)
+		}
+	}
 
 	base, err := validIdem().Encode()
 	if err != nil {
@@ -88,6 +102,8 @@ func TestIdempotencyRecordFailsClosed(t *testing.T) {
 		{"unknown op", mut(func(m map[string]any) { m["op"] = "inspect" }), "idempotency: invalid evidence"},
 		{"error code stored", mut(func(m map[string]any) { m["code"] = "lease_conflict" }), "idempotency: invalid evidence"},
 		{"short digest", mut(func(m map[string]any) { m["digest"] = "abc" }), "idempotency: invalid evidence"},
+		{"upper-case digest", mut(func(m map[string]any) { m["digest"] = strings.ToUpper(digest64) }), "idempotency: invalid evidence"},
+		{"digest of 64 non-hex bytes", mut(func(m map[string]any) { m["digest"] = strings.Repeat("zz", 32) }), "idempotency: invalid evidence"},
 		{"no lease", mut(func(m map[string]any) { delete(m, "lease") }), "idempotency: invalid evidence"},
 		{"null lease", mut(func(m map[string]any) { m["lease"] = nil }), "idempotency: invalid evidence"},
 		{"corrupt lease", mut(func(m map[string]any) { m["lease"].(map[string]any)["fencing_token"] = 0 }), "idempotency: out of range"},
@@ -279,6 +295,7 @@ func TestCommitFailsClosed(t *testing.T) {
 		{"token 2^53", mut(func(m map[string]any) { m["fencing_token"] = json.Number("9007199254740992") }), "commit: invalid evidence"},
 		{"no accepted_at", mut(func(m map[string]any) { delete(m, "accepted_at") }), "commit: invalid evidence"},
 		{"short digest", mut(func(m map[string]any) { m["digest"] = "ab" }), "commit: invalid evidence"},
+		{"upper-case digest", mut(func(m map[string]any) { m["digest"] = strings.ToUpper(digest64) }), "commit: invalid evidence"},
 		{"trailing", append(append([]byte{}, base...), "x"...), "commit: trailing data"},
 		{"malformed", []byte(`{"commit_version":`), "commit: malformed: invalid JSON"},
 	}

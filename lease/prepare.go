@@ -408,10 +408,24 @@ func CheckPayloadSHA256(d string) error {
 	if d == "" {
 		return nil
 	}
-	if len(d) != 64 || strings.IndexFunc(d, func(r rune) bool { return !(r >= '0' && r <= '9' || r >= 'a' && r <= 'f') }) >= 0 {
+	if !isSHA256Hex(d) {
 		return Invalid("payload_sha256", "must be 64 lower-case hex digits")
 	}
 	return nil
+}
+
+// isSHA256Hex reports 64 lower-case hex digits: a SHA-256 as this module
+// writes every digest.
+func isSHA256Hex(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // PrepareLookup validates a request lookup and returns its idempotency scope.
