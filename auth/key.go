@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/oklog/ulid/v2"
+
+	"github.com/starintel/starlease/lease"
 )
 
 // KeyPrefix starts every API key of format version 1.
@@ -107,11 +109,8 @@ func ParseKey(key string) (id string, secret Secret, err error) {
 	if !ValidCredentialID(id) || sep != '_' {
 		return "", Secret{}, ErrMalformedKey
 	}
-	for i := 0; i < len(hexSecret); i++ {
-		c := hexSecret[i]
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-			return "", Secret{}, ErrMalformedKey
-		}
+	if !lease.LowerHex(hexSecret) {
+		return "", Secret{}, ErrMalformedKey
 	}
 	if _, err := hex.Decode(secret[:], []byte(hexSecret)); err != nil {
 		return "", Secret{}, ErrMalformedKey

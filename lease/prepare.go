@@ -416,10 +416,11 @@ func CheckPayloadSHA256(d string) error {
 
 // isSHA256Hex reports 64 lower-case hex digits: a SHA-256 as this module
 // writes every digest.
-func isSHA256Hex(s string) bool {
-	if len(s) != 64 {
-		return false
-	}
+func isSHA256Hex(s string) bool { return len(s) == 64 && LowerHex(s) }
+
+// LowerHex reports that every byte of s is a lower-case hex digit, as
+// hex.EncodeToString writes them.
+func LowerHex(s string) bool {
 	for i := 0; i < len(s); i++ {
 		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
 			return false
