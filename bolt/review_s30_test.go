@@ -33,6 +33,16 @@ func s30Identity(n int) lease.Identity {
 	return id
 }
 
+// s30ReacquireGets acquires testIdentity anew and fails t unless the
+// lease gets fencing token want: the counter goes on from where it was.
+func s30ReacquireGets(ctx context.Context, t *testing.T, s *Store, want uint64) {
+	t.Helper()
+	next, err := s30Acquire(ctx, s, testIdentity, "s30-acq-2", time.Minute, nil)
+	if err != nil || next.Lease.FencingToken != want {
+		t.Fatalf("reacquire: %+v, %v, want token %d", next.Lease, err, want)
+	}
+}
+
 func s30Acquire(ctx context.Context, s *Store, id lease.Identity, reqID string, ttl time.Duration, md lease.Metadata) (lease.Result, error) {
 	req := acquireReq(reqID, ttl, s30Far)
 	req.Identity = id
@@ -248,10 +258,7 @@ func TestReviewS30ScribbledResultsNeverReachTheStoreOrTheMemo(t *testing.T) {
 		t.Fatalf("inspect of the released lease: %+v, %v; want %+v", got.Lease, err, want)
 	}
 	// The fencing token goes on from the stored counter.
-	next, err := s30Acquire(ctx, s, testIdentity, "s30-acq-2", time.Minute, nil)
-	if err != nil || next.Lease.FencingToken != 2 {
-		t.Fatalf("reacquire: %+v, %v, want token 2", next.Lease, err)
-	}
+	s30ReacquireGets(ctx, t, s, 2)
 }
 
 // ---------------------------------------------------------------------------
@@ -835,10 +842,7 @@ func TestReviewS30RenewAndReleaseInOneBatch(t *testing.T) {
 			if _, err := h.renew(ctx, s, "s30-ren-2", time.Minute); code(err) != lease.CodeLost {
 				t.Fatalf("renew after all: %v, want lease_lost", err)
 			}
-			next, err := s30Acquire(ctx, s, testIdentity, "s30-acq-2", time.Minute, nil)
-			if err != nil || next.Lease.FencingToken != 2 {
-				t.Fatalf("reacquire: %+v, %v", next.Lease, err)
-			}
+			s30ReacquireGets(ctx, t, s, 2)
 		})
 	}
 }
@@ -896,10 +900,7 @@ func TestReviewS30RenewalWritingIdenticalBytes(t *testing.T) {
 	if _, err := h.renew(ctx, s, "s30-ren-late", time.Minute); code(err) != lease.CodeLost {
 		t.Fatalf("renew after expiry: %v, want lease_lost", err)
 	}
-	next, err := s30Acquire(ctx, s, testIdentity, "s30-acq-2", time.Minute, nil)
-	if err != nil || next.Lease.FencingToken != 2 {
-		t.Fatalf("reacquire: %+v, %v", next.Lease, err)
-	}
+	s30ReacquireGets(ctx, t, s, 2)
 }
 
 // ---------------------------------------------------------------------------
