@@ -245,33 +245,41 @@ func s31Identities() []Identity {
 func s31SameExpand(t testing.TB, raw string, ids []Identity) int {
 	t.Helper()
 	n := 0
-	gs, gok := ExpandRecord(raw)
-	ws, wok := s31oExpandRecord(raw)
-	if gs != ws || gok != wok {
-		t.Fatalf("ExpandRecord(%q): now %q %v, before %q %v", raw, gs, gok, ws, wok)
-	}
-	if gok && strings.HasPrefix(raw, RecordV2Prefix) {
+	if s31Agree(t, "ExpandRecord", raw, ExpandRecord, s31oExpandRecord) && strings.HasPrefix(raw, RecordV2Prefix) {
 		n++
 	}
-	gs, gok = ExpandHistory(raw)
-	ws, wok = s31oExpandHistory(raw)
-	if gs != ws || gok != wok {
-		t.Fatalf("ExpandHistory(%q): now %q %v, before %q %v", raw, gs, gok, ws, wok)
-	}
-	if gok && strings.HasPrefix(raw, HistoryV2Prefix) {
+	if s31Agree(t, "ExpandHistory", raw, ExpandHistory, s31oExpandHistory) && strings.HasPrefix(raw, HistoryV2Prefix) {
 		n++
 	}
 	for _, id := range ids {
-		gs, gok = ExpandEvidence(raw, id)
-		ws, wok = s31oExpandEvidence(raw, id)
-		if gs != ws || gok != wok {
-			t.Fatalf("ExpandEvidence(%q, %+v): now %q %v, before %q %v", raw, id, gs, gok, ws, wok)
-		}
-		if gok && strings.HasPrefix(raw, EvidenceV2Prefix) {
+		if s31AgreeEvidence(t, raw, id) && strings.HasPrefix(raw, EvidenceV2Prefix) {
 			n++
 		}
 	}
 	return n
+}
+
+// s31Agree fails unless now and before (the new and old expansion of one
+// form) give the same result for raw; it returns whether it was ok.
+func s31Agree(t testing.TB, name, raw string, now, before func(string) (string, bool)) bool {
+	t.Helper()
+	gs, gok := now(raw)
+	ws, wok := before(raw)
+	if gs != ws || gok != wok {
+		t.Fatalf("%s(%q): now %q %v, before %q %v", name, raw, gs, gok, ws, wok)
+	}
+	return gok
+}
+
+// s31AgreeEvidence is s31Agree for evidence read for id.
+func s31AgreeEvidence(t testing.TB, raw string, id Identity) bool {
+	t.Helper()
+	gs, gok := ExpandEvidence(raw, id)
+	ws, wok := s31oExpandEvidence(raw, id)
+	if gs != ws || gok != wok {
+		t.Fatalf("ExpandEvidence(%q, %+v): now %q %v, before %q %v", raw, id, gs, gok, ws, wok)
+	}
+	return gok
 }
 
 // s31SameCompact fails unless the new and old compact writer give the same
@@ -788,24 +796,12 @@ func s31FuzzSeeds(f *testing.F) {
 
 func FuzzReviewS31ExpandRecord(f *testing.F) {
 	s31FuzzSeeds(f)
-	f.Fuzz(func(t *testing.T, raw string) {
-		gs, gok := ExpandRecord(raw)
-		ws, wok := s31oExpandRecord(raw)
-		if gs != ws || gok != wok {
-			t.Fatalf("ExpandRecord(%q): now %q %v, before %q %v", raw, gs, gok, ws, wok)
-		}
-	})
+	f.Fuzz(func(t *testing.T, raw string) { s31Agree(t, "ExpandRecord", raw, ExpandRecord, s31oExpandRecord) })
 }
 
 func FuzzReviewS31ExpandHistory(f *testing.F) {
 	s31FuzzSeeds(f)
-	f.Fuzz(func(t *testing.T, raw string) {
-		gs, gok := ExpandHistory(raw)
-		ws, wok := s31oExpandHistory(raw)
-		if gs != ws || gok != wok {
-			t.Fatalf("ExpandHistory(%q): now %q %v, before %q %v", raw, gs, gok, ws, wok)
-		}
-	})
+	f.Fuzz(func(t *testing.T, raw string) { s31Agree(t, "ExpandHistory", raw, ExpandHistory, s31oExpandHistory) })
 }
 
 // The evidence target also fuzzes one identity component (which one is
@@ -828,11 +824,7 @@ func FuzzReviewS31ExpandEvidence(f *testing.F) {
 			ids = append(ids, id)
 		}
 		for _, id := range ids {
-			gs, gok := ExpandEvidence(raw, id)
-			ws, wok := s31oExpandEvidence(raw, id)
-			if gs != ws || gok != wok {
-				t.Fatalf("ExpandEvidence(%q, %+v): now %q %v, before %q %v", raw, id, gs, gok, ws, wok)
-			}
+			s31AgreeEvidence(t, raw, id)
 		}
 	})
 }
