@@ -20,7 +20,7 @@ type clock struct{ t time.Time }
 
 func (c *clock) now() time.Time { return c.t }
 
-func issueT(t *testing.T, s Store, req IssueRequest) (string, Credential) {
+func issueT(t testing.TB, s Store, req IssueRequest) (string, Credential) {
 	t.Helper()
 	if req.PrincipalID == "" {
 		req.PrincipalID = "prn_client_1"
