@@ -133,22 +133,28 @@ func (s *FileStore) Get(ctx context.Context, id string) (Credential, error) {
 // rather than read whole on every request.
 const maxCredentialFile = 64 << 10
 
-var errCredentialFileTooLarge = errors.New("credential file too large")
+var (
+	errCredentialFileTooLarge = errors.New("credential file too large")
+	errNotRegular             = errors.New("credential path is not a regular file")
+)
 
 // readBufs holds the buffers Get reads credential files into, one per
 // concurrent request, so a read allocates nothing.
 var readBufs = sync.Pool{New: func() any { b := make([]byte, 0, 2<<10); return &b }}
 
-// readSmallFile appends the file at p to buf with open, read and close
-// alone. os.ReadFile also sets the descriptor non-blocking and tries to
-// register it with the poller (which a regular file refuses) and stats it:
-// about half of its cost, paid on every authenticated request, since the
-// store keeps no cache.
+// readSmallFile appends the regular file at p to buf with open, fstat,
+// read and close alone. os.ReadFile also sets the descriptor non-blocking,
+// tries to register it with the poller (which a regular file refuses) and
+// stats it: about half of its cost, paid on every authenticated request,
+// since the store keeps no cache. Anything but a regular file is refused
+// (errNotRegular) before a read: a FIFO opened non-blocking does not wait
+// for a writer, and a device or a FIFO could otherwise hold a request,
+// and the thread its blocking read runs on, for as long as it likes.
 func readSmallFile(p string, buf []byte) ([]byte, error) {
 	var fd int
 	var err error
 	for {
-		fd, err = syscall.Open(p, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+		fd, err = syscall.Open(p, syscall.O_RDONLY|syscall.O_CLOEXEC|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 		if err != syscall.EINTR {
 			break
 		}
@@ -157,6 +163,13 @@ func readSmallFile(p string, buf []byte) ([]byte, error) {
 		return buf, &os.PathError{Op: "open", Path: p, Err: err}
 	}
 	defer syscall.Close(fd)
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		return buf, &os.PathError{Op: "fstat", Path: p, Err: err}
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return buf, errNotRegular
+	}
 	for {
 		if len(buf) == cap(buf) {
 			buf = slices.Grow(buf, max(cap(buf), 512))
