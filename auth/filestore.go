@@ -143,10 +143,10 @@ var (
 var readBufs = sync.Pool{New: func() any { b := make([]byte, 0, 2<<10); return &b }}
 
 // readSmallFile appends the regular file at p to buf with open, fstat,
-// read and close alone. os.ReadFile also sets the descriptor non-blocking,
-// tries to register it with the poller (which a regular file refuses) and
-// stats it: about half of its cost, paid on every authenticated request,
-// since the store keeps no cache. Anything but a regular file is refused
+// read and close alone. os.ReadFile also sets the descriptor non-blocking
+// and tries to register it with the poller (which a regular file refuses):
+// about half of its cost, paid on every authenticated request, since the
+// store keeps no cache. Anything but a regular file is refused
 // (errNotRegular) before a read: a FIFO opened non-blocking does not wait
 // for a writer, and a device or a FIFO could otherwise hold a request,
 // and the thread its blocking read runs on, for as long as it likes.
