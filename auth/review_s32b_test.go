@@ -29,7 +29,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -86,33 +85,14 @@ func s32bGet(t *testing.T, s *FileStore, id, what string) (Credential, error) {
 // the errno, nor any record bytes.
 func s32bCheckGetErr(t *testing.T, what string, err error, s *FileStore, id string, want error, recs ...[]byte) {
 	t.Helper()
-	if !errors.Is(err, want) {
-		t.Fatalf("%s: Get gave %v, want %v", what, err, want)
-	}
-	for _, other := range []error{ErrNotFound, ErrUnavailable, ErrCorrupt} {
-		if other != want && errors.Is(err, other) {
-			t.Fatalf("%s: Get gave %v, which is also %v", what, err, other)
-		}
-	}
-	text := err.Error()
-	if base := filepath.Base(s.dir); len(base) >= 4 {
-		if strings.Contains(text, base) {
-			t.Fatalf("%s: Get's error text %q shows the directory's name", what, text)
-		}
-	}
-	leaks := []string{s.dir, id, ".json", "permission", "denied", "no such",
-		"device", "temporarily", "would block", "socket", "symbolic", "not a", "too large", "regular"}
+	leaks := []string{id, "permission", "denied", "no such", "device", "temporarily", "would block", "socket", "regular"}
 	for _, rec := range recs {
 		var r record
 		if err := json.Unmarshal(rec, &r); err == nil {
 			leaks = append(leaks, r.Salt, r.Verifier, r.AuthorityMAC, r.PrincipalID)
 		}
 	}
-	for _, leak := range leaks {
-		if leak != "" && strings.Contains(text, leak) {
-			t.Fatalf("%s: Get's error text %q shows %q", what, text, leak)
-		}
-	}
+	s32CheckErr(t, what, err, s, want, leaks...)
 }
 
 // s32bCheckAuth authenticates key and checks the result is exactly want
