@@ -172,7 +172,7 @@ func readSmallFile(p string, buf []byte) ([]byte, error) {
 	}
 	for {
 		if len(buf) == cap(buf) {
-			buf = slices.Grow(buf, max(cap(buf), 512))
+			buf = growReadBuf(buf)
 		}
 		n, err := syscall.Read(fd, buf[len(buf):cap(buf)])
 		switch {
@@ -189,6 +189,10 @@ func readSmallFile(p string, buf []byte) ([]byte, error) {
 		}
 	}
 }
+
+// growReadBuf makes room in a full read buffer: it doubles it, from at
+// least 512 bytes.
+func growReadBuf(buf []byte) []byte { return slices.Grow(buf, max(cap(buf), 512)) }
 
 // List implements Store.
 func (s *FileStore) List(ctx context.Context, after string, limit int) ([]Credential, error) {

@@ -62,10 +62,7 @@ func TestReadSmallFileFailsClosed(t *testing.T) {
 // their own.
 func TestFileStoreGetReadsOwnBuffers(t *testing.T) {
 	ctx := context.Background()
-	s, err := OpenFileStore(filepath.Join(t.TempDir(), "credentials"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openFileStore(t)
 	var creds []Credential
 	for range 12 {
 		_, c := issueT(t, s, IssueRequest{Scope: mustScope(t, everything)})
@@ -123,15 +120,8 @@ func TestFileStoreGetReadsOwnBuffers(t *testing.T) {
 // BenchmarkFileStoreGet is the credential read every authenticated request
 // makes (the store keeps no cache).
 func BenchmarkFileStoreGet(b *testing.B) {
-	s, err := OpenFileStore(filepath.Join(b.TempDir(), "credentials"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	scope, err := ParseScope(everything)
-	if err != nil {
-		b.Fatal(err)
-	}
-	_, c := issueT(b, s, IssueRequest{Scope: scope})
+	s := openFileStore(b)
+	_, c := issueT(b, s, IssueRequest{Scope: mustScope(b, everything)})
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := s.Get(context.Background(), c.ID); err != nil {

@@ -49,7 +49,7 @@ func newAuth(t *testing.T, s Store, now func() time.Time) *Authenticator {
 
 func bearer(key string) []string { return []string{"Bearer " + key} }
 
-func openFileStore(t *testing.T) *FileStore {
+func openFileStore(t testing.TB) *FileStore {
 	t.Helper()
 	s, err := OpenFileStore(filepath.Join(t.TempDir(), "credentials"))
 	if err != nil {

@@ -314,7 +314,7 @@ func s32GrowthPoints() []int {
 	var caps []int
 	for cap(b) < 2*maxCredentialFile {
 		caps = append(caps, cap(b))
-		b = slices.Grow(b[:cap(b)], max(cap(b), 512))
+		b = growReadBuf(b[:cap(b)])
 	}
 	return caps
 }

@@ -11,7 +11,7 @@ import (
 
 const everything = "tenant:*,program:*,target-namespace:*,target:*,actor:*"
 
-func mustScope(t *testing.T, s string) Scope {
+func mustScope(t testing.TB, s string) Scope {
 	t.Helper()
 	sc, err := ParseScope(s)
 	if err != nil {
