@@ -211,17 +211,18 @@ end
 local LOCK_PREFIX = 'starintel:target-lease:v1:'
 
 -- encode_rv2 builds record version 2 (lease.CompactRecord's bytes) from
--- r, whose lock key is LOCK_PREFIX and tag: the tag, the tuple and the
--- facts one per line, in the order a version 2 history entry holds them
--- after its ending lines, metadata last. About half of encode's bytes.
-local function encode_rv2(r, tag)
+-- r (with state instead of r's if given), whose lock key is LOCK_PREFIX
+-- and tag: the tag, the tuple and the facts one per line, in the order a
+-- version 2 history entry holds them after its ending lines, metadata
+-- last. About half of encode's bytes.
+local function encode_rv2(r, tag, state)
   return 'rv2\n' .. tag .. '\n' .. r.tenant_id .. '\n' .. r.program_id .. '\n' .. r.target_namespace
     .. '\n' .. r.target_id .. '\n' .. r.actor_name .. '\n' .. r.workflow_name .. '\n' .. r.operation_class
     .. '\n' .. r.lease_id .. '\n' .. r.owner_principal_id .. '\n' .. r.owner_client_id
     .. '\n' .. r.owner_credential_id .. '\n' .. r.service_instance_id .. '\n' .. int(r.fencing_token)
     .. '\n' .. int(r.acquired_at) .. '\n' .. int(r.renewed_at) .. '\n' .. int(r.expires_at)
     .. '\n' .. int(r.ttl_ms) .. '\n' .. int(r.maximum_lifetime_ms) .. '\n' .. r.execution_id
-    .. '\n' .. r.job_id .. '\n' .. r.trace_id .. '\n' .. r.request_id .. '\n' .. r.state .. '\n' .. r.metadata
+    .. '\n' .. r.job_id .. '\n' .. r.trace_id .. '\n' .. r.request_id .. '\n' .. (state or r.state) .. '\n' .. r.metadata
 end
 
 -- tag_of is the hash tag of a lock key, or nil if it is not LOCK_PREFIX
@@ -645,6 +646,7 @@ local function expiry_member(r, tag) return tag .. '\0' .. r.lease_id .. '\0' ..
 --   5 evidence (idempotency or accepted commit), 6 quarantine, 7 the
 --   namespace gate; operation-specific keys follow.
 local function context(keys, args)
+  local format = args[#args]
   return {
     deadline = tonumber(args[1]), lock_key = args[2], tag = args[3], args = args,
     grace = tonumber(args[11]), hist_cap = tonumber(args[12]), hist_ret = tonumber(args[13]),
@@ -655,10 +657,10 @@ local function context(keys, args)
     -- history with the format to write them in: 'compact' (version 2)
     -- once the namespace has been switched to it, else version 1, which
     -- instances of older builds still sharing the namespace can read.
-    compact = args[#args] == 'compact' or args[#args] == 'compact_records',
+    compact = format == 'compact' or format == 'compact_records',
     -- 'compact_records' (namespace format 3) also stores active records
     -- in version 2 (encode_rv2); every build since reads both.
-    rv2 = args[#args] == 'compact_records',
+    rv2 = format == 'compact_records',
   }
 end
 
@@ -698,11 +700,11 @@ end
 -- history version 2 (the Go side rebuilds version 1, lease.HistoryEntry's
 -- JSON, from it; see expandHistory in evidence.go): its facts one per
 -- line, in place of a second copy of the record JSON. Returns the ended
--- record's JSON, for the reply.
+-- record's JSON if it built it (version 1 history; see ended_record).
 local function archive(c, r, state, ended, by, request_id, reason, incident)
-  local raw = encode(r, state)
-  local entry
+  local raw, entry
   if not c.compact then
+    raw = encode(r, state)
     local extra = ''
     if by then
       if by ~= '' then extra = ',"ended_by":"' .. by .. '"' end
@@ -730,6 +732,17 @@ local function archive(c, r, state, ended, by, request_id, reason, incident)
   rec_drop(c.raw)
   c.raw = nil
   return raw
+end
+
+-- ended_record is the reply's copy of r ended in state: raw, the version 1
+-- JSON archive built for version 1 history and evidence, or else record
+-- version 2, which the Go side decodes alike (lease.DecodeStoredRecord)
+-- and which costs about half of building the JSON.
+local function ended_record(raw, r, state)
+  if raw then return raw end
+  local tag = tag_of(r.lock_key)
+  if tag then return encode_rv2(r, tag, state) end
+  return encode(r, state)
 end
 
 -- remember stores the typed result as idempotency evidence, in the same
@@ -964,7 +977,7 @@ local function finish(keys, args)
   if not cur then return reply end
   local raw = archive(c, cur, e.state, now, args[17], args[20], args[21], args[22])
   remember(c, now, args[23], args[19], e.code, cur, e.state, raw)
-  return { 'ok', int(now), raw }
+  return { 'ok', int(now), ended_record(raw, cur, e.state) }
 end
 
 -- commit authorizes a fenced write. ARGV 15 lease id, 16 token, 17 owner,

@@ -1,8 +1,11 @@
 package valkey
 
 import (
+	"context"
+	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -101,5 +104,111 @@ func TestIndexAndScheduleMembersAreExact(t *testing.T) {
 		if h.EndedBy != principal || h.RequestID != rel.RequestID || h.Record.State != lease.StateReleased {
 			t.Fatalf("history entry: %+v", h)
 		}
+	}
+}
+
+// replySpy keeps the reply of every FCALL of one library function (by the
+// function's name without its prefix) that passes through the client.
+type replySpy struct {
+	vk.Client
+	fn string
+
+	mu      sync.Mutex
+	replies [][]string
+}
+
+func (c *replySpy) Do(ctx context.Context, cmd vk.Completed) vk.ValkeyResult {
+	// Read before Do, which recycles the command.
+	args := cmd.Commands()
+	match := len(args) > 1 && args[0] == "FCALL" && strings.HasSuffix(args[1], "_"+c.fn)
+	res := c.Client.Do(ctx, cmd)
+	if match {
+		if v, err := res.AsStrSlice(); err == nil {
+			c.mu.Lock()
+			c.replies = append(c.replies, v)
+			c.mu.Unlock()
+		}
+	}
+	return res
+}
+
+func (c *replySpy) take(t *testing.T) []string {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.replies) != 1 {
+		t.Fatalf("%d replies of %s, want 1", len(c.replies), c.fn)
+	}
+	r := c.replies[0]
+	c.replies = nil
+	return r
+}
+
+// A release, force-release or revoke answers with the ended record: in a
+// namespace of format 1 its version 1 JSON (which the library builds for
+// version 1 history and evidence anyway), in one of format 2 or 3 its
+// version 2 bytes, exactly those of lease.CompactRecord (the reply goes
+// only to the build that called, which reads both); either way the
+// record the store returns and the one in history.
+func TestFinishReplyIsTheEndedRecordInTheNamespaceFormat(t *testing.T) {
+	for _, f := range []struct {
+		name string
+		o    Options
+		rv2  bool
+	}{
+		{"format 1", Options{}, false},
+		{"format 2", Options{CompactFormat: true}, true},
+		{"format 3", Options{CompactRecords: true}, true},
+	} {
+		t.Run(f.name, func(t *testing.T) {
+			o := f.o
+			o.StoreOptions = leasetest.StoreOptions()
+			s := open(t, sharedServer(t), o)
+			spy := &replySpy{Client: s.client, fn: "finish"}
+			s.client = spy
+			for _, end := range []struct {
+				state lease.State
+				do    func(*lease.Record) (lease.Result, error)
+			}{
+				{lease.StateReleased, func(r *lease.Record) (lease.Result, error) { return s.Release(bg, releaseReq(r)) }},
+				{lease.StateReleased, func(r *lease.Record) (lease.Result, error) { return s.ForceRelease(bg, adminReq(r)) }},
+				{lease.StateRevoked, func(r *lease.Record) (lease.Result, error) { return s.Revoke(bg, adminReq(r)) }},
+			} {
+				a, err := s.Acquire(bg, acquireReq(newIdentity()))
+				if err != nil {
+					t.Fatal(err)
+				}
+				res, err := end.do(a.Lease)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rep := spy.take(t)
+				if len(rep) != 3 || rep[0] != "ok" {
+					t.Fatalf("reply %q", rep)
+				}
+				ended := *a.Lease
+				ended.State = end.state
+				if !reflect.DeepEqual(res.Lease, &ended) {
+					t.Fatalf("returned %+v, want %+v", res.Lease, &ended)
+				}
+				want, err := ended.Encode()
+				if f.rv2 {
+					want, err = lease.CompactRecord(&ended)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				if rep[2] != string(want) {
+					t.Fatalf("reply record\n%q\nwant\n%q", rep[2], want)
+				}
+				hist, err := s.History(bg, lease.HistoryRequest{Identity: a.Lease.Identity(), DeadlineAt: far()})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(hist.Entries) != 1 || !reflect.DeepEqual(hist.Entries[0].Record, &ended) {
+					t.Fatalf("history %+v, want the ended record", hist.Entries)
+				}
+			}
+		})
 	}
 }
