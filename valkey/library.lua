@@ -14,8 +14,9 @@ nothing (a quarantine marker aside).
 Replies are arrays of strings: { status, backend_time_ms, ... }.
 
 Records are built here byte-for-byte as Go's lease.Record.Encode builds
-them (version 1, JSON) or, in a namespace of format 3, as
-lease.CompactRecord does (version 2, lines; encode_rv2). A stored record
+them (version 1, JSON) or, in a namespace of format 3 (and in the replies
+to endings of format 2), as lease.CompactRecord does (version 2, lines;
+encode_rv2). A stored record
 of either version is accepted only if it re-encodes to exactly its own
 bytes, which makes the reader as strict as the writer: unknown or missing
 fields, other field orders, non-canonical numbers or timestamps, escapes in
