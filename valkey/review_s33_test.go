@@ -7,6 +7,7 @@ package valkey
 // kept as regression tests.
 
 import (
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -271,7 +272,7 @@ func TestReviewS33StressedRecordsEndInEveryFormat(t *testing.T) {
 		"absent":      nil,
 		"empty":       {},
 		"fake rv2": {"a": "rv2\ntag\ntenant\n", "state": "active\n{}", "z": "{\"a\":1}\nreleased\n{}",
-			"e": "", "s": "\u2028\x00\n", "n": nil, "f": -0.0, "big": 9007199254740993.0},
+			"e": "", "s": "\u2028\x00\n", "n": nil, "f": math.Copysign(0, -1), "big": 9007199254740993.0},
 	}
 	for _, f := range s33Formats {
 		o := Options{KeyPrefix: randomPrefix(), ReapInterval: -1, StoreOptions: leasetest.StoreOptions()}
