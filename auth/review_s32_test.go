@@ -452,23 +452,11 @@ func TestReviewS32SpecialFilesAtACredentialPath(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	within := func(what string, f func() error) error {
-		t.Helper()
-		done := make(chan error, 1)
-		go func() { done <- f() }()
-		select {
-		case err := <-done:
-			return err
-		case <-time.After(10 * time.Second):
-			t.Fatalf("%s: Get did not return", what)
-			return nil
-		}
-	}
 	get := func(what string) error {
 		t.Helper()
 		var ms0, ms1 runtime.MemStats
 		runtime.ReadMemStats(&ms0)
-		err := within(what, func() error { _, err := s.Get(ctx, c.ID); return err })
+		err := s32Within(t, what+": Get", func() error { _, err := s.Get(ctx, c.ID); return err })
 		runtime.ReadMemStats(&ms1)
 		if d := ms1.TotalAlloc - ms0.TotalAlloc; d > 4<<20 {
 			t.Fatalf("%s: Get allocated %d bytes", what, d)
@@ -602,15 +590,9 @@ func TestReviewS32SilentFIFODoesNotPinThreads(t *testing.T) {
 		t.Fatal(err)
 	}
 	wfd = -1
-	got := make(chan error, 1)
-	go func() { _, err := s.Get(ctx, c.ID); got <- err }()
-	select {
-	case err := <-got:
-		if !errors.Is(err, ErrUnavailable) {
-			t.Fatalf("Get of a FIFO with no writer: %v, want ErrUnavailable", err)
-		}
-	case <-time.After(10 * time.Second): // a hang detector, not a timing
-		t.Fatal("Get of a FIFO with no writer waits for one")
+	err = s32Within(t, "Get of a FIFO with no writer", func() error { _, err := s.Get(ctx, c.ID); return err })
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Get of a FIFO with no writer: %v, want ErrUnavailable", err)
 	}
 }
 
@@ -780,5 +762,20 @@ func TestReviewS32SignalsDuringRead(t *testing.T) {
 				t.Fatalf("read under signals: %v, %d bytes of %d", err, len(b), n)
 			}
 		}
+	}
+}
+
+// s32Within runs f, failing the test if it has not returned in 10 s (a
+// hang detector, not a timing).
+func s32Within[T any](t *testing.T, what string, f func() T) T {
+	t.Helper()
+	done := make(chan T, 1)
+	go func() { done <- f() }()
+	select {
+	case v := <-done:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: did not return within 10 s", what)
+		panic("unreachable")
 	}
 }

@@ -54,21 +54,6 @@ func s32bOldGet(s *FileStore, id string) (Credential, error) {
 	return d.Decode(id, b)
 }
 
-// s32bWithin runs f, failing the test if it has not returned in 10 s (a
-// hang detector, not a timing).
-func s32bWithin[T any](t *testing.T, what string, f func() T) T {
-	t.Helper()
-	done := make(chan T, 1)
-	go func() { done <- f() }()
-	select {
-	case v := <-done:
-		return v
-	case <-time.After(10 * time.Second):
-		t.Fatalf("%s: did not return within 10 s", what)
-		panic("unreachable")
-	}
-}
-
 type s32bResult struct {
 	c   Credential
 	err error
@@ -76,7 +61,7 @@ type s32bResult struct {
 
 func s32bGet(t *testing.T, s *FileStore, id, what string) (Credential, error) {
 	t.Helper()
-	r := s32bWithin(t, what, func() s32bResult { c, err := s.Get(context.Background(), id); return s32bResult{c, err} })
+	r := s32Within(t, what, func() s32bResult { c, err := s.Get(context.Background(), id); return s32bResult{c, err} })
 	return r.c, r.err
 }
 
@@ -105,7 +90,7 @@ func s32bCheckAuth(t *testing.T, a *Authenticator, key, what string, want error,
 		f   Failure
 		err error
 	}
-	r := s32bWithin(t, what, func() res {
+	r := s32Within(t, what, func() res {
 		p, f, err := a.AuthenticateDetail(context.Background(), bearer(key))
 		return res{p, f, err}
 	})
@@ -157,7 +142,7 @@ func TestReviewS32bWriteLeaseFailsClosedAtOnce(t *testing.T) {
 	defer unlease()
 
 	// The raw read: EWOULDBLOCK from open, not from read.
-	r := s32bWithin(t, "readSmallFile of a leased file", func() s32bResult {
+	r := s32Within(t, "readSmallFile of a leased file", func() s32bResult {
 		_, err := readSmallFile(path, nil)
 		return s32bResult{err: err}
 	})
@@ -180,7 +165,7 @@ func TestReviewS32bWriteLeaseFailsClosedAtOnce(t *testing.T) {
 	case <-time.After(300 * time.Millisecond):
 	}
 	unlease()
-	if err := s32bWithin(t, "old Get after the lease went", func() error { return <-old }); err != nil {
+	if err := s32Within(t, "old Get after the lease went", func() error { return <-old }); err != nil {
 		t.Fatalf("old Get after the lease went: %v", err)
 	}
 	if got, err := s32bGet(t, s, c.ID, "Get after the lease"); err != nil || !bytes.Equal(s32Encode(t, got), rec) {
@@ -271,7 +256,7 @@ func TestReviewS32bFIFOAndRecordSwappedAtThePath(t *testing.T) {
 			}
 		}()
 	}
-	s32bWithin(t, "Gets while the path swaps", func() bool { readers.Wait(); return true })
+	s32Within(t, "Gets while the path swaps", func() bool { readers.Wait(); return true })
 	close(stop)
 	wg.Wait()
 	close(errs)
@@ -460,7 +445,7 @@ func TestReviewS32bSocketAtCredentialPath(t *testing.T) {
 		if err != nil || fi.Mode().Type() != fs.ModeSocket {
 			t.Fatalf("no socket at %s: %v", sock, err)
 		}
-		r := s32bWithin(t, "readSmallFile of a socket", func() s32bResult { _, err := readSmallFile(path, nil); return s32bResult{err: err} })
+		r := s32Within(t, "readSmallFile of a socket", func() s32bResult { _, err := readSmallFile(path, nil); return s32bResult{err: err} })
 		var pe *os.PathError
 		if !errors.As(r.err, &pe) || pe.Op != "open" || !errors.Is(r.err, syscall.ENXIO) {
 			t.Fatalf("readSmallFile of a socket: %v, want open: ENXIO", r.err)
