@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -36,7 +37,8 @@ import (
 // STARLEASE_BENCH_ROW each (default 2s), in STARLEASE_BENCH_ROUNDS rounds
 // (default 3), interleaved so each round measures every row within a
 // minute of the others, and prints one table: ops/s per round, p50 and p99
-// latency of the middle round, and the goals as ratios taken
+// latency of the middle round, the bytes the row's server dirtied on
+// disk per op in the middle round, and the goals as ratios taken
 // within each round. One op of a pair row is a whole acquire+release (or
 // Lock+Unlock, Obtain+Release, put+delete).
 //
@@ -142,6 +144,39 @@ type row struct {
 	worker func(g int) (func() error, error)
 	// concs are the concurrencies the row runs at; nil means 1 and 50.
 	concs []int
+	// pid is the process that holds the row's data (0: this one), whose
+	// disk writes the row is charged.
+	pid func() int
+}
+
+// onServer charges rows' disk writes to the process pid returns.
+func onServer(rows []row, pid func() int) []row {
+	for i := range rows {
+		rows[i].pid = pid
+	}
+	return rows
+}
+
+// writtenBytes is the bytes process pid (0: this one) has dirtied in the
+// page cache so far (/proc/PID/io write_bytes: counted when a clean page
+// turns dirty, so a page rewritten before it reaches the disk counts
+// once). Unlike ops/s it barely moves with this machine's noise: it shows
+// how much each design asks of the disk per op.
+func writtenBytes(pid int) (uint64, error) {
+	name := "/proc/self/io"
+	if pid != 0 {
+		name = "/proc/" + strconv.Itoa(pid) + "/io"
+	}
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return 0, fmt.Errorf("disk writes per op need %s: %w", name, err)
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "write_bytes:"); ok {
+			return strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("no write_bytes in %s", name)
 }
 
 func (r row) runsAt(conc int) bool {
@@ -267,7 +302,7 @@ func serveRows(b *testing.B) []row {
 	if err != nil {
 		b.Fatal(err)
 	}
-	rows := storeRows("starlease serve (HTTP, bolt)", c.LeaseStore(caller.PrincipalID), false)
+	rows := onServer(storeRows("starlease serve (HTTP, bolt)", c.LeaseStore(caller.PrincipalID), false), srv.Pid)
 	rows[0].concs = []int{1, 50, 64}
 	return rows
 }
@@ -334,8 +369,7 @@ func setupRows(b *testing.B) []row {
 			return floorTx(func(t *bbolt.Tx) error { return t.Bucket([]byte("k")).Delete(key) })
 		}, nil
 	}})
-	rows = append(rows, storeRows("starlease valkey", valkeyStore, true)...)
-	rows = append(rows,
+	rows = append(rows, onServer(append(storeRows("starlease valkey", valkeyStore, true),
 		row{name: "redislock", worker: func(g int) (func() error, error) {
 			key := uid("bench:redislock:")
 			return func() error {
@@ -355,9 +389,8 @@ func setupRows(b *testing.B) []row {
 				return rdb.Del(bg, key).Err()
 			}, nil
 		}},
-	)
-	rows = append(rows, storeRows("starlease etcd", etcdStore, false)...)
-	rows = append(rows,
+	), redis.Pid)...)
+	rows = append(rows, onServer(append(storeRows("starlease etcd", etcdStore, false),
 		row{name: "etcd Mutex", worker: func(g int) (func() error, error) {
 			sess, err := concurrency.NewSession(cli, concurrency.WithTTL(60))
 			if err != nil {
@@ -382,7 +415,7 @@ func setupRows(b *testing.B) []row {
 				return err
 			}, nil
 		}},
-	)
+	), cluster.Member(0).Pid)...)
 	return rows
 }
 
@@ -391,6 +424,7 @@ type measurement struct {
 	ops       int
 	opsPerSec float64
 	p50, p99  time.Duration
+	diskPerOp float64 // bytes dirtied by the row's server per op
 }
 
 // measure runs conc goroutines, each with its own op from r.worker, for d.
@@ -402,6 +436,14 @@ func measure(r row, conc int, d time.Duration) (measurement, error) {
 			return measurement{}, err
 		}
 		ops[g] = op
+	}
+	pid := 0
+	if r.pid != nil {
+		pid = r.pid()
+	}
+	written, err := writtenBytes(pid)
+	if err != nil {
+		return measurement{}, err
 	}
 	lat := make([][]time.Duration, conc)
 	errs := make([]error, conc)
@@ -427,6 +469,10 @@ func measure(r row, conc int, d time.Duration) (measurement, error) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	after, err := writtenBytes(pid)
+	if err != nil {
+		return measurement{}, err
+	}
 	for _, err := range errs {
 		if err != nil {
 			return measurement{}, err
@@ -438,7 +484,8 @@ func measure(r row, conc int, d time.Duration) (measurement, error) {
 		return measurement{}, fmt.Errorf("no op finished in %v", d)
 	}
 	q := func(p float64) time.Duration { return all[min(len(all)-1, int(math.Ceil(p*float64(len(all))))-1)] }
-	return measurement{ops: len(all), opsPerSec: float64(len(all)) / elapsed.Seconds(), p50: q(0.50), p99: q(0.99)}, nil
+	return measurement{ops: len(all), opsPerSec: float64(len(all)) / elapsed.Seconds(), p50: q(0.50), p99: q(0.99),
+		diskPerOp: float64(after-written) / float64(len(all))}, nil
 }
 
 type results struct {
@@ -471,7 +518,7 @@ func median(v []float64) float64 {
 
 func (r *results) print(out io.Writer, rows []row, concs []int, rounds int) {
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(w, "system / operation\tgoroutines\tops/s per round\tmedian\tp50 ms\tp99 ms\t\n")
+	fmt.Fprintf(w, "system / operation\tgoroutines\tops/s per round\tmedian\tp50 ms\tp99 ms\tdisk KB/op\t\n")
 	for _, conc := range concs {
 		for _, rw := range rows {
 			ms := r.m[key(rw.name, conc)]
@@ -485,8 +532,8 @@ func (r *results) print(out io.Writer, rows []row, concs []int, rounds int) {
 				vals[i] = m.opsPerSec
 			}
 			mid := ms[len(ms)/2]
-			fmt.Fprintf(w, "%s\t%d\t%s\t%.0f\t%.2f\t%.2f\t\n", rw.name, conc, strings.Join(per, " / "), median(vals),
-				float64(mid.p50.Microseconds())/1000, float64(mid.p99.Microseconds())/1000)
+			fmt.Fprintf(w, "%s\t%d\t%s\t%.0f\t%.2f\t%.2f\t%.1f\t\n", rw.name, conc, strings.Join(per, " / "), median(vals),
+				float64(mid.p50.Microseconds())/1000, float64(mid.p99.Microseconds())/1000, mid.diskPerOp/1000)
 		}
 	}
 	w.Flush()
@@ -566,5 +613,54 @@ func TestGoalPeersAdjacent(t *testing.T) {
 	// STARLEASE_BENCH_ONLY may leave some goal rows out.
 	if got := goalPeersAdjacent(rows[:2]); len(got) != 2 || got[0].name != rows[0].name || got[1].name != rows[1].name {
 		t.Fatalf("order of a filtered table: %v", got)
+	}
+}
+
+// writtenBytes counts what a write and its fsync dirtied, in this process
+// and in another one.
+func TestWrittenBytes(t *testing.T) {
+	before, err := writtenBytes(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(t.TempDir(), "written"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write(make([]byte, 256<<10)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	after, err := writtenBytes(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after-before < 256<<10 {
+		t.Fatalf("write_bytes grew by %d after a 256 KiB write and fsync, want at least 256 KiB", after-before)
+	}
+	dir := t.TempDir()
+	child := exec.Command("sh", "-c", "head -c 131072 /dev/zero > "+filepath.Join(dir, "child")+" && sync && sleep 30")
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { child.Process.Kill(); child.Wait() }()
+	// A process's counter takes in its children's once it has reaped
+	// them: sh's includes head's after head exits.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n, err := writtenBytes(child.Process.Pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n >= 128<<10 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the child's write_bytes stayed at %d, want at least 128 KiB", n)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

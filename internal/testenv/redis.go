@@ -238,6 +238,16 @@ func (r *Redis) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Ito
 // Dir is the server's data directory (AOF, log, config).
 func (r *Redis) Dir() string { return r.dir }
 
+// Pid is the server's process id, 0 if it is not running.
+func (r *Redis) Pid() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cmd == nil {
+		return 0
+	}
+	return r.cmd.Process.Pid
+}
+
 // Password is the configured requirepass, if any.
 func (r *Redis) Password() string { return r.cfg.Password }
 

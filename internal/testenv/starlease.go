@@ -219,6 +219,9 @@ func (s *Starlease) Addr() string { return s.addr }
 // DataDir is the server's data directory.
 func (s *Starlease) DataDir() string { return s.dataDir }
 
+// Pid is the process id of the server last started.
+func (s *Starlease) Pid() int { return s.cmd.Process.Pid }
+
 // PepperFile is the path of the server's pepper file.
 func (s *Starlease) PepperFile() string { return s.pepperFile }
 
