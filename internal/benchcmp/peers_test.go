@@ -160,8 +160,11 @@ func onServer(rows []row, pid func() int) []row {
 // writtenBytes is the bytes process pid (0: this one) has dirtied in the
 // page cache so far (/proc/PID/io write_bytes: counted when a clean page
 // turns dirty, so a page rewritten before it reaches the disk counts
-// once). Unlike ops/s it barely moves with this machine's noise: it shows
-// how much each design asks of the disk per op.
+// once). It shows how much each design asks of the disk per op. For a
+// store that writes pages (bbolt, etcd) it barely moves between runs,
+// unlike ops/s; for an append-only file fsynced per write (the AOF) the
+// tail page counts once per fsync, so it also follows how many writes
+// shared one.
 func writtenBytes(pid int) (uint64, error) {
 	name := "/proc/self/io"
 	if pid != 0 {
