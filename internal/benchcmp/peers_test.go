@@ -442,7 +442,10 @@ func measure(r row, conc int, d time.Duration) (measurement, error) {
 	}
 	pid := 0
 	if r.pid != nil {
-		pid = r.pid()
+		// 0 here is a server not running, not this process.
+		if pid = r.pid(); pid == 0 {
+			return measurement{}, fmt.Errorf("%s: its server is not running", r.name)
+		}
 	}
 	written, err := writtenBytes(pid)
 	if err != nil {
