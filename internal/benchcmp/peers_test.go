@@ -144,8 +144,8 @@ type row struct {
 	worker func(g int) (func() error, error)
 	// concs are the concurrencies the row runs at; nil means 1 and 50.
 	concs []int
-	// pid is the process that holds the row's data (0: this one), whose
-	// disk writes the row is charged.
+	// pid is the process that holds the row's data (nil: this one),
+	// whose disk writes the row is charged.
 	pid func() int
 }
 
