@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/starintel/starlease/internal/groupcommit"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -17,6 +16,8 @@ import (
 	bbolt "go.etcd.io/bbolt"
 
 	"github.com/starintel/starlease/audit"
+	"github.com/starintel/starlease/internal/groupcommit"
+	"github.com/starintel/starlease/internal/layered"
 )
 
 // AuditFileName is the conventional name of the bbolt audit file in a data
@@ -139,9 +140,9 @@ func (s *AuditSink) Write(ctx context.Context, e audit.Event) error {
 	if s.closed {
 		return audit.ErrClosed
 	}
-	// A duplicate fails its own function only: the group commit runs it
-	// again alone and the others of its transaction commit.
-	err = s.update(func(tx *bbolt.Tx) error {
+	// A duplicate fails its own function only: the group commit rolls its
+	// writes back and the others of its transaction commit.
+	err = s.update(func(tx *layered.View) error {
 		_, err := s.putEvents(tx, []auditEntry{{[]byte(e.EventID), b}}, ErrDuplicateAuditEvent)
 		return err
 	})
@@ -171,7 +172,7 @@ func (s *AuditSink) AddMissing(ctx context.Context, lines [][]byte, taken bool) 
 	if s.closed {
 		return 0, skipped, audit.ErrClosed
 	}
-	err = s.update(func(tx *bbolt.Tx) (err error) {
+	err = s.update(func(tx *layered.View) (err error) {
 		added, err = s.putEvents(tx, entries, nil)
 		return err
 	})
@@ -217,9 +218,9 @@ func auditEntries(lines [][]byte, taken bool) (entries []auditEntry, skipped int
 // update runs fn in a write transaction shared with concurrent writers
 // and records its outcome for Check; a duplicate event is no failure of
 // the store.
-func (s *AuditSink) update(fn func(*bbolt.Tx) error) error {
+func (s *AuditSink) update(fn func(*layered.View) error) error {
 	var at uint64
-	err := s.group.update(func(tx *bbolt.Tx) error {
+	err := s.group.update(func(tx *layered.View) error {
 		at = s.ran.Add(1)
 		return fn(tx)
 	})
@@ -239,7 +240,7 @@ func (s *AuditSink) update(fn func(*bbolt.Tx) error) error {
 // putEvents stores each of entries the store does not hold yet (one it
 // holds is skipped, or fails with held when that is set), counts them in
 // and prunes past retention; it returns how many it stored.
-func (s *AuditSink) putEvents(tx *bbolt.Tx, entries []auditEntry, held error) (int, error) {
+func (s *AuditSink) putEvents(tx *layered.View, entries []auditEntry, held error) (int, error) {
 	ev := tx.Bucket(auditBucketEvents)
 	n, high := auditCount(tx, auditKeyCount), auditCount(tx, auditKeyHigh)
 	added := 0
@@ -282,7 +283,8 @@ func (s *AuditSink) Holds(ctx context.Context, lines [][]byte) (bool, error) {
 	}
 	cutoff := ulid.Timestamp(s.opts.Now().Add(-s.opts.MaxAge))
 	held := true
-	err := s.db.View(func(tx *bbolt.Tx) error {
+	err := s.db.View(func(btx *bbolt.Tx) error {
+		tx := readView(btx)
 		ev := tx.Bucket(auditBucketEvents)
 		n, high := auditCount(tx, auditKeyCount), auditCount(tx, auditKeyHigh)
 		full := n-min(high, n) >= uint64(s.opts.MaxEvents)
@@ -371,14 +373,14 @@ func (s *AuditSink) Check(ctx context.Context) error {
 	return nil
 }
 
-func auditCount(tx *bbolt.Tx, key []byte) uint64 {
+func auditCount(tx *layered.View, key []byte) uint64 {
 	if v := tx.Bucket(auditBucketMeta).Get(key); len(v) == 8 {
 		return binary.BigEndian.Uint64(v)
 	}
 	return 0
 }
 
-func auditSetCounts(tx *bbolt.Tx, n, high uint64) error {
+func auditSetCounts(tx *layered.View, n, high uint64) error {
 	m := tx.Bucket(auditBucketMeta)
 	if err := m.Put(auditKeyCount, binary.BigEndian.AppendUint64(nil, n)); err != nil {
 		return err
@@ -401,9 +403,10 @@ func auditHighPriority(v []byte) bool {
 // before the high-priority count existed counts its older high-priority
 // events as normal until they age out: fewer normal events are kept
 // meanwhile, never more.)
-func (s *AuditSink) prune(tx *bbolt.Tx, n, high uint64, max int) (uint64, uint64, bool) {
+func (s *AuditSink) prune(tx *layered.View, n, high uint64, max int) (uint64, uint64, bool) {
 	cutoff := ulid.Timestamp(s.opts.Now().Add(-s.opts.MaxAge))
-	c := tx.Bucket(auditBucketEvents).Cursor()
+	events := tx.Bucket(auditBucketEvents)
+	c := events.Cursor()
 	skipped := false
 	deleted := 0
 	for k, v := c.First(); ; {
@@ -428,7 +431,7 @@ func (s *AuditSink) prune(tx *bbolt.Tx, n, high uint64, max int) (uint64, uint64
 			return n, high, true
 		}
 		key := append([]byte(nil), k...)
-		if c.Delete() != nil {
+		if events.Delete(key) != nil {
 			return n, high, true
 		}
 		deleted++
@@ -436,7 +439,7 @@ func (s *AuditSink) prune(tx *bbolt.Tx, n, high uint64, max int) (uint64, uint64
 		if isHigh && high > 0 {
 			high--
 		}
-		k, v = c.Seek(key) // re-seek: Next after Delete skips a key in bbolt
+		k, v = c.Seek(key)
 	}
 }
 
@@ -461,10 +464,12 @@ func (s *AuditSink) Prune(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := s.db.Update(func(tx *bbolt.Tx) error {
-			var n, high uint64
-			n, high, more = s.prune(tx, auditCount(tx, auditKeyCount), auditCount(tx, auditKeyHigh), 10*auditPrunePerWrite)
-			return auditSetCounts(tx, n, high)
+		if err := s.db.Update(func(btx *bbolt.Tx) error {
+			return direct(btx, func(tx *layered.View) error {
+				var n, high uint64
+				n, high, more = s.prune(tx, auditCount(tx, auditKeyCount), auditCount(tx, auditKeyHigh), 10*auditPrunePerWrite)
+				return auditSetCounts(tx, n, high)
+			})
 		}); err != nil {
 			return fmt.Errorf("audit: prune: %w", err)
 		}
@@ -480,7 +485,7 @@ func (s *AuditSink) Count(ctx context.Context) (int, error) {
 		return 0, audit.ErrClosed
 	}
 	var n uint64
-	err := s.db.View(func(tx *bbolt.Tx) error { n = auditCount(tx, auditKeyCount); return nil })
+	err := s.db.View(func(tx *bbolt.Tx) error { n = auditCount(readView(tx), auditKeyCount); return nil })
 	return int(n), err
 }
 

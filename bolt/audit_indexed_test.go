@@ -167,7 +167,7 @@ func TestIndexedFileFirstThenStore(t *testing.T) {
 	}
 	defer store2.Close()
 	high := 0
-	if err := store2.db.View(func(tx *bbolt.Tx) error { high = int(auditCount(tx, auditKeyHigh)); return nil }); err != nil {
+	if err := store2.db.View(func(tx *bbolt.Tx) error { high = int(auditCount(readView(tx), auditKeyHigh)); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if high != 24 {

@@ -131,7 +131,7 @@ func BenchmarkReapBacklog(b *testing.B) {
 		wg.Wait()
 		var left int
 		_ = s.db.View(func(tx *bbolt.Tx) error {
-			return eachOfKind(tx, kindActive, func(_ string, _, v []byte) error {
+			return eachOfKind(readView(tx), kindActive, func(_ string, _, v []byte) error {
 				if r, err := lease.DecodeStoredRecord(v); err == nil && !r.LiveAt(lease.At(s.now())) {
 					left++
 				}

@@ -9,6 +9,7 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 
+	"github.com/starintel/starlease/internal/layered"
 	"github.com/starintel/starlease/lease"
 )
 
@@ -47,7 +48,7 @@ func (c *Closed) Close() error { return c.s.Close() }
 // counters, marks or records fail closed.
 func (c *Closed) State(ctx context.Context) (lease.RestoredState, error) {
 	st := lease.RestoredState{Counters: map[string]uint64{}, HighWater: map[string]uint64{}}
-	err := c.s.view(ctx, func(tx *bbolt.Tx) error {
+	err := c.s.view(ctx, func(tx *layered.View) error {
 		meta := tx.Bucket(bucketMeta)
 		if err := json.Unmarshal(meta.Get(keyRestored), &st.Marker); err != nil {
 			return lease.Errorf(lease.CodeCorrupt, "restore marker is corrupt")
@@ -110,68 +111,70 @@ func (c *Closed) Finish(ctx context.Context, plan lease.RecoveryPlan) (lease.Rec
 		return lease.RecoveryResult{}, err
 	}
 	// Not mutate: a refusal here must roll the whole transaction back.
-	err := c.s.db.Update(func(tx *bbolt.Tx) error {
-		res = lease.RecoveryResult{}
-		now := c.s.clock(tx)
-		res.At = now
-		ident := tx.Bucket(bucketIdent)
-		for key, want := range plan.Counters {
-			var cur uint64
-			if v := ident.Get(counterKey(key)); v != nil {
-				if len(v) != 8 {
-					return lease.Errorf(lease.CodeCorrupt, "a fencing counter is malformed")
+	err := c.s.db.Update(func(btx *bbolt.Tx) error {
+		return direct(btx, func(tx *layered.View) error {
+			res = lease.RecoveryResult{}
+			now := c.s.clock(tx)
+			res.At = now
+			ident := tx.Bucket(bucketIdent)
+			for key, want := range plan.Counters {
+				var cur uint64
+				if v := ident.Get(counterKey(key)); v != nil {
+					if len(v) != 8 {
+						return lease.Errorf(lease.CodeCorrupt, "a fencing counter is malformed")
+					}
+					cur = binary.BigEndian.Uint64(v)
 				}
-				cur = binary.BigEndian.Uint64(v)
+				if want > cur {
+					if err := ident.Put(counterKey(key), u64(want)); err != nil {
+						return err
+					}
+					res.Raised++
+				}
 			}
-			if want > cur {
-				if err := ident.Put(counterKey(key), u64(want)); err != nil {
+			var active []*lease.Record
+			if err := eachOfKind(tx, kindActive, func(lockKey string, _, v []byte) error {
+				rec, err := lease.DecodeStoredRecord(v)
+				if err != nil || rec.LockKey != lockKey {
+					return lease.Errorf(lease.CodeCorrupt, "a restored active record is corrupt")
+				}
+				active = append(active, rec)
+				return nil
+			}); err != nil {
+				return err
+			}
+			for _, rec := range active {
+				e := plan.Ending(rec, now)
+				if err := c.s.archive(tx, rec, e.State, e.At, ended{by: e.By, reason: e.Reason}); err != nil {
 					return err
 				}
-				res.Raised++
+				res.Note(rec.LeaseID, e)
 			}
-		}
-		var active []*lease.Record
-		if err := eachOfKind(tx, kindActive, func(lockKey string, _, v []byte) error {
-			rec, err := lease.DecodeStoredRecord(v)
-			if err != nil || rec.LockKey != lockKey {
-				return lease.Errorf(lease.CodeCorrupt, "a restored active record is corrupt")
+			meta := tx.Bucket(bucketMeta)
+			if plan.Epoch > 0 {
+				if err := meta.Put(keyEpoch, u64(plan.Epoch)); err != nil {
+					return err
+				}
 			}
-			active = append(active, rec)
-			return nil
-		}); err != nil {
-			return err
-		}
-		for _, rec := range active {
-			e := plan.Ending(rec, now)
-			if err := c.s.archive(tx, rec, e.State, e.At, ended{by: e.By, reason: e.Reason}); err != nil {
+			floor, ok := counterFloor(tx)
+			if !ok {
+				return lease.Errorf(lease.CodeCorrupt, "the counter floor is malformed")
+			}
+			if plan.Floor > floor {
+				if err := meta.Put(keyCounterFloor, u64(plan.Floor)); err != nil {
+					return err
+				}
+			}
+			rec, _ := json.Marshal(map[string]any{"at": now, "epoch": plan.Epoch, "reason": plan.Reason,
+				"raised": res.Raised, "revoked": len(res.Revoked), "restore": json.RawMessage(meta.Get(keyRestored))})
+			if err := meta.Put(keyRecovery, rec); err != nil {
 				return err
 			}
-			res.Note(rec.LeaseID, e)
-		}
-		meta := tx.Bucket(bucketMeta)
-		if plan.Epoch > 0 {
-			if err := meta.Put(keyEpoch, u64(plan.Epoch)); err != nil {
+			if err := meta.Delete(keyRestored); err != nil {
 				return err
 			}
-		}
-		floor, ok := counterFloor(tx)
-		if !ok {
-			return lease.Errorf(lease.CodeCorrupt, "the counter floor is malformed")
-		}
-		if plan.Floor > floor {
-			if err := meta.Put(keyCounterFloor, u64(plan.Floor)); err != nil {
-				return err
-			}
-		}
-		rec, _ := json.Marshal(map[string]any{"at": now, "epoch": plan.Epoch, "reason": plan.Reason,
-			"raised": res.Raised, "revoked": len(res.Revoked), "restore": json.RawMessage(meta.Get(keyRestored))})
-		if err := meta.Put(keyRecovery, rec); err != nil {
-			return err
-		}
-		if err := meta.Delete(keyRestored); err != nil {
-			return err
-		}
-		return meta.Delete(keyGate)
+			return meta.Delete(keyGate)
+		})
 	})
 	if err != nil {
 		var le *lease.Error
@@ -192,7 +195,7 @@ func (c *Closed) Finish(ctx context.Context, plan lease.RecoveryPlan) (lease.Rec
 //
 // A floor of the wrong length is corrupt (ok false): reading it as 0 would
 // drop a recovery epoch's guarantee silently.
-func counterFloor(tx *bbolt.Tx) (floor uint64, ok bool) {
+func counterFloor(tx *layered.View) (floor uint64, ok bool) {
 	v := tx.Bucket(bucketMeta).Get(keyCounterFloor)
 	switch len(v) {
 	case 0:

@@ -3,8 +3,7 @@ package bolt
 import (
 	"context"
 
-	bbolt "go.etcd.io/bbolt"
-
+	"github.com/starintel/starlease/internal/layered"
 	"github.com/starintel/starlease/lease"
 )
 
@@ -20,7 +19,7 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 	if req.ReplayOnly {
 		// A read transaction: it answers from the evidence and cannot
 		// write (no clock, mark, sequence or quarantine).
-		return read(s, ctx, due, func(tx *bbolt.Tx, now lease.Timestamp) (lease.CommitResult, error) {
+		return read(s, ctx, due, func(tx *layered.View, now lease.Timestamp) (lease.CommitResult, error) {
 			res, found, err := s.commitReplay(tx, p, now)
 			if err == nil && !found {
 				err = lease.RequestNotFound(now)
@@ -28,7 +27,7 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 			return res, err
 		})
 	}
-	return change(s, ctx, func(tx *bbolt.Tx) (lease.CommitResult, error) {
+	return change(s, ctx, func(tx *layered.View) (lease.CommitResult, error) {
 		now := s.clock(tx)
 		if err := lease.PastDeadline(now, due); err != nil {
 			return lease.CommitResult{}, refuse(err)
@@ -107,7 +106,7 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 // if there is any (found): the replay, or idempotency_conflict if the
 // inputs differ. Corrupt evidence quarantines the lock key (in a write
 // transaction only) and fails closed.
-func (s *Store) commitReplay(tx *bbolt.Tx, p lease.PreparedCommit, now lease.Timestamp) (res lease.CommitResult, found bool, err error) {
+func (s *Store) commitReplay(tx *layered.View, p lease.PreparedCommit, now lease.Timestamp) (res lease.CommitResult, found bool, err error) {
 	v := tx.Bucket(bucketCommits).Get([]byte(p.Scope))
 	if v == nil {
 		return lease.CommitResult{}, false, nil

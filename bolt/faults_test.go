@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/starintel/starlease/internal/layered"
 	"github.com/starintel/starlease/lease"
 	bbolt "go.etcd.io/bbolt"
 )
@@ -16,7 +17,7 @@ type faults struct{ s *Store }
 
 func (f faults) Counter(ctx context.Context, lockKey string) (uint64, error) {
 	var n uint64
-	err := f.s.view(ctx, func(tx *bbolt.Tx) error {
+	err := f.s.view(ctx, func(tx *layered.View) error {
 		if v := tx.Bucket(bucketIdent).Get(counterKey(lockKey)); len(v) == 8 {
 			n = binary.BigEndian.Uint64(v)
 		}
@@ -26,13 +27,13 @@ func (f faults) Counter(ctx context.Context, lockKey string) (uint64, error) {
 }
 
 func (f faults) SetCounter(ctx context.Context, lockKey string, value uint64) error {
-	return f.s.mutate(ctx, func(tx *bbolt.Tx) error {
+	return f.s.mutate(ctx, func(tx *layered.View) error {
 		return tx.Bucket(bucketIdent).Put(counterKey(lockKey), u64(value))
 	})
 }
 
 func (f faults) PutRawActive(ctx context.Context, lockKey string, raw []byte) error {
-	return f.s.mutate(ctx, func(tx *bbolt.Tx) error {
+	return f.s.mutate(ctx, func(tx *layered.View) error {
 		return tx.Bucket(bucketIdent).Put(activeKey(lockKey), raw)
 	})
 }

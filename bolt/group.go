@@ -7,6 +7,7 @@ import (
 	bbolt "go.etcd.io/bbolt"
 
 	"github.com/starintel/starlease/internal/groupcommit"
+	"github.com/starintel/starlease/internal/layered"
 )
 
 // groupCommit runs concurrent write functions in shared transactions, one
@@ -25,6 +26,11 @@ type groupCommit struct {
 	// store forgets the time the transaction registered; see readTx).
 	rolledBack func()
 
+	// commitHook, if set, runs in each transaction once the batch's
+	// writes are in the tree, before the commit: tests stand in there for
+	// bbolt's own panics while it spills pages.
+	commitHook func(*bbolt.Tx)
+
 	// fills are applied at the start of each transaction.
 	fills []bucketFill
 
@@ -35,7 +41,7 @@ type groupCommit struct {
 }
 
 type groupCall struct {
-	fn   func(*bbolt.Tx) error
+	fn   func(*layered.View) error
 	err  error
 	done chan struct{}
 }
@@ -50,45 +56,41 @@ var errPanicked = errors.New("write function panicked")
 // write queued forever behind a committer that is gone.
 var errCommitPanicked = errors.New("commit panicked")
 
-// update runs fn in a write transaction shared with concurrent callers.
-// fn may run more than once (a transaction it shared failed because of
-// another function) and must set its outputs afresh each time. A function
-// that fails is retried alone, so its error is its own.
-func (g *groupCommit) update(fn func(*bbolt.Tx) error) error {
+// update runs fn once, in a write transaction shared with concurrent
+// callers. A function that fails leaves no write: its writes are rolled
+// back alone, so its error is its own and the others' writes stay.
+func (g *groupCommit) update(fn func(*layered.View) error) error {
 	c := &groupCall{fn: fn, done: make(chan struct{})}
 	g.queue.Submit(c, g.commit)
 	<-c.done
 	return c.err
 }
 
-// commit runs batch in one transaction. When a function fails, the
-// transaction rolls back, that function runs alone in a transaction of
-// its own (its result is its own error), and the rest are tried again.
+// commit runs batch in one transaction: each function writes to a layer
+// over the transaction, and one that fails is rolled back to where it
+// began; the layer then goes to the tree and commits. A commit that fails
+// fails every function that succeeded.
 func (g *groupCommit) commit(batch []*groupCall) {
-	for len(batch) > 0 {
-		failed := -1
-		err := g.run(func(tx *bbolt.Tx) error {
-			for i, c := range batch {
-				if err := safely(c.fn, tx); err != nil {
-					failed = i
-					return err
+	err := g.run(func(tx *bbolt.Tx) error {
+		err := direct(tx, func(w *layered.View) error {
+			for _, c := range batch {
+				m := w.Mark()
+				if c.err = safely(c.fn, w); c.err != nil {
+					w.Rollback(m)
 				}
 			}
 			return nil
 		})
-		if failed < 0 {
-			// Committed, or the commit itself failed: the outcome is the
-			// same for every function of the batch.
-			for _, c := range batch {
-				c.err = err
-				close(c.done)
-			}
-			return
+		if err == nil && g.commitHook != nil {
+			g.commitHook(tx)
 		}
-		c := batch[failed]
-		c.err = g.run(func(tx *bbolt.Tx) error { return safely(c.fn, tx) })
+		return err
+	})
+	for _, c := range batch {
+		if c.err == nil {
+			c.err = err
+		}
 		close(c.done)
-		batch = append(batch[:failed:failed], batch[failed+1:]...)
 	}
 }
 
@@ -109,7 +111,7 @@ func (g *groupCommit) run(fn func(*bbolt.Tx) error) (err error) {
 	})
 }
 
-func safely(fn func(*bbolt.Tx) error, tx *bbolt.Tx) (err error) {
+func safely(fn func(*layered.View) error, tx *layered.View) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("%w: %v", errPanicked, p)

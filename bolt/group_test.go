@@ -3,13 +3,15 @@ package bolt
 import (
 	"errors"
 	"fmt"
-	"github.com/starintel/starlease/internal/groupcommit"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
+
+	"github.com/starintel/starlease/internal/groupcommit"
+	"github.com/starintel/starlease/internal/layered"
 )
 
 func openGroup(t *testing.T, max int) *groupCommit {
@@ -35,8 +37,8 @@ func lastTxID(t *testing.T, db *bbolt.DB) int {
 	return tx.ID()
 }
 
-func put(key string) func(*bbolt.Tx) error {
-	return func(tx *bbolt.Tx) error { return tx.Bucket([]byte("k")).Put([]byte(key), []byte("v")) }
+func put(key string) func(*layered.View) error {
+	return func(tx *layered.View) error { return tx.Bucket([]byte("k")).Put([]byte(key), []byte("v")) }
 }
 
 func stored(t *testing.T, db *bbolt.DB, key string) bool {
@@ -56,7 +58,7 @@ func holdFirst(t *testing.T, g *groupCommit, n int) <-chan error {
 	first := make(chan error, 1)
 	entered := make(chan struct{})
 	go func() {
-		first <- g.update(func(tx *bbolt.Tx) error {
+		first <- g.update(func(tx *layered.View) error {
 			select {
 			case <-entered:
 			default:
@@ -141,7 +143,7 @@ func TestGroupCommitIsolatesAFailure(t *testing.T) {
 		go func(i int) {
 			defer wg.Done()
 			key := fmt.Sprint("k", i)
-			errs[i] = g.update(func(tx *bbolt.Tx) error {
+			errs[i] = g.update(func(tx *layered.View) error {
 				if err := put(key)(tx); err != nil {
 					return err
 				}

@@ -5,8 +5,7 @@ import (
 	"encoding/base64"
 	"strings"
 
-	bbolt "go.etcd.io/bbolt"
-
+	"github.com/starintel/starlease/internal/layered"
 	"github.com/starintel/starlease/lease"
 )
 
@@ -119,7 +118,7 @@ func splitIdentKey(k []byte) (lockKey string, kind byte, ok bool) {
 // eachOfKind calls fn with the lock key and value of every ident entry of
 // kind, in packed lock key order. It reads the whole bucket: for recovery and
 // backups, not for requests.
-func eachOfKind(tx *bbolt.Tx, kind byte, fn func(lockKey string, k, v []byte) error) error {
+func eachOfKind(tx *layered.View, kind byte, fn func(lockKey string, k, v []byte) error) error {
 	return tx.Bucket(bucketIdent).ForEach(func(k, v []byte) error {
 		if lockKey, kd, ok := splitIdentKey(k); ok && kd == kind {
 			return fn(lockKey, k, v)

@@ -53,7 +53,7 @@ func asSchema(tx *bbolt.Tx, version string) error {
 // them.
 func unpackLookups(tx *bbolt.Tx) error {
 	if err := rewriteBucket(tx, bucketIndex, func(k, _ []byte) ([]byte, []byte, error) {
-		lockKey, _ := leaseLockKey(tx.Bucket(bucketLeases), string(k[bytes.LastIndexByte(k, 0)+1:]))
+		lockKey, _ := leaseLockKey(readView(tx).Bucket(bucketLeases), string(k[bytes.LastIndexByte(k, 0)+1:]))
 		return k, []byte(lockKey), nil
 	}); err != nil {
 		return err

@@ -73,7 +73,7 @@ func TestListSkipsStaleIndexEntryOfAnotherOwnersSuccessor(t *testing.T) {
 func leaseLockKeyOf(t *testing.T, s *Store, leaseID string) (lockKey string, ok bool) {
 	t.Helper()
 	if err := s.db.View(func(tx *bbolt.Tx) error {
-		lockKey, ok = leaseLockKey(tx.Bucket(bucketLeases), leaseID)
+		lockKey, ok = leaseLockKey(readView(tx).Bucket(bucketLeases), leaseID)
 		return nil
 	}); err != nil {
 		t.Fatal(err)

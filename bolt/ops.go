@@ -8,8 +8,7 @@ import (
 	"strconv"
 	"time"
 
-	bbolt "go.etcd.io/bbolt"
-
+	"github.com/starintel/starlease/internal/layered"
 	"github.com/starintel/starlease/lease"
 )
 
@@ -20,7 +19,7 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Re
 		return lease.Result{}, err
 	}
 	var written []byte
-	res, err := s.mutation(ctx, p, req.DeadlineAt, func(tx *bbolt.Tx, now lease.Timestamp) (lease.Result, error) {
+	res, err := s.mutation(ctx, p, req.DeadlineAt, func(tx *layered.View, now lease.Timestamp) (lease.Result, error) {
 		written = nil
 		cur, err := s.loadActive(tx, p.LockKey)
 		if err != nil {
@@ -78,7 +77,7 @@ func (s *Store) Renew(ctx context.Context, req lease.RenewRequest) (lease.Result
 		return lease.Result{}, err
 	}
 	var written []byte
-	res, err := s.mutation(ctx, p, req.DeadlineAt, func(tx *bbolt.Tx, now lease.Timestamp) (lease.Result, error) {
+	res, err := s.mutation(ctx, p, req.DeadlineAt, func(tx *layered.View, now lease.Timestamp) (lease.Result, error) {
 		written = nil
 		cur, err := s.held(tx, p.LockKey, now, req.LeaseID, req.FencingToken, req.Caller.PrincipalID, req.ServiceInstanceID)
 		if err != nil {
@@ -100,7 +99,7 @@ func (s *Store) Release(ctx context.Context, req lease.ReleaseRequest) (lease.Re
 	if err != nil {
 		return lease.Result{}, err
 	}
-	return s.end(ctx, p, req.DeadlineAt, lease.CodeReleased, lease.StateReleased, func(tx *bbolt.Tx, now lease.Timestamp) (*lease.Record, error) {
+	return s.end(ctx, p, req.DeadlineAt, lease.CodeReleased, lease.StateReleased, func(tx *layered.View, now lease.Timestamp) (*lease.Record, error) {
 		return s.held(tx, p.LockKey, now, req.LeaseID, req.FencingToken, req.Caller.PrincipalID, req.ServiceInstanceID)
 	}, ended{by: req.Caller.PrincipalID, requestID: req.RequestID})
 }
@@ -122,7 +121,7 @@ func (s *Store) admin(ctx context.Context, op lease.Op, req lease.AdminRequest) 
 		return lease.Result{}, err
 	}
 	code, state := lease.AdminOutcome(op)
-	return s.end(ctx, p, req.DeadlineAt, code, state, func(tx *bbolt.Tx, now lease.Timestamp) (*lease.Record, error) {
+	return s.end(ctx, p, req.DeadlineAt, code, state, func(tx *layered.View, now lease.Timestamp) (*lease.Record, error) {
 		cur, err := s.loadActive(tx, p.LockKey)
 		if err != nil {
 			return nil, refuse(err)
@@ -141,8 +140,8 @@ func (s *Store) admin(ctx context.Context, op lease.Op, req lease.AdminRequest) 
 // end runs a terminal transition: match finds the lease to end (or
 // refuses), then the lease is archived in state.
 func (s *Store) end(ctx context.Context, p lease.Prepared, at time.Time, code lease.Code, state lease.State,
-	match func(*bbolt.Tx, lease.Timestamp) (*lease.Record, error), why ended) (lease.Result, error) {
-	return s.mutation(ctx, p, at, func(tx *bbolt.Tx, now lease.Timestamp) (lease.Result, error) {
+	match func(*layered.View, lease.Timestamp) (*lease.Record, error), why ended) (lease.Result, error) {
+	return s.mutation(ctx, p, at, func(tx *layered.View, now lease.Timestamp) (lease.Result, error) {
 		cur, err := match(tx, now)
 		if err != nil {
 			return lease.Result{}, err
@@ -161,9 +160,9 @@ func (s *Store) end(ctx context.Context, p lease.Prepared, at time.Time, code le
 // its evidence goes no further; then op decides, and its result is
 // remembered as evidence in the same transaction.
 func (s *Store) mutation(ctx context.Context, p lease.Prepared, at time.Time,
-	op func(*bbolt.Tx, lease.Timestamp) (lease.Result, error)) (lease.Result, error) {
+	op func(*layered.View, lease.Timestamp) (lease.Result, error)) (lease.Result, error) {
 	due := lease.Deadline(ctx, at)
-	return change(s, ctx, func(tx *bbolt.Tx) (lease.Result, error) {
+	return change(s, ctx, func(tx *layered.View) (lease.Result, error) {
 		now, replay, err := s.start(tx, p, due)
 		switch {
 		case err != nil:
@@ -197,10 +196,10 @@ func refuse(err error) error {
 // change runs fn as one write transaction (mutate; fn may run more than
 // once) and returns its result, or the typed answer of its refusal. Any
 // other error of fn rolls the transaction back.
-func change[T any](s *Store, ctx context.Context, fn func(*bbolt.Tx) (T, error)) (T, error) {
+func change[T any](s *Store, ctx context.Context, fn func(*layered.View) (T, error)) (T, error) {
 	var res T
 	var refused error
-	err := s.mutate(ctx, func(tx *bbolt.Tx) error {
+	err := s.mutate(ctx, func(tx *layered.View) error {
 		var err error
 		res, err = fn(tx)
 		var r refusal
@@ -224,7 +223,7 @@ func change[T any](s *Store, ctx context.Context, fn func(*bbolt.Tx) (T, error))
 // idempotency lookup before any other read, so a replay is answered from
 // evidence only. It returns the time and, where the answer is already
 // final, the replayed result or a typed refusal.
-func (s *Store) start(tx *bbolt.Tx, p lease.Prepared, due lease.Timestamp) (lease.Timestamp, *lease.Result, error) {
+func (s *Store) start(tx *layered.View, p lease.Prepared, due lease.Timestamp) (lease.Timestamp, *lease.Result, error) {
 	now := s.clock(tx)
 	if err := lease.PastDeadline(now, due); err != nil {
 		return now, nil, err
@@ -245,7 +244,7 @@ func (s *Store) start(tx *bbolt.Tx, p lease.Prepared, due lease.Timestamp) (leas
 }
 
 // currentOf finds the state now of a lease: active, or its terminal record.
-func (s *Store) currentOf(tx *bbolt.Tx, orig *lease.Record, now lease.Timestamp) (*lease.Record, error) {
+func (s *Store) currentOf(tx *layered.View, orig *lease.Record, now lease.Timestamp) (*lease.Record, error) {
 	cur, err := s.loadActive(tx, orig.LockKey)
 	if err != nil {
 		return nil, err
@@ -256,7 +255,7 @@ func (s *Store) currentOf(tx *bbolt.Tx, orig *lease.Record, now lease.Timestamp)
 // held returns the active lease matching every ownership field and
 // unexpired at now; otherwise it refuses with lease_lost (or corrupt),
 // archiving an expired match so it is never seen as active.
-func (s *Store) held(tx *bbolt.Tx, lockKey string, now lease.Timestamp, leaseID string, token uint64, owner, instance string) (*lease.Record, error) {
+func (s *Store) held(tx *layered.View, lockKey string, now lease.Timestamp, leaseID string, token uint64, owner, instance string) (*lease.Record, error) {
 	cur, err := s.loadActive(tx, lockKey)
 	if err != nil {
 		return nil, refuse(err)
@@ -272,7 +271,7 @@ func (s *Store) held(tx *bbolt.Tx, lockKey string, now lease.Timestamp, leaseID 
 
 // lostExpired archives cur, a match that expired, and refuses with
 // lease_lost.
-func (s *Store) lostExpired(tx *bbolt.Tx, cur *lease.Record, now lease.Timestamp) error {
+func (s *Store) lostExpired(tx *layered.View, cur *lease.Record, now lease.Timestamp) error {
 	if err := s.archive(tx, cur, lease.StateExpired, cur.ExpiresAt, ended{}); err != nil {
 		return err
 	}
@@ -282,7 +281,7 @@ func (s *Store) lostExpired(tx *bbolt.Tx, cur *lease.Record, now lease.Timestamp
 // remember stores the typed result as idempotency evidence in the same
 // transaction as the mutation, in version 2 (lease.CompactEvidence: the
 // facts without a second copy of the record's JSON; schema 4).
-func (s *Store) remember(tx *bbolt.Tx, p lease.Prepared, res lease.Result) error {
+func (s *Store) remember(tx *layered.View, p lease.Prepared, res lease.Result) error {
 	ev := &lease.IdempotencyRecord{Version: lease.IdempotencyVersion, Op: p.Op, Digest: p.Digest,
 		Code: res.Code, Lease: res.Lease, BackendTime: res.BackendTime}
 	b, err := lease.CompactEvidence(ev, p.Identity)
@@ -300,7 +299,7 @@ func (s *Store) remember(tx *bbolt.Tx, p lease.Prepared, res lease.Result) error
 // storedEvidence reads p's idempotency evidence as version 1 bytes, nil if
 // there is none; ok is false for version 2 evidence that cannot be rebuilt
 // (corrupt). Valid only in tx.
-func storedEvidence(tx *bbolt.Tx, p lease.Prepared) (v []byte, ok bool) {
+func storedEvidence(tx *layered.View, p lease.Prepared) (v []byte, ok bool) {
 	raw := tx.Bucket(bucketIdent).Get(idemKey(p.LockKey, p.Scope))
 	if raw == nil || !bytes.HasPrefix(raw, []byte(lease.EvidenceV2Prefix)) {
 		return raw, true
@@ -316,13 +315,13 @@ func storedEvidence(tx *bbolt.Tx, p lease.Prepared) (v []byte, ok bool) {
 // looks its bytes up: they were mostly written by the lease's last
 // mutation, whose caller put them in the memo after its commit (warm), so
 // their decoding ran outside the commit; a miss is decoded and not kept.
-func (s *Store) loadActive(tx *bbolt.Tx, lockKey string) (*lease.Record, error) {
+func (s *Store) loadActive(tx *layered.View, lockKey string) (*lease.Record, error) {
 	return s.loadActiveFrom(tx, tx.Bucket(bucketIdent), lockKey)
 }
 
 // loadActiveFrom is loadActive with tx's ident bucket at hand: a read
 // transaction looks a bucket up anew (and allocates) on each tx.Bucket.
-func (s *Store) loadActiveFrom(tx *bbolt.Tx, ident *bbolt.Bucket, lockKey string) (*lease.Record, error) {
+func (s *Store) loadActiveFrom(tx *layered.View, ident *layered.Bucket, lockKey string) (*lease.Record, error) {
 	v := ident.Get(activeKey(lockKey))
 	if v == nil {
 		return nil, nil
@@ -347,7 +346,7 @@ func (s *Store) loadActiveFrom(tx *bbolt.Tx, ident *bbolt.Bucket, lockKey string
 
 // quarantine records a corrupt identity for operators (in write
 // transactions) and alerts; the value itself is never overwritten.
-func (s *Store) quarantine(tx *bbolt.Tx, lockKey string, id lease.Identity, reason string) *lease.Error {
+func (s *Store) quarantine(tx *layered.View, lockKey string, id lease.Identity, reason string) *lease.Error {
 	if tx.Writable() {
 		_ = tx.Bucket(bucketQuarantine).Put([]byte(lockKey), []byte(reason))
 	}
@@ -357,7 +356,7 @@ func (s *Store) quarantine(tx *bbolt.Tx, lockKey string, id lease.Identity, reas
 // putActive writes rec as the active record (in version 2,
 // lease.CompactRecord: schema 6) and its expiry index entry, replacing
 // prev's (nil for a new lease). It returns the record's bytes, for warm.
-func (s *Store) putActive(tx *bbolt.Tx, rec, prev *lease.Record) ([]byte, error) {
+func (s *Store) putActive(tx *layered.View, rec, prev *lease.Record) ([]byte, error) {
 	b, err := lease.CompactRecord(rec)
 	if err != nil {
 		return nil, err
@@ -380,7 +379,7 @@ func (s *Store) putActive(tx *bbolt.Tx, rec, prev *lease.Record) ([]byte, error)
 // commit every writer waits for. The memo keeps only what the strict
 // decoder gives for those exact bytes, so warming with bytes that were
 // never stored, or were replaced since, changes no answer. A replay
-// wrote nothing (its written, if any, is from a run rolled back).
+// wrote nothing.
 func (s *Store) warm(written []byte, res lease.Result, err error) {
 	if err == nil && !res.Replayed && written != nil {
 		_, _ = s.records.Decode(written)
@@ -406,7 +405,7 @@ type ended struct{ by, requestID, reason, incident string }
 // entry in version 2, lease.CompactHistory: schema 4). The
 // caller has matched cur's lease id and token in this transaction, so the
 // removal is conditional on them.
-func (s *Store) archive(tx *bbolt.Tx, cur *lease.Record, state lease.State, endedAt lease.Timestamp, why ended) error {
+func (s *Store) archive(tx *layered.View, cur *lease.Record, state lease.State, endedAt lease.Timestamp, why ended) error {
 	final := cur.Clone()
 	final.State = state
 	h := &lease.HistoryEntry{HistoryVersion: lease.HistoryVersion, Record: final, EndedAt: endedAt,
@@ -445,7 +444,7 @@ func (s *Store) archive(tx *bbolt.Tx, cur *lease.Record, state lease.State, ende
 }
 
 // trimHistory keeps the newest HistoryPerIdentity entries of lockKey.
-func (s *Store) trimHistory(tx *bbolt.Tx, lockKey string) error {
+func (s *Store) trimHistory(tx *layered.View, lockKey string) error {
 	prefix := historyPrefix(lockKey)
 	c := tx.Bucket(bucketIdent).Cursor()
 	var drop [][]byte
@@ -469,7 +468,7 @@ func (s *Store) trimHistory(tx *bbolt.Tx, lockKey string) error {
 // (this identity, the entry's terminal state and end), so an entry found
 // under k that is another identity's, or names a live lease or another
 // ended one (damage, a misplaced copy), never deletes that lease's lookup.
-func forgetHistory(tx *bbolt.Tx, k []byte) error {
+func forgetHistory(tx *layered.View, k []byte) error {
 	hist := tx.Bucket(bucketIdent)
 	if h, err := lease.DecodeStoredHistory(hist.Get(k)); err == nil {
 		lockKey := unpackLockKey(k[:packedLen])
@@ -490,7 +489,7 @@ func forgetHistory(tx *bbolt.Tx, k []byte) error {
 // seekLast positions c at the last key with prefix, whose last byte is
 // below 0xff: every such key sorts before the prefix with that byte
 // incremented.
-func seekLast(c *bbolt.Cursor, prefix []byte) ([]byte, []byte) {
+func seekLast(c *layered.Cursor, prefix []byte) ([]byte, []byte) {
 	end := bytes.Clone(prefix)
 	end[len(end)-1]++
 	k, _ := c.Seek(end)
@@ -501,7 +500,7 @@ func seekLast(c *bbolt.Cursor, prefix []byte) ([]byte, []byte) {
 }
 
 // findHistory finds the terminal evidence of leaseID under lockKey.
-func findHistory(tx *bbolt.Tx, lockKey, leaseID string) *lease.HistoryEntry {
+func findHistory(tx *layered.View, lockKey, leaseID string) *lease.HistoryEntry {
 	prefix := historyPrefix(lockKey)
 	c := tx.Bucket(bucketIdent).Cursor()
 	for k, v := seekLast(c, prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Prev() {
@@ -514,7 +513,7 @@ func findHistory(tx *bbolt.Tx, lockKey, leaseID string) *lease.HistoryEntry {
 
 // putLeaseState records where a lease id lives and its state: packed lock
 // key ‖ state ‖ 0 ‖ ended ms.
-func putLeaseState(tx *bbolt.Tx, leaseID, lockKey string, state lease.State, endedMs int64) error {
+func putLeaseState(tx *layered.View, leaseID, lockKey string, state lease.State, endedMs int64) error {
 	return tx.Bucket(bucketLeases).Put([]byte(leaseID), leaseStateValue(lockKey, state, endedMs))
 }
 
@@ -524,7 +523,7 @@ func leaseStateValue(lockKey string, state lease.State, endedMs int64) []byte {
 
 // leaseLockKey is the lock key of leaseID's identity, from the leases
 // bucket; ok is false if it has no lookup for it, or only a malformed one.
-func leaseLockKey(leases *bbolt.Bucket, leaseID string) (lockKey string, ok bool) {
+func leaseLockKey(leases *layered.Bucket, leaseID string) (lockKey string, ok bool) {
 	v := leases.Get([]byte(leaseID))
 	if len(v) <= packedLen {
 		return "", false
@@ -547,7 +546,7 @@ func indexKey(f lease.ListFilter, leaseID string) []byte {
 
 // counterAt reads an 8-byte big-endian counter, mark or sequence: 0 when
 // absent; ok is false for a malformed value.
-func counterAt(b *bbolt.Bucket, key []byte) (uint64, bool) {
+func counterAt(b *layered.Bucket, key []byte) (uint64, bool) {
 	v := b.Get(key)
 	switch {
 	case v == nil:

@@ -5,8 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 
-	bbolt "go.etcd.io/bbolt"
-
+	"github.com/starintel/starlease/internal/layered"
 	"github.com/starintel/starlease/lease"
 )
 
@@ -25,7 +24,7 @@ var (
 )
 
 // outboxUsage reads the pending outbox's counters.
-func outboxUsage(tx *bbolt.Tx) (pending, bytes int64) {
+func outboxUsage(tx *layered.View) (pending, bytes int64) {
 	meta := tx.Bucket(bucketMeta)
 	return metaCount(meta.Get(keyOutboxPending)), metaCount(meta.Get(keyOutboxBytes))
 }
@@ -39,7 +38,7 @@ func metaCount(v []byte) int64 {
 
 // addOutboxUsage moves the counters by dPending entries and dBytes bytes,
 // never below zero.
-func addOutboxUsage(tx *bbolt.Tx, dPending, dBytes int64) error {
+func addOutboxUsage(tx *layered.View, dPending, dBytes int64) error {
 	pending, bytes := outboxUsage(tx)
 	meta := tx.Bucket(bucketMeta)
 	if err := meta.Put(keyOutboxPending, u64(uint64(max(pending+dPending, 0)))); err != nil {
@@ -51,7 +50,7 @@ func addOutboxUsage(tx *bbolt.Tx, dPending, dBytes int64) error {
 // initOutboxUsage counts the pending outbox once, for a store file written
 // before the counters existed (or with a malformed one); otherwise the
 // counters are left as they are.
-func initOutboxUsage(tx *bbolt.Tx) error {
+func initOutboxUsage(tx *layered.View) error {
 	meta := tx.Bucket(bucketMeta)
 	if len(meta.Get(keyOutboxPending)) == 8 && len(meta.Get(keyOutboxBytes)) == 8 {
 		return nil
@@ -70,7 +69,7 @@ func initOutboxUsage(tx *bbolt.Tx) error {
 
 // putOutbox appends an accepted publication to the fenced outbox, in the
 // commit's transaction, after the commit checked its room (OutboxRoom).
-func putOutbox(tx *bbolt.Tx, e lease.OutboxEntry) error {
+func putOutbox(tx *layered.View, e lease.OutboxEntry) error {
 	b, err := lease.EncodeOutboxEntry(e)
 	if err != nil {
 		return err
@@ -109,7 +108,7 @@ func (s *Store) OutboxPending(ctx context.Context, limit int) ([]lease.OutboxEnt
 		limit = s.opts.MaxPageSize
 	}
 	var out []lease.OutboxEntry
-	err := s.view(ctx, func(tx *bbolt.Tx) error {
+	err := s.view(ctx, func(tx *layered.View) error {
 		out = out[:0]
 		c := tx.Bucket(bucketOutbox).Cursor()
 		for k, v := c.First(); k != nil && len(out) < limit; k, v = c.Next() {
@@ -126,7 +125,7 @@ func (s *Store) OutboxPending(ctx context.Context, limit int) ([]lease.OutboxEnt
 
 // OutboxDone removes an entry once the broker confirmed it.
 func (s *Store) OutboxDone(ctx context.Context, messageID string) error {
-	return s.mutate(ctx, func(tx *bbolt.Tx) error {
+	return s.mutate(ctx, func(tx *layered.View) error {
 		ids := tx.Bucket(bucketOutboxIDs)
 		seq := ids.Get([]byte(messageID))
 		if seq == nil {
@@ -154,7 +153,7 @@ func (s *Store) OutboxLen(ctx context.Context) (int64, error) {
 // OutboxUsage reads the pending outbox's counters and bounds.
 func (s *Store) OutboxUsage(ctx context.Context) (lease.OutboxUsage, error) {
 	u := lease.OutboxUsage{MaxPending: s.opts.OutboxMaxPending, MaxBytes: s.opts.OutboxMaxBytes}
-	err := s.view(ctx, func(tx *bbolt.Tx) error {
+	err := s.view(ctx, func(tx *layered.View) error {
 		u.Pending, u.Bytes = outboxUsage(tx)
 		return nil
 	})
@@ -172,14 +171,14 @@ func (s *Store) OutboxDeadLetter(ctx context.Context, messageID, reason string) 
 	// A full dead-letter bucket is a typed refusal (backend_unavailable),
 	// not a failed write: change commits the (empty) transaction and
 	// returns it.
-	_, err := change(s, ctx, func(tx *bbolt.Tx) (struct{}, error) {
+	_, err := change(s, ctx, func(tx *layered.View) (struct{}, error) {
 		return struct{}{}, s.deadLetter(tx, messageID, reason)
 	})
 	return err
 }
 
 // deadLetter is OutboxDeadLetter's transaction.
-func (s *Store) deadLetter(tx *bbolt.Tx, messageID, reason string) error {
+func (s *Store) deadLetter(tx *layered.View, messageID, reason string) error {
 	ids := tx.Bucket(bucketOutboxIDs)
 	seq := ids.Get([]byte(messageID))
 	if seq == nil {
@@ -190,7 +189,7 @@ func (s *Store) deadLetter(tx *bbolt.Tx, messageID, reason string) error {
 	if raw == nil || lease.OutboxEntryOfAnother(raw, messageID) {
 		return ids.Delete([]byte(messageID))
 	}
-	if dead.Stats().KeyN >= lease.MaxOutboxDeadLetters {
+	if keyN(dead) >= lease.MaxOutboxDeadLetters {
 		return refuse(lease.Errorf(lease.CodeBackendUnavailable, "the outbox holds %d dead letters (the bound); an operator must clear them", lease.MaxOutboxDeadLetters))
 	}
 	e, err := lease.DecodeOutboxEntry(raw)
@@ -223,7 +222,7 @@ func (s *Store) OutboxDeadLetters(ctx context.Context, limit int) ([]lease.DeadL
 		limit = s.opts.MaxPageSize
 	}
 	var out []lease.DeadLetter
-	err := s.view(ctx, func(tx *bbolt.Tx) error {
+	err := s.view(ctx, func(tx *layered.View) error {
 		out = out[:0]
 		c := tx.Bucket(bucketOutboxDead).Cursor()
 		for k, v := c.First(); k != nil && len(out) < limit; k, v = c.Next() {
@@ -241,9 +240,18 @@ func (s *Store) OutboxDeadLetters(ctx context.Context, limit int) ([]lease.DeadL
 // OutboxDeadLen counts the dead letters.
 func (s *Store) OutboxDeadLen(ctx context.Context) (int64, error) {
 	var n int64
-	err := s.view(ctx, func(tx *bbolt.Tx) error {
-		n = int64(tx.Bucket(bucketOutboxDead).Stats().KeyN)
+	err := s.view(ctx, func(tx *layered.View) error {
+		n = int64(keyN(tx.Bucket(bucketOutboxDead)))
 		return nil
 	})
 	return n, err
+}
+
+// keyN counts a bucket's keys by walking them, as bbolt's Stats does by
+// pages; the dead letters it counts are at most
+// lease.MaxOutboxDeadLetters.
+func keyN(b *layered.Bucket) int {
+	n := 0
+	_ = b.ForEach(func(k, v []byte) error { n++; return nil })
+	return n
 }

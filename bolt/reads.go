@@ -6,24 +6,23 @@ import (
 	"encoding/binary"
 	"strconv"
 
-	bbolt "go.etcd.io/bbolt"
-
+	"github.com/starintel/starlease/internal/layered"
 	"github.com/starintel/starlease/lease"
 )
 
 // read runs fn in one read transaction at its backend time (readTx), after
 // the deadline check. fn returns typed errors directly: a read has nothing
 // to roll back.
-func read[T any](s *Store, ctx context.Context, due lease.Timestamp, fn func(*bbolt.Tx, lease.Timestamp) (T, error)) (T, error) {
+func read[T any](s *Store, ctx context.Context, due lease.Timestamp, fn func(*layered.View, lease.Timestamp) (T, error)) (T, error) {
 	var zero T
 	if err := s.begin(ctx); err != nil {
 		return zero, err
 	}
-	tx, now, err := s.readTx()
+	tx, release, now, err := s.readTx()
 	if err != nil {
 		return zero, s.storageReadError(err)
 	}
-	defer tx.Rollback()
+	defer release()
 	if err := lease.PastDeadline(now, due); err != nil {
 		return zero, err
 	}
@@ -37,7 +36,7 @@ func (s *Store) Inspect(ctx context.Context, req lease.InspectRequest) (lease.Re
 	if err != nil {
 		return lease.Result{}, err
 	}
-	return read(s, ctx, lease.Deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.Result, error) {
+	return read(s, ctx, lease.Deadline(ctx, req.DeadlineAt), func(tx *layered.View, now lease.Timestamp) (lease.Result, error) {
 		res := lease.Result{Code: lease.CodeInspected, BackendTime: now}
 		key := lockKey
 		if req.LeaseID != "" {
@@ -73,7 +72,7 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 		return lease.ListResult{}, err
 	}
 	f, after, size := pg.Filter, pg.After, pg.Size
-	return read(s, ctx, lease.Deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.ListResult, error) {
+	return read(s, ctx, lease.Deadline(ctx, req.DeadlineAt), func(tx *layered.View, now lease.Timestamp) (lease.ListResult, error) {
 		out := lease.ListResult{Leases: []*lease.Record{}, BackendTime: now}
 		prefix := append(join(string(f.By), f.Value), 0)
 		c, leases, ident := tx.Bucket(bucketIndex).Cursor(), tx.Bucket(bucketLeases), tx.Bucket(bucketIdent)
@@ -114,7 +113,7 @@ func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.Hi
 		return lease.HistoryResult{}, err
 	}
 	lockKey, after, size := pg.LockKey, pg.After, pg.Size
-	return read(s, ctx, lease.Deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.HistoryResult, error) {
+	return read(s, ctx, lease.Deadline(ctx, req.DeadlineAt), func(tx *layered.View, now lease.Timestamp) (lease.HistoryResult, error) {
 		out := lease.HistoryResult{Entries: []lease.HistoryEntry{}, BackendTime: now}
 		prefix := historyPrefix(lockKey)
 		c := tx.Bucket(bucketIdent).Cursor()
@@ -157,7 +156,7 @@ func (s *Store) LookupRequest(ctx context.Context, req lease.LookupRequest) (lea
 	if err != nil {
 		return lease.Result{}, err
 	}
-	return read(s, ctx, lease.Deadline(ctx, req.DeadlineAt), func(tx *bbolt.Tx, now lease.Timestamp) (lease.Result, error) {
+	return read(s, ctx, lease.Deadline(ctx, req.DeadlineAt), func(tx *layered.View, now lease.Timestamp) (lease.Result, error) {
 		v, ok := storedEvidence(tx, p)
 		if v == nil && ok {
 			return lease.Result{}, lease.RequestNotFound(now)

@@ -6,8 +6,7 @@ import (
 	"encoding/binary"
 	"time"
 
-	bbolt "go.etcd.io/bbolt"
-
+	"github.com/starintel/starlease/internal/layered"
 	"github.com/starintel/starlease/lease"
 )
 
@@ -35,10 +34,10 @@ const reapPassBudget = 20 * time.Second
 func (s *Store) reap(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, reapPassBudget)
 	defer cancel()
-	for _, step := range []func(*bbolt.Tx) (int, error){s.expireSlice, s.dropSlice(bucketIdemExp, bucketIdent, isIdemKey), s.dropSlice(bucketCommitExp, bucketCommits, nil), s.retireHistorySlice} {
+	for _, step := range []func(*layered.View) (int, error){s.expireSlice, s.dropSlice(bucketIdemExp, bucketIdent, isIdemKey), s.dropSlice(bucketCommitExp, bucketCommits, nil), s.retireHistorySlice} {
 		for ctx.Err() == nil {
 			var n int
-			if err := s.mutate(ctx, func(tx *bbolt.Tx) error {
+			if err := s.mutate(ctx, func(tx *layered.View) error {
 				var err error
 				n, err = step(tx)
 				return err
@@ -55,7 +54,7 @@ func (s *Store) reap(ctx context.Context) error {
 
 // expireSlice archives up to reapSlice active records whose expires_at
 // passed, oldest first, and returns how many index entries it consumed.
-func (s *Store) expireSlice(tx *bbolt.Tx) (int, error) {
+func (s *Store) expireSlice(tx *layered.View) (int, error) {
 	now := s.clock(tx).UnixMilli()
 	due := dueKeys(tx.Bucket(bucketActiveExp), now)
 	for _, k := range due {
@@ -90,8 +89,8 @@ func (s *Store) expireSlice(tx *bbolt.Tx) (int, error) {
 // expiry index entry (expiry ms ‖ key) is due. In a bucket of several
 // kinds, only a key ofKind accepts is deleted: a damaged index entry
 // naming a fencing counter or an active record deletes only itself.
-func (s *Store) dropSlice(index, data []byte, ofKind func([]byte) bool) func(*bbolt.Tx) (int, error) {
-	return func(tx *bbolt.Tx) (int, error) {
+func (s *Store) dropSlice(index, data []byte, ofKind func([]byte) bool) func(*layered.View) (int, error) {
+	return func(tx *layered.View) (int, error) {
 		due := dueKeys(tx.Bucket(index), s.clock(tx).UnixMilli())
 		for _, k := range due {
 			if ofKind != nil && !ofKind(k[8:]) {
@@ -109,7 +108,7 @@ func (s *Store) dropSlice(index, data []byte, ofKind func([]byte) bool) func(*bb
 
 // retireHistorySlice drops up to reapSlice history entries that ended
 // before the retention cutoff, oldest first.
-func (s *Store) retireHistorySlice(tx *bbolt.Tx) (int, error) {
+func (s *Store) retireHistorySlice(tx *layered.View) (int, error) {
 	cutoff := s.clock(tx).UnixMilli() - s.opts.HistoryRetention.Milliseconds() - 1
 	due := dueKeys(tx.Bucket(bucketHistoryExp), cutoff)
 	for _, k := range due {
@@ -128,7 +127,7 @@ func (s *Store) retireHistorySlice(tx *bbolt.Tx) (int, error) {
 
 // dueKeys returns up to reapSlice keys of a time index (ms ‖ …) due at
 // atMs, oldest first.
-func dueKeys(index *bbolt.Bucket, atMs int64) [][]byte {
+func dueKeys(index *layered.Bucket, atMs int64) [][]byte {
 	var due [][]byte
 	c := index.Cursor()
 	for k, _ := c.First(); k != nil && len(due) < reapSlice; k, _ = c.Next() {
@@ -144,7 +143,7 @@ func dueKeys(index *bbolt.Bucket, atMs int64) [][]byte {
 // the active record only if it still has this lease id and token and is
 // expired at backend time, so a late cleanup never touches a successor.
 func (s *Store) expireIfCurrent(ctx context.Context, lockKey, leaseID string, token uint64) error {
-	return s.mutate(ctx, func(tx *bbolt.Tx) error {
+	return s.mutate(ctx, func(tx *layered.View) error {
 		now := s.clock(tx)
 		cur, err := s.loadActive(tx, lockKey)
 		if err != nil || cur == nil || cur.LeaseID != leaseID || cur.FencingToken != token || cur.LiveAt(now) {

@@ -45,7 +45,7 @@ func kindLen(t *testing.T, s *Store, kind byte) int {
 	t.Helper()
 	var n int
 	if err := s.db.View(func(tx *bbolt.Tx) error {
-		return eachOfKind(tx, kind, func(string, []byte, []byte) error { n++; return nil })
+		return eachOfKind(readView(tx), kind, func(string, []byte, []byte) error { n++; return nil })
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -30,7 +30,7 @@ func review3Actual(t *testing.T, s *AuditSink) (n, high, metaN, metaHigh uint64)
 		t.Fatal(err)
 	}
 	s.db.View(func(tx *bbolt.Tx) error {
-		metaN, metaHigh = auditCount(tx, auditKeyCount), auditCount(tx, auditKeyHigh)
+		metaN, metaHigh = auditCount(readView(tx), auditKeyCount), auditCount(readView(tx), auditKeyHigh)
 		return nil
 	})
 	return

@@ -106,7 +106,7 @@ func (b *r4Book) replayAll(step string) {
 func r4Invariants(t *testing.T, s *Store, step string) {
 	t.Helper()
 	if err := s.db.View(func(tx *bbolt.Tx) error {
-		if err := eachOfKind(tx, kindIdem, func(lockKey string, _, v []byte) error {
+		if err := eachOfKind(readView(tx), kindIdem, func(lockKey string, _, v []byte) error {
 			v1, known, ok := v1Evidence(tx, lockKey, v)
 			if !known {
 				// Evidence outlives its identity's records: with no tuple
@@ -129,7 +129,7 @@ func r4Invariants(t *testing.T, s *Store, step string) {
 			return err
 		}
 		active := 0
-		if err := eachOfKind(tx, kindActive, func(string, []byte, []byte) error { active++; return nil }); err != nil {
+		if err := eachOfKind(readView(tx), kindActive, func(string, []byte, []byte) error { active++; return nil }); err != nil {
 			return err
 		}
 		if n := tx.Bucket(bucketActiveExp).Stats().KeyN; n != active {
@@ -468,7 +468,7 @@ func TestReview4DamagedRecordSparesOtherEvidence(t *testing.T) {
 				if damage == "active_record" {
 					return ident.Put(activeKey(a.Lease.LockKey), []byte("{not a record"))
 				}
-				return eachOfKind(tx, kindHistory, func(_ string, k, v []byte) error {
+				return eachOfKind(readView(tx), kindHistory, func(_ string, k, v []byte) error {
 					bad := bytes.Clone(v)
 					bad[len(bad)/2] ^= 0x20
 					return ident.Put(bytes.Clone(k), bad)

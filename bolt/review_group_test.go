@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/starintel/starlease/internal/groupcommit"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -18,6 +17,8 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 
+	"github.com/starintel/starlease/internal/groupcommit"
+	"github.com/starintel/starlease/internal/layered"
 	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/lease/leasetest"
 	"github.com/starintel/starlease/lease/leasetest/race"
@@ -49,7 +50,7 @@ func gate(t *testing.T, g *groupCommit, release <-chan struct{}) <-chan error {
 				res <- fmt.Errorf("panic: %v", p)
 			}
 		}()
-		res <- g.update(func(tx *bbolt.Tx) error {
+		res <- g.update(func(tx *layered.View) error {
 			once.Do(func() { close(entered) })
 			<-release
 			return nil
@@ -72,8 +73,8 @@ func TestReviewCommitterAnsweredWhileLoadContinues(t *testing.T) {
 	var wg sync.WaitGroup
 	// chain keeps one call queued behind every transaction until stopAt:
 	// a steady arrival of writes, made deterministic.
-	var chain func(tx *bbolt.Tx) error
-	chain = func(tx *bbolt.Tx) error {
+	var chain func(tx *layered.View) error
+	chain = func(tx *layered.View) error {
 		if time.Now().Before(stopAt) {
 			before := g.queue.Queued()
 			wg.Add(1)
@@ -105,11 +106,17 @@ func TestReviewPanicDuringCommitDoesNotWedgeTheGroup(t *testing.T) {
 	g := openGroup(t, 256)
 	release := make(chan struct{})
 	first := gate(t, g, release)
+	var armed atomic.Bool
+	g.commitHook = func(tx *bbolt.Tx) {
+		if armed.CompareAndSwap(true, false) {
+			tx.OnCommit(func() { panic("bbolt: assertion failed (stand-in)") })
+		}
+	}
 	panicked := make(chan any, 1)
 	go func() {
 		defer func() { panicked <- recover() }() // as net/http recovers a handler
-		_ = g.update(func(tx *bbolt.Tx) error {
-			tx.OnCommit(func() { panic("bbolt: assertion failed (stand-in)") })
+		_ = g.update(func(tx *layered.View) error {
+			armed.Store(true)
 			return put("p")(tx)
 		})
 	}()
@@ -160,7 +167,7 @@ func TestReviewReadTimeNotFrozenByRolledBackWrite(t *testing.T) {
 	c.Add(time.Second)
 	// A mutation that fails after reading backend time (a storage error
 	// inside the transaction; a failed commit does the same).
-	err := s.mutate(ctx, func(tx *bbolt.Tx) error {
+	err := s.mutate(ctx, func(tx *layered.View) error {
 		_ = s.clock(tx)
 		return errors.New("i/o error (injected)")
 	})
@@ -208,7 +215,7 @@ func TestReviewRefusalWritesSurviveABatchFailureOnce(t *testing.T) {
 	waitQueued(t, &s.group, 1)
 	failErr := make(chan error, 1)
 	go func() {
-		failErr <- s.mutate(ctx, func(tx *bbolt.Tx) error {
+		failErr <- s.mutate(ctx, func(tx *layered.View) error {
 			_ = tx.Bucket(bucketMeta).Put([]byte("review-poison"), []byte("x"))
 			panic("bad function")
 		})
@@ -216,7 +223,7 @@ func TestReviewRefusalWritesSurviveABatchFailureOnce(t *testing.T) {
 	waitQueued(t, &s.group, 2)
 	other := make(chan error, 1)
 	go func() {
-		other <- s.mutate(ctx, func(tx *bbolt.Tx) error { return tx.Bucket(bucketMeta).Put([]byte("review-other"), []byte("y")) })
+		other <- s.mutate(ctx, func(tx *layered.View) error { return tx.Bucket(bucketMeta).Put([]byte("review-other"), []byte("y")) })
 	}()
 	waitQueued(t, &s.group, 3)
 	close(release)
@@ -440,7 +447,7 @@ func TestReviewCommitFailureFailsTheWholeBatch(t *testing.T) {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			errs[i] = g.update(func(tx *bbolt.Tx) error { return tx.Bucket([]byte("k")).Put([]byte(fmt.Sprint("k", i)), big) })
+			errs[i] = g.update(func(tx *layered.View) error { return tx.Bucket([]byte("k")).Put([]byte(fmt.Sprint("k", i)), big) })
 		}(i)
 	}
 	waitQueued(t, g, n)

@@ -25,7 +25,7 @@ import (
 func reviewMeta(t *testing.T, s *AuditSink) (count, high, keys, highKeys, normalKeys uint64) {
 	t.Helper()
 	if err := s.db.View(func(tx *bbolt.Tx) error {
-		count, high = auditCount(tx, auditKeyCount), auditCount(tx, auditKeyHigh)
+		count, high = auditCount(readView(tx), auditKeyCount), auditCount(readView(tx), auditKeyHigh)
 		return tx.Bucket(auditBucketEvents).ForEach(func(k, v []byte) error {
 			keys++
 			if auditHighPriority(v) {

@@ -21,6 +21,7 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 
+	"github.com/starintel/starlease/internal/layered"
 	"github.com/starintel/starlease/lease"
 )
 
@@ -579,197 +580,80 @@ func TestReviewS30MemoFullOfForgedRecordsOfMyIdentity(t *testing.T) {
 }
 
 // ---------------------------------------------------------------------------
-// Group commit re-runs. (a) An acquire whose first run is rolled back
-// because a later function of its batch failed runs again and is answered
-// with what the second run committed; the rolled-back record is no lease.
-// (b) An acquire whose first run was rolled back and whose second run is a
-// replay (evidence committed in between, here forged by the failing
-// function's solo run with a different active record) warms the memo with
-// bytes that were never committed: harmless, the stored bytes rule.
-func TestReviewS30GroupRerunWarmsNothingThatChangesAnAnswer(t *testing.T) {
+// A function that fails in a shared transaction is rolled back alone: the
+// acquire before it in the batch runs once, commits, and is answered with
+// what it committed (warm in the memo); the failing function ran once and
+// left no write; the lease is the only one, at token 1.
+func TestReviewS30GroupFailureRollsBackOnlyItsFunction(t *testing.T) {
 	ctx := context.Background()
-
-	t.Run("rolled back then committed", func(t *testing.T) {
-		s := openTemp(t, Options{ReapInterval: -1})
-		lockKey := s30Holder{id: testIdentity}.lockKey(t)
-		release := make(chan struct{})
-		first := gate(t, &s.group, release)
-		acqDone := make(chan struct{})
-		var acq lease.Result
-		var acqErr error
-		go func() {
-			defer close(acqDone)
-			acq, acqErr = s30Acquire(ctx, s, testIdentity, "s30-acq-1", time.Minute, nil)
-		}()
-		waitQueued(t, &s.group, 1)
-		var rolledBack []byte
-		failErr := make(chan error, 1)
-		go func() {
-			failErr <- s.mutate(ctx, func(tx *bbolt.Tx) error {
-				if v := tx.Bucket(bucketIdent).Get(activeKey(lockKey)); v != nil && rolledBack == nil {
-					rolledBack = bytes.Clone(v)
-				}
-				return errors.New("s30: roll the batch back")
-			})
-		}()
-		waitQueued(t, &s.group, 2)
-		close(release)
-		if err := <-first; err != nil {
-			t.Fatal(err)
+	s := openTemp(t, Options{ReapInterval: -1})
+	lockKey := s30Holder{id: testIdentity}.lockKey(t)
+	release := make(chan struct{})
+	first := gate(t, &s.group, release)
+	acqDone := make(chan struct{})
+	var acq lease.Result
+	var acqErr error
+	go func() {
+		defer close(acqDone)
+		acq, acqErr = s30Acquire(ctx, s, testIdentity, "s30-acq-1", time.Minute, nil)
+	}()
+	waitQueued(t, &s.group, 1)
+	var seen []byte
+	runs := 0
+	failErr := make(chan error, 1)
+	go func() {
+		failErr <- s.mutate(ctx, func(tx *layered.View) error {
+			runs++
+			seen = bytes.Clone(tx.Bucket(bucketIdent).Get(activeKey(lockKey)))
+			if err := tx.Bucket(bucketMeta).Put([]byte("s30-poison"), []byte("x")); err != nil {
+				return err
+			}
+			return errors.New("s30: roll this function back")
+		})
+	}()
+	waitQueued(t, &s.group, 2)
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	<-acqDone
+	if err := <-failErr; err == nil {
+		t.Fatal("the failing function succeeded")
+	}
+	if acqErr != nil {
+		t.Fatal(acqErr)
+	}
+	if runs != 1 {
+		t.Fatalf("the failing function ran %d times, want once", runs)
+	}
+	if seen == nil {
+		t.Fatal("the failing function did not share the acquire's transaction (test setup)")
+	}
+	stored := storedActive(t, s, lockKey)
+	if !bytes.Equal(stored, seen) {
+		t.Fatal("the stored record is not the one the acquire wrote in the shared transaction")
+	}
+	if !s30MemoAgrees(t, s, stored) {
+		t.Fatal("the committed record is not warm")
+	}
+	if err := s.db.View(func(tx *bbolt.Tx) error {
+		if tx.Bucket(bucketMeta).Get([]byte("s30-poison")) != nil {
+			return errors.New("the failing function's write was committed")
 		}
-		<-acqDone
-		if err := <-failErr; err == nil {
-			t.Fatal("the failing function succeeded")
-		}
-		if acqErr != nil {
-			t.Fatal(acqErr)
-		}
-		if rolledBack == nil {
-			t.Fatal("the failing function did not share the acquire's transaction (test setup)")
-		}
-		stored := storedActive(t, s, lockKey)
-		if bytes.Equal(stored, rolledBack) {
-			t.Fatal("the rolled-back record is the stored one (test setup: expected a fresh lease id)")
-		}
-		if !s30MemoAgrees(t, s, stored) {
-			t.Fatal("the committed record is not warm")
-		}
-		s30MemoAgrees(t, s, rolledBack)
-		truth := s30Truth(t, s, lockKey)
-		if acq.Lease.LeaseID != truth.LeaseID || acq.Lease.FencingToken != 1 || truth.FencingToken != 1 {
-			t.Fatalf("acquire answered %+v, stored %+v", acq.Lease, truth)
-		}
-		ghost, err := lease.DecodeStoredRecord(rolledBack)
-		if err != nil {
-			t.Fatal(err)
-		}
-		gh := s30HolderOf(ghost)
-		if _, err := gh.renew(ctx, s, "s30-ren-ghost", time.Minute); code(err) != lease.CodeLost {
-			t.Fatalf("renew of the rolled-back lease: %v, want lease_lost", err)
-		}
-		if _, err := s30HolderOf(truth).release(ctx, s, "s30-rel-1"); err != nil {
-			t.Fatal(err)
-		}
-		if c, _ := (faults{s}).Counter(ctx, lockKey); c != 1 {
-			t.Fatalf("counter %d, want 1", c)
-		}
-	})
-
-	t.Run("rolled back then replayed (stale written)", func(t *testing.T) {
-		s := openTemp(t, Options{ReapInterval: -1})
-		snapshot := func(tx *bbolt.Tx) map[string]map[string][]byte {
-			out := map[string]map[string][]byte{}
-			_ = tx.ForEach(func(name []byte, b *bbolt.Bucket) error {
-				m := map[string][]byte{}
-				_ = b.ForEach(func(k, v []byte) error {
-					if b.Bucket(k) == nil {
-						m[string(k)] = bytes.Clone(v)
-					}
-					return nil
-				})
-				out[string(name)] = m
-				return nil
-			})
-			return out
-		}
-		var before map[string]map[string][]byte
-		if err := s.db.View(func(tx *bbolt.Tx) error { before = snapshot(tx); return nil }); err != nil {
-			t.Fatal(err)
-		}
-		lockKey := s30Holder{id: testIdentity, instance: "instance-1", caller: lease.Caller{PrincipalID: "prn-actor"}}.lockKey(t)
-		release := make(chan struct{})
-		first := gate(t, &s.group, release)
-		acqDone := make(chan struct{})
-		var acq lease.Result
-		var acqErr error
-		go func() {
-			defer close(acqDone)
-			acq, acqErr = s30Acquire(ctx, s, testIdentity, "s30-acq-1", time.Minute, lease.Metadata{"run": "first"})
-		}()
-		waitQueued(t, &s.group, 1)
-		var after map[string]map[string][]byte
-		var firstRun, substitute []byte
-		runs := 0
-		forgeErr := make(chan error, 1)
-		go func() {
-			forgeErr <- s.mutate(ctx, func(tx *bbolt.Tx) error {
-				runs++
-				if runs == 1 {
-					after = snapshot(tx)
-					firstRun = bytes.Clone(tx.Bucket(bucketIdent).Get(activeKey(lockKey)))
-					return errors.New("s30: roll the batch back")
-				}
-				// Alone: commit everything the acquire's first run wrote
-				// (its evidence among it), but another valid active record.
-				for name, m := range after {
-					b := tx.Bucket([]byte(name))
-					for k, v := range m {
-						if old, ok := before[name][k]; ok && bytes.Equal(old, v) {
-							continue
-						}
-						if err := b.Put([]byte(k), v); err != nil {
-							return err
-						}
-					}
-				}
-				r, err := lease.DecodeStoredRecord(firstRun)
-				if err != nil {
-					return err
-				}
-				r.ExpiresAt = r.ExpiresAt.Add(30 * time.Second)
-				r.TTLMs += 30000
-				r.Metadata = lease.Metadata{"run": "substitute"}
-				if substitute, err = lease.CompactRecord(r); err != nil {
-					return err
-				}
-				return tx.Bucket(bucketIdent).Put(activeKey(lockKey), substitute)
-			})
-		}()
-		waitQueued(t, &s.group, 2)
-		close(release)
-		if err := <-first; err != nil {
-			t.Fatal(err)
-		}
-		<-acqDone
-		if err := <-forgeErr; err != nil {
-			t.Fatalf("the forging function's solo run: %v", err)
-		}
-		if acqErr != nil {
-			t.Fatal(acqErr)
-		}
-		if firstRun == nil || substitute == nil {
-			t.Fatal("test setup: the forge did not run as planned")
-		}
-		ghost, _ := lease.DecodeStoredRecord(firstRun)
-		if acq.Lease.LeaseID != ghost.LeaseID {
-			t.Fatalf("the acquire's second run was not a replay (test setup): %+v", acq.Lease)
-		}
-		// A replay wrote nothing, so it warms nothing: the first run's
-		// bytes, never committed, are not in the memo.
-		if s30MemoAgrees(t, s, firstRun) {
-			t.Fatal("a replayed acquire warmed the bytes of its rolled-back first run")
-		}
-		if got := storedActive(t, s, lockKey); !bytes.Equal(got, substitute) {
-			t.Fatalf("stored %q, want the substitute", got)
-		}
-		// Everything is judged by the substitute, not by the warmed bytes.
-		h := s30HolderOf(ghost)
-		insp, err := s.Inspect(ctx, lease.InspectRequest{Identity: testIdentity, DeadlineAt: s30Far})
-		if err != nil || insp.Lease.Metadata["run"] != "substitute" {
-			t.Fatalf("inspect: %+v, %v", insp.Lease, err)
-		}
-		rel, err := h.release(ctx, s, "s30-rel-1")
-		if err != nil || rel.Lease.Metadata["run"] != "substitute" || rel.Lease.ExpiresAt != ghost.ExpiresAt.Add(30*time.Second) {
-			t.Fatalf("release judged %+v, %v; want the substitute record", rel.Lease, err)
-		}
-		// The warmed bytes, stored now for real, are what they decode to.
-		putActiveRaw(t, s, lockKey, firstRun)
-		s30MemoAgrees(t, s, firstRun)
-		rel, err = h.release(ctx, s, "s30-rel-2")
-		if err != nil || rel.Lease.Metadata["run"] != "first" || rel.Lease.ExpiresAt != ghost.ExpiresAt {
-			t.Fatalf("release over the first run's bytes: %+v, %v", rel.Lease, err)
-		}
-	})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	truth := s30Truth(t, s, lockKey)
+	if acq.Lease.LeaseID != truth.LeaseID || acq.Lease.FencingToken != 1 || truth.FencingToken != 1 {
+		t.Fatalf("acquire answered %+v, stored %+v", acq.Lease, truth)
+	}
+	if _, err := s30HolderOf(truth).release(ctx, s, "s30-rel-1"); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := (faults{s}).Counter(ctx, lockKey); c != 1 {
+		t.Fatalf("counter %d, want 1", c)
+	}
 }
 
 // ---------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 
+	"github.com/starintel/starlease/internal/layered"
 	"github.com/starintel/starlease/lease"
 )
 
@@ -94,7 +95,7 @@ func TestScopeHeldLookupNamingAnotherIdentity(t *testing.T) {
 	a := scopeCycle(t, s, "tenant-a", "target-a", "prn-a", "req-a")
 	b := scopeAcquire(t, s, "tenant-b", "program-a", "target-b", "prn-b", "req-b")
 	if err := s.db.Update(func(tx *bbolt.Tx) error {
-		return putLeaseState(tx, a.LeaseID, b.LockKey, lease.StateReleased, 1)
+		return direct(tx, func(tx *layered.View) error { return putLeaseState(tx, a.LeaseID, b.LockKey, lease.StateReleased, 1) })
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,7 @@ package bolt
 import (
 	"context"
 
-	bbolt "go.etcd.io/bbolt"
+	"github.com/starintel/starlease/internal/layered"
 )
 
 // ActiveLeases counts active records, including expired ones the reaper has
@@ -12,7 +12,7 @@ import (
 // path.
 func (s *Store) ActiveLeases(ctx context.Context) (int64, error) {
 	var n int64
-	err := s.view(ctx, func(tx *bbolt.Tx) error {
+	err := s.view(ctx, func(tx *layered.View) error {
 		return eachOfKind(tx, kindActive, func(string, []byte, []byte) error { n++; return nil })
 	})
 	return n, err

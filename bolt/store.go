@@ -25,6 +25,7 @@ import (
 	bolterr "go.etcd.io/bbolt/errors"
 
 	"github.com/starintel/starlease/internal/groupcommit"
+	"github.com/starintel/starlease/internal/layered"
 	"github.com/starintel/starlease/lease"
 )
 
@@ -167,7 +168,7 @@ func Open(path string, o Options) (*Store, error) {
 				return err
 			}
 		}
-		return initOutboxUsage(tx)
+		return direct(tx, initOutboxUsage)
 	}); err != nil {
 		db.Close()
 		if errors.Is(err, errSchema) {
@@ -239,14 +240,13 @@ func (s *Store) begin(ctx context.Context) error { return lease.CheckStart(ctx, 
 // maxGroupCommit bounds the mutations one transaction commits together.
 const maxGroupCommit = 256
 
-// mutate runs fn as one write transaction. A caller alone uses its own
-// transaction; concurrent callers share one (and its fsync) through the
-// group commit. fn may run more than once and must set its outputs afresh
-// each time.
+// mutate runs fn once, as one write transaction. A caller alone uses its
+// own transaction; concurrent callers share one (and its fsync) through
+// the group commit, where a function that fails is rolled back alone.
 //
 // A storage failure after submission is outcome_unknown: bbolt may have
 // written the pages before the error, so only a request lookup can tell.
-func (s *Store) mutate(ctx context.Context, fn func(tx *bbolt.Tx) error) error {
+func (s *Store) mutate(ctx context.Context, fn func(tx *layered.View) error) error {
 	if err := s.begin(ctx); err != nil {
 		return err
 	}
@@ -257,7 +257,7 @@ func (s *Store) mutate(ctx context.Context, fn func(tx *bbolt.Tx) error) error {
 	if s.soloCommits {
 		err = s.db.Update(func(tx *bbolt.Tx) error {
 			setFills(tx, storeFills)
-			return fn(tx)
+			return direct(tx, fn)
 		})
 	} else {
 		err = s.group.update(fn)
@@ -274,11 +274,11 @@ func (s *Store) mutate(ctx context.Context, fn func(tx *bbolt.Tx) error) error {
 
 // view runs fn as one read transaction; a *lease.Error from fn is the
 // typed result and passes through.
-func (s *Store) view(ctx context.Context, fn func(tx *bbolt.Tx) error) error {
+func (s *Store) view(ctx context.Context, fn func(tx *layered.View) error) error {
 	if err := s.begin(ctx); err != nil {
 		return err
 	}
-	if err := s.db.View(fn); err != nil {
+	if err := s.db.View(func(tx *bbolt.Tx) error { return fn(readView(tx)) }); err != nil {
 		var le *lease.Error
 		if errors.As(err, &le) {
 			return le
@@ -301,7 +301,7 @@ func (s *Store) storageReadError(err error) error {
 // floored at the last time any write transaction used, which a write
 // transaction persists. A write transaction also registers its time so
 // reads that cannot see it stay before it (readTx).
-func (s *Store) clock(tx *bbolt.Tx) lease.Timestamp {
+func (s *Store) clock(tx *layered.View) lease.Timestamp {
 	s.tmu.Lock()
 	defer s.tmu.Unlock()
 	now := s.monotoneMs(tx)
@@ -327,7 +327,7 @@ func (s *Store) forgetPending() {
 
 // monotoneMs is max(process clock, last reading, time persisted in tx).
 // The caller holds tmu.
-func (s *Store) monotoneMs(tx *bbolt.Tx) int64 {
+func (s *Store) monotoneMs(tx *layered.View) int64 {
 	now := max(s.now().UnixMilli(), s.lastMs)
 	if v := tx.Bucket(bucketMeta).Get(keyClock); len(v) == 8 {
 		now = max(now, int64(binary.BigEndian.Uint64(v)))
@@ -342,18 +342,19 @@ func (s *Store) monotoneMs(tx *bbolt.Tx) int64 {
 // its snapshot does not contain (otherwise it would report the old state at
 // a time when the new state already holds). Opening the snapshot and
 // reading the time under tmu makes the two consistent.
-func (s *Store) readTx() (*bbolt.Tx, lease.Timestamp, error) {
+func (s *Store) readTx() (*layered.View, func(), lease.Timestamp, error) {
 	s.tmu.Lock()
 	defer s.tmu.Unlock()
-	tx, err := s.db.Begin(false)
+	btx, err := s.db.Begin(false)
 	if err != nil {
-		return nil, lease.Timestamp{}, err
+		return nil, nil, lease.Timestamp{}, err
 	}
+	tx := readView(btx)
 	now := s.monotoneMs(tx)
 	if s.pendingTx > tx.ID() && s.pendingMs < now {
 		now = s.pendingMs
 	}
-	return tx, lease.UnixMilli(now), nil
+	return tx, func() { _ = btx.Rollback() }, lease.UnixMilli(now), nil
 }
 
 func u64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
