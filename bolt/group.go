@@ -69,7 +69,8 @@ func (g *groupCommit) update(fn func(*layered.View) error) error {
 // commit runs batch in one transaction: each function writes to a layer
 // over the transaction, and one that fails is rolled back to where it
 // began; the layer then goes to the tree and commits. A commit that fails
-// fails every function that succeeded.
+// fails every function that succeeded. A batch that wrote nothing (every
+// function failed) rolls back: there is nothing to make durable.
 func (g *groupCommit) commit(batch []*groupCall) {
 	err := g.run(func(tx *bbolt.Tx) error {
 		err := direct(tx, func(w *layered.View) error {
@@ -79,6 +80,9 @@ func (g *groupCommit) commit(batch []*groupCall) {
 					w.Rollback(m)
 				}
 			}
+			if len(w.Changes()) == 0 {
+				return errNoWrites
+			}
 			return nil
 		})
 		if err == nil && g.commitHook != nil {
@@ -86,6 +90,9 @@ func (g *groupCommit) commit(batch []*groupCall) {
 		}
 		return err
 	})
+	if errors.Is(err, errNoWrites) {
+		err = nil
+	}
 	for _, c := range batch {
 		if c.err == nil {
 			c.err = err
@@ -93,6 +100,9 @@ func (g *groupCommit) commit(batch []*groupCall) {
 		close(c.done)
 	}
 }
+
+// errNoWrites rolls back the transaction of a batch that wrote nothing.
+var errNoWrites = errors.New("the batch wrote nothing")
 
 // run is db.Update that turns a panic of the commit into an error, and
 // reports a transaction that did not commit.
