@@ -657,6 +657,62 @@ func TestReviewS30GroupFailureRollsBackOnlyItsFunction(t *testing.T) {
 }
 
 // ---------------------------------------------------------------------------
+// Bytes in the memo that are not the stored ones change no answer: a
+// record's bytes warmed by the acquire that wrote them, then replaced in
+// the store by another valid record of the same lease (as damage or a
+// repair would), are not what inspect and release judge by; stored again
+// for real, they are what they decode to. (The group commit once ran an
+// acquire twice when a batch-mate failed, and a replayed second run could
+// leave its rolled-back first run's bytes warm; functions now run once,
+// and this is the judgment that case relied on.)
+func TestReviewS30WarmBytesNotStoredChangeNoAnswer(t *testing.T) {
+	ctx := context.Background()
+	s := openTemp(t, Options{ReapInterval: -1})
+	lockKey := s30Holder{id: testIdentity, instance: "instance-1", caller: lease.Caller{PrincipalID: "prn-actor"}}.lockKey(t)
+	acq, err := s30Acquire(ctx, s, testIdentity, "s30-acq-1", time.Minute, lease.Metadata{"run": "first"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	firstRun := storedActive(t, s, lockKey)
+	if !s30MemoAgrees(t, s, firstRun) {
+		t.Fatal("the acquire's committed record is not warm (test setup)")
+	}
+	ghost, err := lease.DecodeStoredRecord(firstRun)
+	if err != nil || ghost.LeaseID != acq.Lease.LeaseID {
+		t.Fatalf("stored %+v, %v; acquire answered %+v", ghost, err, acq.Lease)
+	}
+	r := ghost.Clone()
+	r.ExpiresAt = r.ExpiresAt.Add(30 * time.Second)
+	r.TTLMs += 30000
+	r.Metadata = lease.Metadata{"run": "substitute"}
+	substitute, err := lease.CompactRecord(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	putActiveRaw(t, s, lockKey, substitute)
+	if got := storedActive(t, s, lockKey); !bytes.Equal(got, substitute) {
+		t.Fatalf("stored %q, want the substitute", got)
+	}
+	// Everything is judged by the substitute, not by the warm bytes.
+	h := s30HolderOf(ghost)
+	insp, err := s.Inspect(ctx, lease.InspectRequest{Identity: testIdentity, DeadlineAt: s30Far})
+	if err != nil || insp.Lease.Metadata["run"] != "substitute" {
+		t.Fatalf("inspect: %+v, %v", insp.Lease, err)
+	}
+	rel, err := h.release(ctx, s, "s30-rel-1")
+	if err != nil || rel.Lease.Metadata["run"] != "substitute" || rel.Lease.ExpiresAt != ghost.ExpiresAt.Add(30*time.Second) {
+		t.Fatalf("release judged %+v, %v; want the substitute record", rel.Lease, err)
+	}
+	// The warm bytes, stored now for real, are what they decode to.
+	putActiveRaw(t, s, lockKey, firstRun)
+	s30MemoAgrees(t, s, firstRun)
+	rel, err = h.release(ctx, s, "s30-rel-2")
+	if err != nil || rel.Lease.Metadata["run"] != "first" || rel.Lease.ExpiresAt != ghost.ExpiresAt {
+		t.Fatalf("release over the first run's bytes: %+v, %v", rel.Lease, err)
+	}
+}
+
+// ---------------------------------------------------------------------------
 // A renewal and a release of one lease in one transaction, in both orders:
 // the second sees the first's bytes (written in the transaction, not yet in
 // the memo), and nothing stale is served after the commit.
