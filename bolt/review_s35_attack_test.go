@@ -398,7 +398,9 @@ func TestReviewS35BatchedArchivesEqualSerial(t *testing.T) {
 	}
 	const per = 3
 	const pre, batch = 4, 12
-	open := func() *Store { return openTemp(t, Options{ReapInterval: -1, StoreOptions: lease.StoreOptions{HistoryPerIdentity: per}}) }
+	open := func() *Store {
+		return openTemp(t, Options{ReapInterval: -1, StoreOptions: lease.StoreOptions{HistoryPerIdentity: per}})
+	}
 	serial, batched := open(), open()
 	for _, s := range []*Store{serial, batched} {
 		for n := range pre {
