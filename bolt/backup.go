@@ -40,6 +40,11 @@ func (s *Store) Backup(ctx context.Context, w io.Writer, sections ...backupfile.
 	if err := s.begin(ctx); err != nil {
 		return backupfile.Header{}, err
 	}
+	// The snapshot is the tree's: it must hold every write acknowledged
+	// before the backup began.
+	if err := s.sync(); err != nil {
+		return backupfile.Header{}, s.storageReadError(err)
+	}
 	tx, err := s.db.Begin(false)
 	if err != nil {
 		return backupfile.Header{}, s.storageReadError(err)

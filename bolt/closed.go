@@ -111,8 +111,11 @@ func (c *Closed) Finish(ctx context.Context, plan lease.RecoveryPlan) (lease.Rec
 		return lease.RecoveryResult{}, err
 	}
 	// Not mutate: a refusal here must roll the whole transaction back.
-	err := c.s.db.Update(func(btx *bbolt.Tx) error {
-		return direct(btx, func(tx *layered.View) error {
+	if err := c.s.sync(); err != nil {
+		return lease.RecoveryResult{}, c.s.storageReadError(err)
+	}
+	err := c.s.group.engine.exclusive(func(btx *bbolt.Tx, id int) error {
+		return directAs(btx, id, func(tx *layered.View) error {
 			res = lease.RecoveryResult{}
 			now := c.s.clock(tx)
 			res.At = now

@@ -78,7 +78,7 @@ func inCrashChild(t *testing.T, env, parent string) (s *Store, round string, say
 	if path == "" {
 		t.Skip("child of " + parent)
 	}
-	s, err := Open(path, Options{ReapInterval: 5 * time.Millisecond})
+	s, err := Open(path, Options{ReapInterval: 5 * time.Millisecond, FlushInterval: DefaultFlushInterval})
 	if err != nil {
 		fmt.Println("OPENERR", err)
 		os.Exit(3)

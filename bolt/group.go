@@ -3,6 +3,7 @@ package bolt
 import (
 	"errors"
 	"fmt"
+	"sync"
 
 	bbolt "go.etcd.io/bbolt"
 
@@ -20,6 +21,9 @@ import (
 // commit runs holds only the callers that arrived in the delay.
 type groupCommit struct {
 	db *bbolt.DB
+	// engine, if set, takes each batch (the store's redo log and later
+	// flush); otherwise a batch commits its own transaction.
+	engine *engine
 
 	// rolledBack, if set, is called by the committer after a transaction
 	// that did not commit, while no other write transaction runs (the
@@ -38,6 +42,8 @@ type groupCommit struct {
 	// transaction, so one commit's pages and every caller's latency stay
 	// bounded under a flood.
 	queue groupcommit.Queue[*groupCall]
+	// soloMu serializes alone's batches.
+	soloMu sync.Mutex
 }
 
 type groupCall struct {
@@ -72,6 +78,10 @@ func (g *groupCommit) update(fn func(*layered.View) error) error {
 // fails every function that succeeded. A batch that wrote nothing (every
 // function failed) rolls back: there is nothing to make durable.
 func (g *groupCommit) commit(batch []*groupCall) {
+	if g.engine != nil {
+		g.engine.run(batch)
+		return
+	}
 	err := g.run(func(tx *bbolt.Tx) error {
 		err := direct(tx, func(w *layered.View) error {
 			for _, c := range batch {
@@ -103,6 +113,16 @@ func (g *groupCommit) commit(batch []*groupCall) {
 
 // errNoWrites rolls back the transaction of a batch that wrote nothing.
 var errNoWrites = errors.New("the batch wrote nothing")
+
+// alone runs fn as a batch of its own, one at a time (benchmarks measure
+// what the group commit buys).
+func (g *groupCommit) alone(fn func(*layered.View) error) error {
+	g.soloMu.Lock()
+	defer g.soloMu.Unlock()
+	c := &groupCall{fn: fn, done: make(chan struct{})}
+	g.commit([]*groupCall{c})
+	return c.err
+}
 
 // run is db.Update that turns a panic of the commit into an error, and
 // reports a transaction that did not commit.

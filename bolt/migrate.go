@@ -23,7 +23,7 @@ var (
 // migrate brings to it (so a backup of it restores).
 func readableSchema(v string) bool {
 	switch v {
-	case schemaVersion, schemaVersionV6, schemaVersionV5, schemaVersionV4, schemaVersionV3, schemaVersionV2, schemaVersionV1:
+	case schemaVersion, schemaVersionV7, schemaVersionV6, schemaVersionV5, schemaVersionV4, schemaVersionV3, schemaVersionV2, schemaVersionV1:
 		return true
 	}
 	return false
@@ -53,6 +53,9 @@ func migrate(tx *bbolt.Tx, from string) error {
 		if err := migrateV6(tx); err != nil {
 			return err
 		}
+		fallthrough
+	case schemaVersionV7:
+		// Version 8 changes no value (it adds the redo log).
 	default:
 		return errSchema
 	}

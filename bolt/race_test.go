@@ -24,7 +24,7 @@ func TestRace(t *testing.T) {
 		{"reaper_50ms", 50 * time.Millisecond},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), ReapInterval: c.reap})
+			s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), ReapInterval: c.reap, FlushInterval: DefaultFlushInterval})
 			race.Run(t, s, race.Options{})
 		})
 	}
@@ -34,7 +34,7 @@ func TestRace(t *testing.T) {
 // answers every lost renewal with a success (an expired or ended lease
 // revived) must fail the check.
 func TestRaceCatchesRevivingStore(t *testing.T) {
-	s := &revivingStore{Store: openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), ReapInterval: -1}),
+	s := &revivingStore{Store: openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), ReapInterval: -1, FlushInterval: DefaultFlushInterval}),
 		leases: map[string]*lease.Record{}}
 	opts := race.Options{Duration: 1500 * time.Millisecond, ReportDir: t.TempDir()}
 	h := race.Record(context.Background(), s, opts)

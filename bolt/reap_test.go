@@ -224,12 +224,12 @@ func TestUnknownSchemaRefused(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		return b.Put(keySchema, []byte("8"))
+		return b.Put(keySchema, []byte("9"))
 	}); err != nil {
 		t.Fatal(err)
 	}
 	db.Close()
 	if _, err := Open(path, Options{}); lease.CodeOf(err) != lease.CodeCorrupt {
-		t.Fatalf("schema 8: %v, want corrupt", err)
+		t.Fatalf("schema 9: %v, want corrupt", err)
 	}
 }

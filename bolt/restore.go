@@ -31,7 +31,9 @@ var ErrRestoreTarget = backupfile.TargetError("restore target already exists; re
 func (n *Namespace) Restore(_ context.Context, r io.Reader) (h backupfile.Header, err error) {
 	path := n.path
 	tmp := path + ".restoring"
-	for _, p := range []string{path, tmp} {
+	// A redo log left where the store goes would be redone into it (or,
+	// being another file's, refuse it): the log is part of the target.
+	for _, p := range []string{path, tmp, RedoLogDir(path)} {
 		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
 			return backupfile.Header{}, fmt.Errorf("%w: %s", ErrRestoreTarget, p)
 		}
@@ -69,6 +71,16 @@ func (n *Namespace) Restore(_ context.Context, r io.Reader) (h backupfile.Header
 			return errSchema
 		}
 		if err := meta.Put(keyGate, []byte(gateRestored)); err != nil {
+			return err
+		}
+		// A new engine id: no redo log of the file the backup was taken
+		// from is ever redone into the restored one.
+		if err := meta.Delete(keyEngineID); err != nil {
+			return err
+		}
+		// The backup's tree holds every write the backup covers; no log
+		// goes with it.
+		if err := meta.Delete(keyRedoLog); err != nil {
 			return err
 		}
 		return meta.Put(keyRestored, marker)

@@ -578,6 +578,12 @@ func TestReview16KFullDiskWhileGrowing(t *testing.T) {
 				t.Fatal(err)
 			}
 			s.db.MaxSize = int(fi.Size()) + 48*ps
+			// Writes are durable in the redo log (preallocated) before the
+			// file takes them: they are refused once what waits for the
+			// file passes the engine's bound, made small here.
+			s.group.engine.mu.Lock()
+			s.group.engine.maxPending = 64 << 10
+			s.group.engine.mu.Unlock()
 			type out struct {
 				req lease.AcquireRequest
 				res lease.Result

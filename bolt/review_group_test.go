@@ -485,7 +485,7 @@ func TestReviewRaceHeavy(t *testing.T) {
 		{32, 8, 5 * time.Millisecond, 6 * time.Second},
 	} {
 		t.Run(fmt.Sprintf("w%d_i%d", c.workers, c.identities), func(t *testing.T) {
-			s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), ReapInterval: c.reap})
+			s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), ReapInterval: c.reap, FlushInterval: DefaultFlushInterval})
 			race.Run(t, s, race.Options{Workers: c.workers, Identities: c.identities, OpsPerWorker: 400,
 				Duration: c.dur, Seed: uint64(1000 + i), CheckTimeout: 120 * time.Second})
 		})

@@ -47,7 +47,7 @@ func restoreChurned(t *testing.T, oldSettings, concurrent bool) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.db, s.group.db = db, db
+		s.db, s.group.db, s.group.engine.db = db, db, db
 	}
 	far := time.Now().Add(time.Hour)
 	churn := func(prefix string, n int) {

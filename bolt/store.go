@@ -17,6 +17,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"log/slog"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,6 +27,7 @@ import (
 
 	"github.com/starintel/starlease/internal/groupcommit"
 	"github.com/starintel/starlease/internal/layered"
+	"github.com/starintel/starlease/internal/redolog"
 	"github.com/starintel/starlease/lease"
 )
 
@@ -41,9 +43,13 @@ import (
 // (lease.CompactRecord); a build of an older schema cannot read them, so
 // it refuses the file instead of answering a replay, a history read or a
 // lease wrongly. Version 7 packs lock keys and idempotency scopes in keys
-// (ident.go) and drops the lock key from List index entries.
+// (ident.go) and drops the lock key from List index entries. Version 8
+// changes no value: its tree goes with a redo log (engine.go) that may
+// hold acknowledged writes the tree has not taken yet, which a build of
+// an older schema would not redo.
 const (
-	schemaVersion   = "7"
+	schemaVersion   = "8"
+	schemaVersionV7 = "7"
 	schemaVersionV6 = "6"
 	schemaVersionV5 = "5"
 	schemaVersionV4 = "4"
@@ -93,7 +99,19 @@ type Options struct {
 	ReapInterval time.Duration
 	// Now is the clock; nil means time.Now. Tests only.
 	Now func() time.Time
+	// FlushInterval is how long acknowledged writes (durable in the redo
+	// log beside the store file) wait before the tree takes them in one
+	// commit. Zero means DefaultFlushInterval; negative flushes every
+	// batch before it is answered (tests that read the file directly).
+	FlushInterval time.Duration
 }
+
+// zeroFlushInterval is what a zero FlushInterval means: the package's own
+// tests, which read and damage the file directly, make it -1.
+var zeroFlushInterval = DefaultFlushInterval
+
+// RedoLogDir is the redo log directory of the store file at path.
+func RedoLogDir(path string) string { return path + ".redo" }
 
 // Store is the bolt lease store. It is safe for concurrent use.
 type Store struct {
@@ -150,6 +168,28 @@ func Open(path string, o Options) (*Store, error) {
 		s.now = time.Now
 	}
 	s.group = groupCommit{db: db, fills: storeFills, queue: groupcommit.Queue[*groupCall]{Max: maxGroupCommit}, rolledBack: s.forgetPending}
+	interval := o.FlushInterval
+	if interval == 0 {
+		interval = zeroFlushInterval
+	}
+	// The log is redone before anything else writes the tree: a migration
+	// then starts from every acknowledged write.
+	// The log goes with the file, not the name it is opened by (a
+	// symlink); a hard link or a copy is told apart by keyRedoLog.
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		db.Close()
+		return nil, lease.Errorf(lease.CodeBackendUnavailable, "cannot resolve the store file's path: %s", classify(err))
+	}
+	eng, err := openEngine(db, RedoLogDir(real), interval, storeFills)
+	if err != nil {
+		db.Close()
+		if errors.Is(err, redolog.ErrCorrupt) {
+			s.log.Error("lease store redo log is damaged", "error", err)
+			return nil, lease.Errorf(lease.CodeCorrupt, "the store's redo log is damaged or belongs to another store file")
+		}
+		return nil, lease.Errorf(lease.CodeBackendUnavailable, "cannot open the redo log: %s", classify(err))
+	}
 	if err := db.Update(func(tx *bbolt.Tx) error {
 		for _, b := range allBuckets {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
@@ -170,6 +210,7 @@ func Open(path string, o Options) (*Store, error) {
 		}
 		return direct(tx, initOutboxUsage)
 	}); err != nil {
+		_ = eng.close()
 		db.Close()
 		if errors.Is(err, errSchema) {
 			return nil, lease.Errorf(lease.CodeCorrupt, "store file has an unsupported schema version")
@@ -182,6 +223,17 @@ func Open(path string, o Options) (*Store, error) {
 	}
 	if s.gate != "" {
 		s.log.Warn("lease namespace is closed; mutations are refused", "reason", s.gate)
+	}
+	s.group.engine = eng
+	if err := db.View(func(tx *bbolt.Tx) error {
+		if v := tx.Bucket(bucketMeta).Get(keyClock); len(v) == 8 {
+			s.lastMs = int64(binary.BigEndian.Uint64(v))
+		}
+		return nil
+	}); err != nil {
+		_ = eng.close()
+		db.Close()
+		return nil, lease.Errorf(lease.CodeBackendUnavailable, "cannot read the store file: %s", classify(err))
 	}
 	lease.Reaper{Interval: o.ReapInterval, Pass: s.reap, Log: s.log}.Start(&s.wg, s.stop)
 	return s, nil
@@ -197,6 +249,12 @@ func (s *Store) Close() error {
 	}
 	close(s.stop)
 	s.wg.Wait()
+	// The tree takes every acknowledged write, so the log is empty when
+	// the file is closed cleanly (a copy of the file alone is whole).
+	_ = s.sync()
+	if err := s.group.engine.close(); err != nil {
+		s.log.Error("lease store flush at close failed; the redo log keeps the writes", "error_class", classify(err))
+	}
 	if err := s.db.Close(); err != nil {
 		return lease.Errorf(lease.CodeBackendUnavailable, "close failed: %s", classify(err))
 	}
@@ -210,6 +268,13 @@ func (s *Store) Health(ctx context.Context) lease.Health {
 	}
 	if err := s.db.View(func(tx *bbolt.Tx) error { return nil }); err != nil {
 		return lease.Health{Status: lease.HealthUnavailable, Reason: "store file unavailable: " + classify(err)}
+	}
+	if err := s.group.engine.health(); err != nil {
+		if errors.Is(err, errEngineFailed) {
+			// Reads answer; writes resume once the log recovers.
+			return lease.Health{Status: lease.HealthDegraded, Reason: "a redo log append failed; writes are refused until it recovers"}
+		}
+		return lease.Health{Status: lease.HealthDegraded, Reason: "the store file does not take flushed writes: " + classify(err)}
 	}
 	if s.gate != "" {
 		return lease.Health{Status: lease.HealthDegraded, Reason: "namespace is closed: " + s.gate}
@@ -255,18 +320,21 @@ func (s *Store) mutate(ctx context.Context, fn func(tx *layered.View) error) err
 	}
 	var err error
 	if s.soloCommits {
-		err = s.db.Update(func(tx *bbolt.Tx) error {
-			setFills(tx, storeFills)
-			return direct(tx, fn)
-		})
+		err = s.group.alone(fn)
 	} else {
 		err = s.group.update(fn)
 	}
 	if err == nil {
 		return nil
 	}
-	if errors.Is(err, bolterr.ErrDatabaseNotOpen) {
+	switch {
+	case errors.Is(err, bolterr.ErrDatabaseNotOpen):
 		return lease.Errorf(lease.CodeBackendUnavailable, "store is closed")
+	case errors.Is(err, errEngineFailed):
+		// Refused before anything was written.
+		return lease.Errorf(lease.CodeBackendUnavailable, "writes are refused until the redo log recovers from a failed append")
+	case errors.Is(err, errRedoBacklog):
+		return lease.Errorf(lease.CodeBackendUnavailable, "writes are refused while the store file does not take flushed writes")
 	}
 	s.log.Error("lease store write failed", "error_class", classify(err))
 	return lease.Errorf(lease.CodeOutcomeUnknown, "storage write failed; resolve by request id")
@@ -278,7 +346,12 @@ func (s *Store) view(ctx context.Context, fn func(tx *layered.View) error) error
 	if err := s.begin(ctx); err != nil {
 		return err
 	}
-	if err := s.db.View(func(tx *bbolt.Tx) error { return fn(readView(tx)) }); err != nil {
+	v, release, err := s.group.engine.reader()
+	if err == nil {
+		err = fn(v)
+		release()
+	}
+	if err != nil {
 		var le *lease.Error
 		if errors.As(err, &le) {
 			return le
@@ -286,6 +359,22 @@ func (s *Store) view(ctx context.Context, fn func(tx *layered.View) error) error
 		return s.storageReadError(err)
 	}
 	return nil
+}
+
+// sync makes the tree hold every write acknowledged before it began: a
+// batch through the committer freezes the layers, then a flush applies
+// them. For what reads the file itself (a backup, recovery's direct
+// transaction).
+func (s *Store) sync() error {
+	e := s.group.engine
+	e.wantFreeze.Store(true)
+	c := &groupCall{fn: func(*layered.View) error { return nil }, done: make(chan struct{})}
+	s.group.queue.Submit(c, s.group.commit)
+	<-c.done
+	if c.err != nil {
+		return c.err
+	}
+	return e.flush()
 }
 
 // storageReadError maps a storage failure of a read.
@@ -336,25 +425,34 @@ func (s *Store) monotoneMs(tx *layered.View) int64 {
 	return now
 }
 
-// readTx opens a read transaction and its backend time. A read linearizes
-// at its snapshot: it sees every write committed before it and none after,
-// so its time must not be later than the time of a write in progress that
-// its snapshot does not contain (otherwise it would report the old state at
-// a time when the new state already holds). Opening the snapshot and
-// reading the time under tmu makes the two consistent.
+// readTx opens a read view and its backend time. A read linearizes at its
+// snapshot: it sees every write acknowledged before it and none after, so
+// its time must not be later than the time of a write in progress that its
+// snapshot does not contain (otherwise it would report the old state at a
+// time when the new state already holds). Taking the snapshot and reading
+// the time under tmu makes the two consistent; the tree transaction under
+// it is begun after, outside tmu (see engine.readerAt). lastMs holds every
+// time this process wrote, and the file's from before it (Open), so a
+// read needs no clock from the file.
 func (s *Store) readTx() (*layered.View, func(), lease.Timestamp, error) {
-	s.tmu.Lock()
-	defer s.tmu.Unlock()
-	btx, err := s.db.Begin(false)
-	if err != nil {
-		return nil, nil, lease.Timestamp{}, err
+	e := s.group.engine
+	for {
+		s.tmu.Lock()
+		snap := e.snap.Load()
+		now := max(s.now().UnixMilli(), s.lastMs)
+		s.lastMs = now
+		if s.pendingTx > snap.id && s.pendingMs < now {
+			now = s.pendingMs
+		}
+		s.tmu.Unlock()
+		tx, release, ok, err := e.readerAt(snap)
+		if err != nil {
+			return nil, nil, lease.Timestamp{}, err
+		}
+		if ok {
+			return tx, release, lease.UnixMilli(now), nil
+		}
 	}
-	tx := readView(btx)
-	now := s.monotoneMs(tx)
-	if s.pendingTx > tx.ID() && s.pendingMs < now {
-		now = s.pendingMs
-	}
-	return tx, func() { _ = btx.Rollback() }, lease.UnixMilli(now), nil
 }
 
 func u64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }

@@ -34,9 +34,15 @@ func (b baseBucket) Sequence() uint64           { return b.b.Sequence() }
 // direct runs fn on a writer over tx and applies its writes to tx, unless
 // fn fails (then tx is left as it was).
 func direct(tx *bbolt.Tx, fn func(*layered.View) error) error {
+	return directAs(tx, int(tx.ID()), fn)
+}
+
+// directAs is direct with the writer's ID (the store's clock orders
+// reads and writes by it) given.
+func directAs(tx *bbolt.Tx, id int, fn func(*layered.View) error) error {
 	top := layered.NewLayer()
 	w := layered.NewWriter(baseOf{tx}, top)
-	w.SetID(int(tx.ID()))
+	w.SetID(id)
 	if err := fn(w); err != nil {
 		return err
 	}

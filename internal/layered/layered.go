@@ -104,6 +104,10 @@ func (l *Layer) tree(bucket string, create bool) *btree.BTreeG[item] {
 	return t
 }
 
+// Snapshot is an immutable copy of l (its trees copied on write): what
+// readers take while the writer goes on writing to l.
+func (l *Layer) Snapshot() *Layer { return l.snapshot() }
+
 // snapshot is an immutable copy of l (its trees copied on write).
 func (l *Layer) snapshot() *Layer {
 	s := &Layer{buckets: make(map[string]*btree.BTreeG[item], len(l.buckets)), seqs: make(map[string]uint64, len(l.seqs))}
