@@ -599,6 +599,13 @@ func (e *engine) close() error {
 		for i := 0; i < 2 && err == nil; i++ {
 			err = e.db.Update(func(tx *bbolt.Tx) error { return tx.Bucket(bucketMeta).Delete(keyRedoLog) })
 		}
+		if err == nil {
+			// Nothing in the log is needed: the next Open reads no
+			// segment, and a short command that only reads makes none.
+			e.logMu.Lock()
+			err = e.log.Reset()
+			e.logMu.Unlock()
+		}
 	}
 	e.logMu.Lock()
 	defer e.logMu.Unlock()

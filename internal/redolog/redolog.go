@@ -86,6 +86,7 @@ type Log struct {
 	failed error
 	// failedEnd is where the failed append's bytes may reach in f.
 	failedEnd int64
+	closed    bool
 }
 
 type segment struct {
@@ -181,10 +182,9 @@ func Open(dir string, first uint64, o Options) (*Log, []Record, error) {
 				return nil, nil, err
 			}
 		}
+		// The first append makes a segment: a log only read (a short
+		// command, a store closed cleanly) never writes one.
 		l.segs, l.next = nil, first
-		if err := l.newSegment(); err != nil {
-			return nil, nil, err
-		}
 		return l, nil, nil
 	}
 	f, err := os.OpenFile(segs[len(segs)-1].path, os.O_RDWR, 0)
@@ -210,14 +210,14 @@ func (l *Log) Append(payload []byte) (uint64, error) {
 	if l.failed != nil {
 		return 0, fmt.Errorf("%w: %v", ErrFailed, l.failed)
 	}
-	if l.f == nil {
+	if l.closed {
 		return 0, os.ErrClosed
 	}
 	size := int64(headerSize + len(payload))
 	if size > l.opts.SegmentSize-segHeader {
 		return 0, ErrTooLarge
 	}
-	if l.off+size > l.opts.SegmentSize {
+	if l.f == nil || l.off+size > l.opts.SegmentSize {
 		if err := l.newSegment(); err != nil {
 			l.failed = err
 			return 0, err
@@ -247,7 +247,7 @@ func (l *Log) Append(payload []byte) (uint64, error) {
 // the log failed, while the zeros cannot be written (the disk still
 // full).
 func (l *Log) Recover() error {
-	if l.f == nil {
+	if l.closed {
 		return os.ErrClosed
 	}
 	if l.failed == nil {
@@ -284,8 +284,33 @@ func (l *Log) Drop(upTo uint64) error {
 	return syncDir(l.dir)
 }
 
+// Reset removes every segment: the caller's tree holds every record
+// (a clean close). The log goes on at the same number, and its next
+// append makes a new segment.
+func (l *Log) Reset() error {
+	if l.closed {
+		return os.ErrClosed
+	}
+	if l.failed != nil {
+		return fmt.Errorf("%w: %v", ErrFailed, l.failed)
+	}
+	if l.f != nil {
+		l.f.Close()
+		l.f = nil
+	}
+	for _, s := range l.segs {
+		if err := os.Remove(s.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			l.failed = err
+			return err
+		}
+	}
+	l.segs = nil
+	return syncDir(l.dir)
+}
+
 // Close closes the log.
 func (l *Log) Close() error {
+	l.closed = true
 	if l.f == nil {
 		return nil
 	}
