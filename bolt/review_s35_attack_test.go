@@ -793,10 +793,15 @@ func TestReviewS35FencingUnderInjectedFailures(t *testing.T) {
 // transaction's time), also when the function that registered the time
 // first is rolled back; and time read never goes backwards across the
 // commit.
-func TestReviewS35ReadTimeNotAfterUnseenWrite(t *testing.T) {
+func TestReviewS35ReadTimeNotAfterUnseenWrite(t *testing.T) { s35ReadTimeNotAfterUnseenWrite(t, 0) }
+
+// s35ReadTimeNotAfterUnseenWrite runs the test with the store's flush
+// interval (0: every batch flushed before it is answered, in this
+// package's tests).
+func s35ReadTimeNotAfterUnseenWrite(t *testing.T, flush time.Duration) {
 	ctx := context.Background()
 	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
-	s := openTemp(t, Options{Now: c.Now, ReapInterval: -1})
+	s := openTemp(t, Options{Now: c.Now, ReapInterval: -1, FlushInterval: flush})
 	old, err := s35Acquire(ctx, s, testIdentity, "acq-1", 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
