@@ -270,22 +270,12 @@ func logDirID(dir string) ([]byte, error) {
 		err = os.Rename(tmp, p)
 	}
 	if err == nil {
-		err = syncDirPath(dir)
+		err = syncDir(dir)
 	}
 	if err != nil {
 		return nil, err
 	}
 	return id, nil
-}
-
-// syncDirPath makes dir's entries durable.
-func syncDirPath(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // run runs batch: each function on a writer over the acknowledged layers
@@ -337,12 +327,7 @@ func (e *engine) write(batch []*groupCall, id int, top *layered.Layer, older []*
 	w := layered.NewWriter(baseOf{tx}, top, older...)
 	w.SetID(id)
 	start := w.Mark()
-	for _, c := range batch {
-		m := w.Mark()
-		if c.err = safely(c.fn, w); c.err != nil {
-			w.Rollback(m)
-		}
-	}
+	runEach(w, batch)
 	changes := w.Changes()
 	if len(changes) == 0 {
 		return nil
@@ -414,16 +399,6 @@ func (e *engine) recover() {
 		e.mu.Lock()
 		e.failed = nil
 		e.mu.Unlock()
-	}
-}
-
-// answer closes every call of batch; a call that succeeded gets err.
-func answer(batch []*groupCall, err error) {
-	for _, c := range batch {
-		if c.err == nil {
-			c.err = err
-		}
-		close(c.done)
 	}
 }
 

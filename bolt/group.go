@@ -84,12 +84,7 @@ func (g *groupCommit) commit(batch []*groupCall) {
 	}
 	err := g.run(func(tx *bbolt.Tx) error {
 		err := direct(tx, func(w *layered.View) error {
-			for _, c := range batch {
-				m := w.Mark()
-				if c.err = safely(c.fn, w); c.err != nil {
-					w.Rollback(m)
-				}
-			}
+			runEach(w, batch)
 			if len(w.Changes()) == 0 {
 				return errNoWrites
 			}
@@ -103,6 +98,22 @@ func (g *groupCommit) commit(batch []*groupCall) {
 	if errors.Is(err, errNoWrites) {
 		err = nil
 	}
+	answer(batch, err)
+}
+
+// runEach runs each function of batch on w; one that fails is rolled
+// back to where it began, alone, and keeps its error.
+func runEach(w *layered.View, batch []*groupCall) {
+	for _, c := range batch {
+		m := w.Mark()
+		if c.err = safely(c.fn, w); c.err != nil {
+			w.Rollback(m)
+		}
+	}
+}
+
+// answer closes every call of batch; a call that succeeded gets err.
+func answer(batch []*groupCall, err error) {
 	for _, c := range batch {
 		if c.err == nil {
 			c.err = err

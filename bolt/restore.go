@@ -99,15 +99,18 @@ func (n *Namespace) Restore(_ context.Context, r io.Reader) (h backupfile.Header
 	if err = os.Rename(tmp, path); err != nil {
 		return backupfile.Header{}, err
 	}
-	syncDir(filepath.Dir(path))
+	_ = syncDir(filepath.Dir(path)) // the restored file is durable already; its name best effort
 	slog.Default().Info("lease store restored; namespace closed until recovery verification",
 		"backup_sha256", h.PayloadSHA256, "backup_created_at", h.CreatedAt)
 	return h, nil
 }
 
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
+// syncDir makes dir's entries durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
 	}
+	defer d.Close()
+	return d.Sync()
 }
