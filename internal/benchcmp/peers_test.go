@@ -182,6 +182,49 @@ func writtenBytes(pid int) (uint64, error) {
 	return 0, fmt.Errorf("no write_bytes in %s", name)
 }
 
+// cpuTime is the CPU (user and system) process pid (0: this one) has used
+// so far, from /proc/PID/stat in USER_HZ ticks (100 per second on Linux).
+// Beside ops/s, which follows how busy this shared machine is, CPU per op
+// shows what each design costs: it barely moves between runs.
+func cpuTime(pid int) (time.Duration, error) {
+	name := "/proc/self/stat"
+	if pid != 0 {
+		name = "/proc/" + strconv.Itoa(pid) + "/stat"
+	}
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return 0, fmt.Errorf("CPU per op needs %s: %w", name, err)
+	}
+	// The command name, in parentheses, may hold spaces: fields count
+	// from after its closing one (state is field 3, utime 14, stime 15).
+	i := strings.LastIndexByte(string(b), ')')
+	f := strings.Fields(string(b[i+1:]))
+	if i < 0 || len(f) < 13 {
+		return 0, fmt.Errorf("%s: unexpected format", name)
+	}
+	var ticks uint64
+	for _, v := range f[11:13] {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", name, err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond, nil
+}
+
+// rowCPU is the CPU this process and the row's server (pid, 0: none)
+// have used so far: client and server together, since either may be
+// where a design spends.
+func rowCPU(pid int) (time.Duration, error) {
+	self, err := cpuTime(0)
+	if err != nil || pid == 0 {
+		return self, err
+	}
+	server, err := cpuTime(pid)
+	return self + server, err
+}
+
 func (r row) runsAt(conc int) bool {
 	if r.concs == nil {
 		return conc == 1 || conc == 50
@@ -427,7 +470,8 @@ type measurement struct {
 	ops       int
 	opsPerSec float64
 	p50, p99  time.Duration
-	diskPerOp float64 // bytes dirtied by the row's server per op
+	diskPerOp float64       // bytes dirtied by the row's server per op
+	cpuPerOp  time.Duration // CPU of this process and the row's server per op
 }
 
 // measure runs conc goroutines, each with its own op from r.worker, for d.
@@ -448,6 +492,10 @@ func measure(r row, conc int, d time.Duration) (measurement, error) {
 		}
 	}
 	written, err := writtenBytes(pid)
+	if err != nil {
+		return measurement{}, err
+	}
+	cpu, err := rowCPU(pid)
 	if err != nil {
 		return measurement{}, err
 	}
@@ -479,6 +527,10 @@ func measure(r row, conc int, d time.Duration) (measurement, error) {
 	if err != nil {
 		return measurement{}, err
 	}
+	cpuAfter, err := rowCPU(pid)
+	if err != nil {
+		return measurement{}, err
+	}
 	for _, err := range errs {
 		if err != nil {
 			return measurement{}, err
@@ -491,7 +543,7 @@ func measure(r row, conc int, d time.Duration) (measurement, error) {
 	}
 	q := func(p float64) time.Duration { return all[min(len(all)-1, int(math.Ceil(p*float64(len(all))))-1)] }
 	return measurement{ops: len(all), opsPerSec: float64(len(all)) / elapsed.Seconds(), p50: q(0.50), p99: q(0.99),
-		diskPerOp: float64(after-written) / float64(len(all))}, nil
+		diskPerOp: float64(after-written) / float64(len(all)), cpuPerOp: (cpuAfter - cpu) / time.Duration(len(all))}, nil
 }
 
 type results struct {
@@ -524,7 +576,7 @@ func median(v []float64) float64 {
 
 func (r *results) print(out io.Writer, rows []row, concs []int, rounds int) {
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(w, "system / operation\tgoroutines\tops/s per round\tmedian\tp50 ms\tp99 ms\tdisk KB/op\t\n")
+	fmt.Fprintf(w, "system / operation\tgoroutines\tops/s per round\tmedian\tp50 ms\tp99 ms\tdisk KB/op\tCPU µs/op\t\n")
 	for _, conc := range concs {
 		for _, rw := range rows {
 			ms := r.m[key(rw.name, conc)]
@@ -538,8 +590,9 @@ func (r *results) print(out io.Writer, rows []row, concs []int, rounds int) {
 				vals[i] = m.opsPerSec
 			}
 			mid := ms[len(ms)/2]
-			fmt.Fprintf(w, "%s\t%d\t%s\t%.0f\t%.2f\t%.2f\t%.1f\t\n", rw.name, conc, strings.Join(per, " / "), median(vals),
-				float64(mid.p50.Microseconds())/1000, float64(mid.p99.Microseconds())/1000, mid.diskPerOp/1000)
+			fmt.Fprintf(w, "%s\t%d\t%s\t%.0f\t%.2f\t%.2f\t%.1f\t%.0f\t\n", rw.name, conc, strings.Join(per, " / "), median(vals),
+				float64(mid.p50.Microseconds())/1000, float64(mid.p99.Microseconds())/1000, mid.diskPerOp/1000,
+				float64(mid.cpuPerOp.Nanoseconds())/1000)
 		}
 	}
 	w.Flush()
@@ -668,5 +721,53 @@ func TestWrittenBytes(t *testing.T) {
 			t.Fatalf("the child's write_bytes stayed at %d, want at least 128 KiB", n)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// cpuTime counts CPU spent, in this process and in another one.
+func TestCPUTime(t *testing.T) {
+	burn := func(d time.Duration) {
+		for end := time.Now().Add(d); time.Now().Before(end); {
+		}
+	}
+	before, err := cpuTime(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	burn(300 * time.Millisecond)
+	after, err := cpuTime(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A busy loop of 300 ms uses at least 100 ms of CPU, however busy
+	// the machine.
+	if after-before < 100*time.Millisecond {
+		t.Fatalf("CPU grew by %v over a 300 ms busy loop, want at least 100 ms", after-before)
+	}
+	child := exec.Command("sh", "-c", "while :; do :; done")
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { child.Process.Kill(); child.Wait() }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n, err := cpuTime(child.Process.Pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n >= 100*time.Millisecond {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a busy child's CPU stayed at %v for 10 s, want at least 100 ms", n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	both, err := rowCPU(child.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if both < after+100*time.Millisecond {
+		t.Fatalf("this process and the child together: %v, want at least this process's %v and the child's 100 ms", both, after)
 	}
 }
