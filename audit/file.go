@@ -47,6 +47,11 @@ type FileSink struct {
 	failed error // the last write's failure, until a write or Check succeeds
 	closed bool
 	torn   int64 // bytes of a torn tail OpenFile quarantined
+	// reading counts the reads of f that linesBefore runs without mu:
+	// Close waits for them, so the file and its lock are released when
+	// Close returns (a read in flight would otherwise keep the descriptor,
+	// and the lock, past it).
+	reading sync.WaitGroup
 
 	reopened int // times the file at path was (re)opened in place of s.f
 
@@ -244,7 +249,9 @@ func (s *FileSink) linesBefore(end int64, n int) (lines [][]byte, start int64, g
 	}
 	f, size := s.f, s.size
 	gen = s.gen
+	s.reading.Add(1)
 	s.mu.Unlock()
+	defer s.reading.Done()
 	if end < 0 || end > size {
 		end = size
 	}
@@ -496,13 +503,18 @@ func (s *FileSink) Check(ctx context.Context) error {
 	return nil
 }
 
-// Close closes the file. Later writes fail with ErrClosed.
+// Close closes the file, once the reads under way have ended: when it
+// returns, the file is no longer open, nor locked, in this process. Later
+// writes fail with ErrClosed.
 func (s *FileSink) Close() error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.closed {
+		s.mu.Unlock()
 		return nil
 	}
 	s.closed = true
-	return s.f.Close()
+	f := s.f
+	s.mu.Unlock()
+	s.reading.Wait()
+	return f.Close()
 }

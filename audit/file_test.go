@@ -290,3 +290,90 @@ func TestFileSinkReplacedBySymlinkIsDegraded(t *testing.T) {
 		t.Fatalf("the link's target was written: %q", b)
 	}
 }
+
+// readGatedFile holds each ReadAt until release is closed, and records a
+// Close that came while a read was under way (which would leave the
+// descriptor, and its lock, open past Close).
+type readGatedFile struct {
+	*os.File
+	entered       chan struct{}
+	release       chan struct{}
+	inRead        sync.Mutex
+	reading       bool
+	closed        chan struct{}
+	closedInARead bool
+}
+
+func (f *readGatedFile) ReadAt(b []byte, off int64) (int, error) {
+	f.inRead.Lock()
+	f.reading = true
+	f.inRead.Unlock()
+	close(f.entered)
+	<-f.release
+	n, err := f.File.ReadAt(b, off)
+	f.inRead.Lock()
+	f.reading = false
+	f.inRead.Unlock()
+	return n, err
+}
+
+func (f *readGatedFile) Close() error {
+	f.inRead.Lock()
+	f.closedInARead = f.reading
+	f.inRead.Unlock()
+	close(f.closed)
+	return f.File.Close()
+}
+
+// A sink closed while the audit index reads its file back returns from
+// Close only once the read is over and the file closed: the same path
+// then opens again at once (a crash and restart in one process, as the
+// bolt crash tests do), instead of "in use by another process".
+func TestFileSinkCloseWaitsForReads(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	s, err := OpenFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Write(context.Background(), acquireEvent(t0)); err != nil {
+		t.Fatal(err)
+	}
+	rf := &readGatedFile{File: s.f.(*os.File), entered: make(chan struct{}), release: make(chan struct{}), closed: make(chan struct{})}
+	s.f = rf
+	read := make(chan error, 1)
+	go func() {
+		lines, _, _, err := s.linesBefore(-1, 1)
+		if err == nil && len(lines) != 1 {
+			err = fmt.Errorf("read back %d lines, want 1", len(lines))
+		}
+		read <- err
+	}()
+	<-rf.entered
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close() }()
+	// Give Close every chance to close the file under the read.
+	select {
+	case <-rf.closed:
+	case <-time.After(500 * time.Millisecond):
+	}
+	close(rf.release)
+	if err := <-read; err != nil {
+		t.Fatalf("the read begun before Close: %v", err)
+	}
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-rf.closed:
+	default:
+		t.Fatal("Close returned without closing the file")
+	}
+	if rf.closedInARead {
+		t.Fatal("Close closed the file while a read of it was under way")
+	}
+	again, err := OpenFile(path)
+	if err != nil {
+		t.Fatalf("reopening after Close: %v", err)
+	}
+	again.Close()
+}
