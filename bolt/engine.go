@@ -596,7 +596,11 @@ func (e *engine) close() error {
 //
 // with bucket, key and value as uvarint length ‖ bytes, seq as u64.
 func (e *engine) encode(ch []layered.Change) []byte {
-	out := append(make([]byte, 0, 256), e.id...)
+	size := len(e.id)
+	for _, c := range ch {
+		size += 1 + sizedLen(len(c.Bucket)) + sizedLen(len(c.Key)) + sizedLen(len(c.Value)) + 8
+	}
+	out := append(make([]byte, 0, size), e.id...)
 	for _, c := range ch {
 		switch {
 		case c.IsSeq:
@@ -616,6 +620,9 @@ func (e *engine) encode(ch []layered.Change) []byte {
 	}
 	return out
 }
+
+// sizedLen bounds what appendBytes adds for n bytes.
+func sizedLen(n int) int { return binary.MaxVarintLen64 + n }
 
 func appendBytes(out, b []byte) []byte {
 	out = binary.AppendUvarint(out, uint64(len(b)))

@@ -66,23 +66,25 @@ type BaseCursor interface {
 	Seek(seek []byte) (key, value []byte)
 }
 
-// item is one key's latest state in a layer: a value, or deleted.
+// item is one key's latest state in a layer: a value, or deleted. Trees
+// hold pointers: a write after a Snapshot copies the nodes on its path,
+// and a node of pointers is a seventh of a node of items.
 type item struct {
 	key, value []byte
 	deleted    bool
 }
 
-func less(a, b item) bool { return bytes.Compare(a.key, b.key) < 0 }
+func less(a, b *item) bool { return bytes.Compare(a.key, b.key) < 0 }
 
 // Layer holds the writes of a span of batches.
 type Layer struct {
-	buckets map[string]*btree.BTreeG[item]
+	buckets map[string]*btree.BTreeG[*item]
 	seqs    map[string]uint64
 }
 
 // NewLayer returns an empty layer.
 func NewLayer() *Layer {
-	return &Layer{buckets: map[string]*btree.BTreeG[item]{}, seqs: map[string]uint64{}}
+	return &Layer{buckets: map[string]*btree.BTreeG[*item]{}, seqs: map[string]uint64{}}
 }
 
 // Empty reports whether the layer holds no write.
@@ -95,7 +97,7 @@ func (l *Layer) Empty() bool {
 	return len(l.seqs) == 0
 }
 
-func (l *Layer) tree(bucket string, create bool) *btree.BTreeG[item] {
+func (l *Layer) tree(bucket string, create bool) *btree.BTreeG[*item] {
 	t := l.buckets[bucket]
 	if t == nil && create {
 		t = btree.NewBTreeGOptions(less, btree.Options{NoLocks: true})
@@ -110,7 +112,7 @@ func (l *Layer) Snapshot() *Layer { return l.snapshot() }
 
 // snapshot is an immutable copy of l (its trees copied on write).
 func (l *Layer) snapshot() *Layer {
-	s := &Layer{buckets: make(map[string]*btree.BTreeG[item], len(l.buckets)), seqs: make(map[string]uint64, len(l.seqs))}
+	s := &Layer{buckets: make(map[string]*btree.BTreeG[*item], len(l.buckets)), seqs: make(map[string]uint64, len(l.seqs))}
 	for name, t := range l.buckets {
 		s.buckets[name] = t.Copy()
 	}
@@ -127,7 +129,7 @@ func (l *Layer) Apply(put func(bucket string, key, value []byte) error, del func
 	setSeq func(bucket string, seq uint64) error) error {
 	for name, t := range l.buckets {
 		var err error
-		t.Scan(func(it item) bool {
+		t.Scan(func(it *item) bool {
 			if it.deleted {
 				err = del(name, it.key)
 			} else {
@@ -162,7 +164,7 @@ type Change struct {
 // layer.
 type undo struct {
 	bucket string
-	prev   item
+	prev   *item
 	had    bool // the layer held prev (else the key was absent from it)
 	isSeq  bool
 	seq    uint64
@@ -183,6 +185,18 @@ type View struct {
 	// writes counts changes to the top layer (writes and rollbacks): a
 	// cursor positioned before one positions itself again.
 	writes uint64
+	// probe is the key a lookup searches the trees for (a View is used by
+	// one goroutine; a new one per lookup would be an allocation each).
+	probe item
+	// buckets are the buckets Bucket found: a read transaction of
+	// bbolt's finds a bucket again (a seek and a copy) at every call.
+	buckets []*Bucket
+}
+
+// probeFor is v's probe set to key.
+func (v *View) probeFor(key []byte) *item {
+	v.probe.key = key
+	return &v.probe
 }
 
 // NewView is a read-only view of layers (newest first) over base. The
@@ -247,15 +261,22 @@ func (v *View) Reset() {
 // Bucket returns the named bucket of the view, or nil if neither a layer
 // nor the base has it.
 func (v *View) Bucket(name []byte) *Bucket {
+	for _, b := range v.buckets {
+		if b.name == string(name) {
+			return b
+		}
+	}
 	b := &Bucket{v: v, name: string(name)}
 	if v.base != nil {
 		if bb := v.base.Bucket(name); bb != nil {
 			b.base = bb
+			v.buckets = append(v.buckets, b)
 			return b
 		}
 	}
 	for _, l := range v.layers {
 		if l.buckets[b.name] != nil {
+			v.buckets = append(v.buckets, b)
 			return b
 		}
 	}
@@ -273,7 +294,7 @@ type Bucket struct {
 func (b *Bucket) Get(key []byte) []byte {
 	for _, l := range b.v.layers {
 		if t := l.tree(b.name, false); t != nil {
-			if it, ok := t.Get(item{key: key}); ok {
+			if it, ok := t.Get(b.v.probeFor(key)); ok {
 				if it.deleted {
 					return nil
 				}
@@ -298,14 +319,19 @@ func (b *Bucket) write(key, value []byte, deleted bool) error {
 	case len(value) > MaxValueSize:
 		return ErrValueTooLarge
 	}
-	key = bytes.Clone(key)
+	// One buffer for the key and the value (copied: layers outlive the
+	// transactions whose buffers they came from).
+	buf := make([]byte, 0, len(key)+len(value))
+	buf = append(append(buf, key...), value...)
+	it := &item{key: buf[:len(key):len(key)], deleted: deleted}
 	if !deleted {
-		value = append(make([]byte, 0, len(value)), value...)
+		it.value = buf[len(key):]
 	}
+	key, value = it.key, it.value
 	t := b.v.layers[0].tree(b.name, true)
-	prev, had := t.Set(item{key: key, value: value, deleted: deleted})
+	prev, had := t.Set(it)
 	if !had {
-		prev = item{key: key}
+		prev = &item{key: key}
 	}
 	b.v.undos = append(b.v.undos, undo{bucket: b.name, prev: prev, had: had})
 	b.v.changes = append(b.v.changes, Change{Bucket: b.name, Key: key, Value: value, Delete: deleted})
@@ -391,8 +417,8 @@ type Cursor struct {
 
 // source is one layer's tree or the base, positioned.
 type source struct {
-	tree *btree.BTreeG[item]
-	iter btree.IterG[item]
+	tree *btree.BTreeG[*item]
+	iter btree.IterG[*item]
 	base BaseCursor
 	cur  item
 	ok   bool
@@ -438,7 +464,7 @@ func (c *Cursor) move(pivot []byte, forward, inclusive bool) ([]byte, []byte) {
 		c.srcs = append(c.srcs, source{base: c.base})
 	}
 	for i := range c.srcs {
-		c.srcs[i].position(pivot, forward, inclusive)
+		c.srcs[i].position(c.b.v.probeFor(pivot), forward, inclusive)
 	}
 	return c.settle(c.step())
 }
@@ -484,7 +510,8 @@ func (c *Cursor) step() item {
 // position puts s on its nearest item from pivot in the direction: at or
 // after it going forward (strictly after unless inclusive), at or before
 // it going backward; a nil pivot is the start (forward) or the end.
-func (s *source) position(pivot []byte, forward, inclusive bool) {
+func (s *source) position(probe *item, forward, inclusive bool) {
+	pivot := probe.key
 	if s.base != nil {
 		var k, v []byte
 		switch {
@@ -514,13 +541,13 @@ func (s *source) position(pivot []byte, forward, inclusive bool) {
 	case forward && pivot == nil:
 		ok = s.iter.First()
 	case forward:
-		if ok = s.iter.Seek(item{key: pivot}); ok && !inclusive && bytes.Equal(s.iter.Item().key, pivot) {
+		if ok = s.iter.Seek(probe); ok && !inclusive && bytes.Equal(s.iter.Item().key, pivot) {
 			ok = s.iter.Next()
 		}
 	case pivot == nil:
 		ok = s.iter.Last()
 	default:
-		ok = s.iter.Seek(item{key: pivot})
+		ok = s.iter.Seek(probe)
 		switch {
 		case !ok:
 			ok = s.iter.Last()
@@ -530,7 +557,7 @@ func (s *source) position(pivot []byte, forward, inclusive bool) {
 	}
 	s.ok = ok
 	if ok {
-		s.cur = s.iter.Item()
+		s.cur = *s.iter.Item()
 	}
 }
 
@@ -552,7 +579,7 @@ func (s *source) advance(forward bool) {
 		s.ok = s.iter.Prev()
 	}
 	if s.ok {
-		s.cur = s.iter.Item()
+		s.cur = *s.iter.Item()
 	}
 }
 
