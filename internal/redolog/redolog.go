@@ -87,7 +87,12 @@ type Log struct {
 	// failedEnd is where the failed append's bytes may reach in f.
 	failedEnd int64
 	closed    bool
+	// frame is the buffer appends frame their record in, kept between
+	// appends up to maxKeptFrame bytes (one per append would be garbage).
+	frame []byte
 }
+
+const maxKeptFrame = 1 << 20
 
 type segment struct {
 	first uint64 // seq of its first record
@@ -224,7 +229,14 @@ func (l *Log) Append(payload []byte) (uint64, error) {
 		}
 	}
 	seq := l.next
-	buf := make([]byte, size)
+	buf := l.frame
+	if int64(cap(buf)) < size {
+		buf = make([]byte, size)
+		if size <= maxKeptFrame {
+			l.frame = buf
+		}
+	}
+	buf = buf[:size]
 	l.encode(buf, seq, payload)
 	if _, err := l.f.WriteAt(buf, l.off); err != nil {
 		l.failed, l.failedEnd = err, l.off+size
