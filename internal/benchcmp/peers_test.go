@@ -701,24 +701,31 @@ func TestWrittenBytes(t *testing.T) {
 		t.Fatalf("write_bytes grew by %d after a 256 KiB write and fsync, want at least 256 KiB", after-before)
 	}
 	dir := t.TempDir()
-	child := exec.Command("sh", "-c", "head -c 131072 /dev/zero > "+filepath.Join(dir, "child")+" && sync && sleep 30")
+	// A process's counter takes in its children's once it has reaped
+	// them: sh's includes head's after head exits.
+	childReaches(t, "head -c 131072 /dev/zero > "+filepath.Join(dir, "child")+" && sync && sleep 30", writtenBytes, 128<<10)
+}
+
+// childReaches starts sh running script and waits up to 10 s for
+// read(its pid) to reach want; the child is killed when the test ends.
+func childReaches[T int64 | uint64 | time.Duration](t *testing.T, script string, read func(pid int) (T, error), want T) int {
+	t.Helper()
+	child := exec.Command("sh", "-c", script)
 	if err := child.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { child.Process.Kill(); child.Wait() }()
-	// A process's counter takes in its children's once it has reaped
-	// them: sh's includes head's after head exits.
+	t.Cleanup(func() { child.Process.Kill(); child.Wait() })
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		n, err := writtenBytes(child.Process.Pid)
+		n, err := read(child.Process.Pid)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n >= 128<<10 {
-			break
+		if n >= want {
+			return child.Process.Pid
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the child's write_bytes stayed at %d, want at least 128 KiB", n)
+			t.Fatalf("the child of %q stayed at %v for 10 s, want at least %v", script, n, want)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -744,26 +751,8 @@ func TestCPUTime(t *testing.T) {
 	if after-before < 100*time.Millisecond {
 		t.Fatalf("CPU grew by %v over a 300 ms busy loop, want at least 100 ms", after-before)
 	}
-	child := exec.Command("sh", "-c", "while :; do :; done")
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { child.Process.Kill(); child.Wait() }()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		n, err := cpuTime(child.Process.Pid)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n >= 100*time.Millisecond {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("a busy child's CPU stayed at %v for 10 s, want at least 100 ms", n)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	both, err := rowCPU(child.Process.Pid)
+	pid := childReaches(t, "while :; do :; done", cpuTime, 100*time.Millisecond)
+	both, err := rowCPU(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
