@@ -171,7 +171,9 @@ type undo struct {
 }
 
 // View is a consistent view: layers (newest first) over a base. Only a
-// view made by NewWriter takes writes, into its first layer.
+// view made by NewWriter takes writes, into its first layer. A View is
+// used by one goroutine at a time (its lookups share a probe and a bucket
+// cache); layers and snapshots may be shared.
 type View struct {
 	layers []*Layer
 	base   Base
