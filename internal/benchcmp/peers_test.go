@@ -184,8 +184,8 @@ func writtenBytes(pid int) (uint64, error) {
 
 // cpuTime is the CPU (user and system) process pid (0: this one) has used
 // so far, from /proc/PID/stat in USER_HZ ticks (100 per second on Linux).
-// Beside ops/s, which follows how busy this shared machine is, CPU per op
-// shows what each design costs: it barely moves between runs.
+// Beside ops/s, which shows what the machine let a design do, CPU per op
+// shows what the design costs (client and server; see rowCPU).
 func cpuTime(pid int) (time.Duration, error) {
 	name := "/proc/self/stat"
 	if pid != 0 {
