@@ -333,7 +333,7 @@ func (b *Bucket) write(key, value []byte, deleted bool) error {
 	t := b.v.layers[0].tree(b.name, true)
 	prev, had := t.Set(it)
 	if !had {
-		prev = &item{key: key}
+		prev = it // rolling back deletes by key
 	}
 	b.v.undos = append(b.v.undos, undo{bucket: b.name, prev: prev, had: had})
 	b.v.changes = append(b.v.changes, Change{Bucket: b.name, Key: key, Value: value, Delete: deleted})
