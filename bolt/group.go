@@ -25,11 +25,6 @@ type groupCommit struct {
 	// flush); otherwise a batch commits its own transaction.
 	engine *engine
 
-	// rolledBack, if set, is called by the committer after a transaction
-	// that did not commit, while no other write transaction runs (the
-	// store forgets the time the transaction registered; see readTx).
-	rolledBack func()
-
 	// commitHook, if set, runs in each transaction once the batch's
 	// writes are in the tree, before the commit: tests stand in there for
 	// bbolt's own panics while it spills pages.
@@ -135,15 +130,11 @@ func (g *groupCommit) alone(fn func(*layered.View) error) error {
 	return c.err
 }
 
-// run is db.Update that turns a panic of the commit into an error, and
-// reports a transaction that did not commit.
+// run is db.Update that turns a panic of the commit into an error.
 func (g *groupCommit) run(fn func(*bbolt.Tx) error) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("%w: %v", errCommitPanicked, p)
-		}
-		if err != nil && g.rolledBack != nil {
-			g.rolledBack()
 		}
 	}()
 	return g.db.Update(func(tx *bbolt.Tx) error {

@@ -131,7 +131,9 @@ type Store struct {
 	// Backend time. tmu orders time readings with transactions: lastMs
 	// keeps the process clock monotone; pendingTx and pendingMs are the id
 	// and first backend time of the write transaction in progress, which
-	// reads that do not see it must not be later than (see readTx).
+	// reads that do not see it must not be later than (see readTx). The
+	// engine shows every batch to readers under its id, one that failed
+	// too, so a registration never outlives its batch.
 	// gate, when not empty, closes the namespace (a restore awaiting
 	// recovery verification): every mutation is refused, reads answer.
 	// Read at Open: only recovery clears it, and bbolt admits one process
@@ -167,7 +169,7 @@ func Open(path string, o Options) (*Store, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
-	s.group = groupCommit{db: db, fills: storeFills, queue: groupcommit.Queue[*groupCall]{Max: maxGroupCommit}, rolledBack: s.forgetPending}
+	s.group = groupCommit{db: db, fills: storeFills, queue: groupcommit.Queue[*groupCall]{Max: maxGroupCommit}}
 	interval := o.FlushInterval
 	if interval == 0 {
 		interval = zeroFlushInterval
@@ -401,17 +403,6 @@ func (s *Store) clock(tx *layered.View) lease.Timestamp {
 		}
 	}
 	return lease.UnixMilli(now)
-}
-
-// forgetPending forgets the write transaction registered by clock, which
-// rolled back: its id will not commit (the next write transaction reuses
-// it and registers afresh), and reads capped at its time would stay
-// frozen there until some later write commits. The group's committer
-// calls it while no write transaction runs.
-func (s *Store) forgetPending() {
-	s.tmu.Lock()
-	s.pendingTx = 0
-	s.tmu.Unlock()
 }
 
 // monotoneMs is max(process clock, last reading, time persisted in tx).
