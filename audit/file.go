@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/starintel/starlease/internal/groupcommit"
 	"io"
 	"io/fs"
 	"os"
@@ -13,6 +12,9 @@ import (
 	"slices"
 	"sync"
 	"syscall"
+
+	"github.com/starintel/starlease/internal/groupcommit"
+	"github.com/starintel/starlease/internal/syncdir"
 )
 
 // FileSink appends events to a JSON-lines file, one event per line. It is
@@ -172,7 +174,7 @@ func openChecks(f *os.File, path string) (size, torn int64, err error) {
 		return 0, 0, err
 	}
 	// Make the file's directory entry durable too.
-	return size, fi.Size() - size, syncDir(filepath.Dir(path))
+	return size, fi.Size() - size, syncdir.Sync(filepath.Dir(path))
 }
 
 // repairTornTail finds the end of the last whole line of f (size bytes)
@@ -222,15 +224,6 @@ func lastLineEnd(f io.ReaderAt, size int64) (int64, error) {
 		}
 	}
 	return 0, nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // linesBefore returns up to n whole lines (without their newlines) that

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/starintel/starlease/internal/syncdir"
 )
 
 // FileStore keeps each credential in its own file, DIR/<id>.json, holding
@@ -300,12 +302,7 @@ func (s *FileStore) writeTemp(rec []byte) (string, error) {
 }
 
 func (s *FileStore) syncDir() error {
-	d, err := os.Open(s.dir)
-	if err != nil {
-		return fmt.Errorf("%w: cannot sync the credential directory", ErrUnavailable)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
+	if err := syncdir.Sync(s.dir); err != nil {
 		return fmt.Errorf("%w: cannot sync the credential directory", ErrUnavailable)
 	}
 	return nil

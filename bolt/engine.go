@@ -16,6 +16,7 @@ import (
 
 	"github.com/starintel/starlease/internal/layered"
 	"github.com/starintel/starlease/internal/redolog"
+	"github.com/starintel/starlease/internal/syncdir"
 )
 
 // The engine is etcd's backend shape on bbolt: a batch of writes is
@@ -270,7 +271,7 @@ func logDirID(dir string) ([]byte, error) {
 		err = os.Rename(tmp, p)
 	}
 	if err == nil {
-		err = syncDir(dir)
+		err = syncdir.Sync(dir)
 	}
 	if err != nil {
 		return nil, err

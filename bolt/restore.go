@@ -14,6 +14,7 @@ import (
 	bbolt "go.etcd.io/bbolt"
 
 	"github.com/starintel/starlease/backupfile"
+	"github.com/starintel/starlease/internal/syncdir"
 	"github.com/starintel/starlease/lease"
 )
 
@@ -99,18 +100,8 @@ func (n *Namespace) Restore(_ context.Context, r io.Reader) (h backupfile.Header
 	if err = os.Rename(tmp, path); err != nil {
 		return backupfile.Header{}, err
 	}
-	_ = syncDir(filepath.Dir(path)) // the restored file is durable already; its name best effort
+	_ = syncdir.Sync(filepath.Dir(path)) // the restored file is durable already; its name best effort
 	slog.Default().Info("lease store restored; namespace closed until recovery verification",
 		"backup_sha256", h.PayloadSHA256, "backup_created_at", h.CreatedAt)
 	return h, nil
-}
-
-// syncDir makes dir's entries durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

@@ -15,6 +15,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/starintel/starlease/internal/syncdir"
 	"github.com/starintel/starlease/lease"
 )
 
@@ -355,12 +356,7 @@ func WriteMarksFile(path string, marks map[string]uint64) error {
 		return fmt.Errorf("rabbitmq: consumer marks %s: %w", path, err)
 	}
 	// The rename is durable only once the directory is.
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("rabbitmq: consumer marks %s: %w", path, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
+	if err := syncdir.Sync(dir); err != nil {
 		return fmt.Errorf("rabbitmq: consumer marks %s: %w", path, err)
 	}
 	return nil

@@ -39,6 +39,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/starintel/starlease/internal/syncdir"
 )
 
 const (
@@ -122,7 +124,7 @@ func Open(dir string, first uint64, o Options) (*Log, []Record, error) {
 		}
 		// The new directory's entry must outlast a crash with the
 		// records it will hold.
-		if err := syncDir(filepath.Dir(dir)); err != nil {
+		if err := syncdir.Sync(filepath.Dir(dir)); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -153,7 +155,7 @@ func Open(dir string, first uint64, o Options) (*Log, []Record, error) {
 				if err := os.Remove(s.path); err != nil {
 					return nil, nil, err
 				}
-				if err := syncDir(dir); err != nil {
+				if err := syncdir.Sync(dir); err != nil {
 					return nil, nil, err
 				}
 				segs = segs[:i]
@@ -293,7 +295,7 @@ func (l *Log) Drop(upTo uint64) error {
 		}
 		l.segs = l.segs[1:]
 	}
-	return syncDir(l.dir)
+	return syncdir.Sync(l.dir)
 }
 
 // Reset removes every segment: the caller's tree holds every record
@@ -317,7 +319,7 @@ func (l *Log) Reset() error {
 		}
 	}
 	l.segs = nil
-	return syncDir(l.dir)
+	return syncdir.Sync(l.dir)
 }
 
 // Close closes the log.
@@ -359,7 +361,7 @@ func (l *Log) newSegment() (err error) {
 	if err := f.Sync(); err != nil {
 		return err
 	}
-	if err := syncDir(l.dir); err != nil {
+	if err := syncdir.Sync(l.dir); err != nil {
 		return err
 	}
 	if l.f != nil {
@@ -528,12 +530,3 @@ func listSegments(dir string) ([]segment, error) {
 }
 
 func fdatasync(f *os.File) error { return syscall.Fdatasync(int(f.Fd())) }
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}
