@@ -51,6 +51,20 @@ func wantRecords(t *testing.T, recs []Record, from, to int) {
 	}
 }
 
+// wantCorrupt requires Open of the log in dir to fail with ErrCorrupt
+// (what names the damage); a log that opens anyway is closed.
+func wantCorrupt(t *testing.T, dir string, first uint64, o Options, what string) {
+	t.Helper()
+	l, recs, err := Open(dir, first, o)
+	if errors.Is(err, ErrCorrupt) {
+		return
+	}
+	if l != nil {
+		l.Close()
+	}
+	t.Fatalf("open of a log with %s: %d records, err %v; want ErrCorrupt", what, len(recs), err)
+}
+
 // Records come back in order across segments, reopening continues the
 // sequence, and Drop removes only whole segments below the mark.
 func TestRecordsSurviveReopenAcrossSegments(t *testing.T) {
@@ -191,13 +205,7 @@ func TestDamageFailsOpen(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			dir := build(t)
 			damage(t, dir)
-			l, recs, err := Open(dir, 0, o)
-			if !errors.Is(err, ErrCorrupt) {
-				if l != nil {
-					l.Close()
-				}
-				t.Fatalf("open of a damaged log: %d records, err %v; want ErrCorrupt", len(recs), err)
-			}
+			wantCorrupt(t, dir, 0, o, name)
 		})
 	}
 }

@@ -224,13 +224,7 @@ func TestReviewS34TruncatedSegments(t *testing.T) {
 			if err := os.Truncate(segs[1].path, c.cut(ends(t, segs[1]))); err != nil {
 				t.Fatal(err)
 			}
-			l, recs, err := Open(dir, 1, o)
-			if !errors.Is(err, ErrCorrupt) {
-				if l != nil {
-					l.Close()
-				}
-				t.Fatalf("Open: %d records, err %v; want ErrCorrupt", len(recs), err)
-			}
+			wantCorrupt(t, dir, 1, o, "an older segment cut "+c.name)
 		})
 	}
 }
@@ -285,9 +279,7 @@ func TestReviewS34LengthFieldClaimsHugeLength(t *testing.T) {
 		last := lastSegment(t, dir)
 		st := recStarts(t, last)
 		patch(t, last, st[len(st)-2], []byte{0x80})
-		if _, _, err := Open(dir, 1, o); !errors.Is(err, ErrCorrupt) {
-			t.Fatalf("Open: %v, want ErrCorrupt", err)
-		}
+		wantCorrupt(t, dir, 1, o, "a length claiming too much "+t.Name())
 	})
 	t.Run("the last record of an older segment", func(t *testing.T) {
 		dir := t.TempDir()
@@ -295,9 +287,7 @@ func TestReviewS34LengthFieldClaimsHugeLength(t *testing.T) {
 		segs := s34Segments(t, dir)
 		st := recStarts(t, segs[0].path)
 		patch(t, segs[0].path, st[len(st)-1], []byte{0x80})
-		if _, _, err := Open(dir, 1, o); !errors.Is(err, ErrCorrupt) {
-			t.Fatalf("Open: %v, want ErrCorrupt", err)
-		}
+		wantCorrupt(t, dir, 1, o, "a length claiming too much "+t.Name())
 	})
 	t.Run("zeroed headers then a valid record", func(t *testing.T) {
 		dir := t.TempDir()
@@ -305,9 +295,7 @@ func TestReviewS34LengthFieldClaimsHugeLength(t *testing.T) {
 		last := lastSegment(t, dir)
 		st := recStarts(t, last)
 		patch(t, last, st[1], make([]byte, headerSize))
-		if _, _, err := Open(dir, 1, o); !errors.Is(err, ErrCorrupt) {
-			t.Fatalf("Open: %v, want ErrCorrupt", err)
-		}
+		wantCorrupt(t, dir, 1, o, "a length claiming too much "+t.Name())
 	})
 }
 
@@ -487,9 +475,7 @@ func TestReviewS34StrayFiles(t *testing.T) {
 		if err := os.WriteFile(name, nil, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := Open(d, 1, o); !errors.Is(err, ErrCorrupt) {
-			t.Fatalf("stray segment %x: %v, want ErrCorrupt", first, err)
-		}
+		wantCorrupt(t, d, 1, o, fmt.Sprintf("a stray segment %x", first))
 	}
 }
 
