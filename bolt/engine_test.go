@@ -401,6 +401,22 @@ func TestEngineBackupHoldsUnflushedWrites(t *testing.T) {
 	}
 }
 
+// failFlushes makes e's flushes fail (a stand-in for a full disk) while
+// the flag it returns, set at first, stays set.
+func failFlushes(e *engine) *atomic.Bool {
+	var failing atomic.Bool
+	failing.Store(true)
+	e.flushMu.Lock()
+	defer e.flushMu.Unlock()
+	e.flushHook = func() error {
+		if failing.Load() {
+			return errors.New("stand-in for a full disk")
+		}
+		return nil
+	}
+	return &failing
+}
+
 // A flush that fails keeps the acknowledged writes in the layers and the
 // log: reads see them, health is degraded, and past the backlog bound
 // writes are refused; once flushes succeed again the tree takes them and
@@ -414,15 +430,8 @@ func TestEngineFailingFlushKeepsWritesAndBoundsTheBacklog(t *testing.T) {
 	}
 	defer s.Close()
 	e := s.group.engine
-	var failing atomic.Bool
-	failing.Store(true)
+	failing := failFlushes(e)
 	e.flushMu.Lock()
-	e.flushHook = func() error {
-		if failing.Load() {
-			return errors.New("stand-in for a full disk")
-		}
-		return nil
-	}
 	e.maxPending = 4 << 10
 	e.flushMu.Unlock()
 	var leases []engineLease

@@ -7,7 +7,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand"
@@ -838,16 +837,7 @@ func TestS35EngineRedologEmptyLastSegment(t *testing.T) {
 func TestS35EngineManyFrozenLayersReadCost(t *testing.T) {
 	s := openTemp(t, Options{ReapInterval: -1, FlushInterval: time.Nanosecond})
 	e := s.group.engine
-	var failing atomic.Bool
-	failing.Store(true)
-	e.flushMu.Lock()
-	e.flushHook = func() error {
-		if failing.Load() {
-			return errors.New("s35e: flush refused")
-		}
-		return nil
-	}
-	e.flushMu.Unlock()
+	failing := failFlushes(e)
 	leases := engineAcquire(t, s, "layers", 1500)
 	e.mu.Lock()
 	n := len(e.frozen)
