@@ -55,14 +55,11 @@ type engine struct {
 	maxPending int64
 
 	mu       sync.Mutex
-	batch    int              // the last batch number given (views' ID)
-	top      *layered.Layer   // the batches since the last freeze
-	topSeq   uint64           // the last redo record top holds
-	topBytes int64            // its records' payload bytes
-	frozen   []*layered.Layer // frozen layers, newest first, not in the tree yet
-	seqs     []uint64         // the last redo record of each frozen layer
-	sizes    []int64          // the payload bytes of each frozen layer
-	batches  []int            // the last batch of each frozen layer
+	batch    int            // the last batch number given (views' ID)
+	top      *layered.Layer // the batches since the last freeze
+	topSeq   uint64         // the last redo record top holds
+	topBytes int64          // its records' payload bytes
+	frozen   []frozenLayer  // newest first, not in the tree yet
 	snap     atomic.Pointer[engineSnap]
 	// treeMayHold is the last batch the tree may hold: set before a flush
 	// commits, so a reader whose snapshot is older than what its tree
@@ -89,6 +86,25 @@ type engine struct {
 	kick      chan struct{}
 	stop      chan struct{}
 	flusherWG sync.WaitGroup
+}
+
+// frozenLayer is a layer no batch writes any more, waiting for a flush.
+type frozenLayer struct {
+	layer *layered.Layer
+	seq   uint64 // the last redo record it holds
+	bytes int64  // its records' payload bytes
+	batch int    // the last batch it holds
+}
+
+// frozenLayersLocked is front followed by the frozen layers, newest
+// first (a new slice). e.mu held.
+func (e *engine) frozenLayersLocked(front ...*layered.Layer) []*layered.Layer {
+	out := make([]*layered.Layer, 0, len(front)+len(e.frozen))
+	out = append(out, front...)
+	for _, f := range e.frozen {
+		out = append(out, f.layer)
+	}
+	return out
 }
 
 // engineSnap is what a reader sees: the acknowledged layers not yet in
@@ -297,7 +313,7 @@ func (e *engine) run(batch []*groupCall) {
 		refuse = fmt.Errorf("%w: %v", errRedoBacklog, e.flushErr)
 	}
 	e.batch++
-	id, top, older := e.batch, e.top, append([]*layered.Layer(nil), e.frozen...)
+	id, top, older := e.batch, e.top, e.frozenLayersLocked()
 	e.mu.Unlock()
 	if refuse != nil {
 		e.publish(id, top)
@@ -359,7 +375,7 @@ func (e *engine) write(batch []*groupCall, id int, top *layered.Layer, older []*
 func (e *engine) publish(id int, top *layered.Layer) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.snap.Store(&engineSnap{layers: append([]*layered.Layer{top.Snapshot()}, e.frozen...), id: id})
+	e.snap.Store(&engineSnap{layers: e.frozenLayersLocked(top.Snapshot()), id: id})
 	if e.wantFreeze.Swap(false) || e.interval <= 0 || time.Since(e.frozeAt) >= e.interval {
 		if e.freezeLocked() && e.interval > 0 {
 			e.kickFlusher()
@@ -377,8 +393,8 @@ func (e *engine) kickFlusher() {
 // pendingLocked is the redo payload bytes the tree does not hold yet.
 func (e *engine) pendingLocked() int64 {
 	n := e.topBytes
-	for _, b := range e.sizes {
-		n += b
+	for _, f := range e.frozen {
+		n += f.bytes
 	}
 	return n
 }
@@ -411,10 +427,7 @@ func (e *engine) freezeLocked() bool {
 	if e.top.Empty() {
 		return false
 	}
-	e.frozen = append([]*layered.Layer{e.top}, e.frozen...)
-	e.seqs = append([]uint64{e.topSeq}, e.seqs...)
-	e.sizes = append([]int64{e.topBytes}, e.sizes...)
-	e.batches = append([]int{e.batch}, e.batches...)
+	e.frozen = append([]frozenLayer{{layer: e.top, seq: e.topSeq, bytes: e.topBytes, batch: e.batch}}, e.frozen...)
 	e.top, e.topBytes = layered.NewLayer(), 0
 	return true
 }
@@ -443,11 +456,11 @@ func (e *engine) flush() error {
 	e.flushMu.Lock()
 	defer e.flushMu.Unlock()
 	e.mu.Lock()
-	todo := append([]*layered.Layer(nil), e.frozen...)
+	todo := e.frozenLayersLocked()
 	var upTo uint64
 	if len(todo) > 0 {
-		upTo = e.seqs[0]
-		e.treeMayHold.Store(int64(e.batches[0]))
+		upTo = e.frozen[0].seq
+		e.treeMayHold.Store(int64(e.frozen[0].batch))
 	}
 	e.mu.Unlock()
 	if len(todo) == 0 {
@@ -476,7 +489,7 @@ func (e *engine) flush() error {
 	e.flushErr = nil
 	// todo are the oldest frozen layers (later ones were put in front).
 	keep := len(e.frozen) - len(todo)
-	e.frozen, e.seqs, e.sizes, e.batches = e.frozen[:keep], e.seqs[:keep], e.sizes[:keep], e.batches[:keep]
+	e.frozen = e.frozen[:keep]
 	// Readers take the layers the tree does not hold yet; the tree they
 	// begin from now on holds the rest.
 	cur := e.snap.Load()
