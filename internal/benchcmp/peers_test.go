@@ -166,10 +166,7 @@ func onServer(rows []row, pid func() int) []row {
 // tail page counts once per fsync, so it also follows how many writes
 // shared one.
 func writtenBytes(pid int) (uint64, error) {
-	name := "/proc/self/io"
-	if pid != 0 {
-		name = "/proc/" + strconv.Itoa(pid) + "/io"
-	}
+	name := procFile(pid, "io")
 	b, err := os.ReadFile(name)
 	if err != nil {
 		return 0, fmt.Errorf("disk writes per op need %s: %w", name, err)
@@ -187,10 +184,7 @@ func writtenBytes(pid int) (uint64, error) {
 // Beside ops/s, which shows what the machine let a design do, CPU per op
 // shows what the design costs (client and server; see rowCPU).
 func cpuTime(pid int) (time.Duration, error) {
-	name := "/proc/self/stat"
-	if pid != 0 {
-		name = "/proc/" + strconv.Itoa(pid) + "/stat"
-	}
+	name := procFile(pid, "stat")
 	b, err := os.ReadFile(name)
 	if err != nil {
 		return 0, fmt.Errorf("CPU per op needs %s: %w", name, err)
@@ -223,6 +217,14 @@ func rowCPU(pid int) (time.Duration, error) {
 	}
 	server, err := cpuTime(pid)
 	return self + server, err
+}
+
+// procFile is the /proc file of process pid (0: this one).
+func procFile(pid int, file string) string {
+	if pid == 0 {
+		return "/proc/self/" + file
+	}
+	return "/proc/" + strconv.Itoa(pid) + "/" + file
 }
 
 func (r row) runsAt(conc int) bool {
