@@ -118,14 +118,14 @@ func TestRestoreRefusesAnUnknownSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.db.Update(func(tx *bbolt.Tx) error { return tx.Bucket(bucketMeta).Put(keySchema, []byte("9")) }); err != nil {
+	if err := s.db.Update(func(tx *bbolt.Tx) error { return tx.Bucket(bucketMeta).Put(keySchema, []byte(futureSchema(t))) }); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
 	target := filepath.Join(dir, "restored.db")
 	_, err = NewNamespace(target, Options{}).Restore(context.Background(), bytes.NewReader(rhBackup(t, src, time.Now())))
 	if !errors.Is(err, errSchema) || !strings.Contains(err.Error(), "unsupported schema version") || strings.Contains(err.Error(), "close") {
-		t.Fatalf("restore of a schema 9 backup: %v", err)
+		t.Fatalf("restore of a backup of a future schema: %v", err)
 	}
 	for _, p := range []string{target, target + ".restoring"} {
 		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {

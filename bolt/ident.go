@@ -25,6 +25,11 @@ const (
 	kindCounter = 'c' // → uint64 fencing counter, never deleted
 	kindHistory = 'h' // ‖ seq (uint64) → terminal evidence
 	kindIdem    = 'i' // ‖ packed idempotency scope → evidence
+	// kindHistoryCount → uint64 number of the identity's history entries
+	// (schema 9), kept by every write that adds or drops one, so trimming
+	// to HistoryPerIdentity need not walk them. Absent means not counted
+	// yet (a file migrated from schema 8): the next archive counts once.
+	kindHistoryCount = 'n'
 )
 
 const packedLen = sha256.Size
@@ -93,6 +98,8 @@ func historyPrefix(lockKey string) []byte { return identKey(lockKey, kindHistory
 func historyKey(lockKey string, seq uint64) []byte {
 	return append(historyPrefix(lockKey), u64(seq)...)
 }
+
+func historyCountKey(lockKey string) []byte { return identKey(lockKey, kindHistoryCount, nil) }
 
 // isIdemKey reports an evidence key: packed lock key ‖ kindIdem ‖ packed
 // scope.

@@ -23,7 +23,7 @@ var (
 // migrate brings to it (so a backup of it restores).
 func readableSchema(v string) bool {
 	switch v {
-	case schemaVersion, schemaVersionV7, schemaVersionV6, schemaVersionV5, schemaVersionV4, schemaVersionV3, schemaVersionV2, schemaVersionV1:
+	case schemaVersion, schemaVersionV8, schemaVersionV7, schemaVersionV6, schemaVersionV5, schemaVersionV4, schemaVersionV3, schemaVersionV2, schemaVersionV1:
 		return true
 	}
 	return false
@@ -56,6 +56,10 @@ func migrate(tx *bbolt.Tx, from string) error {
 		fallthrough
 	case schemaVersionV7:
 		// Version 8 changes no value (it adds the redo log).
+		fallthrough
+	case schemaVersionV8:
+		// Version 9 adds history counts, which archive makes when it
+		// first finds none.
 	default:
 		return errSchema
 	}

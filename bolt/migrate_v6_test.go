@@ -19,7 +19,7 @@ import (
 // idempotency scope as text, a 0 after the lock key.
 func v6Key(k []byte) []byte {
 	lockKey, kind, ok := splitIdentKey(k)
-	if !ok {
+	if !ok || kind == kindHistoryCount { // schema 9's, which no older file holds
 		return nil
 	}
 	rest := k[packedLen+1:]

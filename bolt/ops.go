@@ -440,35 +440,76 @@ func (s *Store) archive(tx *layered.View, cur *lease.Record, state lease.State, 
 	if err := putLeaseState(tx, cur.LeaseID, cur.LockKey, state, endedAt.UnixMilli()); err != nil {
 		return err
 	}
-	return s.trimHistory(tx, cur.LockKey)
+	return s.trimHistory(tx, cur.LockKey, hk)
 }
 
-// trimHistory keeps the newest HistoryPerIdentity entries of lockKey.
-func (s *Store) trimHistory(tx *layered.View, lockKey string) error {
+// trimHistory keeps the newest HistoryPerIdentity entries of lockKey,
+// whose newest entry (added) archive just wrote: the oldest go, found by
+// one seek each, and the identity's history count (kindHistoryCount) is
+// rewritten. The entry just added never goes: a count found higher than
+// the entries (damage) stops there and is corrected.
+func (s *Store) trimHistory(tx *layered.View, lockKey string, added []byte) error {
+	ident := tx.Bucket(bucketIdent)
+	n := historyCount(ident, lockKey)
 	prefix := historyPrefix(lockKey)
-	c := tx.Bucket(bucketIdent).Cursor()
-	var drop [][]byte
-	n := 0
-	for k, _ := seekLast(c, prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Prev() {
-		n++
-		if n > s.opts.HistoryPerIdentity {
-			drop = append(drop, bytes.Clone(k))
+	c := ident.Cursor()
+	for ; n > uint64(s.opts.HistoryPerIdentity); n-- {
+		k, _ := c.Seek(prefix)
+		if bytes.Equal(k, added) {
+			n = 1
+			break
 		}
-	}
-	for _, k := range drop {
-		if err := forgetHistory(tx, k); err != nil {
+		if err := dropHistory(tx, bytes.Clone(k)); err != nil {
 			return err
 		}
+	}
+	return ident.Put(historyCountKey(lockKey), u64(n))
+}
+
+// historyCount is the number of lockKey's history entries: its count
+// entry plus the one archive just added, or (no count yet: a file of
+// schema 8, or a malformed count) the entries counted one by one.
+func historyCount(ident *layered.Bucket, lockKey string) uint64 {
+	if v := ident.Get(historyCountKey(lockKey)); len(v) == 8 {
+		return binary.BigEndian.Uint64(v) + 1
+	}
+	prefix := historyPrefix(lockKey)
+	c := ident.Cursor()
+	var n uint64
+	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+		n++
+	}
+	return n
+}
+
+// forgetHistory deletes one history entry (k, a history key; see
+// dropHistory) and counts it out of its identity's history count.
+func forgetHistory(tx *layered.View, k []byte) error {
+	ident := tx.Bucket(bucketIdent)
+	if ident.Get(k) == nil {
+		return nil
+	}
+	if err := dropHistory(tx, k); err != nil {
+		return err
+	}
+	// The last entry's count goes with it (an identity without history
+	// keeps no count), as does a malformed one: the next archive counts.
+	ck := append(bytes.Clone(k[:packedLen]), kindHistoryCount)
+	if v := ident.Get(ck); len(v) == 8 && binary.BigEndian.Uint64(v) > 1 {
+		return ident.Put(ck, u64(binary.BigEndian.Uint64(v)-1))
+	} else if v != nil {
+		return ident.Delete(ck)
 	}
 	return nil
 }
 
-// forgetHistory deletes one history entry (k, a history key) and the
+// dropHistory deletes one history entry (k, a history key) and the
 // lease-id lookup it backs: only the lookup archiving this entry wrote
 // (this identity, the entry's terminal state and end), so an entry found
 // under k that is another identity's, or names a live lease or another
 // ended one (damage, a misplaced copy), never deletes that lease's lookup.
-func forgetHistory(tx *layered.View, k []byte) error {
+// The caller keeps the identity's history count.
+func dropHistory(tx *layered.View, k []byte) error {
 	hist := tx.Bucket(bucketIdent)
 	if h, err := lease.DecodeStoredHistory(hist.Get(k)); err == nil {
 		lockKey := unpackLockKey(k[:packedLen])

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -212,6 +213,15 @@ func TestSchemaV1Migrates(t *testing.T) {
 	}
 }
 
+// futureSchema is the schema version after this build's.
+func futureSchema(t *testing.T) string {
+	v, err := strconv.Atoi(schemaVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strconv.Itoa(v + 1)
+}
+
 // A store of an unknown future schema is refused, not opened.
 func TestUnknownSchemaRefused(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "leases.db")
@@ -224,12 +234,12 @@ func TestUnknownSchemaRefused(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		return b.Put(keySchema, []byte("9"))
+		return b.Put(keySchema, []byte(futureSchema(t)))
 	}); err != nil {
 		t.Fatal(err)
 	}
 	db.Close()
 	if _, err := Open(path, Options{}); lease.CodeOf(err) != lease.CodeCorrupt {
-		t.Fatalf("schema 9: %v, want corrupt", err)
+		t.Fatalf("future schema: %v, want corrupt", err)
 	}
 }

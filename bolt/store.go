@@ -46,9 +46,13 @@ import (
 // (ident.go) and drops the lock key from List index entries. Version 8
 // changes no value: its tree goes with a redo log (engine.go) that may
 // hold acknowledged writes the tree has not taken yet, which a build of
-// an older schema would not redo.
+// an older schema would not redo. Version 9 keeps a count of each
+// identity's history entries (kindHistoryCount) beside them, which a
+// build of an older schema would not keep up to date; a file of version 8
+// has none, and each identity's is made when it next ends a lease.
 const (
-	schemaVersion   = "8"
+	schemaVersion   = "9"
+	schemaVersionV8 = "8"
 	schemaVersionV7 = "7"
 	schemaVersionV6 = "6"
 	schemaVersionV5 = "5"
