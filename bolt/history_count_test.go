@@ -181,13 +181,8 @@ func TestHistoryCountMadeForSchema8File(t *testing.T) {
 		t.Fatalf("a schema 8 file does not open: %v", err)
 	}
 	defer s.Close()
-	if err := s.db.View(func(tx *bbolt.Tx) error {
-		if v := string(tx.Bucket(bucketMeta).Get(keySchema)); v != schemaVersion {
-			t.Errorf("schema %q after open, want %q", v, schemaVersion)
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
+	if v := storedSchema(t, s.db); v != schemaVersion {
+		t.Errorf("schema %q after open, want %q", v, schemaVersion)
 	}
 	if got := historyLeaseIDs(t, s, lockKey); !slices.Equal(got, ids) {
 		t.Fatalf("migration changed the history: %v, want %v", got, ids)

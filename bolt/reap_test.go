@@ -187,13 +187,8 @@ func TestSchemaV1Migrates(t *testing.T) {
 		t.Fatalf("open schema 1: %v", err)
 	}
 	defer s.Close()
-	if err := s.db.View(func(tx *bbolt.Tx) error {
-		if v := string(tx.Bucket(bucketMeta).Get(keySchema)); v != schemaVersion {
-			return fmt.Errorf("schema after open: %q", v)
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
+	if v := storedSchema(t, s.db); v != schemaVersion {
+		t.Fatalf("schema after open: %q", v)
 	}
 	if err := s.reap(ctx); err != nil {
 		t.Fatal(err)
@@ -220,6 +215,16 @@ func futureSchema(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return strconv.Itoa(v + 1)
+}
+
+// storedSchema is the schema version db's file records.
+func storedSchema(t *testing.T, db *bbolt.DB) string {
+	t.Helper()
+	var v string
+	if err := db.View(func(tx *bbolt.Tx) error { v = string(tx.Bucket(bucketMeta).Get(keySchema)); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return v
 }
 
 // A store of an unknown future schema is refused, not opened.

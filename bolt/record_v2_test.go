@@ -94,13 +94,8 @@ func TestActiveRecordsInVersion2AndVersion1StillRead(t *testing.T) {
 		t.Fatalf("a schema 5 file: %v", err)
 	}
 	defer s.Close()
-	if err := s.db.View(func(tx *bbolt.Tx) error {
-		if v := string(tx.Bucket(bucketMeta).Get(keySchema)); v != schemaVersion {
-			t.Errorf("schema %q after open, want %q", v, schemaVersion)
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
+	if v := storedSchema(t, s.db); v != schemaVersion {
+		t.Errorf("schema %q after open, want %q", v, schemaVersion)
 	}
 	if v := storedActive(t, s, b.LockKey); string(v) != encoded(t, b) {
 		t.Fatalf("opening rewrote a version 1 record: %q", v)
