@@ -146,3 +146,25 @@ func BenchmarkReapBacklog(b *testing.B) {
 		b.StartTimer()
 	}
 }
+
+// BenchmarkInspectManyFrozenLayers measures an Inspect of the oldest of
+// the leases written while flushes failed, over the frozen layers that
+// piled up meanwhile (one per batch), beside the same read over a few:
+// what TestS35EngineManyFrozenLayersReadCost requires in allocations,
+// here in time.
+func BenchmarkInspectManyFrozenLayers(b *testing.B) {
+	for _, n := range []int{5, 1500} {
+		b.Run(fmt.Sprintf("layers=%d", n), func(b *testing.B) {
+			s := openTemp(b, Options{ReapInterval: -1, FlushInterval: time.Nanosecond})
+			failing := failFlushes(s.group.engine)
+			defer failing.Store(false)
+			first := engineAcquire(b, s, "layers", n)[0].res.Lease
+			req := lease.InspectRequest{LeaseID: first.LeaseID, DeadlineAt: time.Now().Add(time.Hour)}
+			for b.Loop() {
+				if in, err := s.Inspect(context.Background(), req); err != nil || in.Lease == nil {
+					b.Fatalf("inspect: %+v, %v", in.Lease, err)
+				}
+			}
+		})
+	}
+}

@@ -63,7 +63,7 @@ type engineLease struct {
 	res lease.Result
 }
 
-func engineAcquire(t *testing.T, s *Store, prefix string, n int) []engineLease {
+func engineAcquire(t testing.TB, s *Store, prefix string, n int) []engineLease {
 	t.Helper()
 	ctx := context.Background()
 	far := time.Now().Add(time.Hour)
