@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"math"
 	"strconv"
 	"time"
 
@@ -468,9 +469,10 @@ func (s *Store) trimHistory(tx *layered.View, lockKey string, added []byte) erro
 
 // historyCount is the number of lockKey's history entries: its count
 // entry plus the one archive just added, or (no count yet: a file of
-// schema 8, or a malformed count) the entries counted one by one.
+// schema 8, or a malformed count, such as one that would wrap) the
+// entries counted one by one.
 func historyCount(ident *layered.Bucket, lockKey string) uint64 {
-	if v := ident.Get(historyCountKey(lockKey)); len(v) == 8 {
+	if v := ident.Get(historyCountKey(lockKey)); len(v) == 8 && binary.BigEndian.Uint64(v) < math.MaxUint64 {
 		return binary.BigEndian.Uint64(v) + 1
 	}
 	prefix := historyPrefix(lockKey)
