@@ -974,6 +974,9 @@ func TestReviewS37CountMaxValueWraps(t *testing.T) {
 	if n != uint64(len(ids)) {
 		t.Fatalf("count %d for %d entries", n, len(ids))
 	}
+	if want := all[len(all)-3:]; !slices.Equal(ids, want) {
+		t.Fatalf("kept %v, want the newest three %v", ids, want)
+	}
 }
 
 // Many writers end leases of a few identities at once (release, revoke,
