@@ -2,7 +2,6 @@ package bolt
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"slices"
 	"testing"
@@ -14,39 +13,19 @@ import (
 	"github.com/starintel/starlease/lease/leasetest"
 )
 
-// storedHistoryCount reads lockKey's history count from the file: ok is
-// false when it has none.
+// storedHistoryCount is lockKey's history count; ok is false when it has
+// none.
 func storedHistoryCount(t *testing.T, s *Store, lockKey string) (n uint64, ok bool) {
 	t.Helper()
-	if err := s.db.View(func(tx *bbolt.Tx) error {
-		v := tx.Bucket(bucketIdent).Get(historyCountKey(lockKey))
-		switch {
-		case v == nil:
-		case len(v) != 8:
-			t.Fatalf("history count of %d bytes", len(v))
-		default:
-			n, ok = binary.BigEndian.Uint64(v), true
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	_, n, ok = storedHistory(t, s, lockKey)
 	return n, ok
 }
 
 // historyLeaseIDs are the lease ids of lockKey's history entries, oldest
-// first, as the file holds them.
+// first.
 func historyLeaseIDs(t *testing.T, s *Store, lockKey string) []string {
 	t.Helper()
-	_, vals := rhEntries(t, s, lockKey)
-	ids := make([]string, 0, len(vals))
-	for _, v := range vals {
-		h, err := lease.DecodeStoredHistory(v)
-		if err != nil {
-			t.Fatalf("history entry does not decode: %v", err)
-		}
-		ids = append(ids, h.Record.LeaseID)
-	}
+	ids, _, _ := storedHistory(t, s, lockKey)
 	return ids
 }
 

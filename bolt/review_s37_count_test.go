@@ -27,20 +27,20 @@ import (
 	"github.com/starintel/starlease/lease/leasetest"
 )
 
-// s37Stored is what s holds (through the engine's layers, so unflushed
+// storedHistory is what s holds (through the engine's layers, so unflushed
 // writes count) of lockKey's history: the lease ids of its entries,
 // oldest first, and its count entry (has false if none).
-func s37Stored(t *testing.T, s *Store, lockKey string) (ids []string, count uint64, has bool) {
+func storedHistory(t *testing.T, s *Store, lockKey string) (ids []string, count uint64, has bool) {
 	t.Helper()
 	tx, release, _, err := s.readTx()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer release()
-	return s37StoredIn(t, tx, lockKey)
+	return storedHistoryIn(t, tx, lockKey)
 }
 
-func s37StoredIn(t *testing.T, tx *layered.View, lockKey string) (ids []string, count uint64, has bool) {
+func storedHistoryIn(t *testing.T, tx *layered.View, lockKey string) (ids []string, count uint64, has bool) {
 	t.Helper()
 	ident := tx.Bucket(bucketIdent)
 	prefix := historyPrefix(lockKey)
@@ -61,7 +61,7 @@ func s37StoredIn(t *testing.T, tx *layered.View, lockKey string) (ids []string, 
 	return ids, count, has
 }
 
-// s37FileStored is s37Stored read from the closed file at path itself.
+// s37FileStored is storedHistory read from the closed file at path itself.
 func s37FileStored(t *testing.T, path, lockKey string) (ids []string, count uint64, has bool) {
 	t.Helper()
 	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: time.Second, ReadOnly: true})
@@ -70,7 +70,7 @@ func s37FileStored(t *testing.T, path, lockKey string) (ids []string, count uint
 	}
 	defer db.Close()
 	if err := db.View(func(btx *bbolt.Tx) error {
-		ids, count, has = s37StoredIn(t, readView(btx), lockKey)
+		ids, count, has = storedHistoryIn(t, readView(btx), lockKey)
 		return nil
 	}); err != nil {
 		t.Fatal(err)
@@ -428,7 +428,7 @@ func (m *s37Model) restore(bound int) {
 func (m *s37Model) check(when string) {
 	m.t.Helper()
 	for _, id := range m.idents {
-		ids, count, has := s37Stored(m.t, m.s, id.lockKey)
+		ids, count, has := storedHistory(m.t, m.s, id.lockKey)
 		want := make([]string, len(id.hist))
 		for i, e := range id.hist {
 			want[i] = e.id
@@ -627,7 +627,7 @@ func s37LockKey(t *testing.T, target string) string {
 // exactly those of all.
 func s37Want(t *testing.T, s *Store, lockKey string, want, all []string, wantCount int, when string) {
 	t.Helper()
-	ids, n, has := s37Stored(t, s, lockKey)
+	ids, n, has := storedHistory(t, s, lockKey)
 	if !slices.Equal(ids, want) {
 		t.Fatalf("%s: history %v, want %v", when, ids, want)
 	}
@@ -967,7 +967,7 @@ func TestReviewS37CountMaxValueWraps(t *testing.T) {
 	all := s37Ends(t, s, "w1", "s37-wrap", 3)
 	setHistoryCount(t, s, key, u64(^uint64(0)))
 	all = append(all, s37Ends(t, s, "w2", "s37-wrap", 5)...)
-	ids, n, _ := s37Stored(t, s, key)
+	ids, n, _ := storedHistory(t, s, key)
 	if len(ids) > 3 {
 		t.Fatalf("a count of 2^64-1 breaks the bound: %d entries kept (bound 3), count %d", len(ids), n)
 	}
@@ -1091,7 +1091,7 @@ func TestReviewS37CountConcurrentWritersAndReaper(t *testing.T) {
 		cutoff := lease.At(c.Now()).UnixMilli() - o.HistoryRetention.Milliseconds() - 1
 		for _, target := range targets {
 			key := s37LockKey(t, target)
-			ids, n, has := s37Stored(t, s, key)
+			ids, n, has := storedHistory(t, s, key)
 			if pass == 0 {
 				total += len(ids)
 			}
@@ -1159,7 +1159,7 @@ func TestReviewS37CountConcurrentWritersAndReaper(t *testing.T) {
 			rhRelease(t, s, fmt.Sprintf("con-tail-rel-%s-%d", target, i), a.Lease)
 			all = append(all, a.Lease.LeaseID)
 		}
-		ids, n, _ := s37Stored(t, s, key)
+		ids, n, _ := storedHistory(t, s, key)
 		if !slices.Equal(ids, all[1:]) || n != 3 {
 			t.Fatalf("%s after the tail: %v, count %d; want %v", target, ids, n, all[1:])
 		}
