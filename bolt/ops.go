@@ -455,12 +455,12 @@ func (s *Store) trimHistory(tx *layered.View, lockKey string, added []byte) erro
 	prefix := historyPrefix(lockKey)
 	c := ident.Cursor()
 	for ; n > uint64(s.opts.HistoryPerIdentity); n-- {
-		k, _ := c.Seek(prefix)
+		k, v := c.Seek(prefix)
 		if bytes.Equal(k, added) {
 			n = 1
 			break
 		}
-		if err := dropHistory(tx, bytes.Clone(k)); err != nil {
+		if err := dropHistory(tx, bytes.Clone(k), v); err != nil {
 			return err
 		}
 	}
@@ -488,15 +488,16 @@ func historyCount(ident *layered.Bucket, lockKey string) uint64 {
 // dropHistory) and counts it out of its identity's history count.
 func forgetHistory(tx *layered.View, k []byte) error {
 	ident := tx.Bucket(bucketIdent)
-	if ident.Get(k) == nil {
+	v := ident.Get(k)
+	if v == nil {
 		return nil
 	}
-	if err := dropHistory(tx, k); err != nil {
+	if err := dropHistory(tx, k, v); err != nil {
 		return err
 	}
 	// The last entry's count goes with it (an identity without history
 	// keeps no count), as does a malformed one: the next archive counts.
-	ck := append(bytes.Clone(k[:packedLen]), kindHistoryCount)
+	ck := historyCountKey(unpackLockKey(k[:packedLen]))
 	if v := ident.Get(ck); len(v) == 8 && binary.BigEndian.Uint64(v) > 1 {
 		return ident.Put(ck, u64(binary.BigEndian.Uint64(v)-1))
 	} else if v != nil {
@@ -505,15 +506,16 @@ func forgetHistory(tx *layered.View, k []byte) error {
 	return nil
 }
 
-// dropHistory deletes one history entry (k, a history key) and the
-// lease-id lookup it backs: only the lookup archiving this entry wrote
-// (this identity, the entry's terminal state and end), so an entry found
-// under k that is another identity's, or names a live lease or another
-// ended one (damage, a misplaced copy), never deletes that lease's lookup.
-// The caller keeps the identity's history count.
-func dropHistory(tx *layered.View, k []byte) error {
+// dropHistory deletes one history entry (k, a history key, whose value
+// the caller read: v) and the lease-id lookup it backs: only the lookup
+// archiving this entry wrote (this identity, the entry's terminal state
+// and end), so an entry found under k that is another identity's, or
+// names a live lease or another ended one (damage, a misplaced copy),
+// never deletes that lease's lookup. The caller keeps the identity's
+// history count.
+func dropHistory(tx *layered.View, k, v []byte) error {
 	hist := tx.Bucket(bucketIdent)
-	if h, err := lease.DecodeStoredHistory(hist.Get(k)); err == nil {
+	if h, err := lease.DecodeStoredHistory(v); err == nil {
 		lockKey := unpackLockKey(k[:packedLen])
 		leases := tx.Bucket(bucketLeases)
 		own := leaseStateValue(lockKey, h.Record.State, h.EndedAt.UnixMilli())
