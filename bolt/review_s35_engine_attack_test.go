@@ -835,8 +835,8 @@ func TestS35EngineRedologEmptyLastSegment(t *testing.T) {
 // Perf hazard: while flushes fail, every batch interval freezes one more
 // layer, and readers go through all of them. A read must not copy or
 // rebuild the layers: an Inspect of the oldest lease over ~1500 frozen
-// layers allocates no more than one over a handful, and answers that
-// lease; a List answers too. (What such a read costs in time is
+// layers allocates nothing per layer beyond one over a handful, and
+// answers that lease; a List answers too. (What such a read costs in time is
 // BenchmarkInspectManyFrozenLayers'.)
 func TestS35EngineManyFrozenLayersReadCost(t *testing.T) {
 	s := openTemp(t, Options{ReapInterval: -1, FlushInterval: time.Nanosecond})
@@ -853,7 +853,11 @@ func TestS35EngineManyFrozenLayersReadCost(t *testing.T) {
 	if many < 1000 {
 		t.Fatalf("only %d frozen layers after 1500 acquires while flushes fail", many)
 	}
-	if manyAllocs > fewAllocs+2 || manyBytes > fewBytes+1024 {
+	// A cost per layer is at least one allocation or 8 bytes (a pointer)
+	// for each of them; goroutines of earlier tests that still run add a
+	// few allocations and some hundreds of bytes per read under load
+	// (measured 7 and 440 in a CI check), more over the longer reads.
+	if manyAllocs > fewAllocs+uint64(many)/10 || manyBytes > fewBytes+2*uint64(many) {
 		t.Errorf("Inspect allocates %d times (%d bytes) over %d frozen layers, %d (%d) over %d", manyAllocs, manyBytes, many, fewAllocs, fewBytes, few)
 	}
 	first := leases[0].res.Lease
