@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -90,4 +91,26 @@ func inCrashChild(t *testing.T, env, parent string) (s *Store, round string, say
 		mu.Unlock()
 	}
 	return s, os.Getenv(env + "_ROUND"), say
+}
+
+// inOwnProcess runs the test t names in a child process of this test
+// binary (env set to "1" there) and reports whether the caller is that
+// child, which then runs the test's body. Outside the child it waits for
+// the child and fails t unless the child's test passed. For a test that
+// changes what is the whole process's, such as a resource limit: lowered
+// in the test binary itself, RLIMIT_FSIZE also stopped the go command's
+// test log and any other test's files.
+func inOwnProcess(t *testing.T, env string) (child bool) {
+	t.Helper()
+	if os.Getenv(env) == "1" {
+		return true
+	}
+	cmd := exec.Command(os.Args[0], fmt.Sprintf("-test.run=^%s$", t.Name()), "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), env+"=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS: "+t.Name()+" ") {
+		t.Fatalf("the test in its own process failed (%v):\n%s", err, out)
+	}
+	t.Logf("in its own process:\n%s", out)
+	return false
 }
