@@ -79,7 +79,18 @@ type engine struct {
 	// failed, once set, refuses every later write: an append whose outcome
 	// is unknown may be redone at the next Open, so nothing may be written
 	// after it in this process.
-	failed   error
+	failed error
+	// prev is the last batch handed to complete (e.mu): its redo record
+	// is appended and synced while the next batch runs its functions.
+	prev *inflight
+	// topMu orders writes to top (a batch's functions) with the rollback
+	// of a batch whose append failed; applied, under it, is the last
+	// batch whose functions wrote to top.
+	topMu   sync.Mutex
+	applied int
+	// waiting, if set, is how many writes wait for the next batch: with
+	// none, a batch appends its record before run returns.
+	waiting  func() int
 	flushErr error // the last flush's failure, while layers wait
 	// flushMu runs one flush at a time.
 	flushMu   sync.Mutex
@@ -94,6 +105,22 @@ type frozenLayer struct {
 	seq   uint64 // the last redo record it holds
 	bytes int64  // its records' payload bytes
 	batch int    // the last batch it holds
+}
+
+// inflight is a batch whose writes are in top and whose redo record is
+// being appended and synced (complete), while the next batch runs its
+// functions over those writes. It is answered, and shown to readers,
+// only once its record is durable; the next batch only after it.
+type inflight struct {
+	id      int
+	batch   []*groupCall
+	w       *layered.View // its writer, which can undo its writes in top
+	start   layered.Mark
+	snap    *layered.Layer // top as its functions left it
+	payload []byte
+	err     error // its append's failure, set before done closes
+	undone  bool  // its writes were rolled back (topMu)
+	done    chan struct{}
 }
 
 // frozenLayersLocked is front followed by the frozen layers, newest
@@ -298,8 +325,110 @@ func logDirID(dir string) ([]byte, error) {
 // run runs batch: each function on a writer over the acknowledged layers
 // (one that fails rolled back alone), one redo record of the batch's
 // writes, then the batch is published to readers and answered.
+//
+// With a flush interval, the record is appended and synced by complete,
+// in a goroutine of its own, and run returns at once, so the next batch
+// runs its functions while this one waits for the disk (a pipeline two
+// batches deep): the next batch sees this one's writes, appends only
+// after this one's record is durable, and fails, its writes undone, if
+// this one's append failed. Without an interval everything is done here,
+// in order (runInline).
 func (e *engine) run(batch []*groupCall) {
+	if e.interval <= 0 {
+		e.runInline(batch)
+		return
+	}
 	e.recover()
+	if e.wantFreeze.Swap(false) || time.Since(e.frozeAt) >= e.interval {
+		// Only once every batch in top is durable: a frozen layer goes
+		// to the tree, which must never take a write the log may lose.
+		e.drain()
+		e.mu.Lock()
+		if e.freezeLocked() {
+			e.kickFlusher()
+		}
+		e.mu.Unlock()
+	}
+	id, top, older, refuse := e.begin()
+	if refuse != nil {
+		e.drain()
+		e.publishNothing(id)
+		answer(batch, refuse)
+		return
+	}
+	e.topMu.Lock()
+	e.mu.Lock()
+	refuse = e.failed
+	e.mu.Unlock()
+	if refuse != nil {
+		e.topMu.Unlock()
+		e.drain()
+		e.publishNothing(id)
+		answer(batch, refuse)
+		return
+	}
+	e.mu.Lock()
+	prev := e.prev
+	e.mu.Unlock()
+	// Whether this batch runs over the writes of the batch before (still
+	// in top: its append is under way or succeeded).
+	overPrev := prev != nil && !prev.undone
+	cur, err := e.apply(batch, id, top, older)
+	if err == nil && cur.payload != nil {
+		e.mu.Lock()
+		e.prev = cur
+		e.mu.Unlock()
+	}
+	e.topMu.Unlock()
+	if err != nil {
+		e.drain()
+		e.publishNothing(id)
+		answer(batch, err)
+		return
+	}
+	if prev != nil {
+		<-prev.done
+	}
+	if overPrev && prev.err != nil {
+		// This batch ran over writes whose record may be lost: undone,
+		// newest first, and refused (nothing of it was appended, so its
+		// own err stays nil: later batches run over none of its writes).
+		e.topMu.Lock()
+		if cur.payload != nil {
+			cur.w.Rollback(cur.start)
+			cur.undone = true
+		}
+		if !prev.undone {
+			prev.w.Rollback(prev.start)
+			prev.undone = true
+		}
+		e.topMu.Unlock()
+		e.publishNothing(id)
+		answer(batch, fmt.Errorf("%w: %v", errEngineFailed, prev.err))
+		close(cur.done)
+		return
+	}
+	if cur.payload == nil {
+		// Nothing to append; shown in order, after the batch before.
+		e.mu.Lock()
+		e.snap.Store(&engineSnap{layers: e.frozenLayersLocked(cur.snap), id: id})
+		e.mu.Unlock()
+		answer(batch, nil)
+		close(cur.done)
+		return
+	}
+	if e.waiting != nil && e.waiting() > 0 {
+		go e.complete(cur)
+		return
+	}
+	// Nobody waits to run next: no goroutine to hand over to (at one
+	// writer that would only add a switch to every write).
+	e.complete(cur)
+}
+
+// begin numbers the next batch and checks that writes are taken: refuse
+// is why not (an append that failed, too much waiting for a flush).
+func (e *engine) begin() (id int, top *layered.Layer, older []*layered.Layer, refuse error) {
 	e.mu.Lock()
 	if e.failed == nil && e.pendingLocked() > e.maxPending {
 		// Past the bound: a flush now (the disk may have room again)
@@ -308,13 +437,101 @@ func (e *engine) run(batch []*groupCall) {
 		_ = e.flush()
 		e.mu.Lock()
 	}
-	refuse := e.failed
+	refuse = e.failed
 	if refuse == nil && e.pendingLocked() > e.maxPending {
 		refuse = fmt.Errorf("%w: %v", errRedoBacklog, e.flushErr)
 	}
 	e.batch++
-	id, top, older := e.batch, e.top, e.frozenLayersLocked()
+	id, top, older = e.batch, e.top, e.frozenLayersLocked()
 	e.mu.Unlock()
+	return id, top, older, refuse
+}
+
+// apply runs batch's functions on a writer over top (topMu held): the
+// batch as it goes to complete, with its redo payload (nil if it wrote
+// nothing).
+func (e *engine) apply(batch []*groupCall, id int, top *layered.Layer, older []*layered.Layer) (*inflight, error) {
+	tx, err := e.db.Begin(false)
+	if err != nil {
+		for _, c := range batch {
+			c.err = err
+		}
+		return nil, err
+	}
+	defer func() { _ = tx.Rollback() }()
+	w := layered.NewWriter(baseOf{tx}, top, older...)
+	w.SetID(id)
+	start := w.Mark()
+	runEach(w, batch)
+	cur := &inflight{id: id, batch: batch, w: w, start: start, done: make(chan struct{})}
+	if changes := w.Changes(); len(changes) > 0 {
+		cur.payload = e.encode(changes)
+		e.applied = id
+	}
+	cur.snap = w.Snapshot()
+	return cur, nil
+}
+
+// complete appends and syncs cur's redo record, then shows cur to readers
+// and answers it. If the append fails, the engine takes no more writes
+// until the log recovers, and cur's writes are undone: here, unless the
+// next batch has written over them (it undoes both, see run).
+func (e *engine) complete(cur *inflight) {
+	e.logMu.Lock()
+	seq, err := e.log.Append(cur.payload)
+	e.logMu.Unlock()
+	if err != nil {
+		e.topMu.Lock()
+		e.mu.Lock()
+		e.failed = fmt.Errorf("%w: %v", errEngineFailed, err)
+		e.mu.Unlock()
+		if e.applied == cur.id {
+			cur.w.Rollback(cur.start)
+			cur.undone = true
+		}
+		e.topMu.Unlock()
+		e.publishNothing(cur.id)
+		cur.err = err
+		answer(cur.batch, err)
+		close(cur.done)
+		return
+	}
+	e.mu.Lock()
+	e.topSeq = seq
+	e.topBytes += int64(len(cur.payload))
+	e.snap.Store(&engineSnap{layers: e.frozenLayersLocked(cur.snap), id: cur.id})
+	e.mu.Unlock()
+	answer(cur.batch, nil)
+	close(cur.done)
+}
+
+// drain waits until the last batch handed to complete is answered.
+func (e *engine) drain() {
+	e.mu.Lock()
+	prev := e.prev
+	e.mu.Unlock()
+	if prev != nil {
+		<-prev.done
+	}
+}
+
+// publishNothing shows readers batch id as a batch that changed nothing:
+// the layers they see stay, and reads stop deferring to its time.
+func (e *engine) publishNothing(id int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	cur := e.snap.Load()
+	if cur.id < id {
+		e.snap.Store(&engineSnap{layers: cur.layers, id: id})
+	}
+}
+
+// runInline is run without a flush interval: each batch's record is
+// appended, the batch published, and the tree flushed, before the next
+// batch runs.
+func (e *engine) runInline(batch []*groupCall) {
+	e.recover()
+	id, top, older, refuse := e.begin()
 	if refuse != nil {
 		e.publish(id, top)
 		answer(batch, refuse)
@@ -322,7 +539,7 @@ func (e *engine) run(batch []*groupCall) {
 	}
 	err := e.write(batch, id, top, older)
 	e.publish(id, top)
-	if err == nil && e.interval <= 0 {
+	if err == nil {
 		// Durable in the log already: a flush that fails is retried.
 		if e.flush() != nil {
 			e.kickFlusher()
@@ -505,6 +722,7 @@ func (e *engine) flush() error {
 // caller synced first and where no other write runs. Readers see it as
 // batch id once it committed.
 func (e *engine) exclusive(fn func(tx *bbolt.Tx, id int) error) error {
+	e.drain()
 	e.mu.Lock()
 	if len(e.frozen) > 0 || !e.top.Empty() {
 		e.mu.Unlock()
@@ -574,6 +792,7 @@ func (e *engine) health() error {
 // close flushes everything and closes the log. The store refuses new
 // writes already; the caller has let the group run the last ones (sync).
 func (e *engine) close() error {
+	e.drain()
 	close(e.stop)
 	e.flusherWG.Wait()
 	err := e.flush()

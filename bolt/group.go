@@ -127,6 +127,7 @@ func (g *groupCommit) alone(fn func(*layered.View) error) error {
 	defer g.soloMu.Unlock()
 	c := &groupCall{fn: fn, done: make(chan struct{})}
 	g.commit([]*groupCall{c})
+	<-c.done // the engine answers once the batch's record is durable
 	return c.err
 }
 

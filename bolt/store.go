@@ -133,23 +133,24 @@ type Store struct {
 	records *lease.RecordMemo
 
 	// Backend time. tmu orders time readings with transactions: lastMs
-	// keeps the process clock monotone; pendingTx and pendingMs are the id
-	// and first backend time of the write transaction in progress, which
-	// reads that do not see it must not be later than (see readTx). The
-	// engine shows every batch to readers under its id, one that failed
-	// too, so a registration never outlives its batch.
+	// keeps the process clock monotone; pending holds the id and first
+	// backend time of each write batch not yet shown to readers (two
+	// while one waits for the disk and the next runs its functions,
+	// oldest first), which reads that do not see it must not be later
+	// than (see readTx). The engine shows every batch to readers under
+	// its id, one that failed too, so a registration never outlives its
+	// batch.
 	// gate, when not empty, closes the namespace (a restore awaiting
 	// recovery verification): every mutation is refused, reads answer.
 	// Read at Open: only recovery clears it, and bbolt admits one process
 	// per file, so it cannot change under an open store.
 	gate string
 
-	tmu       sync.Mutex
-	lastMs    int64
-	pendingTx int
-	pendingMs int64
-	stop      chan struct{}
-	wg        sync.WaitGroup
+	tmu     sync.Mutex
+	lastMs  int64
+	pending []pendingTime
+	stop    chan struct{}
+	wg      sync.WaitGroup
 }
 
 var _ lease.Store = (*Store)(nil)
@@ -230,6 +231,7 @@ func Open(path string, o Options) (*Store, error) {
 	if s.gate != "" {
 		s.log.Warn("lease namespace is closed; mutations are refused", "reason", s.gate)
 	}
+	eng.waiting = s.group.queue.Queued
 	s.group.engine = eng
 	if err := db.View(func(tx *bbolt.Tx) error {
 		if v := tx.Bucket(bucketMeta).Get(keyClock); len(v) == 8 {
@@ -402,8 +404,11 @@ func (s *Store) clock(tx *layered.View) lease.Timestamp {
 	now := s.monotoneMs(tx)
 	if tx.Writable() {
 		_ = tx.Bucket(bucketMeta).Put(keyClock, u64(uint64(now)))
-		if s.pendingTx != tx.ID() {
-			s.pendingTx, s.pendingMs = tx.ID(), now
+		if e := s.group.engine; e != nil {
+			s.dropShownLocked(e.snap.Load().id)
+		}
+		if n := len(s.pending); n == 0 || s.pending[n-1].id != tx.ID() {
+			s.pending = append(s.pending, pendingTime{id: tx.ID(), ms: now})
 		}
 	}
 	return lease.UnixMilli(now)
@@ -436,8 +441,9 @@ func (s *Store) readTx() (*layered.View, func(), lease.Timestamp, error) {
 		snap := e.snap.Load()
 		now := max(s.now().UnixMilli(), s.lastMs)
 		s.lastMs = now
-		if s.pendingTx > snap.id && s.pendingMs < now {
-			now = s.pendingMs
+		s.dropShownLocked(snap.id)
+		if len(s.pending) > 0 && s.pending[0].ms < now {
+			now = s.pending[0].ms
 		}
 		s.tmu.Unlock()
 		tx, release, ok, err := e.readerAt(snap)
@@ -447,6 +453,24 @@ func (s *Store) readTx() (*layered.View, func(), lease.Timestamp, error) {
 		if ok {
 			return tx, release, lease.UnixMilli(now), nil
 		}
+	}
+}
+
+// pendingTime is a write batch's id and the first backend time it read.
+type pendingTime struct {
+	id int
+	ms int64
+}
+
+// dropShownLocked forgets the pending times of batches readers see (id
+// and older). tmu held.
+func (s *Store) dropShownLocked(id int) {
+	n := 0
+	for n < len(s.pending) && s.pending[n].id <= id {
+		n++
+	}
+	if n > 0 {
+		s.pending = append(s.pending[:0], s.pending[n:]...)
 	}
 }
 
