@@ -69,6 +69,9 @@ type engine struct {
 	// flushHook, if set, runs in each flush's transaction before its
 	// commit: tests make flushes fail there.
 	flushHook func() error
+	// appendHook, if set, runs before each pipelined batch's redo append
+	// (complete): tests hold a batch in flight there.
+	appendHook func(id int)
 	// exMu keeps readers from taking a snapshot and a tree transaction
 	// while exclusive writes the tree and publishes its batch.
 	exMu    sync.RWMutex
@@ -477,6 +480,9 @@ func (e *engine) apply(batch []*groupCall, id int, top *layered.Layer, older []*
 // until the log recovers, and cur's writes are undone: here, unless the
 // next batch has written over them (it undoes both, see run).
 func (e *engine) complete(cur *inflight) {
+	if e.appendHook != nil {
+		e.appendHook(cur.id)
+	}
 	e.logMu.Lock()
 	seq, err := e.log.Append(cur.payload)
 	e.logMu.Unlock()
