@@ -330,7 +330,8 @@ func logDirID(dir string) ([]byte, error) {
 // writes, then the batch is published to readers and answered.
 //
 // With a flush interval, the record is appended and synced by complete,
-// in a goroutine of its own, and run returns at once, so the next batch
+// in a goroutine of its own when other writes wait, and run returns at
+// once, so the next batch
 // runs its functions while this one waits for the disk (a pipeline two
 // batches deep): the next batch sees this one's writes, appends only
 // after this one's record is durable, and fails, its writes undone, if
@@ -361,7 +362,7 @@ func (e *engine) run(batch []*groupCall) {
 	}
 	e.topMu.Lock()
 	e.mu.Lock()
-	refuse = e.failed
+	refuse, prev := e.failed, e.prev
 	e.mu.Unlock()
 	if refuse != nil {
 		e.topMu.Unlock()
@@ -370,9 +371,6 @@ func (e *engine) run(batch []*groupCall) {
 		answer(batch, refuse)
 		return
 	}
-	e.mu.Lock()
-	prev := e.prev
-	e.mu.Unlock()
 	// Whether this batch runs over the writes of the batch before (still
 	// in top: its append is under way or succeeded).
 	overPrev := prev != nil && !prev.undone
