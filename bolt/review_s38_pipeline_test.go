@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	bbolt "go.etcd.io/bbolt"
-
 	"github.com/starintel/starlease/internal/layered"
 	"github.com/starintel/starlease/internal/testenv"
 	"github.com/starintel/starlease/lease"
@@ -507,14 +505,7 @@ func s38TreeActive(t *testing.T, s *Store, target string) []byte {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var v []byte
-	if err := s.db.View(func(tx *bbolt.Tx) error {
-		v = bytes.Clone(tx.Bucket(bucketIdent).Get(activeKey(key)))
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	return v
+	return storedActive(t, s, key)
 }
 
 // 4. A freeze asked for (sync) while a batch is held: the freeze waits
