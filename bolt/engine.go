@@ -355,9 +355,7 @@ func (e *engine) run(batch []*groupCall) {
 	}
 	id, top, older, refuse := e.begin()
 	if refuse != nil {
-		e.drain()
-		e.publishNothing(id)
-		answer(batch, refuse)
+		e.refuse(id, batch, refuse)
 		return
 	}
 	e.topMu.Lock()
@@ -366,9 +364,7 @@ func (e *engine) run(batch []*groupCall) {
 	e.mu.Unlock()
 	if refuse != nil {
 		e.topMu.Unlock()
-		e.drain()
-		e.publishNothing(id)
-		answer(batch, refuse)
+		e.refuse(id, batch, refuse)
 		return
 	}
 	// Whether this batch runs over the writes of the batch before (still
@@ -382,9 +378,7 @@ func (e *engine) run(batch []*groupCall) {
 	}
 	e.topMu.Unlock()
 	if err != nil {
-		e.drain()
-		e.publishNothing(id)
-		answer(batch, err)
+		e.refuse(id, batch, err)
 		return
 	}
 	if prev != nil {
@@ -404,18 +398,12 @@ func (e *engine) run(batch []*groupCall) {
 			prev.undone = true
 		}
 		e.topMu.Unlock()
-		e.publishNothing(id)
-		answer(batch, fmt.Errorf("%w: %v", errEngineFailed, prev.err))
-		close(cur.done)
+		e.settle(cur, fmt.Errorf("%w: %v", errEngineFailed, prev.err))
 		return
 	}
 	if cur.payload == nil {
 		// Nothing to append; shown in order, after the batch before.
-		e.mu.Lock()
-		e.snap.Store(&engineSnap{layers: e.frozenLayersLocked(cur.snap), id: id})
-		e.mu.Unlock()
-		answer(batch, nil)
-		close(cur.done)
+		e.settle(cur, nil)
 		return
 	}
 	if e.waiting != nil && e.waiting() > 0 {
@@ -494,19 +482,38 @@ func (e *engine) complete(cur *inflight) {
 			cur.undone = true
 		}
 		e.topMu.Unlock()
-		e.publishNothing(cur.id)
 		cur.err = err
-		answer(cur.batch, err)
-		close(cur.done)
+		e.settle(cur, err)
 		return
 	}
 	e.mu.Lock()
 	e.topSeq = seq
 	e.topBytes += int64(len(cur.payload))
-	e.snap.Store(&engineSnap{layers: e.frozenLayersLocked(cur.snap), id: cur.id})
 	e.mu.Unlock()
-	answer(cur.batch, nil)
+	e.settle(cur, nil)
+}
+
+// settle shows cur to readers, its writes if answerErr is nil and else as a
+// batch that changed nothing, then answers its calls and marks it done.
+func (e *engine) settle(cur *inflight, answerErr error) {
+	if answerErr == nil {
+		e.mu.Lock()
+		e.snap.Store(&engineSnap{layers: e.frozenLayersLocked(cur.snap), id: cur.id})
+		e.mu.Unlock()
+	} else {
+		e.publishNothing(cur.id)
+	}
+	answer(cur.batch, answerErr)
 	close(cur.done)
+}
+
+// refuse answers a batch that runs no function (or could not) with err,
+// once the batch before it is answered, and shows it as one that changed
+// nothing.
+func (e *engine) refuse(id int, batch []*groupCall, err error) {
+	e.drain()
+	e.publishNothing(id)
+	answer(batch, err)
 }
 
 // drain waits until the last batch handed to complete is answered.
