@@ -1,6 +1,7 @@
 package bolt
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/base64"
 	"strings"
@@ -82,7 +83,13 @@ func unpackLockKey(packed []byte) string {
 }
 
 func identKey(lockKey string, kind byte, rest []byte) []byte {
-	return append(append(packLockKey(lockKey), kind), rest...)
+	return packedIdentKey(packLockKey(lockKey), kind, rest)
+}
+
+// packedIdentKey is identKey of a packed lock key (which it extends: pass
+// a copy unless it is the caller's own).
+func packedIdentKey(packed []byte, kind byte, rest []byte) []byte {
+	return append(append(packed, kind), rest...)
 }
 
 func activeKey(lockKey string) []byte { return identKey(lockKey, kindActive, nil) }
@@ -100,6 +107,12 @@ func historyKey(lockKey string, seq uint64) []byte {
 }
 
 func historyCountKey(lockKey string) []byte { return identKey(lockKey, kindHistoryCount, nil) }
+
+// historyCountKeyOf is the history count key of the identity whose ident
+// key k is.
+func historyCountKeyOf(k []byte) []byte {
+	return packedIdentKey(bytes.Clone(k[:packedLen]), kindHistoryCount, nil)
+}
 
 // isIdemKey reports an evidence key: packed lock key ‖ kindIdem ‖ packed
 // scope.

@@ -497,7 +497,7 @@ func forgetHistory(tx *layered.View, k []byte) error {
 	}
 	// The last entry's count goes with it (an identity without history
 	// keeps no count), as does a malformed one: the next archive counts.
-	ck := historyCountKey(unpackLockKey(k[:packedLen]))
+	ck := historyCountKeyOf(k)
 	if v := ident.Get(ck); len(v) == 8 && binary.BigEndian.Uint64(v) > 1 {
 		return ident.Put(ck, u64(binary.BigEndian.Uint64(v)-1))
 	} else if v != nil {
