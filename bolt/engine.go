@@ -42,7 +42,9 @@ type engine struct {
 	db  *bbolt.DB
 	id  []byte
 	log *redolog.Log
-	// logMu serializes the log's appends (committer) and drops (flusher).
+	// logMu serializes the log's appends (committer) and the changes to
+	// its list of segments (the flusher's Obsolete and Forget); the
+	// flusher deletes segment files without it.
 	logMu sync.Mutex
 	// interval is how long batches accumulate before a flush; zero or less
 	// flushes every batch before it is answered (tests that read the tree
@@ -69,6 +71,9 @@ type engine struct {
 	// flushHook, if set, runs in each flush's transaction before its
 	// commit: tests make flushes fail there.
 	flushHook func() error
+	// removeHook, if set, runs in each flush before it deletes the redo
+	// segments the tree holds (tests).
+	removeHook func()
 	// appendHook, if set, runs before each pipelined batch's redo append
 	// (complete): tests hold a batch in flight there.
 	appendHook func(id int)
@@ -160,6 +165,10 @@ var (
 	errRedoBacklog = errors.New("the redo log waits for a flush that keeps failing")
 )
 
+// redoSegmentSize is the redo log's segment size; zero is redolog's
+// default (tests make it small).
+var redoSegmentSize int64
+
 // DefaultFlushInterval is how long acknowledged batches wait in memory
 // (and in the redo log) before the tree takes them in one commit.
 const DefaultFlushInterval = 100 * time.Millisecond
@@ -200,7 +209,7 @@ func openEngine(db *bbolt.DB, dir string, interval time.Duration, fills []bucket
 	}); err != nil {
 		return nil, err
 	}
-	log, recs, err := redolog.Open(dir, applied+1, redolog.Options{})
+	log, recs, err := redolog.Open(dir, applied+1, redolog.Options{SegmentSize: redoSegmentSize})
 	if err != nil {
 		return nil, err
 	}
@@ -223,7 +232,7 @@ func openEngine(db *bbolt.DB, dir string, interval time.Duration, fills []bucket
 		if err := os.RemoveAll(dir); err != nil {
 			return nil, err
 		}
-		if log, recs, err = redolog.Open(dir, applied+1, redolog.Options{}); err != nil {
+		if log, recs, err = redolog.Open(dir, applied+1, redolog.Options{SegmentSize: redoSegmentSize}); err != nil {
 			return nil, err
 		}
 		if logID, err = logDirID(dir); err != nil {
@@ -723,9 +732,21 @@ func (e *engine) flush() error {
 	cur := e.snap.Load()
 	e.snap.Store(&engineSnap{layers: cur.layers[:len(cur.layers)-min(len(todo), len(cur.layers))], id: cur.id})
 	e.mu.Unlock()
+	// The obsolete segments are deleted without logMu: appends do not
+	// wait for their unlinks (redolog's Remove). Flushes run one at a
+	// time (flushMu), so the segments Forget takes off are still the
+	// oldest.
 	e.logMu.Lock()
-	defer e.logMu.Unlock()
-	return e.log.Drop(upTo + 1)
+	obsolete := e.log.Obsolete(upTo + 1)
+	e.logMu.Unlock()
+	if e.removeHook != nil {
+		e.removeHook()
+	}
+	n, err := e.log.Remove(obsolete)
+	e.logMu.Lock()
+	e.log.Forget(n)
+	e.logMu.Unlock()
+	return err
 }
 
 // exclusive runs fn in a write transaction of its own, as the next batch

@@ -289,14 +289,39 @@ func checksum(salt, seqAndPayload []byte) uint32 {
 // Drop deletes the segments whose records all have sequence numbers
 // below upTo (the tree holds them now). The segment taking appends stays.
 func (l *Log) Drop(upTo uint64) error {
-	for len(l.segs) > 1 && l.segs[1].first <= upTo {
-		if err := os.Remove(l.segs[0].path); err != nil {
-			return err
-		}
-		l.segs = l.segs[1:]
-	}
-	return syncdir.Sync(l.dir)
+	n, err := l.Remove(l.Obsolete(upTo))
+	l.Forget(n)
+	return err
 }
+
+// Obsolete returns the paths of the segments whose records all have
+// sequence numbers below upTo, oldest first: what Drop deletes. The
+// segment taking appends is never one.
+func (l *Log) Obsolete(upTo uint64) []string {
+	var paths []string
+	for i := 0; i+1 < len(l.segs) && l.segs[i+1].first <= upTo; i++ {
+		paths = append(paths, l.segs[i].path)
+	}
+	return paths
+}
+
+// Remove deletes the segment files paths (Obsolete's), oldest first,
+// makes their removal durable and returns how many it deleted, which the
+// caller then Forgets. It reads nothing an append changes, so it may run
+// while another goroutine appends (Obsolete and Forget may not): a
+// preallocated segment's unlink frees its blocks, which under write load
+// took 42 ms, and appends need not wait for that.
+func (l *Log) Remove(paths []string) (int, error) {
+	for i, p := range paths {
+		if err := os.Remove(p); err != nil {
+			return i, err
+		}
+	}
+	return len(paths), syncdir.Sync(l.dir)
+}
+
+// Forget takes the oldest n segments, which Remove deleted, off the log.
+func (l *Log) Forget(n int) { l.segs = l.segs[n:] }
 
 // Reset removes every segment: the caller's tree holds every record
 // (a clean close). The log goes on at the same number, and its next

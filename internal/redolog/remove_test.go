@@ -1,0 +1,111 @@
+package redolog
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// A deletion that fails part way (Remove) takes off the log only the
+// segments it deleted, the oldest: the log on disk stays whole from its
+// first segment (it reopens with every record from there on), and the
+// next Drop deletes the rest.
+func TestRemoveFailingPartWayKeepsTheRestForTheNextDrop(t *testing.T) {
+	dir := t.TempDir()
+	o := Options{SegmentSize: 4096}
+	l, _ := mustOpen(t, dir, 1, o)
+	appendN(t, l, 1, 400)
+	segs, err := listSegments(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(segs) < 4 {
+		t.Fatalf("%d segments, want at least 4", len(segs))
+	}
+	upTo := segs[3].first // segments 0, 1 and 2 are obsolete
+	obsolete := l.Obsolete(upTo)
+	if len(obsolete) != 3 || obsolete[0] != segs[0].path || obsolete[2] != segs[2].path {
+		t.Fatalf("obsolete below %d: %v; want the first three of %d segments", upTo, obsolete, len(segs))
+	}
+	// Segment 1 cannot be deleted: a non-empty directory stands at its
+	// path (root may delete any file, so no permission stands in).
+	aside := segs[1].path + ".aside"
+	if err := os.Rename(segs[1].path, aside); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(segs[1].path, "x"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	n, err := l.Remove(obsolete)
+	if err == nil || n != 1 {
+		t.Fatalf("Remove with segment 1 undeletable: deleted %d, err %v; want 1 and an error", n, err)
+	}
+	l.Forget(n)
+	if _, err := os.Stat(segs[0].path); !os.IsNotExist(err) {
+		t.Fatalf("segment 0 after Remove: %v; want it deleted", err)
+	}
+	if err := os.RemoveAll(segs[1].path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(aside, segs[1].path); err != nil {
+		t.Fatal(err)
+	}
+	// Appends go on, and the log on disk reopens from segment 1.
+	appendN(t, l, 401, 3)
+	l.Close()
+	l, recs := mustOpen(t, dir, 0, o)
+	wantRecords(t, recs, int(segs[1].first), 404)
+	if got := l.Obsolete(upTo); len(got) != 2 || got[0] != segs[1].path {
+		t.Fatalf("obsolete below %d after reopen: %v; want segments 1 and 2", upTo, got)
+	}
+	if err := l.Drop(upTo); err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	_, recs = mustOpen(t, dir, 0, o)
+	wantRecords(t, recs, int(upTo), 404)
+}
+
+// Without reopening, the segments a failed Remove left are the first the
+// next Drop deletes.
+func TestDropAfterAFailedRemoveDeletesWhatItLeft(t *testing.T) {
+	dir := t.TempDir()
+	o := Options{SegmentSize: 4096}
+	l, _ := mustOpen(t, dir, 1, o)
+	appendN(t, l, 1, 400)
+	segs, err := listSegments(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(segs) < 4 {
+		t.Fatalf("%d segments, want at least 4", len(segs))
+	}
+	if err := os.Rename(segs[0].path, segs[0].path+".aside"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(segs[0].path, "x"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	n, err := l.Remove(l.Obsolete(segs[2].first))
+	if err == nil || n != 0 {
+		t.Fatalf("Remove with segment 0 undeletable: deleted %d, err %v; want 0 and an error", n, err)
+	}
+	l.Forget(n)
+	if err := os.RemoveAll(segs[0].path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(segs[0].path+".aside", segs[0].path); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Drop(segs[3].first); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if _, err := os.Stat(segs[i].path); !os.IsNotExist(err) {
+			t.Fatalf("segment %d after the next Drop: %v; want it deleted", i, err)
+		}
+	}
+	l.Close()
+	_, recs := mustOpen(t, dir, 0, o)
+	wantRecords(t, recs, int(segs[3].first), 401)
+}
