@@ -742,9 +742,9 @@ func (e *engine) flush() error {
 	if e.removeHook != nil {
 		e.removeHook()
 	}
-	n, err := e.log.Remove(obsolete)
+	deleted, err := e.log.Remove(obsolete)
 	e.logMu.Lock()
-	e.log.Forget(n)
+	e.log.Forget(deleted)
 	e.logMu.Unlock()
 	return err
 }

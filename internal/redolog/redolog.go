@@ -289,8 +289,8 @@ func checksum(salt, seqAndPayload []byte) uint32 {
 // Drop deletes the segments whose records all have sequence numbers
 // below upTo (the tree holds them now). The segment taking appends stays.
 func (l *Log) Drop(upTo uint64) error {
-	n, err := l.Remove(l.Obsolete(upTo))
-	l.Forget(n)
+	deleted, err := l.Remove(l.Obsolete(upTo))
+	l.Forget(deleted)
 	return err
 }
 
@@ -305,23 +305,29 @@ func (l *Log) Obsolete(upTo uint64) []string {
 	return paths
 }
 
-// Remove deletes the segment files paths (Obsolete's), oldest first,
-// makes their removal durable and returns how many it deleted, which the
+// Remove deletes the segment files paths (Obsolete's), oldest first, and
+// makes their removal durable; it returns the ones it deleted, which the
 // caller then Forgets. It reads nothing an append changes, so it may run
 // while another goroutine appends (Obsolete and Forget may not): a
 // preallocated segment's unlink frees its blocks, which under write load
 // took 42 ms, and appends need not wait for that.
-func (l *Log) Remove(paths []string) (int, error) {
+func (l *Log) Remove(paths []string) (deleted []string, err error) {
 	for i, p := range paths {
 		if err := os.Remove(p); err != nil {
-			return i, err
+			return paths[:i], err
 		}
 	}
-	return len(paths), syncdir.Sync(l.dir)
+	return paths, syncdir.Sync(l.dir)
 }
 
-// Forget takes the oldest n segments, which Remove deleted, off the log.
-func (l *Log) Forget(n int) { l.segs = l.segs[n:] }
+// Forget takes the segments Remove deleted off the log: the oldest ones,
+// each only if it is the next of deleted, so a list changed in between
+// loses no other segment.
+func (l *Log) Forget(deleted []string) {
+	for len(deleted) > 0 && len(l.segs) > 0 && l.segs[0].path == deleted[0] {
+		l.segs, deleted = l.segs[1:], deleted[1:]
+	}
+}
 
 // Reset removes every segment: the caller's tree holds every record
 // (a clean close). The log goes on at the same number, and its next

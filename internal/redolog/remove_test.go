@@ -36,11 +36,11 @@ func TestRemoveFailingPartWayKeepsTheRestForTheNextDrop(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(segs[1].path, "x"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	n, err := l.Remove(obsolete)
-	if err == nil || n != 1 {
-		t.Fatalf("Remove with segment 1 undeletable: deleted %d, err %v; want 1 and an error", n, err)
+	deleted, err := l.Remove(obsolete)
+	if err == nil || len(deleted) != 1 || deleted[0] != segs[0].path {
+		t.Fatalf("Remove with segment 1 undeletable: deleted %v, err %v; want segment 0 and an error", deleted, err)
 	}
-	l.Forget(n)
+	l.Forget(deleted)
 	if _, err := os.Stat(segs[0].path); !os.IsNotExist(err) {
 		t.Fatalf("segment 0 after Remove: %v; want it deleted", err)
 	}
@@ -86,11 +86,11 @@ func TestDropAfterAFailedRemoveDeletesWhatItLeft(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(segs[0].path, "x"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	n, err := l.Remove(l.Obsolete(segs[2].first))
-	if err == nil || n != 0 {
-		t.Fatalf("Remove with segment 0 undeletable: deleted %d, err %v; want 0 and an error", n, err)
+	deleted, err := l.Remove(l.Obsolete(segs[2].first))
+	if err == nil || len(deleted) != 0 {
+		t.Fatalf("Remove with segment 0 undeletable: deleted %v, err %v; want none and an error", deleted, err)
 	}
-	l.Forget(n)
+	l.Forget(deleted)
 	if err := os.RemoveAll(segs[0].path); err != nil {
 		t.Fatal(err)
 	}
@@ -108,4 +108,31 @@ func TestDropAfterAFailedRemoveDeletesWhatItLeft(t *testing.T) {
 	l.Close()
 	_, recs := mustOpen(t, dir, 0, o)
 	wantRecords(t, recs, int(segs[3].first), 401)
+}
+
+// Forget takes off only leading segments that are the ones deleted, in
+// order: given paths that are not the log's oldest segments, it keeps
+// every segment.
+func TestForgetTakesOffOnlyTheDeletedOldestSegments(t *testing.T) {
+	dir := t.TempDir()
+	o := Options{SegmentSize: 4096}
+	l, _ := mustOpen(t, dir, 1, o)
+	defer l.Close()
+	appendN(t, l, 1, 400)
+	segs, err := listSegments(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(segs) < 4 {
+		t.Fatalf("%d segments, want at least 4", len(segs))
+	}
+	upTo := segs[len(segs)-1].first
+	l.Forget([]string{segs[1].path, segs[2].path}) // not the oldest
+	if got := l.Obsolete(upTo); len(got) != len(segs)-1 || got[0] != segs[0].path {
+		t.Fatalf("after Forget of segments 1 and 2: obsolete %v; want all %d but the last", got, len(segs)-1)
+	}
+	l.Forget([]string{segs[0].path, segs[2].path}) // the oldest, then not the next
+	if got := l.Obsolete(upTo); len(got) != len(segs)-2 || got[0] != segs[1].path {
+		t.Fatalf("after Forget of segments 0 and 2: obsolete %v; want from segment 1 on", got)
+	}
 }

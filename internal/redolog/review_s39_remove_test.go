@@ -87,15 +87,15 @@ func TestS39RemoveConcurrentWithRotatingAppends(t *testing.T) {
 		mu.Lock()
 		paths := l.Obsolete(mark)
 		mu.Unlock()
-		k, err := l.Remove(paths)
+		deleted, err := l.Remove(paths)
 		mu.Lock()
-		l.Forget(k)
+		l.Forget(deleted)
 		mu.Unlock()
 		if err != nil {
 			dropErr = err
 			break
 		}
-		removed += k
+		removed += len(deleted)
 		lastMark = mark
 	}
 	<-done
@@ -177,11 +177,11 @@ func TestS39CrashAfterEachUnlinkOfRemoveReopens(t *testing.T) {
 	wantCorrupt(t, c, mark, o, "a segment deleted before an older one")
 
 	// The real Remove and Forget: the list is what the directory holds.
-	k, err := l.Remove(obsolete)
-	if err != nil || k != len(obsolete) {
-		t.Fatalf("remove: %d, %v", k, err)
+	deleted, err := l.Remove(obsolete)
+	if err != nil || len(deleted) != len(obsolete) {
+		t.Fatalf("remove: %d, %v", len(deleted), err)
 	}
-	l.Forget(k)
+	l.Forget(deleted)
 	disk, err := listSegments(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -209,11 +209,11 @@ func TestS39RotationBetweenObsoleteAndForgetStays(t *testing.T) {
 		t.Fatalf("obsolete below %d: %d of %d segments", mark, len(obsolete), len(before))
 	}
 	appendN(t, l, 101, 100) // rotates several segments in
-	k, err := l.Remove(obsolete)
+	deleted, err := l.Remove(obsolete)
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.Forget(k)
+	l.Forget(deleted)
 	disk, err := listSegments(dir)
 	if err != nil {
 		t.Fatal(err)
