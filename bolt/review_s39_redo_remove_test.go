@@ -77,6 +77,35 @@ func s39CopyStore(t *testing.T, path string) string {
 	return dst
 }
 
+// s39WantDeleted fails t unless every segment of obsolete is gone and,
+// with everything acknowledged in the tree, at most the segment taking
+// appends (and the one before, if the last record opened it) is left
+// beside path.
+func s39WantDeleted(t *testing.T, path string, obsolete []string, when string) {
+	t.Helper()
+	for _, p := range obsolete {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Fatalf("obsolete segment %s %s: %v; want it deleted", filepath.Base(p), when, err)
+		}
+	}
+	if left := s35eSegments(t, path); len(left) > 2 {
+		t.Fatalf("%d redo segments %s, everything flushed: %v", len(left), when, left)
+	}
+}
+
+// s39CrashReopen crashes s, reopens the store at path, and checks that
+// every lease of acked is there with its token.
+func s39CrashReopen(t *testing.T, s *Store, path string, acked []engineLease, what string) *Store {
+	t.Helper()
+	crash(t, s)
+	s, err := Open(path, Options{ReapInterval: -1, FlushInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s35eCheckAcked(t, s, acked, what)
+	return s
+}
+
 // s39Flush writes a lease (kick), then has the tree take every write as
 // Store.sync does: a batch freezes the layers and kicks the flusher, and
 // a flush of our own waits for the flusher's (flushMu) or does it. The
@@ -151,12 +180,7 @@ func TestS39CrashAtEachStepOfTheFlushersDeletion(t *testing.T) {
 	}
 	// The store itself goes on: a crash now loses nothing either.
 	more := engineAcquire(t, s, "s39crash-more", 10)
-	crash(t, s)
-	s, err = Open(path, Options{ReapInterval: -1, FlushInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s35eCheckAcked(t, s, append(acked, more...), "own-crash")
+	s = s39CrashReopen(t, s, path, append(acked, more...), "own-crash")
 }
 
 // While the flusher's deletion is held: writes rotate several new
@@ -232,23 +256,8 @@ func TestS39RotationAndSecondFlushDuringHeldDeletion(t *testing.T) {
 		t.Fatal("the second flush did not end once the first was released")
 	}
 	e.removeHook = nil
-	for _, p := range obsolete {
-		if _, err := os.Stat(p); !os.IsNotExist(err) {
-			t.Fatalf("obsolete segment %s after both flushes: %v", filepath.Base(p), err)
-		}
-	}
-	// Everything acknowledged is in the tree now: at most the segment
-	// taking appends (and the one before, if the last record opened it)
-	// is left.
-	if left := s35eSegments(t, path); len(left) > 2 {
-		t.Fatalf("%d redo segments after flushing everything: %v", len(left), left)
-	}
-	crash(t, s)
-	s, err = Open(path, Options{ReapInterval: -1, FlushInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s35eCheckAcked(t, s, acked, "held-crash")
+	s39WantDeleted(t, path, obsolete, "after both flushes")
+	s = s39CrashReopen(t, s, path, acked, "held-crash")
 }
 
 // Close while the flusher's deletion is held: Close waits for it (its
@@ -395,20 +404,8 @@ func TestS39FailedUnlinkInFlushLeavesTheRestForTheNext(t *testing.T) {
 	}
 	// The next flush with writes deletes what the failed one left.
 	acked = append(acked, s39Flush(t, s, "s39unlink-kick2"))
-	for _, p := range obsolete {
-		if _, err := os.Stat(p); !os.IsNotExist(err) {
-			t.Fatalf("segment %s the failed deletion left, after the next flush: %v; want it deleted", filepath.Base(p), err)
-		}
-	}
-	if left := s35eSegments(t, path); len(left) > 2 {
-		t.Fatalf("%d redo segments after flushing everything: %v", len(left), left)
-	}
-	crash(t, s)
-	s, err = Open(path, Options{ReapInterval: -1, FlushInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s35eCheckAcked(t, s, acked, "next-flush-crash")
+	s39WantDeleted(t, path, obsolete, "the failed deletion left, after the next flush")
+	s = s39CrashReopen(t, s, path, acked, "next-flush-crash")
 }
 
 // Writers, the flusher (a short interval), and goroutines flushing as

@@ -6,22 +6,30 @@ import (
 	"testing"
 )
 
+// segmentedLog opens a log of segSize-byte segments in a new directory
+// and appends records 1 to n; it fails t unless they fill at least
+// minSegs segments, which it returns (oldest first) with the log.
+func segmentedLog(t *testing.T, segSize int64, n, minSegs int) (dir string, o Options, l *Log, segs []segment) {
+	t.Helper()
+	dir, o = t.TempDir(), Options{SegmentSize: segSize}
+	l, _ = mustOpen(t, dir, 1, o)
+	appendN(t, l, 1, n)
+	segs, err := listSegments(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(segs) < minSegs {
+		t.Fatalf("%d segments after %d records, want at least %d", len(segs), n, minSegs)
+	}
+	return dir, o, l, segs
+}
+
 // A deletion that fails part way (Remove) takes off the log only the
 // segments it deleted, the oldest: the log on disk stays whole from its
 // first segment (it reopens with every record from there on), and the
 // next Drop deletes the rest.
 func TestRemoveFailingPartWayKeepsTheRestForTheNextDrop(t *testing.T) {
-	dir := t.TempDir()
-	o := Options{SegmentSize: 4096}
-	l, _ := mustOpen(t, dir, 1, o)
-	appendN(t, l, 1, 400)
-	segs, err := listSegments(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(segs) < 4 {
-		t.Fatalf("%d segments, want at least 4", len(segs))
-	}
+	dir, o, l, segs := segmentedLog(t, 4096, 400, 4)
 	upTo := segs[3].first // segments 0, 1 and 2 are obsolete
 	obsolete := l.Obsolete(upTo)
 	if len(obsolete) != 3 || obsolete[0] != segs[0].path || obsolete[2] != segs[2].path {
@@ -69,17 +77,7 @@ func TestRemoveFailingPartWayKeepsTheRestForTheNextDrop(t *testing.T) {
 // Without reopening, the segments a failed Remove left are the first the
 // next Drop deletes.
 func TestDropAfterAFailedRemoveDeletesWhatItLeft(t *testing.T) {
-	dir := t.TempDir()
-	o := Options{SegmentSize: 4096}
-	l, _ := mustOpen(t, dir, 1, o)
-	appendN(t, l, 1, 400)
-	segs, err := listSegments(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(segs) < 4 {
-		t.Fatalf("%d segments, want at least 4", len(segs))
-	}
+	dir, o, l, segs := segmentedLog(t, 4096, 400, 4)
 	if err := os.Rename(segs[0].path, segs[0].path+".aside"); err != nil {
 		t.Fatal(err)
 	}
@@ -114,18 +112,8 @@ func TestDropAfterAFailedRemoveDeletesWhatItLeft(t *testing.T) {
 // order: given paths that are not the log's oldest segments, it keeps
 // every segment.
 func TestForgetTakesOffOnlyTheDeletedOldestSegments(t *testing.T) {
-	dir := t.TempDir()
-	o := Options{SegmentSize: 4096}
-	l, _ := mustOpen(t, dir, 1, o)
+	_, _, l, segs := segmentedLog(t, 4096, 400, 4)
 	defer l.Close()
-	appendN(t, l, 1, 400)
-	segs, err := listSegments(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(segs) < 4 {
-		t.Fatalf("%d segments, want at least 4", len(segs))
-	}
 	upTo := segs[len(segs)-1].first
 	l.Forget([]string{segs[1].path, segs[2].path}) // not the oldest
 	if got := l.Obsolete(upTo); len(got) != len(segs)-1 || got[0] != segs[0].path {

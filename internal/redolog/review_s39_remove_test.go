@@ -132,17 +132,7 @@ func TestS39RemoveConcurrentWithRotatingAppends(t *testing.T) {
 // gap, with every record from the mark on. Deleting out of order would
 // leave a gap (the reason for the order): that log does not open.
 func TestS39CrashAfterEachUnlinkOfRemoveReopens(t *testing.T) {
-	dir := t.TempDir()
-	o := Options{SegmentSize: 1024}
-	l, _ := mustOpen(t, dir, 1, o)
-	appendN(t, l, 1, 300)
-	segs, err := listSegments(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(segs) < 6 {
-		t.Fatalf("%d segments, want at least 6", len(segs))
-	}
+	dir, o, l, segs := segmentedLog(t, 1024, 300, 6)
 	mark := segs[4].first + 1 // the tree holds records below mark
 	obsolete := l.Obsolete(mark)
 	if want := s39Paths(segs[:4]); !slices.Equal(obsolete, want) {
@@ -195,14 +185,7 @@ func TestS39CrashAfterEachUnlinkOfRemoveReopens(t *testing.T) {
 // are appended at the list's end: Forget takes off only the oldest ones,
 // which Remove deleted, and the new ones stay listed and on disk.
 func TestS39RotationBetweenObsoleteAndForgetStays(t *testing.T) {
-	dir := t.TempDir()
-	o := Options{SegmentSize: 1024}
-	l, _ := mustOpen(t, dir, 1, o)
-	appendN(t, l, 1, 100)
-	before, err := listSegments(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, o, l, before := segmentedLog(t, 1024, 100, 2)
 	mark := before[len(before)-1].first
 	obsolete := l.Obsolete(mark)
 	if len(obsolete) != len(before)-1 {
