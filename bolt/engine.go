@@ -74,6 +74,9 @@ type engine struct {
 	// removeHook, if set, runs in each flush before it deletes the redo
 	// segments the tree holds (tests).
 	removeHook func()
+	// closeHook, if set, runs in close once it has found whether the
+	// tree holds every write (tests).
+	closeHook func()
 	// appendHook, if set, runs before each pipelined batch's redo append
 	// (complete): tests hold a batch in flight there.
 	appendHook func(id int)
@@ -831,6 +834,9 @@ func (e *engine) close() error {
 	e.mu.Lock()
 	clean := err == nil && e.failed == nil && len(e.frozen) == 0 && e.top.Empty()
 	e.mu.Unlock()
+	if e.closeHook != nil {
+		e.closeHook()
+	}
 	if clean {
 		// The tree holds every acknowledged write: it no longer needs
 		// this log (a copy of the file alone is whole). Twice: a torn

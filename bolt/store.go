@@ -125,6 +125,15 @@ type Store struct {
 	log    *slog.Logger
 	now    func() time.Time
 	closed atomic.Bool
+	// closeMu is held shared by each mutation from its closed check until
+	// it is answered, and alone by Close to set closed: Close waits for
+	// the mutations in flight, and none passes the check after. One that
+	// passed it and reached the log after Close's last flush would be
+	// acknowledged, then deleted with the log (a clean close resets it).
+	closeMu sync.RWMutex
+	// admittedHook, if set, runs in each mutation after its closed check
+	// (tests).
+	admittedHook func()
 	// soloCommits disables group commit (benchmarks measure what it buys).
 	soloCommits bool
 	// records decodes the active records read-only transactions read (of
@@ -252,7 +261,10 @@ var errSchema = errors.New("unsupported schema")
 // Close stops the reaper and closes the file. Later calls fail with
 // backend_unavailable.
 func (s *Store) Close() error {
-	if s.closed.Swap(true) {
+	s.closeMu.Lock()
+	already := s.closed.Swap(true)
+	s.closeMu.Unlock()
+	if already {
 		return nil
 	}
 	close(s.stop)
@@ -320,8 +332,13 @@ const maxGroupCommit = 256
 // A storage failure after submission is outcome_unknown: bbolt may have
 // written the pages before the error, so only a request lookup can tell.
 func (s *Store) mutate(ctx context.Context, fn func(tx *layered.View) error) error {
+	s.closeMu.RLock()
+	defer s.closeMu.RUnlock()
 	if err := s.begin(ctx); err != nil {
 		return err
+	}
+	if s.admittedHook != nil {
+		s.admittedHook()
 	}
 	if s.gate != "" {
 		return lease.Errorf(lease.CodeBackendUnavailable, "namespace is closed: %s", s.gate)
