@@ -126,11 +126,16 @@ type Store struct {
 	now    func() time.Time
 	closed atomic.Bool
 	// closeMu is held shared by each mutation from its closed check until
-	// it is answered, and alone by Close to set closed: Close waits for
-	// the mutations in flight, and none passes the check after. One that
-	// passed it and reached the log after Close's last flush would be
-	// acknowledged, then deleted with the log (a clean close resets it).
+	// it is answered; Close sets closed, then takes it alone once: Close
+	// waits for the mutations in flight, and none passes the check after.
+	// One that passed it and reached the log after Close's last flush
+	// would be acknowledged, then deleted with the log (a clean close
+	// resets it). closed is set before the wait, so new mutations are
+	// refused at once rather than queued behind the slowest in flight.
 	closeMu sync.RWMutex
+	// closing is held by Close throughout, so a later (or concurrent)
+	// Close returns only once the first has closed the file.
+	closing sync.Mutex
 	// admittedHook, if set, runs in each mutation after its closed check
 	// (tests).
 	admittedHook func()
@@ -259,14 +264,19 @@ func Open(path string, o Options) (*Store, error) {
 var errSchema = errors.New("unsupported schema")
 
 // Close stops the reaper and closes the file. Later calls fail with
-// backend_unavailable.
+// backend_unavailable. A Close while another runs returns once that one
+// has closed the file.
 func (s *Store) Close() error {
-	s.closeMu.Lock()
-	already := s.closed.Swap(true)
-	s.closeMu.Unlock()
-	if already {
+	s.closing.Lock()
+	defer s.closing.Unlock()
+	if s.closed.Swap(true) {
 		return nil
 	}
+	// Every mutation that found the store open is answered (none finds it
+	// open from here on).
+	s.closeMu.Lock()
+	//lint:ignore SA2001 a barrier: Lock returns once every holder is gone
+	s.closeMu.Unlock()
 	close(s.stop)
 	s.wg.Wait()
 	// The tree takes every acknowledged write, so the log is empty when
@@ -332,6 +342,11 @@ const maxGroupCommit = 256
 // A storage failure after submission is outcome_unknown: bbolt may have
 // written the pages before the error, so only a request lookup can tell.
 func (s *Store) mutate(ctx context.Context, fn func(tx *layered.View) error) error {
+	// Checked before closeMu too: a Close waiting for the mutations in
+	// flight refuses a new one at once, not once they are answered.
+	if err := s.begin(ctx); err != nil {
+		return err
+	}
 	s.closeMu.RLock()
 	defer s.closeMu.RUnlock()
 	if err := s.begin(ctx); err != nil {
