@@ -3,7 +3,6 @@ package bolt
 import (
 	"context"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -29,33 +28,9 @@ func TestEngineAppendsWhileObsoleteSegmentsAreDeleted(t *testing.T) {
 	}
 
 	e := s.group.engine
-	held, release := make(chan struct{}), make(chan struct{})
-	var first sync.Once
-	var obsolete []string
-	e.removeHook = func() {
-		first.Do(func() {
-			e.logMu.Lock()
-			obsolete = e.log.Obsolete(s39Applied(t, e) + 1)
-			e.logMu.Unlock()
-			close(held)
-			<-release
-		})
-	}
-	released := false
-	defer func() {
-		if !released {
-			close(release)
-		}
-	}()
-	// The next batch freezes what the tree does not hold and kicks the
-	// flusher, which stops before deleting the segments.
-	e.wantFreeze.Store(true)
-	acked = append(acked, engineAcquire(t, s, "kick", 1)...)
-	select {
-	case <-held:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the flusher did not reach the deletion of obsolete segments")
-	}
+	kicked, obsolete, release := s39HoldDeletion(t, s, "kick")
+	defer release()
+	acked = append(acked, kicked)
 	req := acquireReq("meanwhile-acq", time.Hour, time.Now().Add(time.Hour))
 	req.Identity.TargetID = "meanwhile"
 	done := make(chan error, 1)
@@ -74,8 +49,7 @@ func TestEngineAppendsWhileObsoleteSegmentsAreDeleted(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("a write waited for the flusher's deletion of obsolete redo segments")
 	}
-	released = true
-	close(release)
+	release()
 	// A flush of our own waits for the flusher's to end.
 	if err := e.flush(); err != nil {
 		t.Fatal(err)

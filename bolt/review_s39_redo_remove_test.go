@@ -106,6 +106,37 @@ func s39CrashReopen(t *testing.T, s *Store, path string, acked []engineLease, wh
 	return s
 }
 
+// s39HoldDeletion writes a lease (kick) whose batch freezes what the
+// tree does not hold and kicks the flusher, and holds that flush just
+// before it deletes the obsolete segments. It returns the kick's lease,
+// the segments the flush will delete, and release, which lets it go on
+// (idempotent; defer it before the store's Close, which waits for it).
+func s39HoldDeletion(t *testing.T, s *Store, kick string) (kicked engineLease, obsolete []string, release func()) {
+	t.Helper()
+	e := s.group.engine
+	held, letGo := make(chan struct{}), make(chan struct{})
+	var hold, released sync.Once
+	e.removeHook = func() {
+		hold.Do(func() {
+			e.logMu.Lock()
+			obsolete = e.log.Obsolete(s39Applied(t, e) + 1)
+			e.logMu.Unlock()
+			close(held)
+			<-letGo
+		})
+	}
+	release = func() { released.Do(func() { close(letGo) }) }
+	e.wantFreeze.Store(true)
+	kicked = engineAcquire(t, s, kick, 1)[0]
+	select {
+	case <-held:
+	case <-time.After(30 * time.Second):
+		release()
+		t.Fatal("the flusher did not reach the deletion of obsolete segments")
+	}
+	return kicked, obsolete, release
+}
+
 // s39Flush writes a lease (kick), then has the tree take every write as
 // Store.sync does: a batch freezes the layers and kicks the flusher, and
 // a flush of our own waits for the flusher's (flushMu) or does it. The
@@ -198,31 +229,9 @@ func TestS39RotationAndSecondFlushDuringHeldDeletion(t *testing.T) {
 	defer func() { s.Close() }()
 	acked := engineAcquire(t, s, "s39held", 30)
 	e := s.group.engine
-	held, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	var obsolete []string
-	e.removeHook = func() {
-		once.Do(func() {
-			e.logMu.Lock()
-			obsolete = e.log.Obsolete(s39Applied(t, e) + 1)
-			e.logMu.Unlock()
-			close(held)
-			<-release
-		})
-	}
-	released := false
-	defer func() {
-		if !released {
-			close(release)
-		}
-	}()
-	e.wantFreeze.Store(true)
-	acked = append(acked, engineAcquire(t, s, "s39held-kick", 1)...)
-	select {
-	case <-held:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the flusher did not reach the deletion")
-	}
+	kicked, obsolete, release := s39HoldDeletion(t, s, "s39held-kick")
+	defer release()
+	acked = append(acked, kicked)
 	segsHeld := s35eSegments(t, path)
 	// Writes meanwhile: new segments rotate in.
 	acked = append(acked, engineAcquire(t, s, "s39held-meanwhile", 30)...)
@@ -245,8 +254,7 @@ func TestS39RotationAndSecondFlushDuringHeldDeletion(t *testing.T) {
 			t.Fatalf("obsolete segment %s before its deletion ran: %v", filepath.Base(p), err)
 		}
 	}
-	released = true
-	close(release)
+	release()
 	select {
 	case err := <-second:
 		if err != nil {
