@@ -609,6 +609,46 @@ func (r *Record) validate() error {
 // identity components but case is preserved, since these are opaque tokens
 // compared byte for byte.
 func CheckOpaqueID(field, v string) error {
+	if opaqueIDOK(v) {
+		return nil
+	}
+	return opaqueIDFault(field, v)
+}
+
+// opaqueIDOK reports whether v passes every rule of CheckOpaqueID, in one
+// pass: every stored record's ids are checked on each write, and the
+// rules one by one took several passes over each. It may only say true
+// when opaqueIDFault finds no fault (TestOpaqueIDFastPath).
+func opaqueIDOK(v string) bool {
+	if v == "" || len(v) > MaxIdentifierBytes {
+		return false
+	}
+	for i := 0; i < len(v); i++ {
+		switch c := v[i]; {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case i == 0:
+			return false
+		case c == '.':
+			if v[i-1] == '.' {
+				return false
+			}
+		case c == ':' || c == '-':
+		case c == '_':
+			// "star_sk_" in any case, found at its first '_'; the bytes
+			// compared are ASCII or fail the charset anyway.
+			if i >= 4 && i+4 <= len(v) && v[i+3] == '_' && strings.EqualFold(v[i-4:i], "star") && strings.EqualFold(v[i+1:i+3], "sk") {
+				return false
+			}
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// opaqueIDFault names the first rule of CheckOpaqueID that v breaks, or
+// is nil.
+func opaqueIDFault(field, v string) error {
 	if v == "" {
 		return Invalid(field, "must not be empty")
 	}

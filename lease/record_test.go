@@ -535,3 +535,40 @@ func TestAppendTimestampMatchesAppendFormat(t *testing.T) {
 		}
 	}
 }
+
+// TestOpaqueIDFastPath: the one-pass check accepts exactly the ids the
+// rules one by one accept, over every string of up to 5 bytes from an
+// alphabet of each rule's edge bytes, and over ids around an API key's
+// prefix and the length bound.
+func TestOpaqueIDFastPath(t *testing.T) {
+	check := func(v string) {
+		t.Helper()
+		fast, slow := opaqueIDOK(v), opaqueIDFault("x", v) == nil
+		if fast != slow {
+			t.Fatalf("%q: one pass says %v, the rules one by one %v", v, fast, slow)
+		}
+		if got := CheckOpaqueID("x", v); (got == nil) != slow {
+			t.Fatalf("%q: CheckOpaqueID %v, the rules one by one say valid=%v", v, got, slow)
+		}
+	}
+	alphabet := []string{"a", "Z", "9", ".", "_", ":", "-", " ", "/", "\xff", "\u00e9", "\u212a", "\x00"}
+	var walk func(prefix string, n int)
+	walk = func(prefix string, n int) {
+		check(prefix)
+		if n == 0 {
+			return
+		}
+		for _, c := range alphabet {
+			walk(prefix+c, n-1)
+		}
+	}
+	walk("", 5)
+	for _, v := range []string{
+		"star_sk_", "Star_SK_x", "xstar_sk_", "a.star_sk_1", "star_sk", "star_s_k_", "stars_sk_", "star__sk_",
+		"sta_sk_", "star_sk:", "star-sk_", "a_star_sk_", "STAR_SK_", "st\u212ar_sk_", "star_s\u212a_",
+		"a.b", "a..", "a.-.", "lease_01HXYZ", "req-STAR_SK_v1_x",
+		strings.Repeat("k", 256), strings.Repeat("k", 257), strings.Repeat("a.", 128), strings.Repeat("a_", 129),
+	} {
+		check(v)
+	}
+}
