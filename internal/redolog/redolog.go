@@ -38,6 +38,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/starintel/starlease/internal/syncdir"
@@ -92,7 +93,15 @@ type Log struct {
 	// frame is the buffer appends frame their record in, kept between
 	// appends up to maxKeptFrame bytes (one per append would be garbage).
 	frame []byte
+	// removedUnsynced is set while segments Remove deleted may not be
+	// durably gone (their directory's fsync failed or never ran): the
+	// next Remove syncs the directory even with nothing to delete. Only
+	// Remove uses it, and Removes do not overlap.
+	removedUnsynced atomic.Bool
 }
+
+// syncDir is syncdir.Sync; tests count its calls.
+var syncDir = syncdir.Sync
 
 const maxKeptFrame = 1 << 20
 
@@ -310,14 +319,28 @@ func (l *Log) Obsolete(upTo uint64) []string {
 // caller then Forgets. It reads nothing an append changes, so it may run
 // while another goroutine appends (Obsolete and Forget may not): a
 // preallocated segment's unlink frees its blocks, which under write load
-// took 42 ms, and appends need not wait for that.
+// took 42 ms, and appends need not wait for that. With nothing to delete
+// it syncs the directory only if an earlier Remove's deletions may not be
+// durable yet: the store calls it at every flush, and each fsync of the
+// directory is a flush of the disk's cache beside the appends' own.
 func (l *Log) Remove(paths []string) (deleted []string, err error) {
+	if len(paths) == 0 && !l.removedUnsynced.Load() {
+		return nil, nil
+	}
 	for i, p := range paths {
 		if err := os.Remove(p); err != nil {
+			if i > 0 {
+				l.removedUnsynced.Store(true)
+			}
 			return paths[:i], err
 		}
 	}
-	return paths, syncdir.Sync(l.dir)
+	if err := syncDir(l.dir); err != nil {
+		l.removedUnsynced.Store(true)
+		return paths, err
+	}
+	l.removedUnsynced.Store(false)
+	return paths, nil
 }
 
 // Forget takes the segments Remove deleted off the log: the oldest ones,

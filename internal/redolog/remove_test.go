@@ -1,6 +1,7 @@
 package redolog
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -123,4 +124,67 @@ func TestForgetTakesOffOnlyTheDeletedOldestSegments(t *testing.T) {
 	if got := l.Obsolete(upTo); len(got) != len(segs)-2 || got[0] != segs[1].path {
 		t.Fatalf("after Forget of segments 0 and 2: obsolete %v; want from segment 1 on", got)
 	}
+}
+
+// countSyncDir makes syncDir count its calls and fail while *fail is set,
+// until the test ends.
+func countSyncDir(t *testing.T, fail *bool) *int {
+	t.Helper()
+	calls := new(int)
+	orig := syncDir
+	syncDir = func(dir string) error {
+		*calls++
+		if *fail {
+			return errors.New("injected directory fsync failure")
+		}
+		return orig(dir)
+	}
+	t.Cleanup(func() { syncDir = orig })
+	return calls
+}
+
+// Remove syncs the log's directory after it deleted segments, and with
+// nothing to delete only while an earlier deletion may not be durable:
+// its directory fsync failed, or an unlink failed after others were done.
+func TestRemoveSyncsTheDirectoryOnlyAfterDeletions(t *testing.T) {
+	_, _, l, segs := segmentedLog(t, 4096, 600, 6)
+	var fail bool
+	calls := countSyncDir(t, &fail)
+	remove := func(paths []string, wantDeleted int, wantErr bool, wantCalls int, what string) {
+		t.Helper()
+		deleted, err := l.Remove(paths)
+		if len(deleted) != wantDeleted || (err != nil) != wantErr || *calls != wantCalls {
+			t.Fatalf("%s: deleted %d, err %v, %d directory syncs in all; want %d deleted, error %v, %d syncs",
+				what, len(deleted), err, *calls, wantDeleted, wantErr, wantCalls)
+		}
+		l.Forget(deleted)
+	}
+	remove(nil, 0, false, 0, "nothing to delete on a new log")
+	remove(l.Obsolete(segs[1].first), 1, false, 1, "segment 0")
+	remove(nil, 0, false, 1, "nothing to delete after a synced deletion")
+
+	fail = true
+	remove(l.Obsolete(segs[2].first), 1, true, 2, "segment 1, its directory fsync failing")
+	fail = false
+	remove(nil, 0, false, 3, "nothing to delete after a failed directory fsync")
+	remove(nil, 0, false, 3, "nothing to delete once that fsync is done")
+
+	// Segment 3 cannot be deleted: a non-empty directory stands at its
+	// path. Segment 2 is deleted before it, with no fsync after.
+	if err := os.Rename(segs[3].path, segs[3].path+".aside"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(segs[3].path, "x"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	remove(l.Obsolete(segs[4].first), 1, true, 3, "segments 2 and 3, segment 3 undeletable")
+	remove(nil, 0, false, 4, "nothing to delete after an unlink failed part way")
+	remove(nil, 0, false, 4, "nothing to delete once that is synced")
+	if err := os.RemoveAll(segs[3].path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(segs[3].path+".aside", segs[3].path); err != nil {
+		t.Fatal(err)
+	}
+	remove(l.Obsolete(segs[4].first), 1, false, 5, "segment 3 once deletable")
 }
