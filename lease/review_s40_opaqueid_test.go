@@ -118,7 +118,7 @@ func TestS40OpaqueIDRandom(t *testing.T) {
 		seed ^= seed << 17
 		return int(seed % uint64(n))
 	}
-	n := 2_000_000
+	n := 200_000
 	if testing.Short() {
 		n = 100_000
 	}
