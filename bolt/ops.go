@@ -229,7 +229,7 @@ func (s *Store) start(tx *layered.View, p lease.Prepared, due lease.Timestamp) (
 	if err := lease.PastDeadline(now, due); err != nil {
 		return now, nil, err
 	}
-	v, ok := storedEvidence(tx, p)
+	v, ok := s.storedEvidence(tx, p)
 	if v == nil && ok {
 		return now, nil, nil
 	}
@@ -280,14 +280,21 @@ func (s *Store) lostExpired(tx *layered.View, cur *lease.Record, now lease.Times
 }
 
 // remember stores the typed result as idempotency evidence in the same
-// transaction as the mutation, in version 2 (lease.CompactEvidence: the
+// transaction as the mutation: an acquisition's in version 3, by
+// reference to the record it granted, which this store keeps as long as
+// the evidence (lease.ReferringEvidence; schema 10: the active record,
+// then its history entry, whose removal rewrites the evidence, see
+// dropHistory), and every other in version 2 (lease.CompactEvidence: the
 // facts without a second copy of the record's JSON; schema 4).
 func (s *Store) remember(tx *layered.View, p lease.Prepared, res lease.Result) error {
 	ev := &lease.IdempotencyRecord{Version: lease.IdempotencyVersion, Op: p.Op, Digest: p.Digest,
 		Code: res.Code, Lease: res.Lease, BackendTime: res.BackendTime}
-	b, err := lease.CompactEvidence(ev, p.Identity)
-	if err != nil {
-		return err
+	b, ok := lease.ReferringEvidence(ev)
+	if !ok {
+		var err error
+		if b, err = lease.CompactEvidence(ev, p.Identity); err != nil {
+			return err
+		}
 	}
 	k := idemKey(p.LockKey, p.Scope)
 	if err := tx.Bucket(bucketIdent).Put(k, b); err != nil {
@@ -298,15 +305,60 @@ func (s *Store) remember(tx *layered.View, p lease.Prepared, res lease.Result) e
 }
 
 // storedEvidence reads p's idempotency evidence as version 1 bytes, nil if
-// there is none; ok is false for version 2 evidence that cannot be rebuilt
-// (corrupt). Valid only in tx.
-func storedEvidence(tx *layered.View, p lease.Prepared) (v []byte, ok bool) {
+// there is none; ok is false for version 2 or 3 evidence that cannot be
+// rebuilt (corrupt: for version 3 also when no record of the lease it
+// names is found under p's lock key). Valid only in tx.
+func (s *Store) storedEvidence(tx *layered.View, p lease.Prepared) (v []byte, ok bool) {
 	raw := tx.Bucket(bucketIdent).Get(idemKey(p.LockKey, p.Scope))
-	if raw == nil || !bytes.HasPrefix(raw, []byte(lease.EvidenceV2Prefix)) {
+	var v1 string
+	switch {
+	case bytes.HasPrefix(raw, []byte(lease.EvidenceV2Prefix)):
+		v1, ok = lease.ExpandEvidence(string(raw), p.Identity)
+	case bytes.HasPrefix(raw, []byte(lease.EvidenceRefPrefix)):
+		v1, ok = lease.ExpandReferringEvidence(string(raw), s.referredRecord(tx, p.LockKey, string(raw)))
+	default:
 		return raw, true
 	}
-	v1, ok := lease.ExpandEvidence(string(raw), p.Identity)
 	return []byte(v1), ok
+}
+
+// referredRecord is a record of the lease version 3 evidence raw names,
+// under lockKey: its active record, or else its history entry's; nil if
+// neither is found (or the active record does not decode).
+func (s *Store) referredRecord(tx *layered.View, lockKey, raw string) *lease.Record {
+	id, ok := lease.ReferredLeaseID(raw)
+	if !ok {
+		return nil
+	}
+	if cur, err := s.loadActive(tx, lockKey); err == nil && cur != nil && cur.LeaseID == id {
+		return cur
+	}
+	if h := findHistory(tx, lockKey, id); h != nil {
+		return h.Record
+	}
+	return nil
+}
+
+// detachEvidence rewrites in version 2 the version 3 evidence of the
+// acquisition of r (a record of the lease under lockKey) before the last
+// record it refers to goes, so it still answers for its retention.
+// Evidence it cannot rebuild is left as it is: it was unreadable anyway.
+func detachEvidence(tx *layered.View, lockKey string, r *lease.Record) error {
+	ident := tx.Bucket(bucketIdent)
+	k := idemKey(lockKey, lease.IdempotencyScope(lease.OpAcquire, lockKey, r.OwnerPrincipalID, r.RequestID))
+	raw := ident.Get(k)
+	if !bytes.HasPrefix(raw, []byte(lease.EvidenceRefPrefix)) {
+		return nil
+	}
+	ev, ok := lease.ReferredEvidence(string(raw), r)
+	if !ok {
+		return nil
+	}
+	b, err := lease.CompactEvidence(ev, r.Identity())
+	if err != nil {
+		return nil
+	}
+	return ident.Put(k, b)
 }
 
 // loadActive strictly decodes the active record of lockKey; nil if none. A
@@ -511,12 +563,18 @@ func forgetHistory(tx *layered.View, k []byte) error {
 // archiving this entry wrote (this identity, the entry's terminal state
 // and end), so an entry found under k that is another identity's, or
 // names a live lease or another ended one (damage, a misplaced copy),
-// never deletes that lease's lookup. The caller keeps the identity's
-// history count.
+// never deletes that lease's lookup. An entry of this identity first
+// detaches its lease's acquisition evidence (detachEvidence), which may
+// refer to it. The caller keeps the identity's history count.
 func dropHistory(tx *layered.View, k, v []byte) error {
 	hist := tx.Bucket(bucketIdent)
 	if h, err := lease.DecodeStoredHistory(v); err == nil {
 		lockKey := unpackLockKey(k[:packedLen])
+		if h.Record.LockKey == lockKey {
+			if err := detachEvidence(tx, lockKey, h.Record); err != nil {
+				return err
+			}
+		}
 		leases := tx.Bucket(bucketLeases)
 		own := leaseStateValue(lockKey, h.Record.State, h.EndedAt.UnixMilli())
 		if h.Record.LockKey == lockKey && bytes.Equal(leases.Get([]byte(h.Record.LeaseID)), own) {

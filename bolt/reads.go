@@ -157,7 +157,7 @@ func (s *Store) LookupRequest(ctx context.Context, req lease.LookupRequest) (lea
 		return lease.Result{}, err
 	}
 	return read(s, ctx, lease.Deadline(ctx, req.DeadlineAt), func(tx *layered.View, now lease.Timestamp) (lease.Result, error) {
-		v, ok := storedEvidence(tx, p)
+		v, ok := s.storedEvidence(tx, p)
 		if v == nil && ok {
 			return lease.Result{}, lease.RequestNotFound(now)
 		}

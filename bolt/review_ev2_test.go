@@ -222,7 +222,10 @@ func TestReviewEv2EvidenceOfAnotherIdentityFailsClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	lkA := lease.LookupRequest{Op: lease.OpAcquire, Identity: reqA.Identity, PrincipalID: reqA.Caller.PrincipalID, RequestID: reqA.RequestID, DeadlineAt: far}
-	_, vA, _ := evidenceOf(t, s, lkA)
+	_, vA, pA := evidenceOf(t, s, lkA)
+	// An acquisition's evidence is version 3 (schema 10): the attack is
+	// made with the version 2 form the store detaches it into.
+	s.db.View(func(tx *bbolt.Tx) error { vA = asVersion2(t, tx, pA.LockKey, vA); return nil })
 	if !bytes.HasPrefix(vA, []byte(lease.EvidenceV2Prefix)) {
 		t.Fatalf("A's evidence is not version 2: %q", vA)
 	}

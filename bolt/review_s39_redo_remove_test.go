@@ -163,9 +163,9 @@ func TestS39CrashAtEachStepOfTheFlushersDeletion(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { s.Close() }()
-	acked := engineAcquire(t, s, "s39crash", 40)
+	acked := engineAcquire(t, s, "s39crash", 60)
 	if n := len(s35eSegments(t, path)); n < 4 {
-		t.Fatalf("%d redo segments after 40 writes: want several", n)
+		t.Fatalf("%d redo segments after 60 writes: want several", n)
 	}
 	e := s.group.engine
 	var once sync.Once
@@ -337,7 +337,7 @@ func TestS39FailedUnlinkInFlushLeavesTheRestForTheNext(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { s.Close() }()
-	acked := engineAcquire(t, s, "s39unlink", 40)
+	acked := engineAcquire(t, s, "s39unlink", 60)
 	e := s.group.engine
 	var once sync.Once
 	var obsolete []string

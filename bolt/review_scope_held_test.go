@@ -27,6 +27,9 @@ func TestScopeHeldForeignEv2EvidenceIsCorrupt(t *testing.T) {
 	if err := s.db.Update(func(tx *bbolt.Tx) error {
 		ident := tx.Bucket(bucketIdent)
 		v := ident.Get(idemKey(b.LockKey, lease.IdempotencyScope(lease.OpAcquire, b.LockKey, "prn-x", "req-b")))
+		// Version 3 (schema 10) in the version 2 form the store detaches
+		// it into.
+		v = asVersion2(t, tx, b.LockKey, v)
 		if !bytes.HasPrefix(v, []byte(lease.EvidenceV2Prefix)) {
 			t.Fatalf("evidence of b is not version 2: %.20q", v)
 		}

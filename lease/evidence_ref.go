@@ -1,0 +1,105 @@
+package lease
+
+import (
+	"strconv"
+	"strings"
+)
+
+// Evidence version 3 ("ev3", by reference) is an acquisition's evidence
+// without a copy of its record: a store that keeps the record in the same
+// transaction (the active record, then its history entry) stores only
+// what the record does not keep for good, and rebuilds the rest from the
+// record. Of the acquired record, a renewal changes renewed_at,
+// expires_at and ttl_ms, and the end changes state; every other fact
+// stays. So version 3 holds the operation, digest, code and backend time
+// of version 2, the lease id and fencing token that name the record, and
+// the acquired record's expires_at and ttl_ms; renewed_at was acquired_at
+// and the state active. Readers rebuild version 1 from it and a record of
+// the same lease (ExpandReferringEvidence) and decode that strictly, as
+// for every version. A store that drops the record while the evidence
+// lasts first rewrites the evidence in a self-contained version
+// (ReferredEvidence, then CompactEvidence).
+
+// EvidenceRefPrefix starts every version 3 evidence value.
+const EvidenceRefPrefix = "ev3\n"
+
+// Evidence version 3 line numbers (0 is the version).
+const (
+	ev3Op = 1 + iota
+	ev3Digest
+	ev3Code
+	ev3Backend
+	ev3LeaseID
+	ev3Token
+	ev3Expires
+	ev3TTL
+	ev3Lines
+)
+
+// ReferringEvidence returns e as version 3 evidence if it is an
+// acquisition's that version 3 carries: a granted lease as it was at
+// backend time (renewed_at and backend_time its acquired_at, state
+// active). ok is false for any other evidence, which the caller stores
+// in another version.
+func ReferringEvidence(e *IdempotencyRecord) (b []byte, ok bool) {
+	r := e.Lease
+	if e.Op != OpAcquire || e.Code != CodeAcquired || r == nil || r.State != StateActive ||
+		r.RenewedAt.UnixMilli() != r.AcquiredAt.UnixMilli() ||
+		e.BackendTime.UnixMilli() != r.AcquiredAt.UnixMilli() || !isSHA256Hex(e.Digest) {
+		return nil, false
+	}
+	return []byte(EvidenceRefPrefix + string(e.Op) + "\n" + e.Digest + "\n" + string(e.Code) + "\n" + msOf(e.BackendTime) +
+		"\n" + r.LeaseID + "\n" + strconv.FormatUint(r.FencingToken, 10) + "\n" + msOf(r.ExpiresAt) +
+		"\n" + strconv.FormatInt(r.TTLMs, 10)), true
+}
+
+// ReferredLeaseID is the lease id version 3 evidence names; ok is false
+// for a value that is not version 3.
+func ReferredLeaseID(raw string) (id string, ok bool) {
+	var f [ev3Lines]string
+	if !strings.HasPrefix(raw, EvidenceRefPrefix) || !splitLines(raw, f[:]) {
+		return "", false
+	}
+	return f[ev3LeaseID], true
+}
+
+// ReferredEvidence rebuilds version 3 evidence raw with rec, a record of
+// the lease it names (active or ended; its lease id and fencing token
+// must be the ones raw names). ok is false if raw is not well-formed
+// version 3 or rec is not its lease's. The evidence is not validated:
+// encoding or strictly decoding it does that.
+func ReferredEvidence(raw string, rec *Record) (e *IdempotencyRecord, ok bool) {
+	var f [ev3Lines]string
+	if rec == nil || !strings.HasPrefix(raw, EvidenceRefPrefix) || !splitLines(raw, f[:]) {
+		return nil, false
+	}
+	for _, i := range []int{ev3Backend, ev3Token, ev3Expires, ev3TTL} {
+		if !digits(f[i]) {
+			return nil, false
+		}
+	}
+	backend, _ := strconv.ParseInt(f[ev3Backend], 10, 64)
+	token, _ := strconv.ParseUint(f[ev3Token], 10, 64)
+	expires, _ := strconv.ParseInt(f[ev3Expires], 10, 64)
+	ttl, _ := strconv.ParseInt(f[ev3TTL], 10, 64)
+	if rec.LeaseID != f[ev3LeaseID] || rec.FencingToken != token {
+		return nil, false
+	}
+	acquired := rec.Clone()
+	acquired.RenewedAt, acquired.ExpiresAt, acquired.TTLMs, acquired.State = acquired.AcquiredAt, UnixMilli(expires), ttl, StateActive
+	return &IdempotencyRecord{Version: IdempotencyVersion, Op: Op(f[ev3Op]), Digest: f[ev3Digest], Code: Code(f[ev3Code]),
+		Lease: acquired, BackendTime: UnixMilli(backend)}, true
+}
+
+// ExpandReferringEvidence returns version 3 evidence raw, rebuilt with
+// rec (see ReferredEvidence), as version 1 bytes; ok is false if it
+// cannot be rebuilt into evidence that encodes. Strict decoding of the
+// result is the caller's.
+func ExpandReferringEvidence(raw string, rec *Record) (string, bool) {
+	e, ok := ReferredEvidence(raw, rec)
+	if !ok {
+		return "", false
+	}
+	b, err := e.Encode()
+	return string(b), err == nil
+}

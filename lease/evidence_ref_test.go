@@ -1,0 +1,87 @@
+package lease
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// acquisitionEvidence is the evidence of validRecord's acquisition: the
+// record as granted at its acquired_at.
+func acquisitionEvidence() *IdempotencyRecord {
+	r := validRecord()
+	r.RenewedAt = r.AcquiredAt
+	r.ExpiresAt = r.AcquiredAt.Add(30 * time.Second)
+	r.Metadata = Metadata{"source": "scheduler", "attempt": float64(2)}
+	return &IdempotencyRecord{Version: IdempotencyVersion, Op: OpAcquire, Digest: strings.Repeat("ab", 32), Code: CodeAcquired,
+		Lease: r, BackendTime: r.AcquiredAt}
+}
+
+// Version 3 evidence rebuilds exactly the version 1 bytes of the original
+// evidence from any later record of the same lease: renewed (other
+// renewed_at, expires_at and ttl_ms) or ended in any state.
+func TestReferringEvidenceRebuildsFromLaterRecords(t *testing.T) {
+	e := acquisitionEvidence()
+	want, err := e.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, ok := ReferringEvidence(e)
+	if !ok || !strings.HasPrefix(string(raw), EvidenceRefPrefix) || len(raw)*4 > len(want) {
+		t.Fatalf("ReferringEvidence: %q, %v; want version 3 under a quarter of %d bytes", raw, ok, len(want))
+	}
+	if id, ok := ReferredLeaseID(string(raw)); !ok || id != e.Lease.LeaseID {
+		t.Fatalf("ReferredLeaseID: %q %v", id, ok)
+	}
+	renewed := Renewed(e.Lease, 90*time.Second, e.Lease.AcquiredAt.Add(20*time.Second))
+	later := []*Record{e.Lease, renewed}
+	for _, st := range []State{StateReleased, StateExpired, StateRevoked} {
+		ended := renewed.Clone()
+		ended.State = st
+		later = append(later, ended)
+	}
+	for _, rec := range later {
+		got, ok := ExpandReferringEvidence(string(raw), rec)
+		if !ok || got != string(want) {
+			t.Fatalf("rebuilt from the record in state %s renewed at %v:\n%s\nwant\n%s", rec.State, rec.RenewedAt, got, want)
+		}
+		if _, err := DecodeIdempotencyRecord([]byte(got)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Only an acquisition's evidence of the record as granted is stored by
+// reference; a record of another lease or token never rebuilds it.
+func TestReferringEvidenceOnlyForAnAcquisitionAsGranted(t *testing.T) {
+	for name, edit := range map[string]func(e *IdempotencyRecord){
+		"a renewal":                 func(e *IdempotencyRecord) { e.Op, e.Code = OpRenew, CodeRenewed },
+		"renewed since acquired":    func(e *IdempotencyRecord) { e.Lease.RenewedAt = e.Lease.AcquiredAt.Add(time.Second) },
+		"backend time not acquired": func(e *IdempotencyRecord) { e.BackendTime = e.BackendTime.Add(time.Millisecond) },
+		"not active":                func(e *IdempotencyRecord) { e.Lease.State = StateReleased },
+		"digest not lower-case hex": func(e *IdempotencyRecord) { e.Digest = strings.Repeat("AB", 32) },
+		"digest with a line break":  func(e *IdempotencyRecord) { e.Digest = strings.Repeat("ab", 31) + "a\n" },
+		"no record":                 func(e *IdempotencyRecord) { e.Lease = nil },
+	} {
+		e := acquisitionEvidence()
+		edit(e)
+		if raw, ok := ReferringEvidence(e); ok {
+			t.Errorf("%s: stored by reference: %q", name, raw)
+		}
+	}
+	e := acquisitionEvidence()
+	raw, _ := ReferringEvidence(e)
+	other := e.Lease.Clone()
+	other.FencingToken++
+	if _, ok := ExpandReferringEvidence(string(raw), other); ok {
+		t.Error("rebuilt with a record of another token")
+	}
+	other = e.Lease.Clone()
+	other.LeaseID = "lease_02"
+	if _, ok := ExpandReferringEvidence(string(raw), other); ok {
+		t.Error("rebuilt with a record of another lease")
+	}
+	if _, ok := ExpandReferringEvidence(string(raw), nil); ok {
+		t.Error("rebuilt without a record")
+	}
+}
