@@ -18,8 +18,10 @@ import (
 // refLife is one lease of an identity: acquired (request acq-<n>) and
 // released (rel-<n>).
 type refLife struct {
-	req lease.AcquireRequest
-	acq lease.Result
+	req    lease.AcquireRequest
+	acq    lease.Result
+	relReq lease.ReleaseRequest
+	rel    lease.Result
 }
 
 // refLives acquires and releases n leases of one identity (target), one
@@ -37,13 +39,15 @@ func refLives(t *testing.T, s *Store, c *clock, target string, n int, far time.T
 		}
 		c.Add(time.Second)
 		r := a.Lease
-		if _, err := s.Release(ctx, lease.ReleaseRequest{Identity: r.Identity(), LeaseID: r.LeaseID, FencingToken: r.FencingToken,
+		relReq := lease.ReleaseRequest{Identity: r.Identity(), LeaseID: r.LeaseID, FencingToken: r.FencingToken,
 			ServiceInstanceID: r.ServiceInstanceID, Mutation: lease.Mutation{RequestID: fmt.Sprintf("rel-%d", i), DeadlineAt: far,
-				Caller: callerOfRecord(r)}}); err != nil {
+				Caller: callerOfRecord(r)}}
+		rel, err := s.Release(ctx, relReq)
+		if err != nil {
 			t.Fatal(err)
 		}
 		c.Add(time.Second)
-		out = append(out, refLife{req, a})
+		out = append(out, refLife{req, a, relReq, rel})
 	}
 	return out
 }
@@ -54,8 +58,14 @@ func (l refLife) lookup(far time.Time) lease.LookupRequest {
 		RequestID: l.req.RequestID, DeadlineAt: far}
 }
 
-// answersExactly checks that l's acquisition replays and looks up its
-// original result exactly.
+// releaseLookup is the lookup request of l's release.
+func (l refLife) releaseLookup(far time.Time) lease.LookupRequest {
+	return lease.LookupRequest{Op: lease.OpRelease, Identity: l.relReq.Identity, PrincipalID: l.relReq.Caller.PrincipalID,
+		RequestID: l.relReq.RequestID, DeadlineAt: far}
+}
+
+// answersExactly checks that l's acquisition and, if it was released,
+// its release replay and look up their original results exactly.
 func (l refLife) answersExactly(t *testing.T, s *Store, far time.Time) {
 	t.Helper()
 	ctx := context.Background()
@@ -67,12 +77,36 @@ func (l refLife) answersExactly(t *testing.T, s *Store, far time.Time) {
 	if err != nil || got.Code != l.acq.Code || encoded(t, got.Lease) != encoded(t, l.acq.Lease) || got.BackendTime != l.acq.BackendTime {
 		t.Fatalf("lookup of %s: %v %+v, want %+v", l.req.RequestID, err, got.Lease, l.acq.Lease)
 	}
+	if l.rel.Lease == nil {
+		return
+	}
+	r, err := s.Release(ctx, l.relReq)
+	if err != nil || !r.Replayed || r.Code != l.rel.Code || encoded(t, r.Lease) != encoded(t, l.rel.Lease) || r.BackendTime != l.rel.BackendTime {
+		t.Fatalf("replay of %s: %v %+v, want %+v", l.relReq.RequestID, err, r.Lease, l.rel.Lease)
+	}
+	got, err = s.LookupRequest(ctx, l.releaseLookup(far))
+	if err != nil || got.Code != l.rel.Code || encoded(t, got.Lease) != encoded(t, l.rel.Lease) || got.BackendTime != l.rel.BackendTime {
+		t.Fatalf("lookup of %s: %v %+v, want %+v", l.relReq.RequestID, err, got.Lease, l.rel.Lease)
+	}
 }
 
 // storedVersion is the version prefix of l's stored acquisition evidence.
 func (l refLife) storedVersion(t *testing.T, s *Store, far time.Time) string {
 	t.Helper()
-	_, v, _ := evidenceOf(t, s, l.lookup(far))
+	return storedVersionOf(t, s, l.lookup(far))
+}
+
+// storedReleaseVersion is the version prefix of l's stored release
+// evidence.
+func (l refLife) storedReleaseVersion(t *testing.T, s *Store, far time.Time) string {
+	t.Helper()
+	return storedVersionOf(t, s, l.releaseLookup(far))
+}
+
+// storedVersionOf is the version prefix of lk's stored evidence.
+func storedVersionOf(t *testing.T, s *Store, lk lease.LookupRequest) string {
+	t.Helper()
+	_, v, _ := evidenceOf(t, s, lk)
 	switch {
 	case bytes.HasPrefix(v, []byte(lease.EvidenceRefPrefix)):
 		return "ev3"
@@ -100,6 +134,9 @@ func TestAcquireEvidenceDetachedWhenItsHistoryIsTrimmed(t *testing.T) {
 		if got := lives[i].storedVersion(t, s, far); got != want {
 			t.Fatalf("acquisition %d's evidence is %s, want %s (history keeps the last 2 leases)", i, got, want)
 		}
+		if got := lives[i].storedReleaseVersion(t, s, far); got != want {
+			t.Fatalf("release %d's evidence is %s, want %s (history keeps the last 2 leases)", i, got, want)
+		}
 		lives[i].answersExactly(t, s, far)
 	}
 }
@@ -114,8 +151,8 @@ func TestAcquireEvidenceDetachedWhenItsHistoryRetires(t *testing.T) {
 	s := openTemp(t, Options{StoreOptions: o, Now: c.Now, ReapInterval: -1})
 	far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	l := refLives(t, s, c, "retired", 1, far)[0]
-	if got := l.storedVersion(t, s, far); got != "ev3" {
-		t.Fatalf("evidence before retention: %s, want ev3", got)
+	if got, rel := l.storedVersion(t, s, far), l.storedReleaseVersion(t, s, far); got != "ev3" || rel != "ev3" {
+		t.Fatalf("evidence before retention: acquisition %s, release %s; want ev3", got, rel)
 	}
 	c.Add(2 * time.Hour)
 	if err := s.reap(context.Background()); err != nil {
@@ -124,8 +161,8 @@ func TestAcquireEvidenceDetachedWhenItsHistoryRetires(t *testing.T) {
 	if h, err := s.History(context.Background(), lease.HistoryRequest{Identity: l.req.Identity, DeadlineAt: far, Caller: l.req.Caller}); err != nil || len(h.Entries) != 0 {
 		t.Fatalf("history past retention: %+v, %v; want none", h, err)
 	}
-	if got := l.storedVersion(t, s, far); got != "ev2" {
-		t.Fatalf("evidence after its history retired: %s, want ev2", got)
+	if got, rel := l.storedVersion(t, s, far), l.storedReleaseVersion(t, s, far); got != "ev2" || rel != "ev2" {
+		t.Fatalf("evidence after its history retired: acquisition %s, release %s; want ev2", got, rel)
 	}
 	l.answersExactly(t, s, far)
 }
@@ -201,7 +238,7 @@ func TestCorruptVersion3EvidenceFailsClosed(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			l := refLife{req, a}
+			l := refLife{req: req, acq: a}
 			k, v, p := evidenceOf(t, s, l.lookup(far))
 			bad := string(v)
 			if err := s.db.Update(func(tx *bbolt.Tx) error {
@@ -276,4 +313,49 @@ func TestSchema9AcquireEvidenceStillReplays(t *testing.T) {
 		t.Fatalf("evidence written after the upgrade: %s, want ev3", got)
 	}
 	after.answersExactly(t, s, far)
+}
+
+// A release's version 3 evidence is rebuilt only from its lease's history
+// entry as the release left it: an entry that says otherwise (another
+// expiry or ttl) or none at all (damage) fails closed.
+func TestCorruptReleaseVersion3EvidenceFailsClosed(t *testing.T) {
+	for name, edit := range map[string]func(lines []string) []string{
+		"another expiry": func(f []string) []string { f[7] = "1"; return f },
+		"another ttl":    func(f []string) []string { f[8] = "1"; return f },
+		"no history":     nil,
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
+			s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1})
+			far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+			l := refLives(t, s, c, "corrupt-release", 1, far)[0]
+			k, v, p := evidenceOf(t, s, l.releaseLookup(far))
+			if !bytes.HasPrefix(v, []byte(lease.EvidenceRefPrefix)) {
+				t.Fatalf("release evidence is not version 3: %q", v)
+			}
+			if err := s.db.Update(func(tx *bbolt.Tx) error {
+				if edit == nil {
+					prefix := historyPrefix(p.LockKey)
+					hk, _ := tx.Bucket(bucketIdent).Cursor().Seek(prefix)
+					if !bytes.HasPrefix(hk, prefix) {
+						t.Fatal("no history entry")
+					}
+					return tx.Bucket(bucketIdent).Delete(hk)
+				}
+				return tx.Bucket(bucketIdent).Put(k, []byte(strings.Join(edit(strings.Split(string(v), "\n")), "\n")))
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if r, err := s.Release(ctx, l.relReq); code(err) != lease.CodeCorrupt {
+				t.Fatalf("replay: %v %+v, want corrupt", err, r.Lease)
+			}
+			if r, err := s.LookupRequest(ctx, l.releaseLookup(far)); code(err) != lease.CodeCorrupt {
+				t.Fatalf("lookup: %v %+v, want corrupt", err, r.Lease)
+			}
+			if quarantineOf(t, s, p.LockKey) == "" {
+				t.Fatal("identity not quarantined")
+			}
+		})
+	}
 }

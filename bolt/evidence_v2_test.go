@@ -51,9 +51,9 @@ func (l leaseLife) lookupsAnswer(t *testing.T, s *Store, far time.Time) {
 }
 
 // Schema 4 stores idempotency evidence in version 2, about a third of the
-// bytes, and schema 10 an acquisition's in version 3, by reference to its
-// record, under a quarter; every replay and lookup answers exactly the
-// original result.
+// bytes, and schema 10 an acquisition's and a release's in version 3, by
+// reference to the lease's record, under a quarter; every replay and
+// lookup answers exactly the original result.
 func TestEvidenceStoredInVersion2(t *testing.T) {
 	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
 	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1})
@@ -61,12 +61,12 @@ func TestEvidenceStoredInVersion2(t *testing.T) {
 	l := live(t, s, c, "compact-1", far)
 	for _, lk := range l.lookups(far) {
 		_, v, p := evidenceOf(t, s, lk)
-		if lk.Op == lease.OpAcquire {
+		if lk.Op == lease.OpAcquire || lk.Op == lease.OpRelease {
 			var v1 []byte
 			var known, ok bool
 			s.db.View(func(tx *bbolt.Tx) error { v1, known, ok = v1Evidence(tx, p.LockKey, v); return nil })
 			if !strings.HasPrefix(string(v), lease.EvidenceRefPrefix) || !known || !ok || len(v) > len(v1)/4 {
-				t.Fatalf("acquire evidence is not version 3 at under a quarter of the bytes of version 1 (%d, %d): %q", len(v), len(v1), v)
+				t.Fatalf("%s evidence is not version 3 at under a quarter of the bytes of version 1 (%d, %d): %q", lk.Op, len(v), len(v1), v)
 			}
 			continue
 		}

@@ -280,11 +280,11 @@ func (s *Store) lostExpired(tx *layered.View, cur *lease.Record, now lease.Times
 }
 
 // remember stores the typed result as idempotency evidence in the same
-// transaction as the mutation: an acquisition's in version 3, by
-// reference to the record it granted, which this store keeps as long as
-// the evidence (lease.ReferringEvidence; schema 10: the active record,
-// then its history entry, whose removal rewrites the evidence, see
-// dropHistory), and every other in version 2 (lease.CompactEvidence: the
+// transaction as the mutation: an acquisition's and a release's in
+// version 3, by reference to the lease's record, which this store keeps
+// as long as the evidence (lease.ReferringEvidence; schema 10: the active
+// record, then its history entry, whose removal rewrites the evidence,
+// see dropHistory), and every other in version 2 (lease.CompactEvidence: the
 // facts without a second copy of the record's JSON; schema 4).
 func (s *Store) remember(tx *layered.View, p lease.Prepared, res lease.Result) error {
 	ev := &lease.IdempotencyRecord{Version: lease.IdempotencyVersion, Op: p.Op, Digest: p.Digest,
@@ -339,13 +339,27 @@ func (s *Store) referredRecord(tx *layered.View, lockKey, raw string) *lease.Rec
 	return nil
 }
 
-// detachEvidence rewrites in version 2 the version 3 evidence of the
-// acquisition of r (a record of the lease under lockKey) before the last
-// record it refers to goes, so it still answers for its retention.
-// Evidence it cannot rebuild is left as it is: it was unreadable anyway.
-func detachEvidence(tx *layered.View, lockKey string, r *lease.Record) error {
+// detachEvidence rewrites in version 2 the version 3 evidence of h's
+// lease (its history entry, under lockKey) before the entry goes, so it
+// still answers for its retention: its acquisition's, and the release's
+// that ended it. Evidence it cannot rebuild is left as it is: it was
+// unreadable anyway.
+func detachEvidence(tx *layered.View, lockKey string, h *lease.HistoryEntry) error {
+	r := h.Record
+	if err := detachEvidenceOf(tx, lockKey, r, lease.IdempotencyScope(lease.OpAcquire, lockKey, r.OwnerPrincipalID, r.RequestID)); err != nil {
+		return err
+	}
+	if r.State != lease.StateReleased || h.EndedBy == "" || h.RequestID == "" {
+		return nil
+	}
+	return detachEvidenceOf(tx, lockKey, r, lease.IdempotencyScope(lease.OpRelease, lockKey, h.EndedBy, h.RequestID))
+}
+
+// detachEvidenceOf rewrites the evidence under scope in version 2 if it
+// is version 3 of r's lease.
+func detachEvidenceOf(tx *layered.View, lockKey string, r *lease.Record, scope string) error {
 	ident := tx.Bucket(bucketIdent)
-	k := idemKey(lockKey, lease.IdempotencyScope(lease.OpAcquire, lockKey, r.OwnerPrincipalID, r.RequestID))
+	k := idemKey(lockKey, scope)
 	raw := ident.Get(k)
 	if !bytes.HasPrefix(raw, []byte(lease.EvidenceRefPrefix)) {
 		return nil
@@ -564,14 +578,13 @@ func forgetHistory(tx *layered.View, k []byte) error {
 // and end), so an entry found under k that is another identity's, or
 // names a live lease or another ended one (damage, a misplaced copy),
 // never deletes that lease's lookup. An entry of this identity first
-// detaches its lease's acquisition evidence (detachEvidence), which may
-// refer to it. The caller keeps the identity's history count.
+// detaches the evidence that may refer to it (detachEvidence). The caller keeps the identity's history count.
 func dropHistory(tx *layered.View, k, v []byte) error {
 	hist := tx.Bucket(bucketIdent)
 	if h, err := lease.DecodeStoredHistory(v); err == nil {
 		lockKey := unpackLockKey(k[:packedLen])
 		if h.Record.LockKey == lockKey {
-			if err := detachEvidence(tx, lockKey, h.Record); err != nil {
+			if err := detachEvidence(tx, lockKey, h); err != nil {
 				return err
 			}
 		}

@@ -50,9 +50,10 @@ import (
 // identity's history entries (kindHistoryCount) beside them, which a
 // build of an older schema would not keep up to date; a file of version 8
 // has none, and each identity's is made when it next ends a lease.
-// Version 10 stores an acquisition's evidence by reference to its record
-// (lease.ReferringEvidence), which a build of an older schema would
-// answer as corrupt; a file of version 9 holds none.
+// Version 10 stores the evidence of an acquisition and of a release by
+// reference to the lease's record (lease.ReferringEvidence), which a
+// build of an older schema would answer as corrupt; a file of version 9
+// holds none.
 const (
 	schemaVersion   = "10"
 	schemaVersionV9 = "9"

@@ -5,20 +5,22 @@ import (
 	"strings"
 )
 
-// Evidence version 3 ("ev3", by reference) is an acquisition's evidence
-// without a copy of its record: a store that keeps the record in the same
-// transaction (the active record, then its history entry) stores only
-// what the record does not keep for good, and rebuilds the rest from the
-// record. Of the acquired record, a renewal changes renewed_at,
-// expires_at and ttl_ms, and the end changes state; every other fact
-// stays. So version 3 holds the operation, digest, code and backend time
-// of version 2, the lease id and fencing token that name the record, and
-// the acquired record's expires_at and ttl_ms; renewed_at was acquired_at
-// and the state active. Readers rebuild version 1 from it and a record of
-// the same lease (ExpandReferringEvidence) and decode that strictly, as
-// for every version. A store that drops the record while the evidence
-// lasts first rewrites the evidence in a self-contained version
-// (ReferredEvidence, then CompactEvidence).
+// Evidence version 3 ("ev3", by reference) is the evidence of an
+// acquisition or a release without a copy of its record: a store that
+// keeps the record in the same transaction (the active record, then its
+// history entry) stores only what the record does not keep for good, and
+// rebuilds the rest from the record. Of the acquired record, a renewal
+// changes renewed_at, expires_at and ttl_ms, and the end changes state;
+// every other fact stays. So version 3 holds the operation, digest, code
+// and backend time of version 2, the lease id and fencing token that name
+// the record, and the result's expires_at and ttl_ms: an acquisition's
+// record is rebuilt with those, renewed_at its acquired_at and state
+// active; a release's result is its history entry's record itself, which
+// must have them and be released. Readers rebuild version 1 from it and a
+// record of the same lease (ExpandReferringEvidence) and decode that
+// strictly, as for every version. A store that drops the record while
+// the evidence lasts first rewrites the evidence in a self-contained
+// version (ReferredEvidence, then CompactEvidence).
 
 // EvidenceRefPrefix starts every version 3 evidence value.
 const EvidenceRefPrefix = "ev3\n"
@@ -36,16 +38,19 @@ const (
 	ev3Lines
 )
 
-// ReferringEvidence returns e as version 3 evidence if it is an
-// acquisition's that version 3 carries: a granted lease as it was at
-// backend time (renewed_at and backend_time its acquired_at, state
-// active). ok is false for any other evidence, which the caller stores
-// in another version.
+// ReferringEvidence returns e as version 3 evidence if it is evidence
+// version 3 carries: an acquisition's of the lease as granted (renewed_at
+// and backend_time its acquired_at, state active), or a release's. ok is
+// false for any other, which the caller stores in another version.
 func ReferringEvidence(e *IdempotencyRecord) (b []byte, ok bool) {
 	r := e.Lease
-	if e.Op != OpAcquire || e.Code != CodeAcquired || r == nil || r.State != StateActive ||
-		r.RenewedAt.UnixMilli() != r.AcquiredAt.UnixMilli() ||
-		e.BackendTime.UnixMilli() != r.AcquiredAt.UnixMilli() || !isSHA256Hex(e.Digest) {
+	switch {
+	case r == nil || !isSHA256Hex(e.Digest):
+		return nil, false
+	case e.Op == OpAcquire && e.Code == CodeAcquired && r.State == StateActive &&
+		r.RenewedAt.UnixMilli() == r.AcquiredAt.UnixMilli() && e.BackendTime.UnixMilli() == r.AcquiredAt.UnixMilli():
+	case e.Op == OpRelease && e.Code == CodeReleased && r.State == StateReleased:
+	default:
 		return nil, false
 	}
 	return []byte(EvidenceRefPrefix + string(e.Op) + "\n" + e.Digest + "\n" + string(e.Code) + "\n" + msOf(e.BackendTime) +
@@ -64,8 +69,9 @@ func ReferredLeaseID(raw string) (id string, ok bool) {
 }
 
 // ReferredEvidence rebuilds version 3 evidence raw with rec, a record of
-// the lease it names (active or ended; its lease id and fencing token
-// must be the ones raw names). ok is false if raw is not well-formed
+// the lease it names (its lease id and fencing token must be the ones raw
+// names: for an acquisition active or ended, for a release its history
+// entry's). ok is false if raw is not well-formed
 // version 3 or rec is not its lease's. The evidence is not validated:
 // encoding or strictly decoding it does that.
 func ReferredEvidence(raw string, rec *Record) (e *IdempotencyRecord, ok bool) {
@@ -85,10 +91,19 @@ func ReferredEvidence(raw string, rec *Record) (e *IdempotencyRecord, ok bool) {
 	if rec.LeaseID != f[ev3LeaseID] || rec.FencingToken != token {
 		return nil, false
 	}
-	acquired := rec.Clone()
-	acquired.RenewedAt, acquired.ExpiresAt, acquired.TTLMs, acquired.State = acquired.AcquiredAt, UnixMilli(expires), ttl, StateActive
+	result := rec.Clone()
+	switch Op(f[ev3Op]) {
+	case OpAcquire:
+		result.RenewedAt, result.ExpiresAt, result.TTLMs, result.State = result.AcquiredAt, UnixMilli(expires), ttl, StateActive
+	case OpRelease:
+		if rec.State != StateReleased || rec.ExpiresAt.UnixMilli() != expires || rec.TTLMs != ttl {
+			return nil, false
+		}
+	default:
+		return nil, false
+	}
 	return &IdempotencyRecord{Version: IdempotencyVersion, Op: Op(f[ev3Op]), Digest: f[ev3Digest], Code: Code(f[ev3Code]),
-		Lease: acquired, BackendTime: UnixMilli(backend)}, true
+		Lease: result, BackendTime: UnixMilli(backend)}, true
 }
 
 // ExpandReferringEvidence returns version 3 evidence raw, rebuilt with

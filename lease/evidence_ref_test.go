@@ -85,3 +85,39 @@ func TestReferringEvidenceOnlyForAnAcquisitionAsGranted(t *testing.T) {
 		t.Error("rebuilt without a record")
 	}
 }
+
+// A release's version 3 evidence rebuilds exactly from the record its
+// release left (the history entry's), and from no other state of it.
+func TestReferringReleaseEvidenceRebuildsFromItsEndedRecord(t *testing.T) {
+	ended := validRecord()
+	ended.State = StateReleased
+	e := &IdempotencyRecord{Version: IdempotencyVersion, Op: OpRelease, Digest: strings.Repeat("cd", 32), Code: CodeReleased,
+		Lease: ended, BackendTime: ended.RenewedAt.Add(5 * time.Second)}
+	want, err := e.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, ok := ReferringEvidence(e)
+	if !ok || len(raw)*4 > len(want) {
+		t.Fatalf("ReferringEvidence: %q, %v; want version 3 under a quarter of %d bytes", raw, ok, len(want))
+	}
+	if got, ok := ExpandReferringEvidence(string(raw), ended.Clone()); !ok || got != string(want) {
+		t.Fatalf("rebuilt:\n%s\nwant\n%s", got, want)
+	}
+	active := ended.Clone()
+	active.State = StateActive
+	renewed := ended.Clone()
+	renewed.ExpiresAt = renewed.ExpiresAt.Add(time.Second)
+	revoked := ended.Clone()
+	revoked.State = StateRevoked
+	for name, rec := range map[string]*Record{"active": active, "renewed after": renewed, "revoked": revoked} {
+		if got, ok := ExpandReferringEvidence(string(raw), rec); ok {
+			t.Errorf("rebuilt from the record %s: %s", name, got)
+		}
+	}
+	revokedEv := *e
+	revokedEv.Op, revokedEv.Code = OpRevoke, CodeRevoked
+	if raw, ok := ReferringEvidence(&revokedEv); ok {
+		t.Errorf("a revocation's evidence stored by reference: %q", raw)
+	}
+}
