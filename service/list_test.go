@@ -79,7 +79,10 @@ func TestListReadCap(t *testing.T) {
 	holder := principal(t, "prn-holder1", auth.ClassAPIClient, "tenant:*,program:*", auth.CapLease)
 	reader := principal(t, "prn-reader2", auth.ClassActorComponent, "tenant:*,program:*,actor:crawler", auth.CapRead)
 	ids := acquireActors(t, s, holder, "other", "other", "other", "other", "other", "crawler", "other", "crawler", "other")
+	// Lists page in lease-id order; ids made in the same millisecond
+	// need not sort as they were made.
 	want := []string{ids[5], ids[7]}
+	slices.Sort(want)
 	req := lease.ListRequest{By: lease.ListByProgram, TenantID: target.TenantID, ProgramID: target.ProgramID, PageSize: 10}
 	var got []string
 	short := 0

@@ -1,0 +1,156 @@
+package bolt
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	bbolt "go.etcd.io/bbolt"
+
+	"github.com/starintel/starlease/lease"
+	"github.com/starintel/starlease/lease/leasetest"
+)
+
+// Damage to a lease's history entry (or its active record) is damage to
+// a record, not to the idempotency evidence of its acquisition. With the
+// evidence in version 2 (before this commit: self-contained) the
+// acquisition still replays and looks up exactly its original result;
+// with version 3 it names a record that is unreadable, so the replay and
+// lookup fail as corrupt and the identity is quarantined. Worse, once
+// the damaged entry is trimmed away (dropHistory cannot decode it, so
+// detachEvidence never runs) the file holds no damage at all, yet the
+// acquisition stays unanswerable for the rest of its idempotency
+// retention (days), where version 2 answered throughout.
+func TestS40bDamagedRecordMakesItsAcquisitionUnanswerable(t *testing.T) {
+	for _, form := range []string{"version2-before-this-commit", "version3"} {
+		t.Run("history/"+form, func(t *testing.T) {
+			c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
+			o := leasetest.StoreOptions()
+			o.HistoryPerIdentity = 2
+			s := openTemp(t, Options{StoreOptions: o, Now: c.Now, ReapInterval: -1})
+			far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+			l := refLives(t, s, c, "damaged", 1, far)[0]
+			k, v, p := evidenceOf(t, s, l.lookup(far))
+			if err := s.db.Update(func(tx *bbolt.Tx) error {
+				ident := tx.Bucket(bucketIdent)
+				if form != "version3" {
+					if err := ident.Put(k, asVersion2(t, tx, p.LockKey, v)); err != nil {
+						return err
+					}
+				}
+				// One flipped byte in the lease's history entry.
+				c := ident.Cursor()
+				hk, hv := c.Seek(historyPrefix(p.LockKey))
+				if !bytes.HasPrefix(hk, historyPrefix(p.LockKey)) {
+					t.Fatal("no history entry")
+				}
+				bad := bytes.Clone(hv)
+				bad[len(bad)/2] ^= 0x01
+				return ident.Put(bytes.Clone(hk), bad)
+			}); err != nil {
+				t.Fatal(err)
+			}
+			s40bAnswers(t, s, l, far, "with the damaged history entry")
+			// Two more leases trim the damaged entry away (cap 2): the
+			// file then holds no damaged entry.
+			more := refLivesFrom(t, s, c, "damaged", 1, 2, far)
+			if err := s.db.View(func(tx *bbolt.Tx) error {
+				c := tx.Bucket(bucketIdent).Cursor()
+				prefix := historyPrefix(p.LockKey)
+				for k, v := c.Seek(prefix); bytes.HasPrefix(k, prefix); k, v = c.Next() {
+					if _, err := lease.DecodeStoredHistory(v); err != nil {
+						t.Fatalf("a damaged history entry is left: %v", err)
+					}
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			c.Add(24 * time.Hour) // well within the idempotency retention
+			s40bAnswers(t, s, l, far, "a day after the damaged entry was trimmed away")
+			if q := quarantineOf(t, s, p.LockKey); q != "" {
+				t.Errorf("identity quarantined: %q", q)
+			}
+			for _, m := range more {
+				m.answersExactly(t, s, far)
+			}
+		})
+	}
+	for _, form := range []string{"version2-before-this-commit", "version3"} {
+		t.Run("active/"+form, func(t *testing.T) {
+			ctx := context.Background()
+			c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
+			s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1})
+			far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+			req := acquireReq("acq-active", time.Minute, far)
+			a, err := s.Acquire(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := refLife{req, a}
+			k, v, p := evidenceOf(t, s, l.lookup(far))
+			if err := s.db.Update(func(tx *bbolt.Tx) error {
+				ident := tx.Bucket(bucketIdent)
+				if form != "version3" {
+					if err := ident.Put(k, asVersion2(t, tx, p.LockKey, v)); err != nil {
+						return err
+					}
+				}
+				bad := bytes.Clone(ident.Get(activeKey(p.LockKey)))
+				bad[len(bad)/2] ^= 0x01
+				return ident.Put(activeKey(p.LockKey), bad)
+			}); err != nil {
+				t.Fatal(err)
+			}
+			// The lookup (a read; it reports the current state only where
+			// it can find it) answered before this commit.
+			got, err := s.LookupRequest(ctx, l.lookup(far))
+			if err != nil || encoded(t, got.Lease) != encoded(t, a.Lease) || got.BackendTime != a.BackendTime {
+				t.Fatalf("lookup of an acquisition whose active record is damaged: %v", err)
+			}
+		})
+	}
+}
+
+// refLivesFrom is refLives with request ids acq-<from>… (refLives always
+// starts at 0, which would replay).
+func refLivesFrom(t *testing.T, s *Store, c *clock, target string, from, n int, far time.Time) []refLife {
+	t.Helper()
+	ctx := context.Background()
+	var out []refLife
+	for i := from; i < from+n; i++ {
+		req := acquireReq("acq-"+itoaS40b(i), time.Minute, far)
+		req.Identity.TargetID = target
+		a, err := s.Acquire(ctx, req)
+		if err != nil || a.Replayed {
+			t.Fatalf("acquire %d: %v replayed=%v", i, err, a.Replayed)
+		}
+		c.Add(time.Second)
+		r := a.Lease
+		if _, err := s.Release(ctx, lease.ReleaseRequest{Identity: r.Identity(), LeaseID: r.LeaseID, FencingToken: r.FencingToken,
+			ServiceInstanceID: r.ServiceInstanceID, Mutation: lease.Mutation{RequestID: "rel-" + itoaS40b(i), DeadlineAt: far,
+				Caller: callerOfRecord(r)}}); err != nil {
+			t.Fatal(err)
+		}
+		c.Add(time.Second)
+		out = append(out, refLife{req, a})
+	}
+	return out
+}
+
+func itoaS40b(i int) string { return string(rune('0'+i/10)) + string(rune('0'+i%10)) }
+
+// s40bAnswers is answersExactly, reporting instead of stopping.
+func s40bAnswers(t *testing.T, s *Store, l refLife, far time.Time, when string) {
+	t.Helper()
+	ctx := context.Background()
+	a, err := s.Acquire(ctx, l.req)
+	if err != nil || !a.Replayed || a.Code != l.acq.Code || encoded(t, a.Lease) != encoded(t, l.acq.Lease) || a.BackendTime != l.acq.BackendTime {
+		t.Errorf("%s: replay of %s: %v (replayed %v)", when, l.req.RequestID, err, a.Replayed)
+	}
+	got, err := s.LookupRequest(ctx, l.lookup(far))
+	if err != nil || got.Code != l.acq.Code || encoded(t, got.Lease) != encoded(t, l.acq.Lease) || got.BackendTime != l.acq.BackendTime {
+		t.Errorf("%s: lookup of %s: %v", when, l.req.RequestID, err)
+	}
+}
