@@ -229,7 +229,7 @@ func (s *Store) start(tx *layered.View, p lease.Prepared, due lease.Timestamp) (
 	if err := lease.PastDeadline(now, due); err != nil {
 		return now, nil, err
 	}
-	v, ok := s.storedEvidence(tx, p)
+	v, ended, ok := s.storedEvidence(tx, p)
 	if v == nil && ok {
 		return now, nil, nil
 	}
@@ -237,20 +237,26 @@ func (s *Store) start(tx *layered.View, p lease.Prepared, due lease.Timestamp) (
 	if !ok || err != nil {
 		return now, nil, s.quarantine(tx, p.LockKey, p.Identity, "idempotency evidence is corrupt")
 	}
-	r, err := p.Replay(ev, now, func(orig *lease.Record) (*lease.Record, error) { return s.currentOf(tx, orig, now) })
+	r, err := p.Replay(ev, now, func(orig *lease.Record) (*lease.Record, error) { return s.currentOf(tx, orig, now, ended) })
 	if err != nil {
 		return now, nil, err
 	}
 	return now, &r, nil
 }
 
-// currentOf finds the state now of a lease: active, or its terminal record.
-func (s *Store) currentOf(tx *layered.View, orig *lease.Record, now lease.Timestamp) (*lease.Record, error) {
+// currentOf finds the state now of a lease: active, or its terminal record
+// (known, when the caller found the lease's history entry already).
+func (s *Store) currentOf(tx *layered.View, orig *lease.Record, now lease.Timestamp, known *lease.HistoryEntry) (*lease.Record, error) {
 	cur, err := s.loadActive(tx, orig.LockKey)
 	if err != nil {
 		return nil, err
 	}
-	return lease.CurrentOf(orig, cur, now, func() *lease.HistoryEntry { return findHistory(tx, orig.LockKey, orig.LeaseID) }), nil
+	return lease.CurrentOf(orig, cur, now, func() *lease.HistoryEntry {
+		if known != nil && known.Record.LeaseID == orig.LeaseID && known.Record.LockKey == orig.LockKey {
+			return known
+		}
+		return findHistory(tx, orig.LockKey, orig.LeaseID)
+	}), nil
 }
 
 // held returns the active lease matching every ownership field and
@@ -307,36 +313,41 @@ func (s *Store) remember(tx *layered.View, p lease.Prepared, res lease.Result) e
 // storedEvidence reads p's idempotency evidence as version 1 bytes, nil if
 // there is none; ok is false for version 2 or 3 evidence that cannot be
 // rebuilt (corrupt: for version 3 also when no record of the lease it
-// names is found under p's lock key). Valid only in tx.
-func (s *Store) storedEvidence(tx *layered.View, p lease.Prepared) (v []byte, ok bool) {
+// names is found under p's lock key). ended is the history entry version
+// 3 was rebuilt from, if it was (the replay's currentOf takes it instead
+// of looking for it again). Valid only in tx.
+func (s *Store) storedEvidence(tx *layered.View, p lease.Prepared) (v []byte, ended *lease.HistoryEntry, ok bool) {
 	raw := tx.Bucket(bucketIdent).Get(idemKey(p.LockKey, p.Scope))
 	var v1 string
 	switch {
 	case bytes.HasPrefix(raw, []byte(lease.EvidenceV2Prefix)):
 		v1, ok = lease.ExpandEvidence(string(raw), p.Identity)
 	case bytes.HasPrefix(raw, []byte(lease.EvidenceRefPrefix)):
-		v1, ok = lease.ExpandReferringEvidence(string(raw), s.referredRecord(tx, p.LockKey, string(raw)))
+		var rec *lease.Record
+		rec, ended = s.referredRecord(tx, p.LockKey, string(raw))
+		v1, ok = lease.ExpandReferringEvidence(string(raw), rec)
 	default:
-		return raw, true
+		return raw, nil, true
 	}
-	return []byte(v1), ok
+	return []byte(v1), ended, ok
 }
 
 // referredRecord is a record of the lease version 3 evidence raw names,
-// under lockKey: its active record, or else its history entry's; nil if
-// neither is found (or the active record does not decode).
-func (s *Store) referredRecord(tx *layered.View, lockKey, raw string) *lease.Record {
+// under lockKey: its active record, or else its history entry's (then
+// also the entry); nil if neither is found (or the active record does not
+// decode).
+func (s *Store) referredRecord(tx *layered.View, lockKey, raw string) (*lease.Record, *lease.HistoryEntry) {
 	id, ok := lease.ReferredLeaseID(raw)
 	if !ok {
-		return nil
+		return nil, nil
 	}
 	if cur, err := s.loadActive(tx, lockKey); err == nil && cur != nil && cur.LeaseID == id {
-		return cur
+		return cur, nil
 	}
 	if h := findHistory(tx, lockKey, id); h != nil {
-		return h.Record
+		return h.Record, h
 	}
-	return nil
+	return nil, nil
 }
 
 // detachEvidence rewrites in version 2 the version 3 evidence of h's

@@ -157,13 +157,13 @@ func (s *Store) LookupRequest(ctx context.Context, req lease.LookupRequest) (lea
 		return lease.Result{}, err
 	}
 	return read(s, ctx, lease.Deadline(ctx, req.DeadlineAt), func(tx *layered.View, now lease.Timestamp) (lease.Result, error) {
-		v, ok := s.storedEvidence(tx, p)
+		v, ended, ok := s.storedEvidence(tx, p)
 		if v == nil && ok {
 			return lease.Result{}, lease.RequestNotFound(now)
 		}
 		res, found := lease.Result{}, false
 		if ok {
-			res, found = p.Lookup(v, func(orig *lease.Record) (*lease.Record, error) { return s.currentOf(tx, orig, now) })
+			res, found = p.Lookup(v, func(orig *lease.Record) (*lease.Record, error) { return s.currentOf(tx, orig, now, ended) })
 		}
 		if !found {
 			return lease.Result{}, s.quarantine(tx, p.LockKey, p.Identity, "idempotency evidence is corrupt")
