@@ -12,16 +12,16 @@ import (
 	"github.com/starintel/starlease/lease/leasetest"
 )
 
-// Damage to a lease's history entry (or its active record) is damage to
-// a record, not to the idempotency evidence of its acquisition. With the
-// evidence in version 2 (before this commit: self-contained) the
-// acquisition still replays and looks up exactly its original result;
-// with version 3 it names a record that is unreadable, so the replay and
-// lookup fail as corrupt and the identity is quarantined. Worse, once
-// the damaged entry is trimmed away (dropHistory cannot decode it, so
-// detachEvidence never runs) the file holds no damage at all, yet the
+// Damage to a lease's history entry (or its active record): with the
+// acquisition's evidence in version 2 (self-contained) the acquisition
+// still replays and looks up exactly its original result; in version 3
+// it names a record that is unreadable, so the replay and lookup fail
+// closed (corrupt, the identity quarantined), never with another answer.
+// Once the damaged entry is trimmed away (dropHistory cannot decode it,
+// so detachEvidence never runs) the file holds no damage at all, yet the
 // acquisition stays unanswerable for the rest of its idempotency
-// retention (days), where version 2 answered throughout.
+// retention, where version 2 answered throughout: the price of version 3,
+// accepted (review s40b; the note of session 40 says so).
 func TestS40bDamagedRecordMakesItsAcquisitionUnanswerable(t *testing.T) {
 	for _, form := range []string{"version2-before-this-commit", "version3"} {
 		t.Run("history/"+form, func(t *testing.T) {
@@ -51,7 +51,15 @@ func TestS40bDamagedRecordMakesItsAcquisitionUnanswerable(t *testing.T) {
 			}); err != nil {
 				t.Fatal(err)
 			}
-			s40bAnswers(t, s, l, far, "with the damaged history entry")
+			answers := func(when string) {
+				t.Helper()
+				if form == "version3" {
+					s40bFailsClosed(t, s, l, far, when)
+				} else {
+					s40bAnswers(t, s, l, far, when)
+				}
+			}
+			answers("with the damaged history entry")
 			// Two more leases trim the damaged entry away (cap 2): the
 			// file then holds no damaged entry.
 			more := refLivesFrom(t, s, c, "damaged", 1, 2, far)
@@ -68,8 +76,8 @@ func TestS40bDamagedRecordMakesItsAcquisitionUnanswerable(t *testing.T) {
 				t.Fatal(err)
 			}
 			c.Add(24 * time.Hour) // well within the idempotency retention
-			s40bAnswers(t, s, l, far, "a day after the damaged entry was trimmed away")
-			if q := quarantineOf(t, s, p.LockKey); q != "" {
+			answers("a day after the damaged entry was trimmed away")
+			if q := quarantineOf(t, s, p.LockKey); (q != "") != (form == "version3") {
 				t.Errorf("identity quarantined: %q", q)
 			}
 			for _, m := range more {
@@ -88,7 +96,7 @@ func TestS40bDamagedRecordMakesItsAcquisitionUnanswerable(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			l := refLife{req, a}
+			l := refLife{req: req, acq: a}
 			k, v, p := evidenceOf(t, s, l.lookup(far))
 			if err := s.db.Update(func(tx *bbolt.Tx) error {
 				ident := tx.Bucket(bucketIdent)
@@ -104,8 +112,15 @@ func TestS40bDamagedRecordMakesItsAcquisitionUnanswerable(t *testing.T) {
 				t.Fatal(err)
 			}
 			// The lookup (a read; it reports the current state only where
-			// it can find it) answered before this commit.
+			// it can find it) answers from version 2 evidence; version 3
+			// fails closed.
 			got, err := s.LookupRequest(ctx, l.lookup(far))
+			if form == "version3" {
+				if code(err) != lease.CodeCorrupt {
+					t.Fatalf("lookup of an acquisition whose active record is damaged: %v %+v, want corrupt", err, got.Lease)
+				}
+				return
+			}
 			if err != nil || encoded(t, got.Lease) != encoded(t, a.Lease) || got.BackendTime != a.BackendTime {
 				t.Fatalf("lookup of an acquisition whose active record is damaged: %v", err)
 			}
@@ -134,7 +149,7 @@ func refLivesFrom(t *testing.T, s *Store, c *clock, target string, from, n int, 
 			t.Fatal(err)
 		}
 		c.Add(time.Second)
-		out = append(out, refLife{req, a})
+		out = append(out, refLife{req: req, acq: a})
 	}
 	return out
 }
@@ -152,5 +167,18 @@ func s40bAnswers(t *testing.T, s *Store, l refLife, far time.Time, when string) 
 	got, err := s.LookupRequest(ctx, l.lookup(far))
 	if err != nil || got.Code != l.acq.Code || encoded(t, got.Lease) != encoded(t, l.acq.Lease) || got.BackendTime != l.acq.BackendTime {
 		t.Errorf("%s: lookup of %s: %v", when, l.req.RequestID, err)
+	}
+}
+
+// s40bFailsClosed checks that l's acquisition neither replays nor looks
+// up: both answer corrupt.
+func s40bFailsClosed(t *testing.T, s *Store, l refLife, far time.Time, when string) {
+	t.Helper()
+	ctx := context.Background()
+	if a, err := s.Acquire(ctx, l.req); code(err) != lease.CodeCorrupt {
+		t.Errorf("%s: replay of %s: %v %+v, want corrupt", when, l.req.RequestID, err, a.Lease)
+	}
+	if got, err := s.LookupRequest(ctx, l.lookup(far)); code(err) != lease.CodeCorrupt {
+		t.Errorf("%s: lookup of %s: %v %+v, want corrupt", when, l.req.RequestID, err, got.Lease)
 	}
 }

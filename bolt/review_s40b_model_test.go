@@ -38,11 +38,12 @@ func TestS40bRandomLivesReplayExactly(t *testing.T) {
 		{1, time.Millisecond, 0, 600},
 	}
 	for ci, cf := range cfgs {
-		for seed := int64(1); seed <= 6; seed++ {
+		// 3 seeds each in the suite (6 in the review run).
+		for seed := int64(1); seed <= 3; seed++ {
 			t.Run(fmt.Sprintf("cfg%d/seed%d", ci, seed), func(t *testing.T) {
 				s40bRun(t, seed, cf.cap, cf.histRet, cf.idemRet, cf.stepMaxSec, time.Hour)
 			})
-			if seed <= 2 {
+			if seed == 1 {
 				t.Run(fmt.Sprintf("cfg%d/seed%d/flush-each", ci, seed), func(t *testing.T) {
 					s40bRun(t, seed, cf.cap, cf.histRet, cf.idemRet, cf.stepMaxSec, -1)
 				})

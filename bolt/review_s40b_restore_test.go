@@ -34,7 +34,7 @@ func TestS40bRestoreAndRecoveryKeepReplaysExact(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	all := append(lives, refLife{req, live})
+	all := append(lives, refLife{req: req, acq: live})
 	var buf bytes.Buffer
 	if _, err := s.Backup(ctx, &buf); err != nil {
 		t.Fatal(err)
@@ -71,7 +71,7 @@ func TestS40bRestoreAndRecoveryKeepReplaysExact(t *testing.T) {
 	// And once more after the revoked lease's history entry is trimmed
 	// (cap 1) by two more leases.
 	more := refLivesFrom(t, s2, c, "restored", 10, 2, far)
-	if got := (refLife{req, live}).storedVersion(t, s2, far); got != "ev2" {
+	if got := (refLife{req: req, acq: live}).storedVersion(t, s2, far); got != "ev2" {
 		t.Fatalf("the recovered lease's acquisition evidence after its history went: %s, want ev2", got)
 	}
 	for _, l := range append(all, more...) {

@@ -27,10 +27,10 @@ func TestS40bEvidenceOfAnotherRequestIDSameInputs(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			l1 := refLife{r1, a}
+			l1 := refLife{req: r1, acq: a}
 			r2 := r1
 			r2.RequestID = "req-2"
-			l2 := refLife{r2, lease.Result{}}
+			l2 := refLife{req: r2, acq: lease.Result{}}
 			_, v, p := evidenceOf(t, s, l1.lookup(far))
 			k2, _, _ := evidenceOf(t, s, l2.lookup(far))
 			if err := s.db.Update(func(tx *bbolt.Tx) error {
