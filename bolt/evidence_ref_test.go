@@ -25,26 +25,27 @@ type refLife struct {
 }
 
 // refLives acquires and releases n leases of one identity (target), one
-// after the other, a second apart.
-func refLives(t *testing.T, s *Store, c *clock, target string, n int, far time.Time) []refLife {
+// after the other, a second apart, with request ids acq-<i> and rel-<i>
+// for i from from on (two digits at least).
+func refLives(t *testing.T, s *Store, c *clock, target string, from, n int, far time.Time) []refLife {
 	t.Helper()
 	ctx := context.Background()
 	var out []refLife
-	for i := range n {
-		req := acquireReq(fmt.Sprintf("acq-%d", i), time.Minute, far)
+	for i := from; i < from+n; i++ {
+		req := acquireReq(fmt.Sprintf("acq-%02d", i), time.Minute, far)
 		req.Identity.TargetID = target
 		a, err := s.Acquire(ctx, req)
-		if err != nil {
-			t.Fatal(err)
+		if err != nil || a.Replayed {
+			t.Fatalf("acquire %d: %v replayed=%v", i, err, a.Replayed)
 		}
 		c.Add(time.Second)
 		r := a.Lease
 		relReq := lease.ReleaseRequest{Identity: r.Identity(), LeaseID: r.LeaseID, FencingToken: r.FencingToken,
-			ServiceInstanceID: r.ServiceInstanceID, Mutation: lease.Mutation{RequestID: fmt.Sprintf("rel-%d", i), DeadlineAt: far,
+			ServiceInstanceID: r.ServiceInstanceID, Mutation: lease.Mutation{RequestID: fmt.Sprintf("rel-%02d", i), DeadlineAt: far,
 				Caller: callerOfRecord(r)}}
 		rel, err := s.Release(ctx, relReq)
-		if err != nil {
-			t.Fatal(err)
+		if err != nil || rel.Replayed {
+			t.Fatalf("release %d: %v replayed=%v", i, err, rel.Replayed)
 		}
 		c.Add(time.Second)
 		out = append(out, refLife{req, a, relReq, rel})
@@ -129,7 +130,7 @@ func TestAcquireEvidenceDetachedWhenItsHistoryIsTrimmed(t *testing.T) {
 	o.HistoryPerIdentity = 2
 	s := openTemp(t, Options{StoreOptions: o, Now: c.Now, ReapInterval: -1})
 	far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	lives := refLives(t, s, c, "trimmed", 4, far)
+	lives := refLives(t, s, c, "trimmed", 0, 4, far)
 	for i, want := range []string{"ev2", "ev2", "ev3", "ev3"} {
 		if got := lives[i].storedVersion(t, s, far); got != want {
 			t.Fatalf("acquisition %d's evidence is %s, want %s (history keeps the last 2 leases)", i, got, want)
@@ -150,7 +151,7 @@ func TestAcquireEvidenceDetachedWhenItsHistoryRetires(t *testing.T) {
 	o.HistoryRetention = time.Hour
 	s := openTemp(t, Options{StoreOptions: o, Now: c.Now, ReapInterval: -1})
 	far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	l := refLives(t, s, c, "retired", 1, far)[0]
+	l := refLives(t, s, c, "retired", 0, 1, far)[0]
 	if got, rel := l.storedVersion(t, s, far), l.storedReleaseVersion(t, s, far); got != "ev3" || rel != "ev3" {
 		t.Fatalf("evidence before retention: acquisition %s, release %s; want ev3", got, rel)
 	}
@@ -283,7 +284,7 @@ func TestSchema9AcquireEvidenceStillReplays(t *testing.T) {
 		t.Fatal(err)
 	}
 	far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	before := refLives(t, s, c, "schema9", 1, far)[0]
+	before := refLives(t, s, c, "schema9", 0, 1, far)[0]
 	k, v, p := evidenceOf(t, s, before.lookup(far))
 	var v2 []byte
 	if err := s.db.Update(func(tx *bbolt.Tx) error {
@@ -308,7 +309,7 @@ func TestSchema9AcquireEvidenceStillReplays(t *testing.T) {
 		t.Fatalf("the schema 9 evidence was rewritten: %q", got)
 	}
 	before.answersExactly(t, s, far)
-	after := refLives(t, s, c, "schema10", 1, far)[0]
+	after := refLives(t, s, c, "schema10", 0, 1, far)[0]
 	if got := after.storedVersion(t, s, far); got != "ev3" {
 		t.Fatalf("evidence written after the upgrade: %s, want ev3", got)
 	}
@@ -329,7 +330,7 @@ func TestCorruptReleaseVersion3EvidenceFailsClosed(t *testing.T) {
 			c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
 			s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1})
 			far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-			l := refLives(t, s, c, "corrupt-release", 1, far)[0]
+			l := refLives(t, s, c, "corrupt-release", 0, 1, far)[0]
 			k, v, p := evidenceOf(t, s, l.releaseLookup(far))
 			if !bytes.HasPrefix(v, []byte(lease.EvidenceRefPrefix)) {
 				t.Fatalf("release evidence is not version 3: %q", v)

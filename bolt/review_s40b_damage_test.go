@@ -30,7 +30,7 @@ func TestS40bDamagedRecordMakesItsAcquisitionUnanswerable(t *testing.T) {
 			o.HistoryPerIdentity = 2
 			s := openTemp(t, Options{StoreOptions: o, Now: c.Now, ReapInterval: -1})
 			far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-			l := refLives(t, s, c, "damaged", 1, far)[0]
+			l := refLives(t, s, c, "damaged", 0, 1, far)[0]
 			k, v, p := evidenceOf(t, s, l.lookup(far))
 			if err := s.db.Update(func(tx *bbolt.Tx) error {
 				ident := tx.Bucket(bucketIdent)
@@ -62,7 +62,7 @@ func TestS40bDamagedRecordMakesItsAcquisitionUnanswerable(t *testing.T) {
 			answers("with the damaged history entry")
 			// Two more leases trim the damaged entry away (cap 2): the
 			// file then holds no damaged entry.
-			more := refLivesFrom(t, s, c, "damaged", 1, 2, far)
+			more := refLives(t, s, c, "damaged", 1, 2, far)
 			if err := s.db.View(func(tx *bbolt.Tx) error {
 				c := tx.Bucket(bucketIdent).Cursor()
 				prefix := historyPrefix(p.LockKey)
@@ -127,34 +127,6 @@ func TestS40bDamagedRecordMakesItsAcquisitionUnanswerable(t *testing.T) {
 		})
 	}
 }
-
-// refLivesFrom is refLives with request ids acq-<from>… (refLives always
-// starts at 0, which would replay).
-func refLivesFrom(t *testing.T, s *Store, c *clock, target string, from, n int, far time.Time) []refLife {
-	t.Helper()
-	ctx := context.Background()
-	var out []refLife
-	for i := from; i < from+n; i++ {
-		req := acquireReq("acq-"+itoaS40b(i), time.Minute, far)
-		req.Identity.TargetID = target
-		a, err := s.Acquire(ctx, req)
-		if err != nil || a.Replayed {
-			t.Fatalf("acquire %d: %v replayed=%v", i, err, a.Replayed)
-		}
-		c.Add(time.Second)
-		r := a.Lease
-		if _, err := s.Release(ctx, lease.ReleaseRequest{Identity: r.Identity(), LeaseID: r.LeaseID, FencingToken: r.FencingToken,
-			ServiceInstanceID: r.ServiceInstanceID, Mutation: lease.Mutation{RequestID: "rel-" + itoaS40b(i), DeadlineAt: far,
-				Caller: callerOfRecord(r)}}); err != nil {
-			t.Fatal(err)
-		}
-		c.Add(time.Second)
-		out = append(out, refLife{req: req, acq: a})
-	}
-	return out
-}
-
-func itoaS40b(i int) string { return string(rune('0'+i/10)) + string(rune('0'+i%10)) }
 
 // s40bAnswers is answersExactly, reporting instead of stopping.
 func s40bAnswers(t *testing.T, s *Store, l refLife, far time.Time, when string) {

@@ -27,7 +27,7 @@ func TestS40bRestoreAndRecoveryKeepReplaysExact(t *testing.T) {
 		t.Fatal(err)
 	}
 	far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	lives := refLives(t, s, c, "restored", 2, far)
+	lives := refLives(t, s, c, "restored", 0, 2, far)
 	req := acquireReq("acq-live", time.Hour, far)
 	req.Identity.TargetID = "restored"
 	live, err := s.Acquire(ctx, req)
@@ -70,7 +70,7 @@ func TestS40bRestoreAndRecoveryKeepReplaysExact(t *testing.T) {
 	}
 	// And once more after the revoked lease's history entry is trimmed
 	// (cap 1) by two more leases.
-	more := refLivesFrom(t, s2, c, "restored", 10, 2, far)
+	more := refLives(t, s2, c, "restored", 10, 2, far)
 	if got := (refLife{req: req, acq: live}).storedVersion(t, s2, far); got != "ev2" {
 		t.Fatalf("the recovered lease's acquisition evidence after its history went: %s, want ev2", got)
 	}

@@ -30,7 +30,7 @@ func TestS40bEndedAcquisitionWalksHistoryOnce(t *testing.T) {
 	oldest := map[string]refLife{}
 	for _, target := range []string{"v3", "v2"} {
 		for i := 0; i < 64; i++ {
-			l := refLivesFrom(t, s, c, target, i, 1, far)[0]
+			l := refLives(t, s, c, target, i, 1, far)[0]
 			if i == 0 {
 				oldest[target] = l
 			}

@@ -51,7 +51,7 @@ func TestS40cRenewedThenReleasedTrimmed(t *testing.T) {
 		}
 	}
 	conflicts("ev3")
-	more := s40cLives(t, s, c, "renewed", 20, 2, far)
+	more := refLives(t, s, c, "renewed", 20, 2, far)
 	conflicts("ev2")
 	if v := l.storedReleaseVersion(t, s, far); v != "ev2" {
 		t.Fatalf("release evidence after trim %s, want ev2", v)
@@ -72,7 +72,7 @@ func TestS40cReleaseRequestIDReusedAfterEvidenceExpired(t *testing.T) {
 	o.HistoryPerIdentity = 2
 	s := openTemp(t, Options{StoreOptions: o, Now: c.Now, ReapInterval: -1})
 	far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	first := s40cLives(t, s, c, "reused", 0, 1, far)[0]
+	first := refLives(t, s, c, "reused", 0, 1, far)[0]
 	c.Add(o.WithDefaults().IdempotencyRetention + time.Hour)
 	if err := s.reap(ctx); err != nil {
 		t.Fatal(err)
@@ -97,12 +97,12 @@ func TestS40cReleaseRequestIDReusedAfterEvidenceExpired(t *testing.T) {
 	}
 	second := refLife{req, a, relReq, rel}
 	// Trim the first lease's entry (cap 2).
-	more := s40cLives(t, s, c, "reused", 30, 1, far)
+	more := refLives(t, s, c, "reused", 30, 1, far)
 	if v := second.storedReleaseVersion(t, s, far); v != "ev3" {
 		t.Fatalf("second release evidence: %s, want ev3", v)
 	}
 	second.answersExactly(t, s, far)
-	more = append(more, s40cLives(t, s, c, "reused", 40, 2, far)...)
+	more = append(more, refLives(t, s, c, "reused", 40, 2, far)...)
 	if v := second.storedReleaseVersion(t, s, far); v != "ev2" {
 		t.Fatalf("second release evidence after trim: %s, want ev2", v)
 	}
@@ -154,12 +154,12 @@ func TestS40cForceReleaseEntryDoesNotDetachAnotherRelease(t *testing.T) {
 	}
 	l := refLife{req2, g, relReq, rel}
 	// Trim F's entry only.
-	more := s40cLives(t, s, c, "forced", 50, 2, far)
+	more := refLives(t, s, c, "forced", 50, 2, far)
 	if v := l.storedReleaseVersion(t, s, far); v != "ev3" {
 		t.Fatalf("G's release evidence after F's entry went: %s, want ev3", v)
 	}
 	l.answersExactly(t, s, far)
-	more = append(more, s40cLives(t, s, c, "forced", 60, 3, far)...)
+	more = append(more, refLives(t, s, c, "forced", 60, 3, far)...)
 	if v := l.storedReleaseVersion(t, s, far); v != "ev2" {
 		t.Fatalf("G's release evidence after its entry went: %s, want ev2", v)
 	}
@@ -167,32 +167,4 @@ func TestS40cForceReleaseEntryDoesNotDetachAnotherRelease(t *testing.T) {
 	for _, m := range more {
 		m.answersExactly(t, s, far)
 	}
-}
-
-// s40cLives is refLives with request ids acq-<from>…/rel-<from>… that
-// keeps the release request and result (refLivesFrom drops them).
-func s40cLives(t *testing.T, s *Store, c *clock, target string, from, n int, far time.Time) []refLife {
-	t.Helper()
-	ctx := context.Background()
-	var out []refLife
-	for i := from; i < from+n; i++ {
-		req := acquireReq("acq-"+itoaS40b(i), time.Minute, far)
-		req.Identity.TargetID = target
-		a, err := s.Acquire(ctx, req)
-		if err != nil || a.Replayed {
-			t.Fatalf("acquire %d: %v replayed=%v", i, err, a.Replayed)
-		}
-		c.Add(time.Second)
-		r := a.Lease
-		relReq := lease.ReleaseRequest{Identity: r.Identity(), LeaseID: r.LeaseID, FencingToken: r.FencingToken,
-			ServiceInstanceID: r.ServiceInstanceID, Mutation: lease.Mutation{RequestID: "rel-" + itoaS40b(i), DeadlineAt: far,
-				Caller: callerOfRecord(r)}}
-		rel, err := s.Release(ctx, relReq)
-		if err != nil || rel.Replayed {
-			t.Fatalf("release %d: %v", i, err)
-		}
-		c.Add(time.Second)
-		out = append(out, refLife{req, a, relReq, rel})
-	}
-	return out
 }
