@@ -71,9 +71,9 @@ func ReferredLeaseID(raw string) (id string, ok bool) {
 // ReferredEvidence rebuilds version 3 evidence raw with rec, a record of
 // the lease it names (its lease id and fencing token must be the ones raw
 // names: for an acquisition active or ended, for a release its history
-// entry's). ok is false if raw is not well-formed
-// version 3 or rec is not its lease's. The evidence is not validated:
-// encoding or strictly decoding it does that.
+// entry's). ok is false if raw is not well-formed version 3 or rec is not
+// its lease's. The evidence is not validated: encoding or strictly
+// decoding it does that.
 func ReferredEvidence(raw string, rec *Record) (e *IdempotencyRecord, ok bool) {
 	var f [ev3Lines]string
 	if rec == nil || !strings.HasPrefix(raw, EvidenceRefPrefix) || !splitLines(raw, f[:]) {
