@@ -351,35 +351,40 @@ func (s *Store) referredRecord(tx *layered.View, lockKey, raw string) (*lease.Re
 }
 
 // detachEvidence rewrites in version 2 the version 3 evidence of h's
-// lease (its history entry, under lockKey) before the entry goes, so it
-// still answers for its retention: its acquisition's, and the release's
-// that ended it. Evidence it cannot rebuild is left as it is: it was
-// unreadable anyway.
-func detachEvidence(tx *layered.View, lockKey string, h *lease.HistoryEntry) error {
+// lease (its history entry, stored under lockKey as raw) before the entry
+// goes, so it still answers for its retention: its acquisition's, and the
+// release's that ended it. Evidence it cannot rebuild is left as it is:
+// it was unreadable anyway.
+func detachEvidence(tx *layered.View, lockKey string, h *lease.HistoryEntry, raw []byte) error {
 	r := h.Record
-	if err := detachEvidenceOf(tx, lockKey, r, lease.IdempotencyScope(lease.OpAcquire, lockKey, r.OwnerPrincipalID, r.RequestID)); err != nil {
+	if err := detachEvidenceOf(tx, lockKey, h, raw, lease.IdempotencyScope(lease.OpAcquire, lockKey, r.OwnerPrincipalID, r.RequestID)); err != nil {
 		return err
 	}
 	if r.State != lease.StateReleased || h.EndedBy == "" || h.RequestID == "" {
 		return nil
 	}
-	return detachEvidenceOf(tx, lockKey, r, lease.IdempotencyScope(lease.OpRelease, lockKey, h.EndedBy, h.RequestID))
+	return detachEvidenceOf(tx, lockKey, h, raw, lease.IdempotencyScope(lease.OpRelease, lockKey, h.EndedBy, h.RequestID))
 }
 
 // detachEvidenceOf rewrites the evidence under scope in version 2 if it
-// is version 3 of r's lease.
-func detachEvidenceOf(tx *layered.View, lockKey string, r *lease.Record, scope string) error {
+// is version 3 of h's lease: spliced from the entry's own lines
+// (lease.DetachedEvidence), or, for an entry in version 1, rebuilt and
+// encoded.
+func detachEvidenceOf(tx *layered.View, lockKey string, h *lease.HistoryEntry, raw []byte, scope string) error {
 	ident := tx.Bucket(bucketIdent)
 	k := idemKey(lockKey, scope)
-	raw := ident.Get(k)
-	if !bytes.HasPrefix(raw, []byte(lease.EvidenceRefPrefix)) {
+	ev := ident.Get(k)
+	if !bytes.HasPrefix(ev, []byte(lease.EvidenceRefPrefix)) {
 		return nil
 	}
-	ev, ok := lease.ReferredEvidence(string(raw), r)
+	if b, ok := lease.DetachedEvidence(string(ev), string(raw)); ok {
+		return ident.Put(k, b)
+	}
+	e, ok := lease.ReferredEvidence(string(ev), h.Record)
 	if !ok {
 		return nil
 	}
-	b, err := lease.CompactEvidence(ev, r.Identity())
+	b, err := lease.CompactEvidence(e, h.Record.Identity())
 	if err != nil {
 		return nil
 	}
@@ -595,7 +600,7 @@ func dropHistory(tx *layered.View, k, v []byte) error {
 	if h, err := lease.DecodeStoredHistory(v); err == nil {
 		lockKey := unpackLockKey(k[:packedLen])
 		if h.Record.LockKey == lockKey {
-			if err := detachEvidence(tx, lockKey, h); err != nil {
+			if err := detachEvidence(tx, lockKey, h, v); err != nil {
 				return err
 			}
 		}

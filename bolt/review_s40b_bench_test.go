@@ -147,12 +147,12 @@ func BenchmarkS40bDetach(b *testing.B) {
 		if err := v.Bucket(bucketIdent).Put(k, ev3); err != nil {
 			return err
 		}
-		return detachEvidence(v, p.LockKey, h)
+		return detachEvidence(v, p.LockKey, h, hv)
 	})
 	other := *h
 	other.Record = h.Record.Clone()
 	other.Record.RequestID = "no-evidence"
 	other.RequestID = "no-evidence"
-	run("miss", func(v *layered.View) error { return detachEvidence(v, p.LockKey, &other) })
+	run("miss", func(v *layered.View) error { return detachEvidence(v, p.LockKey, &other, hv) })
 	run("decode", func(v *layered.View) error { _, err := lease.DecodeStoredHistory(hv); return err })
 }

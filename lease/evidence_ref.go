@@ -118,3 +118,41 @@ func ExpandReferringEvidence(raw string, rec *Record) (string, bool) {
 	b, err := e.Encode()
 	return string(b), err == nil
 }
+
+// DetachedEvidence rewrites version 3 evidence raw in version 2 from
+// hist, the stored history entry of its lease in version 2, whose record
+// lines are the facts version 2 evidence holds, in the same order: the
+// same lines, changed as ReferredEvidence changes the record (an
+// acquisition's renewed_at, expires_at, ttl_ms and state), so version 2
+// expands to the very document ReferredEvidence's record encodes
+// (TestDetachedEvidenceExpandsAsReferred), without encoding and checking
+// it again. ok is false if either value is not well-formed in its version
+// or hist is not raw's lease's as ReferredEvidence requires; the caller
+// then takes ReferredEvidence and CompactEvidence.
+func DetachedEvidence(raw, hist string) ([]byte, bool) {
+	var e [ev3Lines]string
+	var h [Hv2Lines]string
+	if !strings.HasPrefix(raw, EvidenceRefPrefix) || !splitLines(raw, e[:]) ||
+		!strings.HasPrefix(hist, HistoryV2Prefix) || !splitLines(hist, h[:]) {
+		return nil, false
+	}
+	// The record's lines as evidence version 2 numbers them from its lease id.
+	var f [Ev2Lines - Ev2LeaseID]string
+	copy(f[:], h[Hv2Record:])
+	at := func(line int) *string { return &f[line-Ev2LeaseID] }
+	if *at(Ev2LeaseID) != e[ev3LeaseID] || *at(Ev2Token) != e[ev3Token] {
+		return nil, false
+	}
+	switch Op(e[ev3Op]) {
+	case OpAcquire:
+		*at(Ev2Renewed), *at(Ev2Expires), *at(Ev2TTL), *at(Ev2State) = *at(Ev2Acquired), e[ev3Expires], e[ev3TTL], string(StateActive)
+	case OpRelease:
+		if *at(Ev2State) != string(StateReleased) || *at(Ev2Expires) != e[ev3Expires] || *at(Ev2TTL) != e[ev3TTL] {
+			return nil, false
+		}
+	default:
+		return nil, false
+	}
+	return []byte(EvidenceV2Prefix + e[ev3Op] + "\n" + e[ev3Digest] + "\n" + e[ev3Code] + "\n" + e[ev3Backend] + "\n" + h[Hv2Tag] +
+		"\n" + strings.Join(f[:], "\n")), true
+}

@@ -121,3 +121,71 @@ func TestReferringReleaseEvidenceRebuildsFromItsEndedRecord(t *testing.T) {
 		t.Errorf("a revocation's evidence stored by reference: %q", raw)
 	}
 }
+
+// The version 2 evidence DetachedEvidence splices from a history entry
+// expands to exactly the document of the evidence ReferredEvidence
+// rebuilds from the entry's record, for acquisitions renewed or not and
+// for releases, over records whose every field differs; it refuses an
+// entry of another lease or token, a release entry that differs, and a
+// history entry in version 1.
+func TestDetachedEvidenceExpandsAsReferred(t *testing.T) {
+	for i, meta := range []Metadata{{}, {"source": "scheduler", "attempt": float64(3), "urgent": true}, {"k": "a b"}} {
+		e := acquisitionEvidence()
+		e.Lease.Metadata = meta
+		e.Lease.OwnerClientID, e.Lease.OwnerCredentialID = "client_x"+string(rune('a'+i)), "key_y"
+		acqRaw, ok := ReferringEvidence(e)
+		if !ok {
+			t.Fatal("acquisition not by reference")
+		}
+		for _, renew := range []time.Duration{0, 7 * time.Second} {
+			final := e.Lease
+			if renew > 0 {
+				final = Renewed(e.Lease, 45*time.Second, e.Lease.AcquiredAt.Add(renew))
+			}
+			final = final.Clone()
+			final.State = StateReleased
+			ended := final.AcquiredAt.Add(renew + time.Second)
+			rel := &IdempotencyRecord{Version: IdempotencyVersion, Op: OpRelease, Digest: strings.Repeat("0f", 32), Code: CodeReleased,
+				Lease: final, BackendTime: ended}
+			relRaw, ok := ReferringEvidence(rel)
+			if !ok {
+				t.Fatal("release not by reference")
+			}
+			hist, err := CompactHistory(&HistoryEntry{HistoryVersion: HistoryVersion, Record: final, EndedAt: ended,
+				EndedBy: final.OwnerPrincipalID, RequestID: "rel_01"})
+			if err != nil || !strings.HasPrefix(string(hist), HistoryV2Prefix) {
+				t.Fatalf("history entry: %q %v", hist, err)
+			}
+			for name, raw := range map[string][]byte{"acquisition": acqRaw, "release": relRaw} {
+				got, ok := DetachedEvidence(string(raw), string(hist))
+				if !ok || !strings.HasPrefix(string(got), EvidenceV2Prefix) {
+					t.Fatalf("%s (renewed after %v): not detached: %q", name, renew, got)
+				}
+				want, ok := ExpandReferringEvidence(string(raw), final)
+				if !ok {
+					t.Fatalf("%s: does not rebuild", name)
+				}
+				if v1, ok := ExpandEvidence(string(got), final.Identity()); !ok || v1 != want {
+					t.Fatalf("%s (renewed after %v) detached expands to\n%s\nwant\n%s", name, renew, v1, want)
+				}
+			}
+			// Not this lease's entry, or a release entry that differs.
+			other := final.Clone()
+			other.FencingToken++
+			otherHist, _ := CompactHistory(&HistoryEntry{HistoryVersion: HistoryVersion, Record: other, EndedAt: ended})
+			if got, ok := DetachedEvidence(string(acqRaw), string(otherHist)); ok {
+				t.Fatalf("detached with another token's entry: %q", got)
+			}
+			revoked := final.Clone()
+			revoked.State = StateRevoked
+			revokedHist, _ := CompactHistory(&HistoryEntry{HistoryVersion: HistoryVersion, Record: revoked, EndedAt: ended})
+			if got, ok := DetachedEvidence(string(relRaw), string(revokedHist)); ok {
+				t.Fatalf("a release detached with a revoked entry: %q", got)
+			}
+			v1Hist, _ := (&HistoryEntry{HistoryVersion: HistoryVersion, Record: final, EndedAt: ended}).Encode()
+			if got, ok := DetachedEvidence(string(acqRaw), string(v1Hist)); ok {
+				t.Fatalf("detached with a version 1 entry: %q", got)
+			}
+		}
+	}
+}
