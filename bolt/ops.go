@@ -351,7 +351,8 @@ func (s *Store) referredRecord(tx *layered.View, lockKey, raw string) (*lease.Re
 }
 
 // detachEvidence rewrites in version 2 the version 3 evidence of h's
-// lease (its history entry, stored under lockKey as raw) before the entry
+// lease (its history entry, stored under lockKey as raw, which the caller
+// decoded strictly into h: the splice relies on it) before the entry
 // goes, so it still answers for its retention: its acquisition's, and the
 // release's that ended it. Evidence it cannot rebuild is left as it is:
 // it was unreadable anyway.

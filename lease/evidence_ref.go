@@ -126,9 +126,13 @@ func ExpandReferringEvidence(raw string, rec *Record) (string, bool) {
 // acquisition's renewed_at, expires_at, ttl_ms and state), so version 2
 // expands to the very document ReferredEvidence's record encodes
 // (TestDetachedEvidenceExpandsAsReferred), without encoding and checking
-// it again. ok is false if either value is not well-formed in its version
-// or hist is not raw's lease's as ReferredEvidence requires; the caller
-// then takes ReferredEvidence and CompactEvidence.
+// it again. hist must be an entry the caller strictly decoded
+// (DecodeStoredHistory) and found under raw's lock key: its lines are not
+// checked here, only that it is version 2 of raw's lease as
+// ReferredEvidence requires (review s40d: damaged lines of an entry that
+// does not decode can still splice into readable evidence). ok is false
+// otherwise, and for raw that is not version 3; the caller then takes
+// ReferredEvidence and CompactEvidence.
 func DetachedEvidence(raw, hist string) ([]byte, bool) {
 	var e [ev3Lines]string
 	var h [Hv2Lines]string
