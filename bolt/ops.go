@@ -595,7 +595,8 @@ func forgetHistory(tx *layered.View, k []byte) error {
 // and end), so an entry found under k that is another identity's, or
 // names a live lease or another ended one (damage, a misplaced copy),
 // never deletes that lease's lookup. An entry of this identity first
-// detaches the evidence that may refer to it (detachEvidence). The caller keeps the identity's history count.
+// detaches the evidence that may refer to it (detachEvidence). The
+// caller keeps the identity's history count.
 func dropHistory(tx *layered.View, k, v []byte) error {
 	hist := tx.Bucket(bucketIdent)
 	if h, err := lease.DecodeStoredHistory(v); err == nil {
