@@ -44,6 +44,12 @@ import (
 //	                  else (no checks, no record built): the floor of any
 //	                  design that makes this contract's writes with one
 //	                  function per transition; one op = one pair
+//	lean-writes       the same for a leaner layout the store does not
+//	                  have: counter and active record in one hash per
+//	                  identity, evidence that refers to the record (see
+//	                  bench_lean_acquire); what that layout would allow
+//	lean-deferred     lean-writes with the release's index and schedule
+//	                  removals left to a batched sweep, 16 leases a call
 //
 // Each reports ops/s and two cost ratios, against floors measured in the
 // same run at the same concurrency (a pair counts as two operations):
@@ -98,7 +104,7 @@ func BenchmarkLease(b *testing.B) {
 				if a := res.get("floor-read", conc); bm.floor != "" && a > 0 {
 					b.ReportMetric(a/(bm.floorOps*ops), "x_a")
 				}
-				if bm.name == "acquire+release" || bm.name == "contract-writes" {
+				if pairVsRedislock[bm.name] {
 					if rl := res.get("redislock", conc); rl > 0 {
 						b.ReportMetric(rl/ops, "x_redislock")
 					}
@@ -170,6 +176,12 @@ func leaseBenches(s *Store, locks *redislock.Client) []leaseBench {
 		}},
 		{name: "contract-writes", floor: "floor-write", floorOps: 2, worker: func(*testing.B, int) func() error {
 			return contractWrites(s)
+		}},
+		{name: "lean-writes", floor: "floor-write", floorOps: 2, worker: func(*testing.B, int) func() error {
+			return leanWrites(s, false)
+		}},
+		{name: "lean-deferred", floor: "floor-write", floorOps: 2, worker: func(*testing.B, int) func() error {
+			return leanWrites(s, true)
 		}},
 		{name: "renew", floor: "floor-write", floorOps: 1, worker: func(b *testing.B, _ int) func() error {
 			l := hold(b)
@@ -298,6 +310,10 @@ func (r *benchResults) get(name string, conc int) float64 {
 	return r.ops[r.key(name, conc)]
 }
 
+// pairVsRedislock are the pair rows that report their cost over a
+// redislock pair's.
+var pairVsRedislock = map[string]bool{"acquire+release": true, "contract-writes": true, "lean-writes": true, "lean-deferred": true}
+
 // print writes the summary table: ops/s, the cost ratio to the op's floor
 // and, for acquire+release, to redislock.
 func (r *benchResults) print(out io.Writer) {
@@ -307,8 +323,10 @@ func (r *benchResults) print(out io.Writer) {
 	}{
 		"redislock": {"floor-write", 2}, "acquire+release": {"floor-write", 2}, "renew": {"floor-write", 1},
 		"authorize-commit": {"floor-write", 1}, "inspect": {"floor-read", 1}, "contract-writes": {"floor-write", 2},
+		"lean-writes": {"floor-write", 2}, "lean-deferred": {"floor-write", 2},
 	}
-	order := []string{"floor-read", "floor-write", "redislock", "contract-writes", "acquire+release", "renew", "authorize-commit", "inspect"}
+	order := []string{"floor-read", "floor-write", "redislock", "contract-writes", "lean-writes", "lean-deferred", "acquire+release", "renew",
+		"authorize-commit", "inspect"}
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "operation\tgoroutines\tops/s\tx_a\tx_floor\tfloor\tx_redislock\t")
 	for _, conc := range []int{1, 50} {
@@ -327,7 +345,7 @@ func (r *benchResults) print(out io.Writer) {
 					vsA = fmt.Sprintf("%.2f", a/(f.n*ops))
 				}
 			}
-			if name == "acquire+release" || name == "contract-writes" {
+			if pairVsRedislock[name] {
 				if rl := r.get("redislock", conc); rl > 0 {
 					vsLock = fmt.Sprintf("%.2f", rl/ops)
 				}
@@ -398,6 +416,61 @@ redis.register_function('bench_release_writes', function(keys, args)
   redis.call('SET', keys[6], id .. pad(384), 'PX', '604800000')
   return { 'ok', '1', rec }
 end)
+-- bench_lean_acquire and bench_lean_release make the writes of a leaner
+-- layout the store does not have (yet), the same way: an identity's
+-- counter and active record are two fields of one hash, evidence refers
+-- to the record (120 bytes, as bolt's version 3), and the physical TTL of
+-- the active record is gone (the reaper alone reclaims it). With ARGV 4
+-- 'deferred', the release leaves its index and schedule members, and
+-- bench_lean_sweep removes those of 16 leases in two calls, as a reaper
+-- would. KEYS 1 the identity's hash, 2 history, 3 index, 4 expiry
+-- schedule, 5 acquire's evidence, 6 release's evidence, 7 gate, 8 lease-id
+-- lookup, 9 counter floor. ARGV 1 hash tag, 2 lease id, 3 history cap.
+redis.register_function('bench_lean_acquire', function(keys, args)
+  local id = args[2]
+  redis.call('TIME')
+  redis.call('EXISTS', keys[7], keys[5])
+  redis.call('TYPE', keys[3])
+  redis.call('TYPE', keys[4])
+  redis.call('HMGET', keys[1], 'c', 'a')
+  redis.call('GET', keys[9])
+  redis.call('SET', keys[8], args[1], 'NX', 'PX', '604800000')
+  local rec = id .. pad(398)
+  redis.call('HSET', keys[1], 'c', '1', 'a', rec)
+  redis.call('ZADD', keys[4], '1', id .. pad(78))
+  redis.call('ZADD', keys[3], '0', id .. pad(95), '0', id .. pad(177), '0', id .. pad(135))
+  redis.call('SET', keys[5], id .. pad(120), 'PX', '604800000')
+  return { 'ok', '1', rec }
+end)
+redis.register_function('bench_lean_release', function(keys, args)
+  local id = args[2]
+  redis.call('TIME')
+  redis.call('EXISTS', keys[7], keys[6])
+  types(keys)
+  local rec = redis.call('HGET', keys[1], 'a')
+  if redis.call('LPUSH', keys[2], id .. pad(449)) > tonumber(args[3]) then redis.call('LTRIM', keys[2], 0, tonumber(args[3]) - 1) end
+  redis.call('PEXPIRE', keys[2], '604800000')
+  redis.call('HDEL', keys[1], 'a')
+  if args[4] ~= 'deferred' then
+    redis.call('ZREM', keys[3], id .. pad(95), id .. pad(177), id .. pad(135))
+    redis.call('ZREM', keys[4], id .. pad(78))
+  end
+  redis.call('SET', keys[6], id .. pad(120), 'PX', '604800000')
+  return { 'ok', '1', rec }
+end)
+redis.register_function('bench_lean_sweep', function(keys, args)
+  local index, expiry = {}, {}
+  for i = 1, #args do
+    local id = args[i]
+    index[#index + 1] = id .. pad(95)
+    index[#index + 1] = id .. pad(177)
+    index[#index + 1] = id .. pad(135)
+    expiry[#expiry + 1] = id .. pad(78)
+  end
+  redis.call('ZREM', keys[1], unpack(index))
+  redis.call('ZREM', keys[2], unpack(expiry))
+  return { 'ok' }
+end)
 `
 
 // contractWrites returns one goroutine's contract-writes op: a pair on
@@ -419,6 +492,44 @@ func contractWrites(s *Store) func() error {
 			return err
 		}
 		return fcall("bench_release_writes", keys, args)
+	}
+}
+
+// leanWrites returns one goroutine's lean-writes op (lean-deferred if
+// deferred): a pair on its own identity, as contractWrites, in the leaner
+// layout of bench_lean_acquire; deferred, every 16th pair also sweeps the
+// members the last 16 releases left.
+func leanWrites(s *Store, deferred bool) func() error {
+	tag := tagOf(lease.KeyPrefix + uid("") + strings.Repeat("x", 27))
+	k := s.keys
+	histCap := strconv.Itoa(s.opts.HistoryPerIdentity)
+	mode := ""
+	if deferred {
+		mode = "deferred"
+	}
+	fcall := func(fn string, keys, args []string) error {
+		return s.client.Do(bg, s.client.B().Fcall().Function(fn).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).Error()
+	}
+	var swept []string
+	return func() error {
+		leaseID := "lease_" + ulidLike()
+		keys := []string{k.of(tag, "lean"), k.history(tag), k.index(), k.expiry(), k.idem(tag, digestLike()),
+			k.idem(tag, digestLike()), k.gate(), k.leaseLookup(leaseID), k.counterFloor()}
+		args := []string{tag, leaseID, histCap, mode}
+		if err := fcall("bench_lean_acquire", keys, args); err != nil {
+			return err
+		}
+		if err := fcall("bench_lean_release", keys, args); err != nil {
+			return err
+		}
+		if !deferred {
+			return nil
+		}
+		if swept = append(swept, leaseID); len(swept) < 16 {
+			return nil
+		}
+		defer func() { swept = swept[:0] }()
+		return fcall("bench_lean_sweep", []string{k.index(), k.expiry()}, swept)
 	}
 }
 
