@@ -383,6 +383,21 @@ local function types(keys)
   redis.call('TYPE', keys[3])
   redis.call('TYPE', keys[4])
 end
+-- index adds a lease's schedule (KEYS 4) and index (KEYS 3) members,
+-- unindex removes them, and push_history pushes its history entry (KEYS
+-- 2) under the cap.
+local function index(keys, id)
+  redis.call('ZADD', keys[4], '1', id .. pad(78))
+  redis.call('ZADD', keys[3], '0', id .. pad(95), '0', id .. pad(177), '0', id .. pad(135))
+end
+local function unindex(keys, id)
+  redis.call('ZREM', keys[3], id .. pad(95), id .. pad(177), id .. pad(135))
+  redis.call('ZREM', keys[4], id .. pad(78))
+end
+local function push_history(keys, id, cap)
+  if redis.call('LPUSH', keys[2], id .. pad(449)) > tonumber(cap) then redis.call('LTRIM', keys[2], 0, tonumber(cap) - 1) end
+  redis.call('PEXPIRE', keys[2], '604800000')
+end
 redis.register_function('bench_acquire_writes', function(keys, args)
   local id = args[2]
   redis.call('TIME')
@@ -395,8 +410,7 @@ redis.register_function('bench_acquire_writes', function(keys, args)
   redis.call('INCR', keys[8])
   local rec = id .. pad(398)
   redis.call('SET', keys[1], rec, 'PX', '604800000')
-  redis.call('ZADD', keys[4], '1', id .. pad(78))
-  redis.call('ZADD', keys[3], '0', id .. pad(95), '0', id .. pad(177), '0', id .. pad(135))
+  index(keys, id)
   redis.call('SET', keys[5], id .. pad(384), 'PX', '604800000')
   return { 'ok', '1', rec }
 end)
@@ -408,11 +422,9 @@ redis.register_function('bench_release_writes', function(keys, args)
   redis.call('GET', keys[1])
   redis.call('PTTL', keys[1])
   local rec = id .. pad(398)
-  if redis.call('LPUSH', keys[2], id .. pad(449)) > tonumber(args[3]) then redis.call('LTRIM', keys[2], 0, tonumber(args[3]) - 1) end
-  redis.call('PEXPIRE', keys[2], '604800000')
+  push_history(keys, id, args[3])
   redis.call('DEL', keys[1])
-  redis.call('ZREM', keys[3], id .. pad(95), id .. pad(177), id .. pad(135))
-  redis.call('ZREM', keys[4], id .. pad(78))
+  unindex(keys, id)
   redis.call('SET', keys[6], id .. pad(384), 'PX', '604800000')
   return { 'ok', '1', rec }
 end)
@@ -437,8 +449,7 @@ redis.register_function('bench_lean_acquire', function(keys, args)
   redis.call('SET', keys[8], args[1], 'NX', 'PX', '604800000')
   local rec = id .. pad(398)
   redis.call('HSET', keys[1], 'c', '1', 'a', rec)
-  redis.call('ZADD', keys[4], '1', id .. pad(78))
-  redis.call('ZADD', keys[3], '0', id .. pad(95), '0', id .. pad(177), '0', id .. pad(135))
+  index(keys, id)
   redis.call('SET', keys[5], id .. pad(120), 'PX', '604800000')
   return { 'ok', '1', rec }
 end)
@@ -448,13 +459,9 @@ redis.register_function('bench_lean_release', function(keys, args)
   redis.call('EXISTS', keys[7], keys[6])
   types(keys)
   local rec = redis.call('HGET', keys[1], 'a')
-  if redis.call('LPUSH', keys[2], id .. pad(449)) > tonumber(args[3]) then redis.call('LTRIM', keys[2], 0, tonumber(args[3]) - 1) end
-  redis.call('PEXPIRE', keys[2], '604800000')
+  push_history(keys, id, args[3])
   redis.call('HDEL', keys[1], 'a')
-  if args[4] ~= 'deferred' then
-    redis.call('ZREM', keys[3], id .. pad(95), id .. pad(177), id .. pad(135))
-    redis.call('ZREM', keys[4], id .. pad(78))
-  end
+  if args[4] ~= 'deferred' then unindex(keys, id) end
   redis.call('SET', keys[6], id .. pad(120), 'PX', '604800000')
   return { 'ok', '1', rec }
 end)
@@ -480,9 +487,7 @@ func contractWrites(s *Store) func() error {
 	tag := tagOf(lease.KeyPrefix + uid("") + strings.Repeat("x", 27))
 	k := s.keys
 	histCap := strconv.Itoa(s.opts.HistoryPerIdentity)
-	fcall := func(fn string, keys, args []string) error {
-		return s.client.Do(bg, s.client.B().Fcall().Function(fn).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).Error()
-	}
+	fcall := benchFcall(s)
 	return func() error {
 		leaseID := "lease_" + ulidLike()
 		keys := []string{k.active(tag), k.history(tag), k.index(), k.expiry(), k.idem(tag, digestLike()),
@@ -492,6 +497,13 @@ func contractWrites(s *Store) func() error {
 			return err
 		}
 		return fcall("bench_release_writes", keys, args)
+	}
+}
+
+// benchFcall calls a function of the bench library on s's client.
+func benchFcall(s *Store) func(fn string, keys, args []string) error {
+	return func(fn string, keys, args []string) error {
+		return s.client.Do(bg, s.client.B().Fcall().Function(fn).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).Error()
 	}
 }
 
@@ -507,9 +519,7 @@ func leanWrites(s *Store, deferred bool) func() error {
 	if deferred {
 		mode = "deferred"
 	}
-	fcall := func(fn string, keys, args []string) error {
-		return s.client.Do(bg, s.client.B().Fcall().Function(fn).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).Error()
-	}
+	fcall := benchFcall(s)
 	var swept []string
 	return func() error {
 		leaseID := "lease_" + ulidLike()
