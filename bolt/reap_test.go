@@ -248,3 +248,65 @@ func TestUnknownSchemaRefused(t *testing.T) {
 		t.Fatalf("future schema: %v, want corrupt", err)
 	}
 }
+
+// reapPause keeps a pass at reapRate: a pass ahead of it waits the
+// difference, one behind it does not wait.
+func TestReapPause(t *testing.T) {
+	for _, c := range []struct {
+		done    int
+		elapsed time.Duration
+		want    time.Duration
+	}{
+		{0, 0, 0},
+		{reapRate, 0, time.Second},
+		{reapRate, 400 * time.Millisecond, 600 * time.Millisecond},
+		{reapRate, 1500 * time.Millisecond, 0},
+		{reapSlice, time.Millisecond, time.Duration(reapSlice)*time.Second/reapRate - time.Millisecond},
+	} {
+		if got := reapPause(c.done, c.elapsed); got != c.want {
+			t.Errorf("reapPause(%d, %v) = %v, want %v", c.done, c.elapsed, got, c.want)
+		}
+	}
+}
+
+// A pass waits before each slice until its entries so far are due at
+// reapRate: on a clock that moves only by those waits, exactly one slice's
+// worth before each full slice after the first. It still archives every
+// expired lease.
+func TestReapPacesItsSlices(t *testing.T) {
+	ctx := context.Background()
+	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
+	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1})
+	far := time.Now().Add(time.Hour)
+	const n = 3*reapSlice + 17
+	acquireMany(t, s, n, time.Second, far)
+	c.Add(2 * time.Second)
+	var waits []time.Duration
+	var slept time.Duration
+	t0 := time.Now()
+	defer func(clock func() time.Time, sleep func(context.Context, time.Duration)) {
+		reapClock, reapSleep = clock, sleep
+	}(reapClock, reapSleep)
+	reapClock = func() time.Time { return t0.Add(slept) }
+	reapSleep = func(_ context.Context, d time.Duration) {
+		waits = append(waits, d)
+		slept += d
+	}
+	if err := s.reap(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := kindLen(t, s, kindActive); got != 0 {
+		t.Fatalf("active records after one pass: %d", got)
+	}
+	// Slices of 16, 16, 16, 16 and 1 expiries: a slice's worth before each
+	// after the first, then the rest of the 65 entries' worth before the
+	// next step's first slice (which finds nothing due, as do the others).
+	slice := time.Duration(reapSlice) * time.Second / reapRate
+	rest := time.Duration(n)*time.Second/reapRate - 4*slice
+	if len(waits) != 5 || waits[0] != slice || waits[1] != slice || waits[2] != slice || waits[3] != slice || waits[4] != rest {
+		t.Fatalf("waits %v, want 4 of %v, then %v", waits, slice, rest)
+	}
+	if want := time.Duration(n) * time.Second / reapRate; slept != want {
+		t.Fatalf("the pass waited %v in all, want %v", slept, want)
+	}
+}
