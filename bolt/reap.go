@@ -20,40 +20,9 @@ import (
 // runs slices until nothing is due.
 const reapSlice = 16
 
-// reapRate paces a pass: at most this many index entries a second. The
-// writes of reaping reach the tree in the flusher's next commit, and a
-// commit of everything an unpaced pass did in one flush interval (about
-// 1,300 archives at 5,000 expiries/s, some 24 ms of writes) slows the
-// redo-log fsyncs of the writes beside it: while 10,000 leases expired,
-// a writer's longest pair was 21–51 ms unpaced (6 runs), 26–33 ms at
-// 2,000 a second and 25–30 ms at 1,200. 2,000 keeps twice the 1,000
-// expiries a second the store must sustain.
-const reapRate = 2000
-
 // reapPassBudget bounds one pass, so a huge backlog is worked off over
-// several passes rather than in one that never ends. It is longer than
-// the default interval: a pass that uses it up is followed at once by
-// the next (the ticker keeps one tick), so a backlog drains at reapRate.
-const reapPassBudget = 60 * time.Second
-
-// reapPause is how long a pass that has consumed done entries since its
-// start, elapsed ago, waits before its next slice to stay at reapRate.
-func reapPause(done int, elapsed time.Duration) time.Duration {
-	return max(time.Duration(done)*time.Second/reapRate-elapsed, 0)
-}
-
-// reapClock and reapSleep are the pacing's clock and its wait (d, or
-// until ctx ends); tests replace both.
-var reapClock = time.Now
-
-var reapSleep = func(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
-}
+// several passes rather than in one that never ends.
+const reapPassBudget = 20 * time.Second
 
 // reap is storage reclamation, never a source of truth: every operation
 // already treats an expired record as expired. It consumes the time
@@ -65,12 +34,8 @@ var reapSleep = func(ctx context.Context, d time.Duration) {
 func (s *Store) reap(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, reapPassBudget)
 	defer cancel()
-	start, done := reapClock(), 0
 	for _, step := range []func(*layered.View) (int, error){s.expireSlice, s.dropSlice(bucketIdemExp, bucketIdent, isIdemKey), s.dropSlice(bucketCommitExp, bucketCommits, nil), s.retireHistorySlice} {
 		for ctx.Err() == nil {
-			if d := reapPause(done, reapClock().Sub(start)); d > 0 {
-				reapSleep(ctx, d)
-			}
 			var n int
 			if err := s.mutate(ctx, func(tx *layered.View) error {
 				var err error
@@ -79,7 +44,6 @@ func (s *Store) reap(ctx context.Context) error {
 			}); err != nil {
 				return err
 			}
-			done += n
 			if n < reapSlice {
 				break
 			}
