@@ -20,6 +20,15 @@ import (
 // runs slices until nothing is due.
 const reapSlice = 16
 
+// reapFreezeEvery is how many slices a pass runs between asks that the
+// committer freeze its layer for the flusher (a flush at its next batch):
+// otherwise the tree takes everything a pass archived in one flush
+// interval (100 ms, hundreds of archives) in one commit, whose writes
+// slow the redo-log fsyncs of the writes beside it. While 10,000 leases
+// expired, a writer's longest pair was 36–61 ms without (5 runs) and
+// 19–35 ms at 4 slices (27–39 ms at 12), the reaping as fast as before.
+const reapFreezeEvery = 4
+
 // reapPassBudget bounds one pass, so a huge backlog is worked off over
 // several passes rather than in one that never ends.
 const reapPassBudget = 20 * time.Second
@@ -34,6 +43,7 @@ const reapPassBudget = 20 * time.Second
 func (s *Store) reap(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, reapPassBudget)
 	defer cancel()
+	slices := 0
 	for _, step := range []func(*layered.View) (int, error){s.expireSlice, s.dropSlice(bucketIdemExp, bucketIdent, isIdemKey), s.dropSlice(bucketCommitExp, bucketCommits, nil), s.retireHistorySlice} {
 		for ctx.Err() == nil {
 			var n int
@@ -43,6 +53,9 @@ func (s *Store) reap(ctx context.Context) error {
 				return err
 			}); err != nil {
 				return err
+			}
+			if slices++; slices%reapFreezeEvery == 0 {
+				s.group.engine.wantFreeze.Store(true)
 			}
 			if n < reapSlice {
 				break

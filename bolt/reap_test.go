@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -246,5 +247,34 @@ func TestUnknownSchemaRefused(t *testing.T) {
 	db.Close()
 	if _, err := Open(path, Options{}); lease.CodeOf(err) != lease.CodeCorrupt {
 		t.Fatalf("future schema: %v, want corrupt", err)
+	}
+}
+
+// A pass asks for a flush every reapFreezeEvery slices, so the tree takes
+// its archives in small commits instead of one per flush interval: with
+// an interval of an hour, a pass of 9 slices still reaches the tree.
+func TestReapFlushesAsItGoes(t *testing.T) {
+	ctx := context.Background()
+	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
+	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1, FlushInterval: time.Hour})
+	far := time.Now().Add(time.Hour)
+	const n = 2*reapFreezeEvery*reapSlice + 1
+	acquireMany(t, s, n, time.Second, far)
+	c.Add(2 * time.Second)
+	var flushes atomic.Int64
+	s.group.engine.flushHook = func() error { flushes.Add(1); return nil }
+	if err := s.reap(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.ActiveLeases(ctx); err != nil || got != 0 {
+		t.Fatalf("active records after one pass: %d, %v", got, err)
+	}
+	// The flusher runs on its own goroutine: give it time to take the
+	// layers the pass froze (an hour's interval would never flush).
+	for deadline := time.Now().Add(10 * time.Second); flushes.Load() == 0 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if flushes.Load() == 0 {
+		t.Fatal("a pass of 9 slices flushed nothing before the flush interval")
 	}
 }
