@@ -84,8 +84,9 @@ type engine struct {
 	// while exclusive writes the tree and publishes its batch.
 	exMu    sync.RWMutex
 	frozeAt time.Time
-	// wantFreeze asks the committer to freeze its top layer after the
-	// next batch (sync): only the committer writes and freezes top.
+	// wantFreeze asks the committer to freeze its top layer at its next
+	// batch, for the flusher (sync; the reaper, see askFlush): only the
+	// committer writes and freezes top.
 	wantFreeze atomic.Bool
 	// failed, once set, refuses every later write: an append whose outcome
 	// is unknown may be redone at the next Open, so nothing may be written
@@ -620,6 +621,20 @@ func (e *engine) publish(id int, top *layered.Layer) {
 		if e.freezeLocked() && e.interval > 0 {
 			e.kickFlusher()
 		}
+	}
+}
+
+// askFlush asks for a flush of what is acknowledged so far: the next
+// batch freezes top and kicks the flusher, which commits on its own
+// goroutine. Not while flushes fail: the flusher retries at its own pace
+// then, and more frozen layers would only make reads and each retry
+// slower.
+func (e *engine) askFlush() {
+	e.mu.Lock()
+	failing := e.flushErr != nil
+	e.mu.Unlock()
+	if !failing {
+		e.wantFreeze.Store(true)
 	}
 }
 

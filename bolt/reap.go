@@ -20,13 +20,14 @@ import (
 // runs slices until nothing is due.
 const reapSlice = 16
 
-// reapFreezeEvery is how many slices a pass runs between asks that the
-// committer freeze its layer for the flusher (a flush at its next batch):
-// otherwise the tree takes everything a pass archived in one flush
-// interval (100 ms, hundreds of archives) in one commit, whose writes
-// slow the redo-log fsyncs of the writes beside it. While 10,000 leases
-// expired, a writer's longest pair was 36–61 ms without (5 runs) and
-// 19–35 ms at 4 slices (27–39 ms at 12), the reaping as fast as before.
+// reapFreezeEvery is how many slices that consumed entries a pass runs
+// between asks for a flush (engine.askFlush): otherwise the tree takes
+// everything a pass archived in one flush interval (100 ms, hundreds of
+// archives) in one commit, whose writes slow the redo-log fsyncs of the
+// writes beside it. While 10,000 leases expired, a writer's longest pair
+// was 36–61 ms without (5 runs) and 19–35 ms at 4 slices (27–39 ms at
+// 12), the reaping as fast as before. (With FlushInterval <= 0 every
+// batch is flushed anyway.)
 const reapFreezeEvery = 4
 
 // reapPassBudget bounds one pass, so a huge backlog is worked off over
@@ -54,8 +55,10 @@ func (s *Store) reap(ctx context.Context) error {
 			}); err != nil {
 				return err
 			}
-			if slices++; slices%reapFreezeEvery == 0 {
-				s.group.engine.wantFreeze.Store(true)
+			if n > 0 {
+				if slices++; slices%reapFreezeEvery == 0 {
+					s.group.engine.askFlush()
+				}
 			}
 			if n < reapSlice {
 				break

@@ -2,6 +2,7 @@ package bolt
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strconv"
@@ -250,9 +251,11 @@ func TestUnknownSchemaRefused(t *testing.T) {
 	}
 }
 
-// A pass asks for a flush every reapFreezeEvery slices, so the tree takes
-// its archives in small commits instead of one per flush interval: with
-// an interval of an hour, a pass of 9 slices still reaches the tree.
+// A pass asks for a flush every reapFreezeEvery slices that consumed
+// entries, so the tree takes its archives in small commits instead of one
+// per flush interval: with an interval of an hour, a pass of 9 expiry
+// slices still makes the flusher commit (the asks after the 4th and 8th
+// are served by the next slice's batch).
 func TestReapFlushesAsItGoes(t *testing.T) {
 	ctx := context.Background()
 	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
@@ -275,6 +278,35 @@ func TestReapFlushesAsItGoes(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	if flushes.Load() == 0 {
-		t.Fatal("a pass of 9 slices flushed nothing before the flush interval")
+		t.Fatal("a pass of 9 expiry slices flushed nothing before the flush interval")
+	}
+}
+
+// While flushes fail, a pass asks for none: the flusher retries at its own
+// pace, and each frozen layer would only add to what reads walk and each
+// retry applies again.
+func TestReapAsksNoFlushWhileFlushesFail(t *testing.T) {
+	ctx := context.Background()
+	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
+	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1, FlushInterval: time.Hour})
+	far := time.Now().Add(time.Hour)
+	const n = 2*reapFreezeEvery*reapSlice + 1
+	acquireMany(t, s, n, time.Second, far)
+	c.Add(2 * time.Second)
+	e := s.group.engine
+	e.flushHook = func() error { return errors.New("disk says no") }
+	if err := s.sync(); err == nil { // freezes the preload's layer; its flush fails
+		t.Fatal("the failing flush succeeded")
+	}
+	frozen := func() int { e.mu.Lock(); defer e.mu.Unlock(); return len(e.frozen) }
+	before := frozen()
+	if err := s.reap(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.ActiveLeases(ctx); err != nil || got != 0 {
+		t.Fatalf("active records after one pass: %d, %v", got, err)
+	}
+	if after := frozen(); after != before || e.wantFreeze.Load() {
+		t.Fatalf("frozen layers %d before the pass, %d after (a flush asked: %v); want none added while flushes fail", before, after, e.wantFreeze.Load())
 	}
 }
