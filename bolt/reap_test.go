@@ -251,6 +251,17 @@ func TestUnknownSchemaRefused(t *testing.T) {
 	}
 }
 
+// expiredUnflushed is a store whose flush interval is an hour, holding
+// 2*reapFreezeEvery*reapSlice + 1 leases that have just expired: 9 expiry
+// slices' worth.
+func expiredUnflushed(t *testing.T) *Store {
+	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
+	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1, FlushInterval: time.Hour})
+	acquireMany(t, s, 2*reapFreezeEvery*reapSlice+1, time.Second, time.Now().Add(time.Hour))
+	c.Add(2 * time.Second)
+	return s
+}
+
 // A pass asks for a flush every reapFreezeEvery slices that consumed
 // entries, so the tree takes its archives in small commits instead of one
 // per flush interval: with an interval of an hour, a pass of 9 expiry
@@ -258,12 +269,7 @@ func TestUnknownSchemaRefused(t *testing.T) {
 // are served by the next slice's batch).
 func TestReapFlushesAsItGoes(t *testing.T) {
 	ctx := context.Background()
-	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
-	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1, FlushInterval: time.Hour})
-	far := time.Now().Add(time.Hour)
-	const n = 2*reapFreezeEvery*reapSlice + 1
-	acquireMany(t, s, n, time.Second, far)
-	c.Add(2 * time.Second)
+	s := expiredUnflushed(t)
 	var flushes atomic.Int64
 	s.group.engine.flushHook = func() error { flushes.Add(1); return nil }
 	if err := s.reap(ctx); err != nil {
@@ -287,12 +293,7 @@ func TestReapFlushesAsItGoes(t *testing.T) {
 // retry applies again.
 func TestReapAsksNoFlushWhileFlushesFail(t *testing.T) {
 	ctx := context.Background()
-	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
-	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1, FlushInterval: time.Hour})
-	far := time.Now().Add(time.Hour)
-	const n = 2*reapFreezeEvery*reapSlice + 1
-	acquireMany(t, s, n, time.Second, far)
-	c.Add(2 * time.Second)
+	s := expiredUnflushed(t)
 	e := s.group.engine
 	e.flushHook = func() error { return errors.New("disk says no") }
 	if err := s.sync(); err == nil { // freezes the preload's layer; its flush fails
