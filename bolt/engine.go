@@ -2,6 +2,7 @@ package bolt
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
@@ -104,6 +105,9 @@ type engine struct {
 	// none, a batch appends its record before run returns.
 	waiting  func() int
 	flushErr error // the last flush's failure, while layers wait
+	// flushed is closed and replaced at the end of each flush attempt
+	// (e.mu), for awaitFlushed.
+	flushed chan struct{}
 	// flushMu runs one flush at a time.
 	flushMu   sync.Mutex
 	kick      chan struct{}
@@ -245,7 +249,8 @@ func openEngine(db *bbolt.DB, dir string, interval time.Duration, fills []bucket
 		}
 	}
 	e := &engine{db: db, id: id, log: log, interval: interval, fills: fills, maxPending: defaultMaxPending,
-		top: layered.NewLayer(), frozeAt: time.Now(), kick: make(chan struct{}, 1), stop: make(chan struct{})}
+		top: layered.NewLayer(), frozeAt: time.Now(), kick: make(chan struct{}, 1), stop: make(chan struct{}),
+		flushed: make(chan struct{})}
 	if err := e.redo(applied, recs); err != nil {
 		log.Close()
 		return nil, err
@@ -638,6 +643,29 @@ func (e *engine) askFlush() {
 	}
 }
 
+// awaitFlushed waits until the tree holds every frozen layer, or the
+// last flush failed, or ctx or the engine ends: so the reaper, which can
+// archive faster than the tree takes it, lets each flush commit only what
+// it archived since the one before, never a backlog of layers in one
+// commit (flush takes them all).
+func (e *engine) awaitFlushed(ctx context.Context) {
+	for {
+		e.mu.Lock()
+		idle, flushed := len(e.frozen) == 0 || e.flushErr != nil, e.flushed
+		e.mu.Unlock()
+		if idle {
+			return
+		}
+		select {
+		case <-flushed:
+		case <-ctx.Done():
+			return
+		case <-e.stop:
+			return
+		}
+	}
+}
+
 func (e *engine) kickFlusher() {
 	select {
 	case e.kick <- struct{}{}:
@@ -736,6 +764,8 @@ func (e *engine) flush() error {
 		return tx.Bucket(bucketMeta).Put(keyRedoApplied, u64(upTo))
 	})
 	e.mu.Lock()
+	close(e.flushed)
+	e.flushed = make(chan struct{})
 	if err != nil {
 		e.flushErr = err
 		e.mu.Unlock()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -309,5 +310,81 @@ func TestReapAsksNoFlushWhileFlushesFail(t *testing.T) {
 	}
 	if after := frozen(); after != before || e.wantFreeze.Load() {
 		t.Fatalf("frozen layers %d before the pass, %d after (a flush asked: %v); want none added while flushes fail", before, after, e.wantFreeze.Load())
+	}
+}
+
+// Each flush during a pass commits only what the pass archived since the
+// flush before: the pass waits for a flush before it asks for the next,
+// so a slow tree commit never gathers a backlog of frozen layers, which
+// flush would take in one commit. Here every flush takes 20 ms, about
+// four slices' time.
+func TestReapWaitsForEachFlush(t *testing.T) {
+	ctx := context.Background()
+	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
+	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1, FlushInterval: time.Hour})
+	acquireMany(t, s, 4*reapFreezeEvery*reapSlice+1, time.Second, time.Now().Add(time.Hour))
+	c.Add(2 * time.Second)
+	e := s.group.engine
+	var flushes, mostFrozen atomic.Int64
+	e.flushHook = func() error {
+		time.Sleep(20 * time.Millisecond)
+		e.mu.Lock()
+		n := int64(len(e.frozen)) // the layers this flush takes, and any frozen since
+		e.mu.Unlock()
+		flushes.Add(1)
+		if n > mostFrozen.Load() {
+			mostFrozen.Store(n)
+		}
+		return nil
+	}
+	if err := s.reap(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.ActiveLeases(ctx); err != nil || got != 0 {
+		t.Fatalf("active records after one pass: %d, %v", got, err)
+	}
+	e.awaitFlushed(ctx) // the last ask's flush may still run
+	if flushes.Load() < 4 {
+		t.Fatalf("%d flushes for a pass of 17 expiry slices; want one per %d slices", flushes.Load(), reapFreezeEvery)
+	}
+	if mostFrozen.Load() != 1 {
+		t.Fatalf("a flush found %d frozen layers; want 1: the pass asked again before the tree took its last ask", mostFrozen.Load())
+	}
+}
+
+// A pass that ends (its budget, or Close) while it waits for a flush ends
+// without an error, and does not wait for the flush.
+func TestReapEndsWhileWaitingForAFlush(t *testing.T) {
+	s := expiredUnflushed(t)
+	e := s.group.engine
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	e.flushHook = func() error {
+		once.Do(func() { close(entered) })
+		<-release
+		return nil
+	}
+	defer close(release)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.reap(ctx) }()
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the pass asked for no flush")
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the pass ended (%v) while the flush of its first ask was held", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("a pass ended while waiting for a flush failed: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the pass kept waiting for the flush after its context ended")
 	}
 }
