@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"text/tabwriter"
 	"time"
@@ -28,8 +29,10 @@ import (
 // which never expire during the run) then runs acquire+release pairs on
 // other identities at 1 and 16 goroutines for STARLEASE_BENCH_ROW each
 // (default 2s). It reports pairs/s, the ratio to N = 0, and the storage
-// each active lease costs: the bolt file's growth, Valkey's used_memory
-// and AOF growth, per preloaded lease; then, once they are all released,
+// each active lease costs: the bolt file's growth (its size, and the
+// disk blocks it holds: bbolt grows the file ahead of its pages, up to 16
+// MiB that hold no blocks), Valkey's used_memory and AOF growth, per
+// preloaded lease; then, once they are all released,
 // what each ended lease leaves behind for its retention (history, the
 // evidence of both operations, lookups, the counter). Then 10,000 leases with a 5 s TTL
 // expire at about the same time with the reaper running every second,
@@ -55,11 +58,11 @@ func BenchmarkScale(b *testing.B) {
 		}
 	}
 	type line struct {
-		backend                    string
-		n                          int
-		pairs1, pairs16            float64
-		bytesPerLease, aofPerLease float64
-		endedBytes, endedAOF       float64
+		backend                                  string
+		n                                        int
+		pairs1, pairs16                          float64
+		bytesPerLease, diskPerLease, aofPerLease float64
+		endedBytes, endedDisk, endedAOF          float64
 	}
 	var lines []line
 	type reapLine struct {
@@ -78,6 +81,7 @@ func BenchmarkScale(b *testing.B) {
 			l := line{backend: backend, n: n}
 			if n > 0 {
 				l.bytesPerLease = float64(after.mem-before.mem) / float64(n)
+				l.diskPerLease = float64(after.disk-before.disk) / float64(n)
 				l.aofPerLease = float64(after.aof-before.aof) / float64(n)
 			}
 			pairs := 0
@@ -101,6 +105,7 @@ func BenchmarkScale(b *testing.B) {
 				ended := size()
 				// Every measured pair ended a lease too.
 				l.endedBytes = float64(ended.mem-before.mem) / float64(n+pairs)
+				l.endedDisk = float64(ended.disk-before.disk) / float64(n+pairs)
 				l.endedAOF = float64(ended.aof-before.aof) / float64(n+pairs)
 			}
 			lines = append(lines, l)
@@ -112,15 +117,15 @@ func BenchmarkScale(b *testing.B) {
 		s.Close()
 	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(w, "backend\tN active\tpairs/s 1 g\tx N=0\tpairs/s 16 g\tx N=0\tbytes/active lease\tAOF/active lease\tbytes/ended lease\tAOF/ended lease\t\n")
+	fmt.Fprintf(w, "backend\tN active\tpairs/s 1 g\tx N=0\tpairs/s 16 g\tx N=0\tbytes/active lease\tallocated/active lease\tAOF/active lease\tbytes/ended lease\tallocated/ended lease\tAOF/ended lease\t\n")
 	base := map[string]line{}
 	for _, l := range lines {
 		if l.n == ns[0] {
 			base[l.backend] = l
 		}
 		b0 := base[l.backend]
-		fmt.Fprintf(w, "%s\t%d\t%.0f\t%.2f\t%.0f\t%.2f\t%.0f\t%.0f\t%.0f\t%.0f\t\n", l.backend, l.n, l.pairs1, l.pairs1/b0.pairs1,
-			l.pairs16, l.pairs16/b0.pairs16, l.bytesPerLease, l.aofPerLease, l.endedBytes, l.endedAOF)
+		fmt.Fprintf(w, "%s\t%d\t%.0f\t%.2f\t%.0f\t%.2f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t\n", l.backend, l.n, l.pairs1, l.pairs1/b0.pairs1,
+			l.pairs16, l.pairs16/b0.pairs16, l.bytesPerLease, l.diskPerLease, l.aofPerLease, l.endedBytes, l.endedDisk, l.endedAOF)
 	}
 	w.Flush()
 	fmt.Println()
@@ -133,9 +138,10 @@ func BenchmarkScale(b *testing.B) {
 	w.Flush()
 }
 
-// storeSize is the storage a store holds: bytes (the bolt file, or
-// Valkey's used_memory) and Valkey's AOF bytes.
-type storeSize struct{ mem, aof int64 }
+// storeSize is the storage a store holds: bytes (the bolt file's size,
+// or Valkey's used_memory), the bolt file's allocated bytes, and Valkey's
+// AOF bytes.
+type storeSize struct{ mem, disk, aof int64 }
 
 type scaleStore interface {
 	operations
@@ -157,7 +163,11 @@ func openScaleStore(b *testing.B, backend string, reap time.Duration) (scaleStor
 			if err != nil {
 				b.Fatal(err)
 			}
-			return storeSize{mem: fi.Size()}
+			st, ok := fi.Sys().(*syscall.Stat_t)
+			if !ok {
+				b.Fatal("no block count for the store file")
+			}
+			return storeSize{mem: fi.Size(), disk: st.Blocks * 512}
 		}
 	default:
 		r := testenv.StartRedis(b)
