@@ -105,9 +105,11 @@ type engine struct {
 	// none, a batch appends its record before run returns.
 	waiting  func() int
 	flushErr error // the last flush's failure, while layers wait
-	// flushed is closed and replaced at the end of each flush attempt
-	// (e.mu), for awaitFlushed.
-	flushed chan struct{}
+	// treeHolds is the last batch the tree holds, set once a flush or
+	// exclusive committed; flushed is closed and replaced at the end of
+	// each flush attempt. Both for awaitFlushed (e.mu).
+	treeHolds int
+	flushed   chan struct{}
 	// flushMu runs one flush at a time.
 	flushMu   sync.Mutex
 	kick      chan struct{}
@@ -631,29 +633,34 @@ func (e *engine) publish(id int, top *layered.Layer) {
 
 // askFlush asks for a flush of what is acknowledged so far: the next
 // batch freezes top and kicks the flusher, which commits on its own
-// goroutine. Not while flushes fail: the flusher retries at its own pace
-// then, and more frozen layers would only make reads and each retry
-// slower.
-func (e *engine) askFlush() {
+// goroutine. It returns the last batch given, which that flush takes
+// (awaitFlushed), or 0 if it asked nothing: not while flushes fail, as
+// the flusher retries at its own pace then, and more frozen layers would
+// only make reads and each retry slower.
+func (e *engine) askFlush() (upTo int) {
 	e.mu.Lock()
-	failing := e.flushErr != nil
-	e.mu.Unlock()
-	if !failing {
-		e.wantFreeze.Store(true)
+	defer e.mu.Unlock()
+	if e.flushErr != nil {
+		return 0
 	}
+	e.wantFreeze.Store(true)
+	return e.batch
 }
 
-// awaitFlushed waits until the tree holds every frozen layer, or the
-// last flush failed, or ctx or the engine ends: so the reaper, which can
-// archive faster than the tree takes it, lets each flush commit only what
-// it archived since the one before, never a backlog of layers in one
-// commit (flush takes them all).
-func (e *engine) awaitFlushed(ctx context.Context) {
+// awaitFlushed waits until the tree holds batch upTo (askFlush's), or a
+// flush failed, or ctx or the engine ends: so the reaper, which can
+// archive faster than the tree takes it, lets each flush commit about
+// what it archived since the one before, never a backlog of its asks'
+// layers in one commit (flush takes every frozen layer). It waits for
+// that batch, not for an empty list of frozen layers, which writers
+// refill whenever flushes take longer than the flush interval (review
+// s42).
+func (e *engine) awaitFlushed(ctx context.Context, upTo int) {
 	for {
 		e.mu.Lock()
-		idle, flushed := len(e.frozen) == 0 || e.flushErr != nil, e.flushed
+		done, flushed := e.treeHolds >= upTo || e.flushErr != nil, e.flushed
 		e.mu.Unlock()
-		if idle {
+		if done {
 			return
 		}
 		select {
@@ -741,9 +748,10 @@ func (e *engine) flush() error {
 	e.mu.Lock()
 	todo := e.frozenLayersLocked()
 	var upTo uint64
+	var upToBatch int
 	if len(todo) > 0 {
-		upTo = e.frozen[0].seq
-		e.treeMayHold.Store(int64(e.frozen[0].batch))
+		upTo, upToBatch = e.frozen[0].seq, e.frozen[0].batch
+		e.treeMayHold.Store(int64(upToBatch))
 	}
 	e.mu.Unlock()
 	if len(todo) == 0 {
@@ -772,6 +780,7 @@ func (e *engine) flush() error {
 		return err
 	}
 	e.flushErr = nil
+	e.treeHolds = max(e.treeHolds, upToBatch)
 	// todo are the oldest frozen layers (later ones were put in front).
 	keep := len(e.frozen) - len(todo)
 	e.frozen = e.frozen[:keep]
@@ -818,6 +827,11 @@ func (e *engine) exclusive(fn func(tx *bbolt.Tx, id int) error) error {
 		setFills(tx, e.fills)
 		return fn(tx, id)
 	})
+	if err == nil {
+		e.mu.Lock()
+		e.treeHolds = max(e.treeHolds, id)
+		e.mu.Unlock()
+	}
 	e.publish(id, top)
 	return err
 }

@@ -49,7 +49,7 @@ const reapPassBudget = 20 * time.Second
 func (s *Store) reap(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, reapPassBudget)
 	defer cancel()
-	slices := 0
+	slices, asked := 0, 0 // asked: the batch the last ask's flush takes
 	for _, step := range []func(*layered.View) (int, error){s.expireSlice, s.dropSlice(bucketIdemExp, bucketIdent, isIdemKey), s.dropSlice(bucketCommitExp, bucketCommits, nil), s.retireHistorySlice} {
 		for ctx.Err() == nil {
 			var n int
@@ -62,8 +62,8 @@ func (s *Store) reap(ctx context.Context) error {
 			}
 			if n > 0 {
 				if slices++; slices%reapFreezeEvery == 0 {
-					s.group.engine.awaitFlushed(ctx)
-					s.group.engine.askFlush()
+					s.group.engine.awaitFlushed(ctx, asked)
+					asked = s.group.engine.askFlush()
 				}
 			}
 			if n < reapSlice {

@@ -343,7 +343,13 @@ func TestReapWaitsForEachFlush(t *testing.T) {
 	if got, err := s.ActiveLeases(ctx); err != nil || got != 0 {
 		t.Fatalf("active records after one pass: %d, %v", got, err)
 	}
-	e.awaitFlushed(ctx) // the last ask's flush may still run
+	e.mu.Lock()
+	lastAsk := 0
+	if len(e.frozen) > 0 {
+		lastAsk = e.frozen[0].batch
+	}
+	e.mu.Unlock()
+	e.awaitFlushed(ctx, lastAsk) // the last ask's flush may still run
 	if flushes.Load() < 4 {
 		t.Fatalf("%d flushes for a pass of 17 expiry slices; want one per %d slices", flushes.Load(), reapFreezeEvery)
 	}
@@ -386,5 +392,163 @@ func TestReapEndsWhileWaitingForAFlush(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the pass kept waiting for the flush after its context ended")
+	}
+}
+
+// writePairs runs acquire+release pairs on a target of its own until stop
+// is closed or a call fails (failing the test unless quiet).
+func writePairs(t *testing.T, s *Store, target string, quiet bool, stop <-chan struct{}, wg *sync.WaitGroup) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		ctx := context.Background()
+		id := testIdentity
+		id.TargetID = target
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			deadline := time.Now().Add(time.Hour)
+			req := acquireReq(fmt.Sprintf("%s-acq-%d", target, i), time.Hour, deadline)
+			req.Identity = id
+			got, err := s.Acquire(ctx, req)
+			if err == nil {
+				_, err = s.Release(ctx, lease.ReleaseRequest{Identity: id, LeaseID: got.Lease.LeaseID,
+					FencingToken: got.Lease.FencingToken, ServiceInstanceID: req.ServiceInstanceID,
+					Mutation: lease.Mutation{RequestID: fmt.Sprintf("%s-rel-%d", target, i), DeadlineAt: deadline, Caller: req.Caller}})
+			}
+			if err != nil {
+				if !quiet {
+					t.Errorf("writer: %v", err)
+				}
+				return
+			}
+		}
+	}()
+}
+
+// reapBesideWriter runs one pass over n expired leases while a writer
+// runs pairs, with a flush interval of interval and every flush taking
+// flushTakes, and returns how many of the n the pass archived.
+func reapBesideWriter(t *testing.T, n int, interval, flushTakes time.Duration) int64 {
+	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
+	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1, FlushInterval: interval})
+	var slow atomic.Bool
+	s.group.engine.flushHook = func() error {
+		if slow.Load() {
+			time.Sleep(flushTakes)
+		}
+		return nil
+	}
+	acquireMany(t, s, n, time.Second, time.Now().Add(time.Hour))
+	c.Add(2 * time.Second)
+	slow.Store(true)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	writePairs(t, s, "reap-writer", false, stop, &wg)
+	time.Sleep(3 * interval) // the writer's own freezes under way
+	ctx, cancel := context.WithTimeout(context.Background(), reapPassBudget)
+	defer cancel()
+	err := s.reap(ctx)
+	close(stop)
+	wg.Wait()
+	if err != nil {
+		t.Fatalf("pass: %v", err)
+	}
+	left, err := s.ActiveLeases(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int64(n) - left // the writer holds none once stopped
+}
+
+// Review s42: a pass waits for the flush of its own ask, not for a tree
+// without frozen layers, which a writer refills whenever flushes take
+// longer than the flush interval: waiting for that starved the pass
+// until its budget ended, having archived two asks' worth.
+func TestReapBesideAWriterWhileFlushesLag(t *testing.T) {
+	const n = 1000
+	if got := reapBesideWriter(t, n, 20*time.Millisecond, 30*time.Millisecond); got != n {
+		t.Fatalf("one pass archived %d of %d expired leases beside a writer, flushes of 30 ms at a 20 ms interval; want all", got, n)
+	}
+}
+
+// The same at the default interval, with flushes of 120 ms (a slow disk).
+func TestReapBesideAWriterOnASlowDisk(t *testing.T) {
+	const n = 500
+	if got := reapBesideWriter(t, n, DefaultFlushInterval, 120*time.Millisecond); got != n {
+		t.Fatalf("one pass archived %d of %d expired leases beside a writer, flushes of 120 ms at the default interval; want all", got, n)
+	}
+}
+
+// Review s42: Close while a pass waits for a slow flush, beside a writer,
+// returns (it ends the pass, then the engine).
+func TestReapCloseWhileAPassWaits(t *testing.T) {
+	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
+	s, err := Open(t.TempDir()+"/s.db", Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: 10 * time.Millisecond, FlushInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var slow atomic.Bool
+	var flushes atomic.Int64
+	s.group.engine.flushHook = func() error {
+		if slow.Load() {
+			flushes.Add(1)
+			time.Sleep(30 * time.Millisecond)
+		}
+		return nil
+	}
+	acquireMany(t, s, 1000, time.Hour, time.Now().Add(time.Hour))
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	writePairs(t, s, "close-writer", true, stop, &wg) // Close refuses it
+	slow.Store(true)
+	c.Add(2 * time.Hour) // every lease due: the reaper's next tick starts a pass
+	for deadline := time.Now().Add(10 * time.Second); flushes.Load() < 3 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if flushes.Load() < 3 {
+		t.Fatal("no slow flushes while the pass ran")
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Close() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close hung behind a reaper pass waiting for a flush")
+	}
+	close(stop)
+	wg.Wait()
+}
+
+// Review s42: with a flush per batch (FlushInterval -1) and flushes
+// failing for a while, then recovering, a pass neither hangs nor fails,
+// and archives everything.
+func TestReapInlineFlushesFailingThenRecovering(t *testing.T) {
+	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
+	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1, FlushInterval: -1})
+	var fail atomic.Int64
+	s.group.engine.flushHook = func() error {
+		if fail.Add(-1) >= 0 {
+			return errors.New("disk says no")
+		}
+		return nil
+	}
+	const n = 6*reapFreezeEvery*reapSlice + 3
+	acquireMany(t, s, n, time.Second, time.Now().Add(time.Hour))
+	c.Add(2 * time.Second)
+	fail.Store(20)
+	ctx, cancel := context.WithTimeout(context.Background(), reapPassBudget)
+	defer cancel()
+	if err := s.reap(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if left, err := s.ActiveLeases(context.Background()); err != nil || left != 0 {
+		t.Fatalf("active records after one pass: %d, %v", left, err)
 	}
 }
