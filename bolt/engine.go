@@ -633,28 +633,29 @@ func (e *engine) publish(id int, top *layered.Layer) {
 
 // askFlush asks for a flush of what is acknowledged so far: the next
 // batch freezes top and kicks the flusher, which commits on its own
-// goroutine. It returns the last batch given, which that flush takes
-// (awaitFlushed), or 0 if it asked nothing: not while flushes fail, as
-// the flusher retries at its own pace then, and more frozen layers would
-// only make reads and each retry slower.
-func (e *engine) askFlush() (upTo int) {
+// goroutine. It reports whether it asked: not while flushes fail, as the
+// flusher retries at its own pace then, and more frozen layers would only
+// make reads and each retry slower.
+func (e *engine) askFlush() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.flushErr != nil {
-		return 0
+		return false
 	}
 	e.wantFreeze.Store(true)
-	return e.batch
+	return true
 }
 
-// awaitFlushed waits until the tree holds batch upTo (askFlush's), or a
-// flush failed, or ctx or the engine ends: so the reaper, which can
-// archive faster than the tree takes it, lets each flush commit about
-// what it archived since the one before, never a backlog of its asks'
-// layers in one commit (flush takes every frozen layer). It waits for
-// that batch, not for an empty list of frozen layers, which writers
-// refill whenever flushes take longer than the flush interval (review
-// s42).
+// awaitFlushed waits until the tree holds batch upTo, or a flush failed,
+// or ctx or the engine ends. It is the reaper's, which can archive faster
+// than the tree takes it: so each flush commits about what it archived
+// since the one before, never a backlog of its asks' layers in one
+// commit (flush takes every frozen layer). upTo must be a batch that
+// wrote, acknowledged before an ask (askFlush) that a later batch served:
+// its layer is then frozen and flushed. (A batch that wrote nothing may
+// be in no layer the tree ever takes, review s42b; an empty list of
+// frozen layers, which writers refill whenever flushes take longer than
+// the flush interval, may never come, review s42.)
 func (e *engine) awaitFlushed(ctx context.Context, upTo int) {
 	for {
 		e.mu.Lock()

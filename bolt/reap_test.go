@@ -552,3 +552,75 @@ func TestReapInlineFlushesFailingThenRecovering(t *testing.T) {
 		t.Fatalf("active records after one pass: %d, %v", left, err)
 	}
 }
+
+// confirmNothing is a batch that writes nothing: the relay confirming a
+// message the outbox no longer holds.
+func confirmNothing(t *testing.T, s *Store) {
+	if err := s.OutboxDone(context.Background(), "no-such-message"); err != nil && !s.closed.Load() {
+		t.Errorf("OutboxDone: %v", err)
+	}
+}
+
+// Review s42b: a pass waits for its own last write's batch. A batch that
+// wrote nothing after a timed freeze (here a refused confirmation during
+// every flush, each longer than the interval) is in no layer the tree
+// takes, and a pass that waited for the last batch number given stalled
+// until its budget ended.
+func TestReapBesideBatchesThatWriteNothing(t *testing.T) {
+	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
+	const interval = 20 * time.Millisecond
+	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1, FlushInterval: interval})
+	const n = 12 * reapFreezeEvery * reapSlice
+	acquireMany(t, s, n, time.Second, time.Now().Add(time.Hour))
+	c.Add(2 * time.Second)
+	var on atomic.Bool
+	s.group.engine.flushHook = func() error {
+		if on.Load() {
+			time.Sleep(interval + 10*time.Millisecond)
+			confirmNothing(t, s)
+		}
+		return nil
+	}
+	if err := s.sync(); err != nil {
+		t.Fatal(err)
+	}
+	on.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), reapPassBudget)
+	defer cancel()
+	err := s.reap(ctx)
+	on.Store(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left, err := s.ActiveLeases(context.Background()); err != nil || left != 0 {
+		t.Fatalf("active records after one pass over %d: %d, %v", n, left, err)
+	}
+}
+
+// A pass whose awaited flush fails stops waiting (the flusher retries at
+// its own pace) and asks for no more, and archives everything.
+func TestReapWhenTheAwaitedFlushFails(t *testing.T) {
+	s := expiredUnflushed(t)
+	var fail atomic.Bool
+	var attempts atomic.Int64
+	s.group.engine.flushHook = func() error {
+		attempts.Add(1)
+		if fail.Load() {
+			return errors.New("disk says no")
+		}
+		return nil
+	}
+	fail.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), reapPassBudget)
+	defer cancel()
+	if err := s.reap(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if left, err := s.ActiveLeases(context.Background()); err != nil || left != 0 {
+		t.Fatalf("active records after one pass: %d, %v (flush attempts %d)", left, err, attempts.Load())
+	}
+	if attempts.Load() == 0 {
+		t.Fatal("the pass asked for no flush")
+	}
+	fail.Store(false)
+}
