@@ -570,10 +570,8 @@ func TestReapBesideBatchesThatWriteNothing(t *testing.T) {
 	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
 	const interval = 20 * time.Millisecond
 	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1, FlushInterval: interval})
-	const n = 12 * reapFreezeEvery * reapSlice
-	acquireMany(t, s, n, time.Second, time.Now().Add(time.Hour))
-	c.Add(2 * time.Second)
 	var on atomic.Bool
+	// Set before the first write: the flusher reads it from then on.
 	s.group.engine.flushHook = func() error {
 		if on.Load() {
 			time.Sleep(interval + 10*time.Millisecond)
@@ -581,6 +579,9 @@ func TestReapBesideBatchesThatWriteNothing(t *testing.T) {
 		}
 		return nil
 	}
+	const n = 12 * reapFreezeEvery * reapSlice
+	acquireMany(t, s, n, time.Second, time.Now().Add(time.Hour))
+	c.Add(2 * time.Second)
 	if err := s.sync(); err != nil {
 		t.Fatal(err)
 	}
