@@ -69,7 +69,8 @@ func (s *Store) reap(ctx context.Context) error {
 			if n > 0 {
 				if slices++; slices%reapFreezeEvery == 0 {
 					s.group.engine.awaitFlushed(ctx, asked)
-					if asked = 0; s.group.engine.askFlush() {
+					asked = 0
+					if s.group.engine.askFlush() {
 						asked = batch
 					}
 				}

@@ -252,15 +252,24 @@ func TestUnknownSchemaRefused(t *testing.T) {
 	}
 }
 
-// expiredUnflushed is a store whose flush interval is an hour, holding
-// 2*reapFreezeEvery*reapSlice + 1 leases that have just expired: 9 expiry
-// slices' worth.
-func expiredUnflushed(t *testing.T) *Store {
+// expiredStore is a store with flush interval interval and no reaper,
+// holding n leases that have just expired. hook, if not nil, is its flush
+// hook, set before the first write: the flusher may read it from then on.
+func expiredStore(t *testing.T, n int, interval time.Duration, hook func() error) *Store {
 	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
-	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1, FlushInterval: time.Hour})
-	acquireMany(t, s, 2*reapFreezeEvery*reapSlice+1, time.Second, time.Now().Add(time.Hour))
+	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1, FlushInterval: interval})
+	s.group.engine.flushHook = hook
+	acquireMany(t, s, n, time.Second, time.Now().Add(time.Hour))
 	c.Add(2 * time.Second)
 	return s
+}
+
+// expiredUnflushed is a store whose flush interval is an hour, holding
+// 2*reapFreezeEvery*reapSlice + 1 leases that have just expired: 9 expiry
+// slices' worth. (Its tests set their flush hooks later: nothing flushes
+// before a pass asks.)
+func expiredUnflushed(t *testing.T) *Store {
+	return expiredStore(t, 2*reapFreezeEvery*reapSlice+1, time.Hour, nil)
 }
 
 // A pass asks for a flush every reapFreezeEvery slices that consumed
@@ -320,10 +329,7 @@ func TestReapAsksNoFlushWhileFlushesFail(t *testing.T) {
 // four slices' time.
 func TestReapWaitsForEachFlush(t *testing.T) {
 	ctx := context.Background()
-	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
-	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1, FlushInterval: time.Hour})
-	acquireMany(t, s, 4*reapFreezeEvery*reapSlice+1, time.Second, time.Now().Add(time.Hour))
-	c.Add(2 * time.Second)
+	s := expiredStore(t, 4*reapFreezeEvery*reapSlice+1, time.Hour, nil)
 	e := s.group.engine
 	var flushes, mostFrozen atomic.Int64
 	e.flushHook = func() error {
@@ -433,17 +439,13 @@ func writePairs(t *testing.T, s *Store, target string, quiet bool, stop <-chan s
 // runs pairs, with a flush interval of interval and every flush taking
 // flushTakes, and returns how many of the n the pass archived.
 func reapBesideWriter(t *testing.T, n int, interval, flushTakes time.Duration) int64 {
-	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
-	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1, FlushInterval: interval})
 	var slow atomic.Bool
-	s.group.engine.flushHook = func() error {
+	s := expiredStore(t, n, interval, func() error {
 		if slow.Load() {
 			time.Sleep(flushTakes)
 		}
 		return nil
-	}
-	acquireMany(t, s, n, time.Second, time.Now().Add(time.Hour))
-	c.Add(2 * time.Second)
+	})
 	slow.Store(true)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -530,18 +532,13 @@ func TestReapCloseWhileAPassWaits(t *testing.T) {
 // failing for a while, then recovering, a pass neither hangs nor fails,
 // and archives everything.
 func TestReapInlineFlushesFailingThenRecovering(t *testing.T) {
-	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
-	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1, FlushInterval: -1})
 	var fail atomic.Int64
-	s.group.engine.flushHook = func() error {
+	s := expiredStore(t, 6*reapFreezeEvery*reapSlice+3, -1, func() error {
 		if fail.Add(-1) >= 0 {
 			return errors.New("disk says no")
 		}
 		return nil
-	}
-	const n = 6*reapFreezeEvery*reapSlice + 3
-	acquireMany(t, s, n, time.Second, time.Now().Add(time.Hour))
-	c.Add(2 * time.Second)
+	})
 	fail.Store(20)
 	ctx, cancel := context.WithTimeout(context.Background(), reapPassBudget)
 	defer cancel()
@@ -567,21 +564,17 @@ func confirmNothing(t *testing.T, s *Store) {
 // takes, and a pass that waited for the last batch number given stalled
 // until its budget ended.
 func TestReapBesideBatchesThatWriteNothing(t *testing.T) {
-	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
 	const interval = 20 * time.Millisecond
-	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1, FlushInterval: interval})
+	const n = 12 * reapFreezeEvery * reapSlice
 	var on atomic.Bool
-	// Set before the first write: the flusher reads it from then on.
-	s.group.engine.flushHook = func() error {
+	var s *Store // read by the hook only once on is set, after s is
+	s = expiredStore(t, n, interval, func() error {
 		if on.Load() {
 			time.Sleep(interval + 10*time.Millisecond)
 			confirmNothing(t, s)
 		}
 		return nil
-	}
-	const n = 12 * reapFreezeEvery * reapSlice
-	acquireMany(t, s, n, time.Second, time.Now().Add(time.Hour))
-	c.Add(2 * time.Second)
+	})
 	if err := s.sync(); err != nil {
 		t.Fatal(err)
 	}
@@ -623,5 +616,5 @@ func TestReapWhenTheAwaitedFlushFails(t *testing.T) {
 	if attempts.Load() == 0 {
 		t.Fatal("the pass asked for no flush")
 	}
-	fail.Store(false)
+	fail.Store(false) // Close flushes
 }
