@@ -29,19 +29,19 @@ import (
 // which never expire during the run) then runs acquire+release pairs on
 // other identities at 1 and 16 goroutines for STARLEASE_BENCH_ROW each
 // (default 2s). It reports pairs/s, the ratio to N = 0, and the storage
-// each active lease costs: the bolt file's growth (its size, and the
-// disk blocks it holds: bbolt grows the file ahead of its pages, up to 16
-// MiB that hold no blocks), Valkey's used_memory and AOF growth, per
-// preloaded lease; then, once they are all released,
-// what each ended lease leaves behind for its retention (history, the
-// evidence of both operations, lookups, the counter). Then 10,000 leases with a 5 s TTL
+// each active lease costs: the bolt file's growth (its size, and the disk
+// blocks it holds: bbolt grows the file ahead of its pages, up to 16 MiB
+// that hold no blocks), Valkey's used_memory and AOF growth, per
+// preloaded lease; then, once they are all released, what each ended
+// lease leaves behind for its retention (history, the evidence of both
+// operations, lookups, the counter). Then 10,000 leases with a 5 s TTL
 // expire at about the same time with the reaper running every second,
 // while one writer keeps acquiring and releasing: it reports how long the
 // active count takes to come back (expiries/s) and the writer's longest
-// pair from the first expiry until then, beside the same writer's longest pair over 5 s on the
-// same store just before, with the reaper running and nothing due: what
-// the disk and the machine give a pair anyway, so that what the reaping
-// adds can be told from it.
+// pair from the first expiry until then, beside the same writer's
+// longest pair over 5 s on the same store just before, with the reaper
+// running and nothing due: what the disk and the machine give a pair
+// anyway, so that what the reaping adds can be told from it.
 //
 // The benchmark ignores b.N: run it with -benchtime 1x.
 func BenchmarkScale(b *testing.B) {
