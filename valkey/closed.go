@@ -186,7 +186,7 @@ func (c *Closed) Finish(ctx context.Context, plan lease.RecoveryPlan) (lease.Rec
 	var none lease.Identity
 	for _, rec := range actives {
 		tag := tagOf(rec.LockKey)
-		args := append(s.commonArgs(lease.UnixMilli(0), rec.LockKey, tag, none, 0), rec.LeaseID, string(reason), lease.RecoveryPrincipal, c.gate, s.writeFormat())
+		args := append(s.commonArgs(lease.UnixMilli(0), rec.LockKey, tag, none, s.opts.IdempotencyRetention), rec.LeaseID, string(reason), lease.RecoveryPrincipal, c.gate, s.writeFormat())
 		rep, err := s.fcall(ctx, call{fn: "recover_end", mutation: true, keys: s.commonKeys(tag, s.keys.quarantine(tag)), args: args})
 		if err != nil {
 			return res, err

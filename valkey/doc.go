@@ -17,14 +17,14 @@
 // A key of the identity's layout (or one the transition writes) that holds
 // another type fails closed the same way, checked before the first write.
 // The Go side validates all input with lease.Prepare* before, and strictly
-// decodes every record it receives with lease.DecodeStoredRecord after.
+// decodes every record it receives with lease.DecodeAnyStoredRecord after.
 //
 // Strict decoding is a pure function of a record's bytes, so both sides
 // remember its results by the exact bytes, bounded: the library (up to
 // 2048 records, a few MB of the server's Lua memory, lost on restart) for
 // records it decoded or wrote (a writer first checks that decoding its
 // bytes would give back the same record), and the adapter (2048 records)
-// for what DecodeStoredRecord returned. A hit is the decoder's own answer for
+// for what DecodeAnyStoredRecord returned. A hit is the decoder's own answer for
 // those bytes, and the lock key and tuple are still compared on every
 // read; any other bytes are decoded in full.
 //
@@ -42,13 +42,21 @@
 // as a hash tag so all keys of one identity share one slot:
 //
 //	ns:{tag}:active         the active record: version 1 (JSON), or version 2 (its lines,
-//	                        lease.CompactRecord) once ns:format is "3"; read in either
-//	                        version; PXAT expires_at+ReclaimGrace,
+//	                        lease.CompactRecord) once ns:format is "3", or for a lease
+//	                        acquired once it is "4", version 3 (lease.EmbeddingRecord:
+//	                        version 2 and the acquisition's digest, idempotency scope
+//	                        and ttl, its evidence until the lease ends); read in every
+//	                        version; PXAT expires_at+ReclaimGrace (for version 3 at
+//	                        least acquired_at+IdempotencyRetention, so its evidence
+//	                        outlives the record even if no reaper runs),
 //	                        storage reclamation only: expiry is decided from expires_at
 //	ns:{tag}:counter        durable fencing counter; no TTL, never deleted
 //	ns:{tag}:idem:<scope>   idempotency evidence; TTL IdempotencyRetention; written as
 //	                        version 1, or version 2 (the result's facts, evidence.go)
-//	                        once ns:format is "2"; read in either version
+//	                        once ns:format is "2"; read in either version. In format
+//	                        "4" an acquisition's is not written at acquire: every
+//	                        ending of its lease writes it from the record (version 2,
+//	                        PXAT acquired_at+IdempotencyRetention, not if past)
 //	ns:{tag}:history        terminal evidence, newest first, capped at HistoryPerIdentity,
 //	                        in the same version as evidence, read in either version,
 //	                        TTL HistoryRetention refreshed on every push
@@ -63,7 +71,10 @@
 //	                        filter ‖ 0 ‖ filter value ‖ lease id ‖ 0 ‖ tag, so
 //	                        ZRANGEBYLEX over a filter's prefix pages in lease-id order
 //	ns:expiry               expiry schedule (score expires_at) for the reaper;
-//	                        one entry per active record (ActiveLeases is its ZCARD)
+//	                        one entry per active record (ActiveLeases is its ZCARD):
+//	                        tag ‖ 0 ‖ lease id ‖ 0 ‖ token, or for a version 3 record
+//	                        tag ‖ 0 ‖ token (the token names the lease within its
+//	                        identity: tokens never repeat); an ending removes both
 //	ns:outbox               fenced outbox schedule: score the entry's outbox sequence
 //	                        (ns:outbox_seq), member message id: exact acceptance order
 //	ns:outbox_seq           the last outbox sequence given, incremented by the commit
@@ -99,8 +110,9 @@
 //	ns:epoch, ns:last_recovery  the recovery epoch and the last recovery's record
 //	ns:format               "2" once the namespace is switched to the compact stored
 //	                        formats of evidence and history, "3" once active records
-//	                        are compact too (format.go); absent: version 1. Never
-//	                        lowered or unset.
+//	                        are compact too, "4" once new records carry their
+//	                        acquisition's evidence (format.go); absent: version 1.
+//	                        Never lowered or unset.
 //
 // Every operation on an identity archives an expired active record it
 // finds; the reaper (Options.ReapInterval) archives the rest from the
@@ -108,8 +120,13 @@
 // does a key's TTL remove an expired record first: its expiry is then
 // missing from history and its index entries stay behind, skipped by List.
 //
-// Every key a function touches is passed in KEYS; nothing is ever found by
-// SCAN or by a client-supplied pattern. The index, schedule and lease-id
+// Every key a function touches is passed in KEYS, with one exception;
+// nothing is ever found by SCAN or by a client-supplied pattern. The
+// exception: an ending of a version 3 record (archive in library.lua)
+// writes its acquisition's evidence key, ns:{tag}:idem:<scope>, named from
+// the record's stored scope (checked as 43 base64url characters first) and
+// the identity's own hash tag, so it is in the slot of the identity's
+// declared keys (slot-safe) and can never name another identity's key. The index, schedule and lease-id
 // keys are shared by all identities and written by the same functions, so
 // the adapter requires a single-node (non-cluster) primary; Open and Health
 // report a cluster or a replica as unsuitable.

@@ -25,19 +25,27 @@ import (
 //	        `starlease serve --valkey-compact-format`)
 //	"3"     that, and active records in version 2 (EnableCompactRecords;
 //	        `--valkey-compact-records`)
+//	"4"     that, but a new lease's record in version 3, carrying its
+//	        acquisition's evidence (lease.EmbeddingRecord), and no
+//	        evidence key until the lease ends; expiry schedule entries
+//	        tag ‖ 0 ‖ token (EnableEmbeddedEvidence;
+//	        `--valkey-embedded-evidence`)
 //
 // It is one way (raise_format in library.lua never lowers it; an instance
 // of an older build would answer the later data as corrupt). Every build
 // reads every version it knows.
 const (
-	compactFormat  = "2"
-	compactRecords = "3"
+	compactFormat    = "2"
+	compactRecords   = "3"
+	embeddedEvidence = "4"
 )
 
 // writeFormat is the last ARGV of each call that keeps evidence, history
 // or an active record (library.lua's context).
 func (s *Store) writeFormat() string {
 	switch {
+	case s.embeddedEvidence.Load():
+		return "embedded_evidence"
 	case s.compactRecords.Load():
 		return "compact_records"
 	case s.compact.Load():
@@ -54,17 +62,23 @@ func (s *Store) loadFormat(ctx context.Context) {
 	v, err := s.client.Do(ctx, s.client.B().Get().Key(s.keys.format()).Build()).ToString()
 	switch {
 	case err == nil:
-		if v != compactFormat && v != compactRecords {
+		if v != compactFormat && v != compactRecords && v != embeddedEvidence {
 			s.log.Warn("unknown stored-format switch; writing version 1", "value_bytes", len(v))
 		}
-		s.compact.Store(v == compactFormat || v == compactRecords)
-		s.compactRecords.Store(v == compactRecords)
+		s.setFormat(v)
 	case vk.IsValkeyNil(err):
-		s.compact.Store(false)
-		s.compactRecords.Store(false)
+		s.setFormat("")
 	default:
 		s.log.Warn("cannot read the stored-format switch", "error_class", classify(err))
 	}
+}
+
+// setFormat takes v, the namespace's switch, as the store's write format
+// (version 1 for a value this build does not know).
+func (s *Store) setFormat(v string) {
+	s.compact.Store(v == compactFormat || v == compactRecords || v == embeddedEvidence)
+	s.compactRecords.Store(v == compactRecords || v == embeddedEvidence)
+	s.embeddedEvidence.Store(v == embeddedEvidence)
 }
 
 // EnableCompactFormat switches the namespace to writing evidence and
@@ -81,6 +95,16 @@ func (s *Store) EnableCompactFormat(ctx context.Context) error {
 // one or a later one).
 func (s *Store) EnableCompactRecords(ctx context.Context) error {
 	return s.raiseFormat(ctx, compactRecords)
+}
+
+// EnableEmbeddedEvidence switches the namespace to format 4: format 3's,
+// but a new lease's acquisition evidence is kept in its active record
+// (version 3) and written to its own key only when the lease ends. Only
+// once every instance sharing the namespace runs a build that reads
+// version 3 records (this one or a later one); older builds answer them
+// as corrupt.
+func (s *Store) EnableEmbeddedEvidence(ctx context.Context) error {
+	return s.raiseFormat(ctx, embeddedEvidence)
 }
 
 // errFormatClosed is raiseFormat's answer on a closed namespace, which
@@ -103,18 +127,19 @@ func (s *Store) raiseFormat(ctx context.Context, want string) error {
 	default:
 		return lease.Errorf(lease.CodeCorrupt, "the stored-format switch holds a value this build does not know")
 	}
-	s.compact.Store(true)
-	s.compactRecords.Store(rep.at(0) == compactRecords)
+	s.setFormat(rep.at(0))
 	s.log.Info("AUDIT lease namespace stored format", "format", rep.at(0))
 	return nil
 }
 
 // raiseWanted raises the switch to the format the store's options ask for
-// (Options.CompactFormat, CompactRecords), if the namespace is below it.
+// (Options.CompactFormat, CompactRecords, EmbeddedEvidence), if the
+// namespace is below it.
 // It runs at Open and at every reaper pass, so a namespace that was
 // closed when the store opened is switched once it reopens.
 func (s *Store) raiseWanted(ctx context.Context) error {
 	switch {
+	case s.wantFormat == embeddedEvidence && !s.embeddedEvidence.Load():
 	case s.wantFormat == compactRecords && !s.compactRecords.Load():
 	case s.wantFormat == compactFormat && !s.compact.Load():
 	default:

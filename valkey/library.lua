@@ -216,14 +216,25 @@ local LOCK_PREFIX = 'starintel:target-lease:v1:'
 -- and tag: the tag, the tuple and the facts one per line, in the order a
 -- version 2 history entry holds them after its ending lines, metadata
 -- last. About half of encode's bytes.
-local function encode_rv2(r, tag, state)
-  return 'rv2\n' .. tag .. '\n' .. r.tenant_id .. '\n' .. r.program_id .. '\n' .. r.target_namespace
+local function encode_rv2(r, tag, state, head)
+  return (head or 'rv2\n') .. tag .. '\n' .. r.tenant_id .. '\n' .. r.program_id .. '\n' .. r.target_namespace
     .. '\n' .. r.target_id .. '\n' .. r.actor_name .. '\n' .. r.workflow_name .. '\n' .. r.operation_class
     .. '\n' .. r.lease_id .. '\n' .. r.owner_principal_id .. '\n' .. r.owner_client_id
     .. '\n' .. r.owner_credential_id .. '\n' .. r.service_instance_id .. '\n' .. int(r.fencing_token)
     .. '\n' .. int(r.acquired_at) .. '\n' .. int(r.renewed_at) .. '\n' .. int(r.expires_at)
     .. '\n' .. int(r.ttl_ms) .. '\n' .. int(r.maximum_lifetime_ms) .. '\n' .. r.execution_id
     .. '\n' .. r.job_id .. '\n' .. r.trace_id .. '\n' .. r.request_id .. '\n' .. (state or r.state) .. '\n' .. r.metadata
+end
+
+-- encode_rv3 builds record version 3 (lease.EmbeddingRecord's bytes, stored
+-- format 4) from r, an active record carrying its acquisition's evidence
+-- (idem_digest, idem_scope, idem_ttl: the acquire's ttl_ms): rv3, the
+-- digest, the scope, the acquisition's ttl_ms ('' while it is r's own),
+-- then version 2 from the tag on (one concatenation, through head).
+local function encode_rv3(r, tag)
+  local ttl = ''
+  if r.idem_ttl ~= r.ttl_ms then ttl = int(r.idem_ttl) end
+  return encode_rv2(r, tag, nil, 'rv3\n' .. r.idem_digest .. '\n' .. r.idem_scope .. '\n' .. ttl .. '\n')
 end
 
 -- tag_of is the hash tag of a lock key, or nil if it is not LOCK_PREFIX
@@ -406,8 +417,8 @@ local RV2_NUMBERS = { fencing_token = true, acquired_at = true, renewed_at = tru
 -- canonical decimals and no line is extra or missing), the way version 1
 -- bytes must re-encode to themselves. Go's lease.DecodeStoredRecord
 -- accepts the same bytes (it rebuilds version 1 and decodes that).
-local function decode_rv2(raw, lock_key, a, o)
-  local at = 5
+local function decode_rv2(raw, lock_key, a, o, at, ev)
+  at = at or 5
   local nl = string.find(raw, '\n', at, true)
   if not nl then return nil, 'record version 2 is malformed' end
   local tag = string.sub(raw, at, nl - 1)
@@ -425,12 +436,34 @@ local function decode_rv2(raw, lock_key, a, o)
     at = nl + 1
   end
   r.metadata = string.sub(raw, at)
-  if not written(r) or encode_rv2(r, tag) ~= raw then return nil, 'record version 2 is not in canonical form' end
+  if ev then
+    -- Version 3: its evidence lines (decode_rv3) and an active record,
+    -- which must re-encode to exactly raw as well.
+    r.idem_digest, r.idem_scope, r.idem_ttl = ev[1], ev[2], ev[3] or r.ttl_ms
+    if r.state ~= 'active' or not (r.idem_ttl >= 1 and r.idem_ttl <= MAX_TTL_MS) or not written(r)
+        or encode_rv3(r, tag) ~= raw then
+      return nil, 'record version 3 is not in canonical form'
+    end
+  elseif not written(r) or encode_rv2(r, tag) ~= raw then
+    return nil, 'record version 2 is not in canonical form'
+  end
   local why
   r, why = matches(r, lock_key, a, o)
   if not r then return nil, why end
   rec_put(raw, r)
   return r
+end
+
+-- decode_rv3 strictly reads a record of version 3: its digest (64
+-- lowercase hex), idempotency scope (43 base64url) and acquisition ttl_ms
+-- ('' or a canonical decimal other than the record's), then version 2's
+-- lines (decode_rv2, which checks that the whole re-encodes to raw).
+local function decode_rv3(raw, lock_key, a, o)
+  local digest, scope, ttl, at = string.match(raw, '^rv3\n([0-9a-f]+)\n([%w_%-]+)\n(%d*)\n()')
+  if not digest or #digest ~= 64 or #scope ~= 43 or #ttl > 16 then return nil, 'record version 3 is malformed' end
+  local ttl_ms
+  if ttl ~= '' then ttl_ms = tonumber(ttl) end
+  return decode_rv2(raw, lock_key, a, o, at, { digest, scope, ttl_ms })
 end
 
 -- decode strictly reads a stored record. lock_key is the requested one;
@@ -439,7 +472,9 @@ end
 local function decode(raw, lock_key, a, o)
   local known = REC_OF[raw]
   if known then return matches(known, lock_key, a, o) end
-  if string.sub(raw, 1, 4) == 'rv2\n' then return decode_rv2(raw, lock_key, a, o) end
+  local head = string.sub(raw, 1, 4)
+  if head == 'rv2\n' then return decode_rv2(raw, lock_key, a, o) end
+  if head == 'rv3\n' then return decode_rv3(raw, lock_key, a, o) end
   local ok, t = pcall(cjson.decode, raw)
   if not ok or type(t) ~= 'table' then return nil, 'record is not JSON' end
   if t.record_version ~= 1 then return nil, 'record version is not 1' end
@@ -637,12 +672,22 @@ local function index_members(r, tag)
     'program\0' .. lp(tenant) .. tenant .. lp(program) .. program .. id .. '\0' .. tag
 end
 
-local function expiry_member(r, tag) return tag .. '\0' .. r.lease_id .. '\0' .. int(r.fencing_token) end
+-- expiry_member is r's expiry schedule entry: tag ‖ 0 ‖ token for a
+-- record carrying its evidence (version 3, stored format 4), whose token
+-- names the lease within its identity (tokens never repeat), else the
+-- older tag ‖ 0 ‖ lease id ‖ 0 ‖ token; expire checks either against the
+-- record. old_expiry_member is the older form, which archive also removes.
+local function old_expiry_member(r, tag) return tag .. '\0' .. r.lease_id .. '\0' .. int(r.fencing_token) end
+local function expiry_member(r, tag)
+  if r.idem_scope then return tag .. '\0' .. int(r.fencing_token) end
+  return old_expiry_member(r, tag)
+end
 
 -- Common ARGV of lease mutations:
 --   1 deadline ms, 2 lock key, 3 hash tag, 4..10 identity (c.args[4..10]),
 --   11 physical grace ms, 12 history cap, 13 history retention ms,
---   14 evidence retention ms; operation-specific arguments follow.
+--   14 evidence retention ms (the idempotency retention, but for commit,
+--   whose ARGV 30 is that); operation-specific arguments follow.
 -- Common KEYS: 1 active, 2 history, 3 index, 4 expiry schedule,
 --   5 evidence (idempotency or accepted commit), 6 quarantine, 7 the
 --   namespace gate; operation-specific keys follow.
@@ -651,17 +696,21 @@ local function context(keys, args)
   return {
     deadline = tonumber(args[1]), lock_key = args[2], tag = args[3], args = args,
     grace = tonumber(args[11]), hist_cap = tonumber(args[12]), hist_ret = tonumber(args[13]),
-    ev_ret = tonumber(args[14]),
+    ev_ret = tonumber(args[14]), idem_ret = tonumber(args[14]),
     k_active = keys[1], k_hist = keys[2], k_index = keys[3], k_expiry = keys[4], k_ev = keys[5], k_quar = keys[6],
     k_gate = keys[7],
     -- The Go side ends the ARGV of every call that keeps evidence or
     -- history with the format to write them in: 'compact' (version 2)
     -- once the namespace has been switched to it, else version 1, which
     -- instances of older builds still sharing the namespace can read.
-    compact = format == 'compact' or format == 'compact_records',
+    compact = format == 'compact' or format == 'compact_records' or format == 'embedded_evidence',
     -- 'compact_records' (namespace format 3) also stores active records
     -- in version 2 (encode_rv2); every build since reads both.
-    rv2 = format == 'compact_records',
+    -- 'embedded_evidence' (format 4) stores them in version 3 with the
+    -- acquisition's evidence (encode_rv3): no evidence key is written
+    -- while a lease is active.
+    rv2 = format == 'compact_records' or format == 'embedded_evidence',
+    rv3 = format == 'embedded_evidence',
   }
 end
 
@@ -681,17 +730,50 @@ end
 
 -- store_active writes r as the active record, with a physical TTL past
 -- expires_at: storage reclamation only, the decision is always made from
--- the stored expires_at.
+-- the stored expires_at. A record carrying its acquisition's evidence is
+-- always written in version 3 (whatever the writer's format: the evidence
+-- must not be dropped) and kept at least until the evidence's retention
+-- ends (acquired_at + the idempotency retention), so it is never lost
+-- while no reaper runs.
 local function store_active(c, r, renewed)
-  local tag = c.rv2 and tag_of(r.lock_key)
-  local raw
-  if tag then raw = encode_rv2(r, tag) else raw = encode(r) end
-  redis.call('SET', c.k_active, raw, 'PXAT', int(r.expires_at + c.grace))
+  local raw, at = nil, r.expires_at + c.grace
+  if r.idem_scope then
+    raw = encode_rv3(r, tag_of(r.lock_key))
+    at = math.max(at, r.acquired_at + c.idem_ret)
+  else
+    local tag = c.rv2 and tag_of(r.lock_key)
+    if tag then raw = encode_rv2(r, tag) else raw = encode(r) end
+  end
+  redis.call('SET', c.k_active, raw, 'PXAT', int(at))
   redis.call('ZADD', c.k_expiry, int(r.expires_at), expiry_member(r, c.tag))
   rec_drop(c.raw)
   rec_put_written(raw, r, renewed)
   c.raw = raw
   return raw
+end
+
+-- write_out writes the acquisition's evidence a version 3 record r carries
+-- to its own key, as remember writes it (evidence version 2) and with the
+-- expiry it would have had (acquired_at + the idempotency retention; not
+-- written if that has passed): the lease is ending, and the evidence must
+-- outlive the record. The key is named from stored data (not in KEYS): the
+-- scope, checked as 43 base64url characters first, within the identity's
+-- own hash tag (c.k_active's), so it is in the same slot as every key the
+-- call declares.
+local function write_out(c, r)
+  local at = r.acquired_at + c.idem_ret
+  if at <= now_ms() then return end
+  local scope = r.idem_scope
+  if #scope ~= 43 or not string.find(scope, '^[%w_%-]+$') then return end -- (decode checked it)
+  local ttl = r.idem_ttl
+  local ev = 'ev2\nacquire\n' .. r.idem_digest .. '\nlease_acquired\n' .. int(r.acquired_at) .. '\n' .. c.tag
+    .. '\n' .. r.lease_id .. '\n' .. r.owner_principal_id .. '\n' .. r.owner_client_id
+    .. '\n' .. r.owner_credential_id .. '\n' .. r.service_instance_id .. '\n' .. int(r.fencing_token)
+    .. '\n' .. int(r.acquired_at) .. '\n' .. int(r.acquired_at) .. '\n' .. int(r.acquired_at + math.min(ttl, r.maximum_lifetime_ms))
+    .. '\n' .. int(ttl) .. '\n' .. int(r.maximum_lifetime_ms) .. '\n' .. r.execution_id
+    .. '\n' .. r.job_id .. '\n' .. r.trace_id .. '\n' .. r.request_id .. '\nactive\n' .. r.metadata
+  local k = string.sub(c.k_active, 1, #c.k_active - #'active') .. 'idem:' .. scope
+  redis.call('SET', k, ev, 'PXAT', int(at))
 end
 
 -- archive ends r: terminal evidence to the capped history list, then the
@@ -703,6 +785,7 @@ end
 -- line, in place of a second copy of the record JSON. Returns the ended
 -- record's JSON if it built it (version 1 history; see ended_record).
 local function archive(c, r, state, ended, by, request_id, reason, incident)
+  if r.idem_scope then write_out(c, r) end
   local raw, entry
   if not c.compact then
     raw = encode(r, state)
@@ -729,7 +812,8 @@ local function archive(c, r, state, ended, by, request_id, reason, incident)
   redis.call('PEXPIRE', c.k_hist, c.hist_ret)
   redis.call('DEL', c.k_active)
   redis.call('ZREM', c.k_index, index_members(r, c.tag))
-  redis.call('ZREM', c.k_expiry, expiry_member(r, c.tag))
+  -- Both forms: a record's entry may predate its namespace's format 4.
+  redis.call('ZREM', c.k_expiry, old_expiry_member(r, c.tag), c.tag .. '\0' .. int(r.fencing_token))
   rec_drop(c.raw)
   c.raw = nil
   return raw
@@ -857,7 +941,9 @@ end
 -- acquire: ARGV 15 lease id, 16 owner principal, 17 owner client,
 -- 18 owner credential, 19 service instance, 20 ttl ms, 21 maximum
 -- lifetime ms, 22 execution id, 23 job id, 24 trace id, 25 request id,
--- 26 metadata JSON, 27 digest, 28 lease-id lookup TTL ms.
+-- 26 metadata JSON, 27 digest, 28 lease-id lookup TTL ms, 29 the
+-- idempotency scope (the evidence key's, which format 4 keeps in the
+-- record instead).
 -- KEYS 8 counter, 9 lease-id lookup, 10 the namespace's counter floor
 -- (set by a recovery epoch: every new token is above it).
 local function acquire(keys, args)
@@ -867,6 +953,12 @@ local function acquire(keys, args)
   local k_counter, k_lookup, k_floor = keys[8], keys[9], keys[10]
   local cur, why = active_of(c, true)
   if why then return corrupt(c, now, why) end
+  -- A replay of the acquisition of the active record (expired or not),
+  -- whose evidence it carries: answered from the record, before anything
+  -- else is decided (the Go side compares the digest).
+  if cur and cur.idem_scope and cur.idem_scope == args[29] then
+    return { 'embedded', int(now), c.raw, int(redis.call('PTTL', c.k_active)) }
+  end
   if cur and live(cur, now) then return { 'conflict', int(now), int(cur.expires_at) } end
   local raw_counter, raw_floor
   raw_counter, why = get(k_counter)
@@ -900,11 +992,12 @@ local function acquire(keys, args)
     tenant_id = args[4], program_id = args[5], target_namespace = args[6], target_id = args[7],
     actor_name = args[8], workflow_name = args[9], operation_class = args[10],
   }
+  if c.rv3 then r.idem_digest, r.idem_scope, r.idem_ttl = args[27], args[29], ttl end
   redis.call('SET', k_counter, int(r.fencing_token))
   local raw = store_active(c, r)
   local m1, m2, m3 = index_members(r, c.tag)
   redis.call('ZADD', c.k_index, '0', m1, '0', m2, '0', m3) -- (a number would be formatted per call)
-  remember(c, now, 'acquire', args[27], 'lease_acquired', r, nil, raw)
+  if not c.rv3 then remember(c, now, 'acquire', args[27], 'lease_acquired', r, nil, raw) end
   return { 'ok', int(now), raw }
 end
 
@@ -950,6 +1043,7 @@ local function renew(keys, args)
     ttl_ms = ttl, maximum_lifetime_ms = cur.maximum_lifetime_ms,
     execution_id = cur.execution_id, job_id = cur.job_id, trace_id = cur.trace_id, request_id = cur.request_id,
     metadata = cur.metadata, state = cur.state,
+    idem_digest = cur.idem_digest, idem_scope = cur.idem_scope, idem_ttl = cur.idem_ttl,
   }
   local raw = store_active(c, r, true)
   remember(c, now, 'renew', args[20], 'lease_renewed', r, nil, raw)
@@ -998,6 +1092,7 @@ end
 -- .. ',"accepted_at":"' .. time .. 21.
 local function commit(keys, args)
   local c = context(keys, args)
+  c.idem_ret = tonumber(args[30])
   local now = now_ms()
   if now >= c.deadline then return { 'deadline', int(now) } end
   if not none_exist(c.k_gate, c.k_ev) then
@@ -1147,18 +1242,21 @@ end
 -- active record only if it still has this lease id and token and is
 -- expired at backend time, so a late cleanup never touches a successor.
 -- A schedule entry naming a lease that is no longer active is dropped.
--- ARGV as context (identity unused, may be empty), 15 lease id, 16 token.
+-- ARGV as context (identity unused, may be empty), 15 lease id ('' for an
+-- entry of format 4, tag and token: the token names the lease within its
+-- identity, as tokens never repeat), 16 token.
 local function expire(keys, args)
   local c = context(keys, args)
   local now = now_ms()
   local member = c.tag .. '\0' .. args[15] .. '\0' .. args[16]
+  if args[15] == '' then member = c.tag .. '\0' .. args[16] end
   local shut = closed(c.k_gate, now)
   if shut then return shut end
   local cur, why = active_of(c, nil)
   if why then return corrupt(c, now, why) end
   why = layout_types(c)
   if why then return corrupt(c, now, why) end
-  if not cur or cur.lease_id ~= args[15] or int(cur.fencing_token) ~= args[16] then
+  if not cur or (args[15] ~= '' and cur.lease_id ~= args[15]) or int(cur.fencing_token) ~= args[16] then
     redis.call('ZREM', c.k_expiry, member)
     return { 'noop', int(now) }
   end
@@ -1291,7 +1389,10 @@ local function resolve(keys, args)
 end
 
 -- lookup returns stored idempotency evidence and the lease's state now.
--- KEYS 1 evidence, 2 active, 3 history. It also reads an accepted commit's
+-- KEYS 1 evidence, 2 active, 3 history; ARGV 2 the scope of an acquire's
+-- evidence ('' for another): without an evidence key, an active record of
+-- version 3 carrying that scope answers ('embedded', its bytes and PTTL;
+-- the Go side decodes them strictly). It also reads an accepted commit's
 -- evidence (a ReplayOnly commit): that names no lease, so no history
 -- entries follow and the Go side uses the evidence alone.
 local function lookup(keys, args)
@@ -1299,6 +1400,18 @@ local function lookup(keys, args)
   if done then return done end
   local ev, why = get(keys[1])
   if why then return { 'corrupt', int(now), 'evidence ' .. why } end
+  if not ev and args[2] and args[2] ~= '' then
+    local raw
+    raw, why = get(keys[2])
+    if why then return { 'corrupt', int(now), 'active ' .. why } end
+    -- A version 3 record whose scope line is not one (damage) is returned
+    -- too: the Go side's strict decoding then fails it closed, where
+    -- 'none' would tell the caller the acquisition never committed.
+    local scope = raw and string.sub(raw, 1, 4) == 'rv3\n' and string.sub(raw, 70, 113)
+    if scope and (scope == args[2] .. '\n' or not string.find(scope, '^[%w_%-]+\n$') or #scope ~= 44) then
+      return { 'embedded', int(now), raw, int(redis.call('PTTL', keys[2])) }
+    end
+  end
   if not ev then return { 'none', int(now) } end
   return evidence_reply(now, ev, keys[2], keys[3])
 end
@@ -1363,7 +1476,7 @@ local function clock() return { 'ok', int(now_ms()) } end
 -- an earlier format's option never takes a namespace back. A value it
 -- does not know (a later build's, or damage) is left as it is: 'unknown'.
 -- A closed namespace (KEYS 2, the gate) changes nothing: 'closed'.
-local FORMAT_LEVEL = { ['2'] = 2, ['3'] = 3 }
+local FORMAT_LEVEL = { ['2'] = 2, ['3'] = 3, ['4'] = 4 }
 local function raise_format(keys, args)
   local want = FORMAT_LEVEL[args[1]]
   if not want then return redis.error_reply('unknown format') end

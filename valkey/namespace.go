@@ -26,7 +26,7 @@ func NewNamespace(o Options) *Namespace {
 	// A tool takes the namespace's stored format as it is (a backup
 	// carries its switch): switching it would write into a restore's
 	// empty target, or change a closed namespace.
-	o.CompactFormat, o.CompactRecords = false, false
+	o.CompactFormat, o.CompactRecords, o.EmbeddedEvidence = false, false, false
 	return &Namespace{o: o}
 }
 

@@ -64,7 +64,7 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Re
 	args := append(s.commonArgs(m.due, p.LockKey, m.tag, p.Identity, s.opts.IdempotencyRetention),
 		leaseID, req.Caller.PrincipalID, req.Caller.ClientID, req.Caller.CredentialID, req.ServiceInstanceID,
 		ms(req.TTL), ms(req.MaximumLifetime), req.ExecutionID, req.JobID, req.TraceID, req.RequestID,
-		string(meta), p.Digest, ms(req.MaximumLifetime+s.reclaimGrace+s.opts.HistoryRetention), s.writeFormat())
+		string(meta), p.Digest, ms(req.MaximumLifetime+s.reclaimGrace+s.opts.HistoryRetention), p.Scope, s.writeFormat())
 	rep, err := s.fcall(ctx, call{fn: "acquire", mutation: true, keys: keys, args: args, wait: s.waitFor(m.due)})
 	if err != nil {
 		return lease.Result{}, err
@@ -83,6 +83,8 @@ func (s *Store) Acquire(ctx context.Context, req lease.AcquireRequest) (lease.Re
 	case "collision":
 		// A fresh 80-bit random lease id already in use: nothing changed.
 		return lease.Result{}, lease.Errorf(lease.CodeBackendUnavailable, "lease id collision; retry")
+	case "embedded":
+		return s.replayEmbedded(p, rep)
 	}
 	return s.common(m, rep, "acquire")
 }
@@ -241,6 +243,45 @@ func (s *Store) replay(p lease.Prepared, rep reply) (lease.Result, error) {
 	return p.Replay(ev, rep.now, func(orig *lease.Record) (*lease.Record, error) { return s.currentOf(orig, rep, p.Identity) })
 }
 
+// embeddedAcquisition strictly decodes an "embedded" reply (fields 0, 1: an
+// active record of version 3 and its PTTL) read for p: the acquisition's
+// evidence it carries, as version 1 bytes, and the record. Anything else
+// (another version, another lock key or scope, no TTL) is corrupt.
+func (s *Store) embeddedAcquisition(p lease.Prepared, rep reply) ([]byte, *lease.Record, error) {
+	if rep.at(1) == "-1" {
+		return nil, nil, s.corrupt(p.Identity, "active key has no TTL")
+	}
+	rec, e, err := lease.DecodeEmbeddingRecord([]byte(rep.at(0)))
+	if err == nil && (e == nil || e.Scope != p.Scope || rec.LockKey != p.LockKey) {
+		err = lease.Errorf(lease.CodeCorrupt, "the record carries no evidence of this request")
+	}
+	var raw []byte
+	if err == nil {
+		raw, err = e.Acquisition(rec)
+	}
+	if err != nil {
+		return nil, nil, s.corrupt(p.Identity, "embedded idempotency evidence is corrupt: "+lease.AsError(err).Reason)
+	}
+	return raw, rec, nil
+}
+
+// replayEmbedded answers an acquire from the evidence its lease's active
+// record carries (format 4): the original result with the state now, or
+// idempotency_conflict for another digest.
+func (s *Store) replayEmbedded(p lease.Prepared, rep reply) (lease.Result, error) {
+	raw, rec, err := s.embeddedAcquisition(p, rep)
+	if err != nil {
+		return lease.Result{}, err
+	}
+	ev, err := lease.DecodeIdempotencyRecord(raw)
+	if err != nil {
+		return lease.Result{}, s.corrupt(p.Identity, "embedded idempotency evidence is corrupt")
+	}
+	return p.Replay(ev, rep.now, func(orig *lease.Record) (*lease.Record, error) {
+		return lease.CurrentOf(orig, rec, rep.now, func() *lease.HistoryEntry { return nil }), nil
+	})
+}
+
 // currentOf finds the state now of a lease from an evidence reply: its
 // active record (fields 1, 2: value and PTTL), else its terminal record
 // (fields 3…: history entries naming it), else expired: the only terminal
@@ -331,7 +372,7 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 	args := append(s.commonArgs(d, p.LockKey, tag, p.Identity, s.opts.CommitRetention),
 		req.LeaseID, utoa(req.FencingToken), req.Caller.PrincipalID, req.ServiceInstanceID, req.Sink, head, tail,
 		obHead, obTail, msgID, req.ExecutionID, req.JobID,
-		itoa(size), itoa(s.opts.OutboxMaxPending), itoa(s.opts.OutboxMaxBytes))
+		itoa(size), itoa(s.opts.OutboxMaxPending), itoa(s.opts.OutboxMaxBytes), ms(s.opts.IdempotencyRetention))
 	rep, err := s.fcall(ctx, call{fn: "commit", mutation: true, keys: keys, args: args, wait: s.waitFor(d)})
 	if err != nil {
 		return lease.CommitResult{}, err
@@ -369,7 +410,7 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 // "evidence" reply is. The lease is not checked and nothing is written.
 func (s *Store) replayCommit(ctx context.Context, p lease.PreparedCommit, d lease.Timestamp) (lease.CommitResult, error) {
 	tag := tagOf(p.LockKey)
-	rep, err := s.read(ctx, d, "lookup", []string{s.keys.commit(tag, p.Scope), s.keys.active(tag), s.keys.history(tag)})
+	rep, err := s.read(ctx, d, "lookup", []string{s.keys.commit(tag, p.Scope), s.keys.active(tag), s.keys.history(tag)}, "")
 	if err != nil {
 		return lease.CommitResult{}, err
 	}

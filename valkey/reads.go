@@ -214,11 +214,29 @@ func (s *Store) LookupRequest(ctx context.Context, req lease.LookupRequest) (lea
 		return lease.Result{}, err
 	}
 	tag := tagOf(p.LockKey)
-	rep, err := s.read(ctx, lease.Deadline(ctx, req.DeadlineAt), "lookup", []string{s.keys.idem(tag, p.Scope), s.keys.active(tag), s.keys.history(tag)})
+	// An acquire's evidence may be in its active record (format 4).
+	embedded := ""
+	if p.Op == lease.OpAcquire {
+		embedded = p.Scope
+	}
+	rep, err := s.read(ctx, lease.Deadline(ctx, req.DeadlineAt), "lookup", []string{s.keys.idem(tag, p.Scope), s.keys.active(tag), s.keys.history(tag)},
+		embedded)
 	if err != nil {
 		return lease.Result{}, err
 	}
 	switch rep.status {
+	case "embedded":
+		raw, rec, err := s.embeddedAcquisition(p, rep)
+		if err != nil {
+			return lease.Result{}, err
+		}
+		res, ok := p.Lookup(raw, func(orig *lease.Record) (*lease.Record, error) {
+			return lease.CurrentOf(orig, rec, rep.now, func() *lease.HistoryEntry { return nil }), nil
+		})
+		if !ok {
+			return lease.Result{}, s.corrupt(p.Identity, "embedded idempotency evidence is corrupt")
+		}
+		return res, nil
 	case "none":
 		return lease.Result{}, lease.RequestNotFound(rep.now)
 	case "corrupt":

@@ -46,9 +46,8 @@ func (s *Store) reap(ctx context.Context) error {
 		sem := make(chan struct{}, reapParallel)
 		var wg sync.WaitGroup
 		for _, m := range rep.f {
-			parts := strings.Split(m, "\x00")
-			token, perr := strconv.ParseUint(safeIndex(parts, 2), 10, 64)
-			if len(parts) != 3 || !validTag(parts[0]) || lease.CheckOpaqueID("lease_id", parts[1]) != nil || perr != nil {
+			tag, leaseID, token, ok := expiryEntry(m)
+			if !ok {
 				s.log.Error("ALERT malformed expiry schedule entry skipped")
 				continue
 			}
@@ -59,7 +58,7 @@ func (s *Store) reap(ctx context.Context) error {
 			wg.Add(1)
 			go func() {
 				defer func() { <-sem; wg.Done() }()
-				done, err := s.expireOne(ctx, lease.KeyPrefix+parts[0], parts[1], token)
+				done, err := s.expireOne(ctx, lease.KeyPrefix+tag, leaseID, token)
 				switch {
 				case err != nil:
 					firstErr.CompareAndSwap(nil, &err)
@@ -82,11 +81,26 @@ func (s *Store) reap(ctx context.Context) error {
 	return nil
 }
 
-func safeIndex(p []string, i int) string {
-	if i < len(p) {
-		return p[i]
+// expiryEntry reads an expiry schedule member: tag ‖ 0 ‖ lease id ‖ 0 ‖
+// token, or, from format 4, tag ‖ 0 ‖ token (leaseID ""): the token names
+// the lease within its identity, tokens never being reused, so the expiry
+// stays conditional on the very lease. ok is false for anything else.
+func expiryEntry(m string) (tag, leaseID string, token uint64, ok bool) {
+	parts := strings.Split(m, "\x00")
+	if len(parts) == 3 {
+		if lease.CheckOpaqueID("lease_id", parts[1]) != nil {
+			return "", "", 0, false
+		}
+		leaseID = parts[1]
+	} else if len(parts) != 2 {
+		return "", "", 0, false
 	}
-	return ""
+	last := parts[len(parts)-1]
+	token, err := strconv.ParseUint(last, 10, 64)
+	if err != nil || !validTag(parts[0]) || strconv.FormatUint(token, 10) != last {
+		return "", "", 0, false
+	}
+	return parts[0], leaseID, token, true
 }
 
 // expireIfCurrent is the delayed expiry cleanup of one lease: the function
@@ -103,7 +117,9 @@ func (s *Store) expireIfCurrent(ctx context.Context, lockKey, leaseID string, to
 func (s *Store) expireOne(ctx context.Context, lockKey, leaseID string, token uint64) (bool, error) {
 	tag := tagOf(lockKey)
 	var none lease.Identity
-	args := append(s.commonArgs(lease.UnixMilli(0), lockKey, tag, none, 0), leaseID, utoa(token), s.writeFormat())
+	// Slot 14: the idempotency retention, for the evidence a format 4
+	// record carries (written out as the lease ends).
+	args := append(s.commonArgs(lease.UnixMilli(0), lockKey, tag, none, s.opts.IdempotencyRetention), leaseID, utoa(token), s.writeFormat())
 	// expire keeps no evidence: slot 5 repeats the quarantine key.
 	rep, err := s.fcall(ctx, call{fn: "expire", mutation: true, keys: s.commonKeys(tag, s.keys.quarantine(tag)), args: args})
 	if err != nil {

@@ -53,6 +53,10 @@ type Options struct {
 	// CompactRecords switches it, for good, to format 3 when the store
 	// opens: CompactFormat's, and active records in version 2 as well.
 	CompactRecords bool
+	// EmbeddedEvidence switches it, for good, to format 4 when the store
+	// opens: CompactRecords', and a new lease's acquisition evidence kept
+	// in its active record until the lease ends (format.go).
+	EmbeddedEvidence bool
 	// DialTimeout bounds connecting; zero means 5 s.
 	DialTimeout time.Duration
 	// ReplyGrace is how long past a request's deadline the adapter waits
@@ -105,6 +109,9 @@ type Store struct {
 	// compact: the namespace stores evidence and history in version 2;
 	// compactRecords: active records too (format.go).
 	compact, compactRecords atomic.Bool
+	// embeddedEvidence: new leases' records carry their acquisition's
+	// evidence (format 4).
+	embeddedEvidence atomic.Bool
 	// wantFormat is the format the options ask for, raised to at Open and
 	// at each reaper pass (raiseWanted).
 	wantFormat string
@@ -153,7 +160,7 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	}
 	s := &Store{
 		opts: o.StoreOptions.WithDefaults(), keys: layout{ns: ns}, lib: newLibrary("", librarySource),
-		records:      lease.NewRecordMemo(lease.DecodeStoredRecord),
+		records:      lease.NewRecordMemo(lease.DecodeAnyStoredRecord),
 		allowUnknown: o.AllowUnverifiedDurability,
 		replyGrace:   orDefault(o.ReplyGrace, 2*time.Second),
 		reclaimGrace: orDefault(o.ReclaimGrace, 24*time.Hour),
@@ -210,6 +217,8 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	}
 	s.loadFormat(ctx)
 	switch {
+	case o.EmbeddedEvidence:
+		s.wantFormat = embeddedEvidence
 	case o.CompactRecords:
 		s.wantFormat = compactRecords
 	case o.CompactFormat:

@@ -1,0 +1,516 @@
+package valkey
+
+import (
+	"bytes"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/starintel/starlease/lease"
+	"github.com/starintel/starlease/lease/leasetest"
+)
+
+// Tests of stored format 4 (format.go): a lease's acquisition evidence in
+// its active record (version 3) while it is active, written out to its
+// own key by every ending, and tag ‖ 0 ‖ token expiry schedule entries.
+
+func open4(t *testing.T, o Options) *Store {
+	t.Helper()
+	o.StoreOptions = leasetest.StoreOptions()
+	o.EmbeddedEvidence = true
+	s := open(t, sharedServer(t), o)
+	if !s.embeddedEvidence.Load() || s.writeFormat() != "embedded_evidence" {
+		t.Fatal("the namespace is not in format 4")
+	}
+	return s
+}
+
+// pexpireTime is a key's absolute expiry in ms (-2: no key, -1: none).
+func pexpireTime(t *testing.T, s *Store, key string) int64 {
+	t.Helper()
+	v, err := s.client.Do(bg, s.client.B().Arbitrary("PEXPIRETIME").Keys(key).Build()).AsInt64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func evidenceKey(t *testing.T, s *Store, req lease.AcquireRequest) string {
+	t.Helper()
+	_, p, err := lease.PrepareAcquire(req, s.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.keys.idem(tagOf(p.LockKey), p.Scope)
+}
+
+func encoded(t *testing.T, r *lease.Record) string {
+	t.Helper()
+	b, err := r.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// mustReplay replays req and checks it answers first's lease byte for
+// byte, replayed, with the state now (Current) of state want (nil Current
+// when the lease is still as acquired).
+func mustReplay(t *testing.T, s *Store, req lease.AcquireRequest, first lease.Result, want lease.State) lease.Result {
+	t.Helper()
+	got, err := s.Acquire(bg, req)
+	if err != nil {
+		t.Fatalf("replay: %v", err)
+	}
+	if !got.Replayed || got.Code != lease.CodeAcquired || encoded(t, got.Lease) != encoded(t, first.Lease) ||
+		got.BackendTime.UnixMilli() != first.BackendTime.UnixMilli() {
+		t.Fatalf("replay answered\n %+v\nwant the first answer\n %+v", got.Lease, first.Lease)
+	}
+	switch {
+	case want == "" && got.Current != nil:
+		t.Fatalf("replay of an unchanged lease reports a current state: %+v", got.Current)
+	case want != "" && (got.Current == nil || got.Current.State != want || got.Current.LeaseID != first.Lease.LeaseID):
+		t.Fatalf("replay's current state: %+v, want %s", got.Current, want)
+	}
+	lr, err := s.LookupRequest(bg, lease.LookupRequest{Op: lease.OpAcquire, Identity: req.Identity, PrincipalID: req.Caller.PrincipalID,
+		RequestID: req.RequestID, DeadlineAt: far()})
+	if err != nil || encoded(t, lr.Lease) != encoded(t, first.Lease) {
+		t.Fatalf("lookup: %+v %v", lr, err)
+	}
+	if want != "" && (lr.Current == nil || lr.Current.State != want) {
+		t.Fatalf("lookup's current state: %+v, want %s", lr.Current, want)
+	}
+	// Another digest under the same request id conflicts.
+	other := req
+	other.TTL += time.Second
+	_, err = s.Acquire(bg, other)
+	mustCode(t, err, lease.CodeIdempotencyConflict)
+	return got
+}
+
+// mustWrittenOut checks that first's acquisition evidence is in its own
+// key, in evidence version 2, expiring at acquired_at + the idempotency
+// retention, expanding to exactly the first answer; and that first's
+// active record is gone.
+func mustWrittenOut(t *testing.T, s *Store, req lease.AcquireRequest, first lease.Result) {
+	t.Helper()
+	key := evidenceKey(t, s, req)
+	v, ok := get(t, s, key)
+	if !ok || !strings.HasPrefix(v, lease.EvidenceV2Prefix) {
+		t.Fatalf("evidence key after the end: %q %v", v, ok)
+	}
+	if at, want := pexpireTime(t, s, key), first.Lease.AcquiredAt.UnixMilli()+s.opts.IdempotencyRetention.Milliseconds(); at != want {
+		t.Fatalf("evidence PXAT %d, want acquired_at + retention %d", at, want)
+	}
+	raw, ok := lease.ExpandEvidence(v, first.Lease.Identity())
+	ev, err := lease.DecodeIdempotencyRecord([]byte(raw))
+	if !ok || err != nil || ev.Op != lease.OpAcquire || encoded(t, ev.Lease) != encoded(t, first.Lease) {
+		t.Fatalf("written-out evidence: %v %+v", err, ev)
+	}
+	if cur, ok := get(t, s, s.keys.active(tagOf(first.Lease.LockKey))); ok && strings.Contains(cur, "\n"+first.Lease.LeaseID+"\n") {
+		t.Fatal("the ended lease's active record is still there")
+	}
+}
+
+// acquire4 acquires req in a format 4 namespace and checks what is
+// stored: a version 3 record, no evidence key, an expiry entry tag ‖ 0 ‖
+// token, and a PXAT no earlier than the evidence's retention.
+func acquire4(t *testing.T, s *Store, req lease.AcquireRequest) lease.Result {
+	t.Helper()
+	res, err := s.Acquire(bg, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tag := tagOf(res.Lease.LockKey)
+	raw, ok := get(t, s, s.keys.active(tag))
+	if !ok || !strings.HasPrefix(raw, lease.RecordV3Prefix) {
+		t.Fatalf("format 4 record: %.20q", raw)
+	}
+	rec, e, err := lease.DecodeEmbeddingRecord([]byte(raw))
+	if err != nil || e == nil || encoded(t, rec) != encoded(t, res.Lease) {
+		t.Fatalf("stored record: %v", err)
+	}
+	if _, ok := get(t, s, evidenceKey(t, s, req)); ok {
+		t.Fatal("an evidence key was written at acquire")
+	}
+	if at, min := pexpireTime(t, s, s.keys.active(tag)), res.Lease.AcquiredAt.UnixMilli()+s.opts.IdempotencyRetention.Milliseconds(); at < min {
+		t.Fatalf("active PXAT %d, below acquired_at + idempotency retention %d", at, min)
+	}
+	if _, err := s.client.Do(bg, s.client.B().Zscore().Key(s.keys.expiry()).Member(tag+"\x00"+utoa(res.Lease.FencingToken)).Build()).AsFloat64(); err != nil {
+		t.Fatalf("no tag ‖ 0 ‖ token expiry entry: %v", err)
+	}
+	return res
+}
+
+// waitExpired waits until backend time is past rec's expiry.
+func waitExpired(t *testing.T, s *Store, rec *lease.Record) {
+	t.Helper()
+	for {
+		now, err := s.backendTime(bg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if now.UnixMilli() > rec.ExpiresAt.UnixMilli() {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func shortReq(id lease.Identity) lease.AcquireRequest {
+	req := acquireReq(id)
+	req.TTL = 100 * time.Millisecond
+	return req
+}
+
+// While a lease is active its acquisition is replayed from its record: the
+// first answer byte for byte, another digest conflicts; every way it ends
+// writes the evidence out first, so the replay answers the same with the
+// state now.
+func TestEmbeddedEvidenceReplays(t *testing.T) {
+	endings := []struct {
+		name  string
+		short bool
+		want  lease.State
+		end   func(t *testing.T, s *Store, res lease.Result)
+	}{
+		{"release", false, lease.StateReleased, func(t *testing.T, s *Store, res lease.Result) {
+			if _, err := s.Release(bg, releaseReq(res.Lease)); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"revoke", false, lease.StateRevoked, func(t *testing.T, s *Store, res lease.Result) {
+			if _, err := s.Revoke(bg, adminReq(res.Lease)); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"force_release", false, lease.StateReleased, func(t *testing.T, s *Store, res lease.Result) {
+			if _, err := s.ForceRelease(bg, adminReq(res.Lease)); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"reaper", true, lease.StateExpired, func(t *testing.T, s *Store, res lease.Result) {
+			waitExpired(t, s, res.Lease)
+			if err := s.reap(bg); err != nil {
+				t.Fatal(err)
+			}
+			if n, _ := s.ActiveLeases(bg); n != 0 {
+				t.Fatalf("%d expiry entries left", n)
+			}
+		}},
+		{"acquire_over_expired", true, lease.StateExpired, func(t *testing.T, s *Store, res lease.Result) {
+			waitExpired(t, s, res.Lease)
+			next := acquire4(t, s, acquireReq(res.Lease.Identity()))
+			if next.Lease.FencingToken != res.Lease.FencingToken+1 {
+				t.Fatalf("successor token %d", next.Lease.FencingToken)
+			}
+		}},
+		{"renew_lost_expired", true, lease.StateExpired, func(t *testing.T, s *Store, res lease.Result) {
+			waitExpired(t, s, res.Lease)
+			_, err := s.Renew(bg, renewReq(res.Lease))
+			mustCode(t, err, lease.CodeLost)
+		}},
+		{"commit_lost_expired", true, lease.StateExpired, func(t *testing.T, s *Store, res lease.Result) {
+			waitExpired(t, s, res.Lease)
+			_, err := s.AuthorizeCommit(bg, commitReq(res.Lease))
+			mustCode(t, err, lease.CodeLost)
+		}},
+	}
+	for _, e := range endings {
+		t.Run(e.name, func(t *testing.T) {
+			s := open4(t, Options{})
+			req := acquireReq(newIdentity())
+			if e.short {
+				req = shortReq(req.Identity)
+			}
+			first := acquire4(t, s, req)
+			if !e.short {
+				mustReplay(t, s, req, first, "")
+				// A renewal changing the ttl keeps the acquisition's.
+				rr := renewReq(first.Lease)
+				rr.TTL = 45 * time.Second
+				if _, err := s.Renew(bg, rr); err != nil {
+					t.Fatal(err)
+				}
+				// Still active: no current state differs from the answer's.
+				mustReplay(t, s, req, first, "")
+			}
+			e.end(t, s, first)
+			mustWrittenOut(t, s, req, first)
+			mustReplay(t, s, req, first, e.want)
+		})
+	}
+}
+
+// A lease acquired in format 3 (its evidence in its own key) and ended
+// after the switch to format 4 replays as before; a format 4 record renewed
+// by an instance that has not yet seen the switch stays version 3.
+func TestEmbeddedEvidenceAcrossTheSwitch(t *testing.T) {
+	r := sharedServer(t)
+	o := Options{KeyPrefix: randomPrefix(), StoreOptions: leasetest.StoreOptions(), CompactRecords: true}
+	a, b := open(t, r, o), open(t, r, o)
+	req := acquireReq(newIdentity())
+	old, err := a.Acquire(bg, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := get(t, a, a.keys.active(tagOf(old.Lease.LockKey))); !strings.HasPrefix(v, lease.RecordV2Prefix) {
+		t.Fatalf("format 3 record: %.10q", v)
+	}
+	if _, ok := get(t, a, evidenceKey(t, a, req)); !ok {
+		t.Fatal("format 3 wrote no evidence key")
+	}
+	if err := a.EnableEmbeddedEvidence(bg); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := get(t, a, a.keys.format()); v != embeddedEvidence {
+		t.Fatalf("switch %q", v)
+	}
+	mustReplay(t, a, req, old, "")
+	if _, err := a.Release(bg, releaseReq(old.Lease)); err != nil {
+		t.Fatal(err)
+	}
+	mustReplay(t, a, req, old, lease.StateReleased)
+
+	// b has not seen the switch: a version 3 record it renews keeps its
+	// evidence.
+	req4 := acquireReq(newIdentity())
+	first := acquire4(t, a, req4)
+	if b.embeddedEvidence.Load() {
+		t.Fatal("b saw the switch already")
+	}
+	if _, err := b.Renew(bg, renewReq(first.Lease)); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := get(t, b, b.keys.active(tagOf(first.Lease.LockKey))); !strings.HasPrefix(v, lease.RecordV3Prefix) {
+		t.Fatalf("renewed by a format 3 writer: %.10q", v)
+	}
+	mustReplay(t, b, req4, first, "")
+	if _, err := b.Release(bg, releaseReq(first.Lease)); err != nil {
+		t.Fatal(err)
+	}
+	mustWrittenOut(t, b, req4, first)
+	mustReplay(t, b, req4, first, lease.StateReleased)
+}
+
+// A backup of a format 4 namespace restores its version 3 records, and the
+// recovery that ends them writes their evidence out: the replay answers
+// the original result, ended.
+func TestEmbeddedEvidenceAfterRestore(t *testing.T) {
+	r := sharedServer(t)
+	src := open(t, r, Options{StoreOptions: leasetest.StoreOptions(), EmbeddedEvidence: true})
+	req := acquireReq(newIdentity())
+	first := acquire4(t, src, req)
+	var backup bytes.Buffer
+	if _, err := src.Backup(bg, &backup); err != nil {
+		t.Fatal(err)
+	}
+	o := Options{Addr: r.Addr(), KeyPrefix: randomPrefix(), ReapInterval: -1, StoreOptions: src.opts}
+	dst := open(t, r, o)
+	if _, err := dst.Restore(bg, bytes.NewReader(backup.Bytes())); err != nil {
+		t.Fatal(err)
+	}
+	c, st := closedState(t, o)
+	if len(st.Active) != 1 || encoded(t, st.Active[0]) != encoded(t, first.Lease) {
+		t.Fatalf("restored active records: %+v", st.Active)
+	}
+	if res, err := c.Finish(bg, lease.RecoveryPlan{Reason: "restored"}); err != nil || len(res.Revoked) != 1 {
+		t.Fatalf("finish: %+v %v", res, err)
+	}
+	dst.loadFormat(bg)
+	if !dst.embeddedEvidence.Load() {
+		t.Fatal("the restored namespace is not in format 4")
+	}
+	mustWrittenOut(t, dst, req, first)
+	mustReplay(t, dst, req, first, lease.StateRevoked)
+}
+
+// With no reaper running, a format 4 record is kept as long as the
+// evidence it carries: PXAT max(expires_at + grace, acquired_at +
+// retention).
+func TestEmbeddedEvidenceOutlivesNoReaper(t *testing.T) {
+	s := open4(t, Options{})
+	res := acquire4(t, s, acquireReq(newIdentity()))
+	key := s.keys.active(tagOf(res.Lease.LockKey))
+	want := max(res.Lease.ExpiresAt.UnixMilli()+s.reclaimGrace.Milliseconds(),
+		res.Lease.AcquiredAt.UnixMilli()+s.opts.IdempotencyRetention.Milliseconds())
+	if at := pexpireTime(t, s, key); at != want {
+		t.Fatalf("active PXAT %d, want %d", at, want)
+	}
+	rn, err := s.Renew(bg, renewReq(res.Lease))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if at := pexpireTime(t, s, key); at != want || rn.Lease.AcquiredAt != res.Lease.AcquiredAt {
+		t.Fatalf("active PXAT after a renewal %d, want %d", at, want)
+	}
+}
+
+// V7b: the expiry entry tag ‖ 0 ‖ token names one lease of its identity:
+// a late cleanup of an old token never ends the successor, and an ending
+// removes its entry in both forms.
+func TestExpiryEntryNamesTheToken(t *testing.T) {
+	s := open4(t, Options{})
+	old := acquire4(t, s, shortReq(newIdentity()))
+	tag := tagOf(old.Lease.LockKey)
+	waitExpired(t, s, old.Lease)
+	next := acquire4(t, s, acquireReq(old.Lease.Identity()))
+	zset := func() []string {
+		t.Helper()
+		m, err := s.client.Do(bg, s.client.B().Zrange().Key(s.keys.expiry()).Min("0").Max("-1").Build()).AsStrSlice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	if got := zset(); !reflect.DeepEqual(got, []string{tag + "\x00" + utoa(next.Lease.FencingToken)}) {
+		t.Fatalf("expiry schedule %q", got)
+	}
+	// A late cleanup of the old token, in either form, is a no-op.
+	for _, id := range []string{"", old.Lease.LeaseID} {
+		if err := s.expireIfCurrent(bg, old.Lease.LockKey, id, old.Lease.FencingToken); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// So is a stale entry of the old token the reaper finds due.
+	stale := tag + "\x00" + utoa(old.Lease.FencingToken)
+	if err := s.client.Do(bg, s.client.B().Zadd().Key(s.keys.expiry()).ScoreMember().ScoreMember(1, stale).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.reap(bg); err != nil {
+		t.Fatal(err)
+	}
+	if in, err := s.Inspect(bg, lease.InspectRequest{Identity: next.Lease.Identity(), DeadlineAt: far()}); err != nil ||
+		in.Lease.LeaseID != next.Lease.LeaseID || in.Lease.State != lease.StateActive {
+		t.Fatalf("the successor after late cleanups: %+v %v", in.Lease, err)
+	}
+	if got := zset(); !reflect.DeepEqual(got, []string{tag + "\x00" + utoa(next.Lease.FencingToken)}) {
+		t.Fatalf("expiry schedule after the stale entry: %q", got)
+	}
+	// Both forms of the successor's entry go when it ends.
+	oldForm := tag + "\x00" + next.Lease.LeaseID + "\x00" + utoa(next.Lease.FencingToken)
+	if err := s.client.Do(bg, s.client.B().Zadd().Key(s.keys.expiry()).ScoreMember().ScoreMember(float64(next.Lease.ExpiresAt.UnixMilli()), oldForm).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Release(bg, releaseReq(next.Lease)); err != nil {
+		t.Fatal(err)
+	}
+	if got := zset(); len(got) != 0 {
+		t.Fatalf("expiry schedule after the end: %q", got)
+	}
+}
+
+// The reaper reads both entry forms and nothing else.
+func TestExpiryEntryForms(t *testing.T) {
+	tag := strings.Repeat("A", 43)
+	for m, want := range map[string]bool{
+		tag + "\x00lease_1\x007": true, tag + "\x007": true,
+		tag + "\x00lease_1\x00": false, tag + "\x0007": false, tag + "\x00x": false, "short\x007": false,
+		tag + "\x00lease..1\x007": false, tag + "\x00a\x00b\x007": false, tag: false,
+	} {
+		gotTag, id, token, ok := expiryEntry(m)
+		if ok != want || ok && (gotTag != tag || token != 7 || (id != "" && id != "lease_1")) {
+			t.Errorf("%q: %q %q %d %v, want ok %v", m, gotTag, id, token, ok, want)
+		}
+	}
+}
+
+// The gate: a namespace below format 4 is never written in it (version 2
+// records and an evidence key), the switch only rises, and a build that
+// knows only format 3 (its library without level 4 and version 3 records,
+// simulated) refuses a format 4 namespace's switch and answers its records
+// as corrupt.
+func TestEmbeddedEvidenceGate(t *testing.T) {
+	r := sharedServer(t)
+	o := Options{KeyPrefix: randomPrefix(), StoreOptions: leasetest.StoreOptions(), CompactRecords: true}
+	s3 := open(t, r, o)
+	req := acquireReq(newIdentity())
+	res, err := s3.Acquire(bg, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := get(t, s3, s3.keys.active(tagOf(res.Lease.LockKey))); !strings.HasPrefix(v, lease.RecordV2Prefix) {
+		t.Fatalf("a format 3 namespace's record: %.10q", v)
+	}
+	if _, ok := get(t, s3, evidenceKey(t, s3, req)); !ok {
+		t.Fatal("a format 3 namespace's acquisition wrote no evidence key")
+	}
+	o.CompactRecords, o.EmbeddedEvidence = false, true
+	s4 := open(t, r, o)
+	res4 := acquire4(t, s4, acquireReq(newIdentity()))
+	if err := s4.EnableCompactRecords(bg); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := get(t, s4, s4.keys.format()); v != embeddedEvidence || !s4.embeddedEvidence.Load() {
+		t.Fatalf("the switch went down to %q", v)
+	}
+
+	// A format 3 build: its library as this one's without level 4 and
+	// without version 3 records.
+	src := librarySource
+	for _, cut := range []string{", ['4'] = 4", "  if head == 'rv3\\n' then return decode_rv3(raw, lock_key, a, o) end\n"} {
+		if !strings.Contains(src, cut) {
+			t.Fatalf("the library has no %q to cut", cut)
+		}
+		src = strings.Replace(src, cut, "", 1)
+	}
+	old := open(t, r, Options{KeyPrefix: o.KeyPrefix, StoreOptions: leasetest.StoreOptions()})
+	old.lib = newLibrary("", src)
+	if err := old.lib.load(bg, old.client); err != nil {
+		t.Fatal(err)
+	}
+	err = old.raiseFormat(bg, compactRecords)
+	mustCode(t, err, lease.CodeCorrupt)
+	if v, _ := get(t, old, old.keys.format()); v != embeddedEvidence {
+		t.Fatalf("an older build changed the switch to %q", v)
+	}
+	_, err = old.Inspect(bg, lease.InspectRequest{Identity: res4.Lease.Identity(), DeadlineAt: far()})
+	mustCode(t, err, lease.CodeCorrupt)
+	_, err = old.Renew(bg, renewReq(res4.Lease))
+	mustCode(t, err, lease.CodeCorrupt)
+	if _, err := lease.DecodeStoredRecord([]byte(mustGet(t, s4, s4.keys.active(tagOf(res4.Lease.LockKey))))); lease.CodeOf(err) != lease.CodeCorrupt {
+		t.Fatalf("a format 3 Go reader on version 3: %v", err)
+	}
+	// This build refuses a later format the same way.
+	if err := s4.client.Do(bg, s4.client.B().Set().Key(s4.keys.format()).Value("5").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	mustCode(t, s4.EnableEmbeddedEvidence(bg), lease.CodeCorrupt)
+}
+
+func mustGet(t *testing.T, s *Store, key string) string {
+	t.Helper()
+	v, ok := get(t, s, key)
+	if !ok {
+		t.Fatalf("no key %q", key)
+	}
+	return v
+}
+
+// Damaged version 3 records fail closed, for the replay and the lookup
+// too: never answered from a guess.
+func TestEmbeddedEvidenceCorrupt(t *testing.T) {
+	s := open4(t, Options{})
+	req := acquireReq(newIdentity())
+	res := acquire4(t, s, req)
+	key := s.keys.active(tagOf(res.Lease.LockKey))
+	good := mustGet(t, s, key)
+	for name, bad := range map[string]string{
+		"scope":     good[:69] + "+" + good[70:],
+		"truncated": good[:100],
+		"digest":    "rv3\n" + strings.ToUpper(good[4:68]) + good[68:],
+	} {
+		t.Log(name)
+		if err := s.client.Do(bg, s.client.B().Set().Key(key).Value(bad).Px(time.Hour).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		_, err := s.Inspect(bg, lease.InspectRequest{Identity: req.Identity, DeadlineAt: far()})
+		mustCode(t, err, lease.CodeCorrupt)
+		_, err = s.Acquire(bg, req)
+		mustCode(t, err, lease.CodeCorrupt)
+		_, err = s.LookupRequest(bg, lease.LookupRequest{Op: lease.OpAcquire, Identity: req.Identity, PrincipalID: req.Caller.PrincipalID,
+			RequestID: req.RequestID, DeadlineAt: far()})
+		mustCode(t, err, lease.CodeCorrupt)
+	}
+}
