@@ -32,3 +32,18 @@ func TestConformanceCompactRecords(t *testing.T) {
 		return leasetest.Backend{Store: s, Faults: faults{s}}
 	})
 }
+
+// TestConformanceEmbeddedEvidence runs the suite on namespaces switched to
+// format 4: acquisition evidence in version 3 records until a lease ends,
+// expiry entries tag ‖ 0 ‖ token.
+func TestConformanceEmbeddedEvidence(t *testing.T) {
+	r, pw := aclServer(t)
+	leasetest.Run(t, func(t *testing.T) leasetest.Backend {
+		s := open(t, r, Options{Username: "starlease", PasswordFile: pw, KeyPrefix: "starlease:" + randomPrefix(),
+			StoreOptions: leasetest.StoreOptions(), EmbeddedEvidence: true})
+		if !s.embeddedEvidence.Load() {
+			t.Fatal("the namespace is not in format 4")
+		}
+		return leasetest.Backend{Store: s, Faults: faults{s}}
+	})
+}

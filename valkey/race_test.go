@@ -17,3 +17,14 @@ func TestRace(t *testing.T) {
 		StoreOptions: leasetest.StoreOptions(), ReapInterval: 50 * time.Millisecond})
 	race.Run(t, s, race.Options{})
 }
+
+// TestRaceEmbeddedEvidence runs it on a namespace in format 4.
+func TestRaceEmbeddedEvidence(t *testing.T) {
+	r, pw := aclServer(t)
+	s := open(t, r, Options{Username: "starlease", PasswordFile: pw, KeyPrefix: "starlease:" + randomPrefix(),
+		StoreOptions: leasetest.StoreOptions(), ReapInterval: 50 * time.Millisecond, EmbeddedEvidence: true})
+	if !s.embeddedEvidence.Load() {
+		t.Fatal("the namespace is not in format 4")
+	}
+	race.Run(t, s, race.Options{})
+}

@@ -90,9 +90,15 @@ func closedState(t *testing.T, o Options) (lease.ClosedNamespace, lease.Restored
 // The epoch path on a sealed namespace (failover): counters raised, the
 // floor above every counter, live leases revoked through the archive path,
 // the namespace reopened, and a stale holder cannot commit.
-func TestSealAndRecover(t *testing.T) {
+func TestSealAndRecover(t *testing.T) { sealAndRecover(t, Options{KeyPrefix: randomPrefix()}) }
+
+// TestSealAndRecoverEmbeddedEvidence runs it on a namespace in format 4.
+func TestSealAndRecoverEmbeddedEvidence(t *testing.T) {
+	sealAndRecover(t, Options{KeyPrefix: randomPrefix(), EmbeddedEvidence: true})
+}
+
+func sealAndRecover(t *testing.T, o Options) {
 	r := sharedServer(t)
-	o := Options{KeyPrefix: randomPrefix()}
 	s := open(t, r, o)
 	id := newIdentity()
 	held, err := s.Acquire(bg, acquireReq(id))
@@ -151,9 +157,16 @@ func TestSealAndRecover(t *testing.T) {
 // needs (counters, evidence, history, marks, active records), refuses
 // work until recovery reopens it, and then replays pre-backup requests
 // with their original results.
-func TestBackupRestore(t *testing.T) {
+func TestBackupRestore(t *testing.T) { backupRestore(t, Options{}) }
+
+// TestBackupRestoreEmbeddedEvidence runs it on a namespace in format 4.
+func TestBackupRestoreEmbeddedEvidence(t *testing.T) {
+	backupRestore(t, Options{EmbeddedEvidence: true})
+}
+
+func backupRestore(t *testing.T, srcOpts Options) {
 	r := sharedServer(t)
-	src := open(t, r, Options{})
+	src := open(t, r, srcOpts)
 	id, id2 := newIdentity(), newIdentity()
 	req := acquireReq(id)
 	first, err := src.Acquire(bg, req)
