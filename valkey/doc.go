@@ -68,8 +68,11 @@
 //	ns:lease:<lease id>     lease id → tag, for inspect by id; TTL covers the lease's
 //	                        maximum lifetime plus HistoryRetention
 //	ns:index                List index: one sorted set, score 0, members
-//	                        filter ‖ 0 ‖ filter value ‖ lease id ‖ 0 ‖ tag, so
-//	                        ZRANGEBYLEX over a filter's prefix pages in lease-id order
+//	                        filter ‖ 0 ‖ filter value ‖ lease id ‖ 0 ‖ tag, or for a
+//	                        version 3 record filter ‖ 0 ‖ filter value ‖ lease id (List
+//	                        reads the tag from ns:lease:<lease id>), so ZRANGEBYLEX over
+//	                        a filter's prefix pages in lease-id order; an ending removes
+//	                        both forms
 //	ns:expiry               expiry schedule (score expires_at) for the reaper;
 //	                        one entry per active record (ActiveLeases is its ZCARD):
 //	                        tag ‖ 0 ‖ lease id ‖ 0 ‖ token, or for a version 3 record

@@ -661,15 +661,23 @@ end
 -- index_members are r's three List index entries (owner, target,
 -- program): filter ‖ 0 ‖ filter value ‖ lease id ‖ 0 ‖ hash tag, all with
 -- score 0, so ZRANGEBYLEX over a filter's prefix walks its leases in
--- lease-id order. Each is one concatenation (no intermediate strings:
--- every new string costs Lua a hash of all its bytes).
-local function index_members(r, tag)
+-- lease-id order. A record of version 3 (format 4) has them without
+-- ‖ 0 ‖ hash tag (48 bytes less each): List finds the tag through the
+-- lease-id lookup, and both forms sort alike by lease id. Each is one
+-- concatenation (no intermediate strings: every new string costs Lua a
+-- hash of all its bytes). end_ is what follows the lease id.
+local function members_ending(r, end_)
   local id, tenant, program = r.lease_id, r.tenant_id, r.program_id
   local owner, namespace, target = r.owner_principal_id, r.target_namespace, r.target_id
-  return 'owner\0' .. lp(owner) .. owner .. id .. '\0' .. tag,
+  return 'owner\0' .. lp(owner) .. owner .. id .. end_,
     'target\0' .. lp(tenant) .. tenant .. lp(program) .. program .. lp(namespace) .. namespace .. lp(target) .. target
-      .. id .. '\0' .. tag,
-    'program\0' .. lp(tenant) .. tenant .. lp(program) .. program .. id .. '\0' .. tag
+      .. id .. end_,
+    'program\0' .. lp(tenant) .. tenant .. lp(program) .. program .. id .. end_
+end
+
+local function index_members(r, tag)
+  if r.idem_scope then return members_ending(r, '') end
+  return members_ending(r, '\0' .. tag)
 end
 
 -- expiry_member is r's expiry schedule entry: tag ‖ 0 ‖ token for a
@@ -811,7 +819,9 @@ local function archive(c, r, state, ended, by, request_id, reason, incident)
   if redis.call('LPUSH', c.k_hist, entry) > c.hist_cap then redis.call('LTRIM', c.k_hist, 0, c.hist_cap - 1) end
   redis.call('PEXPIRE', c.k_hist, c.hist_ret)
   redis.call('DEL', c.k_active)
-  redis.call('ZREM', c.k_index, index_members(r, c.tag))
+  -- Both forms, as for the schedule (a restore or a repair may mix them).
+  local m1, m2, m3 = members_ending(r, '')
+  redis.call('ZREM', c.k_index, m1, m2, m3, members_ending(r, '\0' .. c.tag))
   -- Both forms: a record's entry may predate its namespace's format 4.
   redis.call('ZREM', c.k_expiry, old_expiry_member(r, c.tag), c.tag .. '\0' .. int(r.fencing_token))
   rec_drop(c.raw)

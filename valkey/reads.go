@@ -99,15 +99,15 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 		return lease.ListResult{}, err
 	}
 	f, after, size := pg.Filter, pg.After, pg.Size
-	prefix := string(f.By) + "\x00" + f.Value // index members: filter ‖ 0 ‖ value ‖ lease id ‖ 0 ‖ tag
+	prefix := string(f.By) + "\x00" + f.Value // index members: filter ‖ 0 ‖ value ‖ lease id [‖ 0 ‖ tag]
 	upper := "(" + prefix + "\xff"
 	d := lease.Deadline(ctx, req.DeadlineAt)
 	out := lease.ListResult{Leases: []*lease.Record{}}
 	budget := 4*size + 64
 	lower := "[" + prefix
 	if after != "" {
-		// Members with lease id `after` continue with 0, so this bound
-		// excludes exactly them and everything before.
+		// Members with lease id `after` end there or continue with 0, so
+		// this bound excludes exactly them and everything before.
 		lower = "[" + prefix + after + "\x01"
 	}
 	for {
@@ -118,18 +118,9 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 		}
 		out.BackendTime = page.now
 		examine := page.f[:min(len(page.f), want)]
-		type entry struct{ leaseID, tag string }
-		entries := make([]entry, 0, len(examine))
-		keys := make([]string, 0, len(examine))
-		for _, m := range examine {
-			id, tag, ok := strings.Cut(strings.TrimPrefix(m, prefix), "\x00")
-			if !strings.HasPrefix(m, prefix) || !ok || !validTag(tag) {
-				s.log.Error("ALERT malformed list index entry skipped")
-				id, tag = "", ""
-			} else {
-				keys = append(keys, s.keys.active(tag))
-			}
-			entries = append(entries, entry{id, tag})
+		entries, keys, err := s.listEntries(ctx, d, prefix, examine)
+		if err != nil {
+			return lease.ListResult{}, err
 		}
 		var recs reply
 		if len(keys) > 0 {
@@ -161,6 +152,57 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 			return out, nil
 		}
 	}
+}
+
+// listEntry is an index member List examines: its lease id and hash tag
+// ("" for a member skipped: malformed, or its lease's lookup gone).
+type listEntry struct{ leaseID, tag string }
+
+// listEntries reads index members (after prefix): lease id ‖ 0 ‖ tag, or
+// from format 4 the lease id alone, whose tag the lease-id lookup holds
+// (one read for the chunk's). It returns an entry per member, in order,
+// and the active keys of those with a tag.
+func (s *Store) listEntries(ctx context.Context, d lease.Timestamp, prefix string, members []string) ([]listEntry, []string, error) {
+	entries := make([]listEntry, len(members))
+	var lookups []string
+	var at []int
+	for i, m := range members {
+		rest, ok := strings.CutPrefix(m, prefix)
+		id, tag, tagged := strings.Cut(rest, "\x00")
+		switch {
+		case !ok || tagged && !validTag(tag) || !tagged && lease.CheckOpaqueID("lease_id", id) != nil:
+			s.log.Error("ALERT malformed list index entry skipped")
+		case tagged:
+			entries[i] = listEntry{id, tag}
+		default:
+			entries[i].leaseID = id
+			lookups = append(lookups, s.keys.leaseLookup(id))
+			at = append(at, i)
+		}
+	}
+	if len(lookups) > 0 {
+		rep, err := s.read(ctx, d, "actives", lookups)
+		if err != nil {
+			return nil, nil, err
+		}
+		for j, i := range at {
+			switch tag := rep.at(2 * j); {
+			case tag == "":
+				// The lookup outlives every live lease: this one ended.
+			case !validTag(tag):
+				s.log.Error("ALERT malformed lease-id lookup; list index entry skipped")
+			default:
+				entries[i].tag = tag
+			}
+		}
+	}
+	keys := make([]string, 0, len(entries))
+	for _, e := range entries {
+		if e.tag != "" {
+			keys = append(keys, s.keys.active(e.tag))
+		}
+	}
+	return entries, keys, nil
 }
 
 // History pages through an identity's terminal evidence, newest first.
