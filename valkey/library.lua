@@ -16,7 +16,9 @@ Replies are arrays of strings: { status, backend_time_ms, ... }.
 Records are built here byte-for-byte as Go's lease.Record.Encode builds
 them (version 1, JSON) or, in a namespace of format 3 (and in the replies
 to endings of format 2), as lease.CompactRecord does (version 2, lines;
-encode_rv2). A stored record
+encode_rv2), or, for a lease acquired in format 4, as
+lease.EmbeddingRecord does (version 3: version 2 with its acquisition's
+evidence; encode_rv3). A stored record
 of either version is accepted only if it re-encodes to exactly its own
 bytes, which makes the reader as strict as the writer: unknown or missing
 fields, other field orders, non-canonical numbers or timestamps, escapes in
@@ -819,11 +821,18 @@ local function archive(c, r, state, ended, by, request_id, reason, incident)
   if redis.call('LPUSH', c.k_hist, entry) > c.hist_cap then redis.call('LTRIM', c.k_hist, 0, c.hist_cap - 1) end
   redis.call('PEXPIRE', c.k_hist, c.hist_ret)
   redis.call('DEL', c.k_active)
-  -- Both forms, as for the schedule (a restore or a repair may mix them).
-  local m1, m2, m3 = members_ending(r, '')
-  redis.call('ZREM', c.k_index, m1, m2, m3, members_ending(r, '\0' .. c.tag))
-  -- Both forms: a record's entry may predate its namespace's format 4.
-  redis.call('ZREM', c.k_expiry, old_expiry_member(r, c.tag), c.tag .. '\0' .. int(r.fencing_token))
+  -- The index and schedule entries in both forms, r's own and the other
+  -- (a record's form is fixed, but a restore or a repair may mix them),
+  -- each in its own call: one that removes nothing is not propagated, so
+  -- costs no AOF bytes.
+  redis.call('ZREM', c.k_index, index_members(r, c.tag))
+  redis.call('ZREM', c.k_index, members_ending(r, r.idem_scope and '\0' .. c.tag or ''))
+  redis.call('ZREM', c.k_expiry, expiry_member(r, c.tag))
+  if r.idem_scope then
+    redis.call('ZREM', c.k_expiry, old_expiry_member(r, c.tag))
+  else
+    redis.call('ZREM', c.k_expiry, c.tag .. '\0' .. int(r.fencing_token))
+  end
   rec_drop(c.raw)
   c.raw = nil
   return raw
