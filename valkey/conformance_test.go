@@ -34,8 +34,7 @@ func TestConformanceCompactRecords(t *testing.T) {
 }
 
 // TestConformanceEmbeddedEvidence runs the suite on namespaces switched to
-// format 4: acquisition evidence in version 3 records until a lease ends,
-// expiry entries tag ‖ 0 ‖ token.
+// format 4: acquisition evidence in version 3 records until a lease ends.
 func TestConformanceEmbeddedEvidence(t *testing.T) {
 	r, pw := aclServer(t)
 	leasetest.Run(t, func(t *testing.T) leasetest.Backend {

@@ -75,9 +75,7 @@
 //	                        both forms
 //	ns:expiry               expiry schedule (score expires_at) for the reaper;
 //	                        one entry per active record (ActiveLeases is its ZCARD):
-//	                        tag ‖ 0 ‖ lease id ‖ 0 ‖ token, or for a version 3 record
-//	                        tag ‖ 0 ‖ token (the token names the lease within its
-//	                        identity: tokens never repeat); an ending removes both
+//	                        tag ‖ 0 ‖ lease id ‖ 0 ‖ token, for every record version
 //	ns:outbox               fenced outbox schedule: score the entry's outbox sequence
 //	                        (ns:outbox_seq), member message id: exact acceptance order
 //	ns:outbox_seq           the last outbox sequence given, incremented by the commit

@@ -27,8 +27,8 @@ import (
 //	        `--valkey-compact-records`)
 //	"4"     that, but a new lease's record in version 3, carrying its
 //	        acquisition's evidence (lease.EmbeddingRecord), and no
-//	        evidence key until the lease ends; expiry schedule entries
-//	        tag ‖ 0 ‖ token (EnableEmbeddedEvidence;
+//	        evidence key until the lease ends; List index entries
+//	        without the hash tag (EnableEmbeddedEvidence;
 //	        `--valkey-embedded-evidence`)
 //
 // It is one way (raise_format in library.lua never lowers it; an instance

@@ -13,7 +13,8 @@ import (
 
 // Tests of stored format 4 (format.go): a lease's acquisition evidence in
 // its active record (version 3) while it is active, written out to its
-// own key by every ending, and tag ‖ 0 ‖ token expiry schedule entries.
+// own key by every ending; its expiry schedule entries are every record
+// version's, tag ‖ 0 ‖ lease id ‖ 0 ‖ token.
 
 func open4(t *testing.T, o Options) *Store {
 	t.Helper()
@@ -115,7 +116,8 @@ func mustWrittenOut(t *testing.T, s *Store, req lease.AcquireRequest, first leas
 
 // acquire4 acquires req in a format 4 namespace and checks what is
 // stored: a version 3 record, no evidence key, an expiry entry tag ‖ 0 ‖
-// token, and a PXAT no earlier than the evidence's retention.
+// lease id ‖ 0 ‖ token, and a PXAT no earlier than the evidence's
+// retention.
 func acquire4(t *testing.T, s *Store, req lease.AcquireRequest) lease.Result {
 	t.Helper()
 	res, err := s.Acquire(bg, req)
@@ -137,8 +139,8 @@ func acquire4(t *testing.T, s *Store, req lease.AcquireRequest) lease.Result {
 	if at, min := pexpireTime(t, s, s.keys.active(tag)), res.Lease.AcquiredAt.UnixMilli()+s.opts.IdempotencyRetention.Milliseconds(); at < min {
 		t.Fatalf("active PXAT %d, below acquired_at + idempotency retention %d", at, min)
 	}
-	if _, err := s.client.Do(bg, s.client.B().Zscore().Key(s.keys.expiry()).Member(tag+"\x00"+utoa(res.Lease.FencingToken)).Build()).AsFloat64(); err != nil {
-		t.Fatalf("no tag ‖ 0 ‖ token expiry entry: %v", err)
+	if _, err := s.client.Do(bg, s.client.B().Zscore().Key(s.keys.expiry()).Member(tag+"\x00"+res.Lease.LeaseID+"\x00"+utoa(res.Lease.FencingToken)).Build()).AsFloat64(); err != nil {
+		t.Fatalf("no tag ‖ 0 ‖ lease id ‖ 0 ‖ token expiry entry: %v", err)
 	}
 	return res
 }
@@ -347,15 +349,18 @@ func TestEmbeddedEvidenceOutlivesNoReaper(t *testing.T) {
 	}
 }
 
-// V7b: the expiry entry tag ‖ 0 ‖ token names one lease of its identity:
-// a late cleanup of an old token never ends the successor, and an ending
-// removes its entry in both forms.
-func TestExpiryEntryNamesTheToken(t *testing.T) {
+// A version 3 record's expiry entry is tag ‖ 0 ‖ lease id ‖ 0 ‖ token, as
+// every record version's (the contract: all cleanup is conditional on
+// lease_id and fencing_token): a late expiry naming an old lease id or
+// token, or no lease id, never ends the successor, even once it has
+// expired; its ending removes its one entry.
+func TestExpiryEntryNamesLeaseAndToken(t *testing.T) {
 	s := open4(t, Options{})
 	old := acquire4(t, s, shortReq(newIdentity()))
 	tag := tagOf(old.Lease.LockKey)
+	key := s.keys.active(tag)
 	waitExpired(t, s, old.Lease)
-	next := acquire4(t, s, acquireReq(old.Lease.Identity()))
+	next := acquire4(t, s, shortReq(old.Lease.Identity()))
 	zset := func() []string {
 		t.Helper()
 		m, err := s.client.Do(bg, s.client.B().Zrange().Key(s.keys.expiry()).Min("0").Max("-1").Build()).AsStrSlice()
@@ -364,53 +369,62 @@ func TestExpiryEntryNamesTheToken(t *testing.T) {
 		}
 		return m
 	}
-	if got := zset(); !reflect.DeepEqual(got, []string{tag + "\x00" + utoa(next.Lease.FencingToken)}) {
-		t.Fatalf("expiry schedule %q", got)
+	entry := tag + "\x00" + next.Lease.LeaseID + "\x00" + utoa(next.Lease.FencingToken)
+	if got := zset(); !reflect.DeepEqual(got, []string{entry}) {
+		t.Fatalf("expiry schedule %q, want only %q", got, entry)
 	}
-	// A late cleanup of the old token, in either form, is a no-op.
-	for _, id := range []string{"", old.Lease.LeaseID} {
-		if err := s.expireIfCurrent(bg, old.Lease.LockKey, id, old.Lease.FencingToken); err != nil {
+	waitExpired(t, s, next.Lease)
+	stored := mustGet(t, s, key)
+	for _, late := range []struct {
+		id    string
+		token uint64
+	}{
+		{old.Lease.LeaseID, old.Lease.FencingToken},
+		{old.Lease.LeaseID, next.Lease.FencingToken},
+		{next.Lease.LeaseID, old.Lease.FencingToken},
+		{"", next.Lease.FencingToken},
+		{"", old.Lease.FencingToken},
+	} {
+		if err := s.expireIfCurrent(bg, old.Lease.LockKey, late.id, late.token); err != nil {
 			t.Fatal(err)
 		}
+		if v, _ := get(t, s, key); v != stored {
+			t.Fatalf("a late expiry of lease id %q, token %d ended the successor: %.40q", late.id, late.token, v)
+		}
 	}
-	// So is a stale entry of the old token the reaper finds due.
-	stale := tag + "\x00" + utoa(old.Lease.FencingToken)
-	if err := s.client.Do(bg, s.client.B().Zadd().Key(s.keys.expiry()).ScoreMember().ScoreMember(1, stale).Build()).Error(); err != nil {
+	if got := zset(); !reflect.DeepEqual(got, []string{entry}) {
+		t.Fatalf("expiry schedule after the late expiries %q", got)
+	}
+	// Its own entry ends it, and the entry goes with it.
+	if err := s.expireIfCurrent(bg, next.Lease.LockKey, next.Lease.LeaseID, next.Lease.FencingToken); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.reap(bg); err != nil {
-		t.Fatal(err)
-	}
-	if in, err := s.Inspect(bg, lease.InspectRequest{Identity: next.Lease.Identity(), DeadlineAt: far()}); err != nil ||
-		in.Lease.LeaseID != next.Lease.LeaseID || in.Lease.State != lease.StateActive {
-		t.Fatalf("the successor after late cleanups: %+v %v", in.Lease, err)
-	}
-	if got := zset(); !reflect.DeepEqual(got, []string{tag + "\x00" + utoa(next.Lease.FencingToken)}) {
-		t.Fatalf("expiry schedule after the stale entry: %q", got)
-	}
-	// Both forms of the successor's entry go when it ends.
-	oldForm := tag + "\x00" + next.Lease.LeaseID + "\x00" + utoa(next.Lease.FencingToken)
-	if err := s.client.Do(bg, s.client.B().Zadd().Key(s.keys.expiry()).ScoreMember().ScoreMember(float64(next.Lease.ExpiresAt.UnixMilli()), oldForm).Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Release(bg, releaseReq(next.Lease)); err != nil {
-		t.Fatal(err)
+	if v, ok := get(t, s, key); ok {
+		t.Fatalf("the successor's own expiry left its record: %.40q", v)
 	}
 	if got := zset(); len(got) != 0 {
 		t.Fatalf("expiry schedule after the end: %q", got)
 	}
+	last := acquire4(t, s, acquireReq(old.Lease.Identity()))
+	if _, err := s.Release(bg, releaseReq(last.Lease)); err != nil {
+		t.Fatal(err)
+	}
+	if got := zset(); len(got) != 0 {
+		t.Fatalf("expiry schedule after a release: %q", got)
+	}
 }
 
-// The reaper reads both entry forms and nothing else.
+// The reaper reads tag ‖ 0 ‖ lease id ‖ 0 ‖ token and nothing else (no
+// entry without the lease id).
 func TestExpiryEntryForms(t *testing.T) {
 	tag := strings.Repeat("A", 43)
 	for m, want := range map[string]bool{
-		tag + "\x00lease_1\x007": true, tag + "\x007": true,
-		tag + "\x00lease_1\x00": false, tag + "\x0007": false, tag + "\x00x": false, "short\x007": false,
+		tag + "\x00lease_1\x007": true, tag + "\x007": false, tag + "\x00\x007": false,
+		tag + "\x00lease_1\x00": false, tag + "\x00lease_1\x0007": false, tag + "\x00x": false, "short\x00lease_1\x007": false,
 		tag + "\x00lease..1\x007": false, tag + "\x00a\x00b\x007": false, tag: false,
 	} {
 		gotTag, id, token, ok := expiryEntry(m)
-		if ok != want || ok && (gotTag != tag || token != 7 || (id != "" && id != "lease_1")) {
+		if ok != want || ok && (gotTag != tag || token != 7 || id != "lease_1") {
 			t.Errorf("%q: %q %q %d %v, want ok %v", m, gotTag, id, token, ok, want)
 		}
 	}

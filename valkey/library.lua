@@ -682,16 +682,10 @@ local function index_members(r, tag)
   return members_ending(r, '\0' .. tag)
 end
 
--- expiry_member is r's expiry schedule entry: tag ‖ 0 ‖ token for a
--- record carrying its evidence (version 3, stored format 4), whose token
--- names the lease within its identity (tokens never repeat), else the
--- older tag ‖ 0 ‖ lease id ‖ 0 ‖ token; expire checks either against the
--- record. old_expiry_member is the older form, which archive also removes.
-local function old_expiry_member(r, tag) return tag .. '\0' .. r.lease_id .. '\0' .. int(r.fencing_token) end
-local function expiry_member(r, tag)
-  if r.idem_scope then return tag .. '\0' .. int(r.fencing_token) end
-  return old_expiry_member(r, tag)
-end
+-- expiry_member is r's expiry schedule entry, for every record version:
+-- tag ‖ 0 ‖ lease id ‖ 0 ‖ token. expire is conditional on both (the
+-- contract: all cleanup is conditional on lease_id and fencing_token).
+local function expiry_member(r, tag) return tag .. '\0' .. r.lease_id .. '\0' .. int(r.fencing_token) end
 
 -- Common ARGV of lease mutations:
 --   1 deadline ms, 2 lock key, 3 hash tag, 4..10 identity (c.args[4..10]),
@@ -821,18 +815,13 @@ local function archive(c, r, state, ended, by, request_id, reason, incident)
   if redis.call('LPUSH', c.k_hist, entry) > c.hist_cap then redis.call('LTRIM', c.k_hist, 0, c.hist_cap - 1) end
   redis.call('PEXPIRE', c.k_hist, c.hist_ret)
   redis.call('DEL', c.k_active)
-  -- The index and schedule entries in both forms, r's own and the other
-  -- (a record's form is fixed, but a restore or a repair may mix them),
-  -- each in its own call: one that removes nothing is not propagated, so
-  -- costs no AOF bytes.
+  -- The index entries in both forms, r's own and the other (a record's
+  -- form is fixed, but a restore or a repair may mix them), each in its
+  -- own call: one that removes nothing is not propagated, so costs no AOF
+  -- bytes. The schedule entry has one form.
   redis.call('ZREM', c.k_index, index_members(r, c.tag))
   redis.call('ZREM', c.k_index, members_ending(r, r.idem_scope and '\0' .. c.tag or ''))
   redis.call('ZREM', c.k_expiry, expiry_member(r, c.tag))
-  if r.idem_scope then
-    redis.call('ZREM', c.k_expiry, old_expiry_member(r, c.tag))
-  else
-    redis.call('ZREM', c.k_expiry, c.tag .. '\0' .. int(r.fencing_token))
-  end
   rec_drop(c.raw)
   c.raw = nil
   return raw
@@ -1261,21 +1250,18 @@ end
 -- active record only if it still has this lease id and token and is
 -- expired at backend time, so a late cleanup never touches a successor.
 -- A schedule entry naming a lease that is no longer active is dropped.
--- ARGV as context (identity unused, may be empty), 15 lease id ('' for an
--- entry of format 4, tag and token: the token names the lease within its
--- identity, as tokens never repeat), 16 token.
+-- ARGV as context (identity unused, may be empty), 15 lease id, 16 token.
 local function expire(keys, args)
   local c = context(keys, args)
   local now = now_ms()
   local member = c.tag .. '\0' .. args[15] .. '\0' .. args[16]
-  if args[15] == '' then member = c.tag .. '\0' .. args[16] end
   local shut = closed(c.k_gate, now)
   if shut then return shut end
   local cur, why = active_of(c, nil)
   if why then return corrupt(c, now, why) end
   why = layout_types(c)
   if why then return corrupt(c, now, why) end
-  if not cur or (args[15] ~= '' and cur.lease_id ~= args[15]) or int(cur.fencing_token) ~= args[16] then
+  if not cur or cur.lease_id ~= args[15] or int(cur.fencing_token) ~= args[16] then
     redis.call('ZREM', c.k_expiry, member)
     return { 'noop', int(now) }
   end

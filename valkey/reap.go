@@ -81,26 +81,19 @@ func (s *Store) reap(ctx context.Context) error {
 	return nil
 }
 
-// expiryEntry reads an expiry schedule member: tag ‖ 0 ‖ lease id ‖ 0 ‖
-// token, or, from format 4, tag ‖ 0 ‖ token (leaseID ""): the token names
-// the lease within its identity, tokens never being reused, so the expiry
-// stays conditional on the very lease. ok is false for anything else.
+// expiryEntry reads an expiry schedule member, tag ‖ 0 ‖ lease id ‖ 0 ‖
+// token (every record version's): the expiry is conditional on both. ok
+// is false for anything else.
 func expiryEntry(m string) (tag, leaseID string, token uint64, ok bool) {
 	parts := strings.Split(m, "\x00")
-	if len(parts) == 3 {
-		if lease.CheckOpaqueID("lease_id", parts[1]) != nil {
-			return "", "", 0, false
-		}
-		leaseID = parts[1]
-	} else if len(parts) != 2 {
+	if len(parts) != 3 || !validTag(parts[0]) || lease.CheckOpaqueID("lease_id", parts[1]) != nil {
 		return "", "", 0, false
 	}
-	last := parts[len(parts)-1]
-	token, err := strconv.ParseUint(last, 10, 64)
-	if err != nil || !validTag(parts[0]) || strconv.FormatUint(token, 10) != last {
+	token, err := strconv.ParseUint(parts[2], 10, 64)
+	if err != nil || strconv.FormatUint(token, 10) != parts[2] {
 		return "", "", 0, false
 	}
-	return parts[0], leaseID, token, true
+	return parts[0], parts[1], token, true
 }
 
 // expireIfCurrent is the delayed expiry cleanup of one lease: the function
