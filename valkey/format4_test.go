@@ -528,3 +528,50 @@ func TestEmbeddedEvidenceCorrupt(t *testing.T) {
 		mustCode(t, err, lease.CodeCorrupt)
 	}
 }
+
+// R1: an instance of this build whose in-memory format is still version 1
+// (it opened before the namespace went straight to 4 and has not reloaded
+// the switch) renews a format 4 lease. The record stays in version 3, and
+// the renewal's evidence is version 1 JSON holding the record's version 1
+// JSON (not the version 3 bytes): the renewal's retry and its lookup
+// answer the first renewal, on that instance and on a format 4 one.
+func TestEmbeddedEvidenceRenewByVersion1Writer(t *testing.T) {
+	r := sharedServer(t)
+	o := Options{KeyPrefix: randomPrefix(), StoreOptions: leasetest.StoreOptions()}
+	v1 := open(t, r, o) // no switch yet: writes version 1
+	o.EmbeddedEvidence = true
+	s4 := open(t, r, o) // switches the namespace 1 -> 4
+	if v1.writeFormat() != "v1" || s4.writeFormat() != "embedded_evidence" {
+		t.Fatalf("formats %q %q", v1.writeFormat(), s4.writeFormat())
+	}
+	req := acquireReq(newIdentity())
+	first := acquire4(t, s4, req)
+	rr := renewReq(first.Lease)
+	got, err := v1.Renew(bg, rr)
+	if err != nil {
+		t.Fatalf("renew by the version 1 writer: %v", err)
+	}
+	tag := tagOf(first.Lease.LockKey)
+	if raw := mustGet(t, s4, s4.keys.active(tag)); !strings.HasPrefix(raw, lease.RecordV3Prefix) {
+		t.Fatalf("the renewed record left version 3: %.20q", raw)
+	}
+	ev := mustGet(t, v1, v1.keys.idem(tag, lease.IdempotencyScope(lease.OpRenew, first.Lease.LockKey, rr.Caller.PrincipalID, rr.RequestID)))
+	if e, err := lease.DecodeIdempotencyRecord([]byte(ev)); err != nil || e.Lease == nil || encoded(t, e.Lease) != encoded(t, got.Lease) {
+		t.Fatalf("the renewal's evidence does not decode to its lease: %v\n%.160q", err, ev)
+	}
+	for name, s := range map[string]*Store{"version 1 writer": v1, "format 4 writer": s4} {
+		again, err := s.Renew(bg, rr)
+		if err != nil || !again.Replayed || encoded(t, again.Lease) != encoded(t, got.Lease) {
+			t.Errorf("%s: renew retry answered %+v, %v; want the first renewal replayed", name, again.Lease, err)
+		}
+		lr, err := s.LookupRequest(bg, lease.LookupRequest{Op: lease.OpRenew, Identity: rr.Identity, PrincipalID: rr.Caller.PrincipalID,
+			RequestID: rr.RequestID, DeadlineAt: far()})
+		if err != nil || lr.Lease == nil || encoded(t, lr.Lease) != encoded(t, got.Lease) {
+			t.Errorf("%s: lookup of the renewal: %+v, %v", name, lr.Lease, err)
+		}
+	}
+	// The acquisition is still answered from the record.
+	if again, err := v1.Acquire(bg, req); err != nil || !again.Replayed || encoded(t, again.Lease) != encoded(t, first.Lease) {
+		t.Fatalf("acquire replay after the renewal: %+v %v", again.Lease, err)
+	}
+}

@@ -852,6 +852,11 @@ end
 -- (JSON; the only free text).
 local function remember(c, now, op, digest, code, r, state, raw)
   if not c.compact then
+    -- raw is the record as stored, but a record carrying its acquisition's
+    -- evidence is stored in version 3 whatever the writer's format (a
+    -- renewal by an instance still writing version 1 after the switch to
+    -- 4), and version 1 evidence holds a record's JSON: encode it.
+    if r.idem_scope and string.sub(raw, 1, 4) == 'rv3\n' then raw = encode(r, state) end
     local ev = '{"idempotency_version":1,"op":"' .. op .. '","digest":"' .. digest .. '","code":"' .. code ..
         '","lease":' .. raw .. ',"backend_time":"' .. ts(now) .. '"}'
     redis.call('SET', c.k_ev, ev, 'PX', int(c.ev_ret))
