@@ -514,6 +514,13 @@ func TestEmbeddedEvidenceCorrupt(t *testing.T) {
 		"scope":     good[:69] + "+" + good[70:],
 		"truncated": good[:100],
 		"digest":    "rv3\n" + strings.ToUpper(good[4:68]) + good[68:],
+		// R2: damage to the head (lookup read the scope at fixed
+		// positions of records headed rv3\n only, and answered these
+		// not-found).
+		"v2_head_v3body": "rv2\n" + good[4:],
+		"crlf":           strings.Replace(good, "\n", "\r\n", 1),
+		"v3_head_v2body": "rv3\n" + good[114:],
+		"not_a_record":   "x",
 	} {
 		t.Log(name)
 		if err := s.client.Do(bg, s.client.B().Set().Key(key).Value(bad).Px(time.Hour).Build()).Error(); err != nil {
@@ -526,6 +533,31 @@ func TestEmbeddedEvidenceCorrupt(t *testing.T) {
 		_, err = s.LookupRequest(bg, lease.LookupRequest{Op: lease.OpAcquire, Identity: req.Identity, PrincipalID: req.Caller.PrincipalID,
 			RequestID: req.RequestID, DeadlineAt: far()})
 		mustCode(t, err, lease.CodeCorrupt)
+	}
+	// Another identity's record (well formed) in this key: corrupt too.
+	other := acquire4(t, s, acquireReq(newIdentity()))
+	if err := s.client.Do(bg, s.client.B().Set().Key(key).Value(mustGet(t, s, s.keys.active(tagOf(other.Lease.LockKey)))).Px(time.Hour).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.LookupRequest(bg, lease.LookupRequest{Op: lease.OpAcquire, Identity: req.Identity, PrincipalID: req.Caller.PrincipalID,
+		RequestID: req.RequestID, DeadlineAt: far()})
+	mustCode(t, err, lease.CodeCorrupt)
+	// The intact record answers its own acquisition, and not-found for
+	// another request id, or for another principal's same request id.
+	if err := s.client.Do(bg, s.client.B().Set().Key(key).Value(good).Px(time.Hour).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	lr, err := s.LookupRequest(bg, lease.LookupRequest{Op: lease.OpAcquire, Identity: req.Identity, PrincipalID: req.Caller.PrincipalID,
+		RequestID: req.RequestID, DeadlineAt: far()})
+	if err != nil || encoded(t, lr.Lease) != encoded(t, res.Lease) {
+		t.Fatalf("lookup of the intact record's acquisition: %+v %v", lr.Lease, err)
+	}
+	for _, l := range []lease.LookupRequest{
+		{Op: lease.OpAcquire, Identity: req.Identity, PrincipalID: req.Caller.PrincipalID, RequestID: "req_other_1", DeadlineAt: far()},
+		{Op: lease.OpAcquire, Identity: req.Identity, PrincipalID: "prn_other", RequestID: req.RequestID, DeadlineAt: far()},
+	} {
+		_, err = s.LookupRequest(bg, l)
+		mustCode(t, err, lease.CodeNotFound)
 	}
 }
 

@@ -1400,11 +1400,15 @@ end
 
 -- lookup returns stored idempotency evidence and the lease's state now.
 -- KEYS 1 evidence, 2 active, 3 history; ARGV 2 the scope of an acquire's
--- evidence ('' for another): without an evidence key, an active record of
+-- evidence ('' for another), 3 the lock key (with a scope): without an
+-- evidence key, the active record is decoded strictly (decode, as every
+-- other read does): damage of any kind is 'corrupt', never 'none' (which
+-- would tell the caller the acquisition never committed); a record of
 -- version 3 carrying that scope answers ('embedded', its bytes and PTTL;
--- the Go side decodes them strictly). It also reads an accepted commit's
--- evidence (a ReplayOnly commit): that names no lease, so no history
--- entries follow and the Go side uses the evidence alone.
+-- the Go side decodes them again); any other record, 'none'. It also
+-- reads an accepted commit's evidence (a ReplayOnly commit): that names no
+-- lease, so no history entries follow and the Go side uses the evidence
+-- alone.
 local function lookup(keys, args)
   local now, done = read_begin(args)
   if done then return done end
@@ -1414,12 +1418,13 @@ local function lookup(keys, args)
     local raw
     raw, why = get(keys[2])
     if why then return { 'corrupt', int(now), 'active ' .. why } end
-    -- A version 3 record whose scope line is not one (damage) is returned
-    -- too: the Go side's strict decoding then fails it closed, where
-    -- 'none' would tell the caller the acquisition never committed.
-    local scope = raw and string.sub(raw, 1, 4) == 'rv3\n' and string.sub(raw, 70, 113)
-    if scope and (scope == args[2] .. '\n' or not string.find(scope, '^[%w_%-]+\n$') or #scope ~= 44) then
-      return { 'embedded', int(now), raw, int(redis.call('PTTL', keys[2])) }
+    if raw then
+      local r
+      r, why = decode(raw, args[3])
+      if not r then return { 'corrupt', int(now), 'active ' .. why } end
+      if r.idem_scope == args[2] then
+        return { 'embedded', int(now), raw, int(redis.call('PTTL', keys[2])) }
+      end
     end
   end
   if not ev then return { 'none', int(now) } end

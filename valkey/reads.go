@@ -262,7 +262,7 @@ func (s *Store) LookupRequest(ctx context.Context, req lease.LookupRequest) (lea
 		embedded = p.Scope
 	}
 	rep, err := s.read(ctx, lease.Deadline(ctx, req.DeadlineAt), "lookup", []string{s.keys.idem(tag, p.Scope), s.keys.active(tag), s.keys.history(tag)},
-		embedded)
+		embedded, p.LockKey)
 	if err != nil {
 		return lease.Result{}, err
 	}
