@@ -102,7 +102,8 @@ func (s *Store) EnableCompactRecords(ctx context.Context) error {
 // (version 3) and written to its own key only when the lease ends. Only
 // once every instance sharing the namespace runs a build that reads
 // version 3 records (this one or a later one); older builds answer them
-// as corrupt.
+// as corrupt, and the lookup of an acquisition whose evidence one carries
+// as not found. Rolling back: README, "--valkey-embedded-evidence".
 func (s *Store) EnableEmbeddedEvidence(ctx context.Context) error {
 	return s.raiseFormat(ctx, embeddedEvidence)
 }

@@ -2,6 +2,8 @@ package valkey
 
 import (
 	"bytes"
+	_ "embed"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -605,5 +607,127 @@ func TestEmbeddedEvidenceRenewByVersion1Writer(t *testing.T) {
 	// The acquisition is still answered from the record.
 	if again, err := v1.Acquire(bg, req); err != nil || !again.Replayed || encoded(t, again.Lease) != encoded(t, first.Lease) {
 		t.Fatalf("acquire replay after the renewal: %+v %v", again.Lease, err)
+	}
+}
+
+// libraryFormat3 is main's library.lua verbatim: an older build, which
+// knows formats up to 3.
+//
+//go:embed testdata/library_format3.lua
+var libraryFormat3 string
+
+// The README's format 4 paragraph, as behaviour: an older build answers a
+// version 3 record's identity as corrupt (and quarantines it) but the
+// lookup of its acquisition as not found; the rollback needs the flag
+// removed (an instance with it raises the switch back to 4 at its reaper
+// pass), the switch set to 3 and every instance restarted (one that loaded
+// 4 keeps writing version 3 until it reloads the switch); a renewal keeps a
+// version 3 record; an expired version 3 record is still there until it is
+// archived, which writes its evidence out, after which the older build
+// replays the acquisition. The paragraph says each of these.
+func TestEmbeddedEvidenceRollback(t *testing.T) {
+	r := sharedServer(t)
+	o := Options{KeyPrefix: randomPrefix(), StoreOptions: leasetest.StoreOptions(), EmbeddedEvidence: true}
+	s4 := open(t, r, o)
+	req := shortReq(newIdentity())
+	first := acquire4(t, s4, req)
+	tag := tagOf(first.Lease.LockKey)
+	lookup := lease.LookupRequest{Op: lease.OpAcquire, Identity: req.Identity, PrincipalID: req.Caller.PrincipalID,
+		RequestID: req.RequestID, DeadlineAt: far()}
+	setSwitch := func(v string) {
+		t.Helper()
+		if err := s4.client.Do(bg, s4.client.B().Set().Key(s4.keys.format()).Value(v).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	head := func(s *Store, res lease.Result) string {
+		t.Helper()
+		v, _ := get(t, s, s.keys.active(tagOf(res.Lease.LockKey)))
+		return v[:min(len(v), 4)]
+	}
+
+	// An older build on the format 4 namespace.
+	old := open(t, r, Options{KeyPrefix: o.KeyPrefix, StoreOptions: leasetest.StoreOptions()})
+	old.lib = newLibrary("", libraryFormat3)
+	if err := old.lib.load(bg, old.client); err != nil {
+		t.Fatal(err)
+	}
+	_, err := old.Acquire(bg, req)
+	mustCode(t, err, lease.CodeCorrupt)
+	if _, ok := get(t, old, old.keys.quarantine(tag)); !ok {
+		t.Fatal("the older build did not quarantine the identity")
+	}
+	_, err = old.LookupRequest(bg, lookup)
+	mustCode(t, err, lease.CodeNotFound)
+
+	// The switch set back to 3, no restart: the instance that loaded 4
+	// still writes version 3, and its flag raises the switch again.
+	setSwitch(compactRecords)
+	held := acquire4(t, s4, acquireReq(newIdentity()))
+	if err := s4.reap(bg); err != nil {
+		t.Fatal(err)
+	}
+	if v := mustGet(t, s4, s4.keys.format()); v != embeddedEvidence {
+		t.Fatalf("the flagged instance's reaper pass left the switch at %q", v)
+	}
+	// Flag removed, switch at 3, restarted: version 2 and evidence keys.
+	setSwitch(compactRecords)
+	s3 := open(t, r, Options{KeyPrefix: o.KeyPrefix, StoreOptions: leasetest.StoreOptions()})
+	if s3.writeFormat() != "compact_records" {
+		t.Fatalf("the restarted instance writes %q", s3.writeFormat())
+	}
+	req3 := acquireReq(newIdentity())
+	res3, err := s3.Acquire(bg, req3)
+	if err != nil || head(s3, res3) != lease.RecordV2Prefix {
+		t.Fatalf("the restarted instance's record: %q %v", head(s3, res3), err)
+	}
+	if _, ok := get(t, s3, evidenceKey(t, s3, req3)); !ok {
+		t.Fatal("the restarted instance wrote no evidence key")
+	}
+	// A renewal keeps a version 3 record in version 3.
+	rn, err := s3.Renew(bg, renewReq(held.Lease))
+	if err != nil || head(s3, rn) != lease.RecordV3Prefix {
+		t.Fatalf("renewed version 3 record: %q %v", head(s3, rn), err)
+	}
+	// Expired is not enough: the version 3 record stays until archived.
+	waitExpired(t, s3, first.Lease)
+	if head(s3, first) != lease.RecordV3Prefix {
+		t.Fatalf("the expired lease's record: %q", head(s3, first))
+	}
+	if err := s3.reap(bg); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := get(t, s3, s3.keys.active(tag)); ok {
+		t.Fatalf("the reaper left the expired record: %.10q", v)
+	}
+	if v := mustGet(t, s3, evidenceKey(t, s3, req)); !strings.HasPrefix(v, "ev2\n") {
+		t.Fatalf("the archived lease's evidence: %.10q", v)
+	}
+	got, err := old.Acquire(bg, req)
+	if err != nil || !got.Replayed || encoded(t, got.Lease) != encoded(t, first.Lease) {
+		t.Fatalf("the older build's replay once archived: %+v %v", got.Lease, err)
+	}
+	if _, err := old.LookupRequest(bg, lookup); err != nil {
+		t.Fatalf("the older build's lookup once archived: %v", err)
+	}
+
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := strings.Join(strings.Fields(string(b)), " ")
+	for _, says := range []string{
+		"quarantines the identity",
+		"as not found (`lease_not_found`",
+		"remove `--valkey-embedded-evidence` from every instance (one that still has it raises the switch back to 4",
+		"`SET <prefix>:format 3`; restart every instance",
+		"one that loaded 4 keeps writing version 3 records, and one that runs no reaper never reloads it",
+		"must be archived, not just expired",
+		"acquired_at plus the idempotency retention",
+		"A renewal keeps a version 3 record in version 3",
+	} {
+		if !strings.Contains(readme, says) {
+			t.Errorf("the README does not say %q", says)
+		}
 	}
 }
