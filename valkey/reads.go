@@ -133,10 +133,16 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 		for i, e := range entries {
 			budget--
 			lower = "(" + examine[i]
+			if e.leaseID != "" {
+				// Every member whose lease id parsed moves the cursor past
+				// it, listed or not: one with no tag (its lookup gone: the
+				// lease ended) too, so a run of them longer than the budget
+				// never answers the page's own cursor again.
+				after = e.leaseID
+			}
 			if e.tag == "" {
 				continue
 			}
-			after = e.leaseID
 			rec, err := s.decodeActive(recs.at(2*j), recs.at(2*j+1), lease.KeyPrefix+e.tag, lease.Identity{})
 			j++
 			if err != nil || rec == nil || rec.LeaseID != e.leaseID || !f.Selects(rec) || !rec.LiveAt(recs.now) {
@@ -148,14 +154,21 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 			return out, nil // the filter's range is exhausted
 		}
 		if len(out.Leases) == size || budget == 0 {
+			if after == "" || after == pg.After {
+				// A whole budget of members with no lease id: a token
+				// would name no cursor, or the one this page started at.
+				s.log.Error("ALERT list index page made no progress: a page's budget of malformed members")
+				return lease.ListResult{}, lease.Errorf(lease.CodeBackendUnavailable, "malformed list index")
+			}
 			out.NextPageToken = pg.NextPageToken(after)
 			return out, nil
 		}
 	}
 }
 
-// listEntry is an index member List examines: its lease id and hash tag
-// ("" for a member skipped: malformed, or its lease's lookup gone).
+// listEntry is an index member List examines: its lease id ("" if it did
+// not parse) and hash tag ("" for a member skipped: malformed, or its
+// lease's lookup gone).
 type listEntry struct{ leaseID, tag string }
 
 // listEntries reads index members (after prefix): lease id ‖ 0 ‖ tag, or
@@ -172,6 +185,9 @@ func (s *Store) listEntries(ctx context.Context, d lease.Timestamp, prefix strin
 		switch {
 		case !ok || tagged && !validTag(tag) || !tagged && lease.CheckOpaqueID("lease_id", id) != nil:
 			s.log.Error("ALERT malformed list index entry skipped")
+			if ok && lease.CheckOpaqueID("lease_id", id) == nil {
+				entries[i].leaseID = id // skipped, but the cursor moves past it
+			}
 		case tagged:
 			entries[i] = listEntry{id, tag}
 		default:

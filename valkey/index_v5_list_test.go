@@ -1,0 +1,143 @@
+package valkey
+
+import (
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"testing"
+
+	"github.com/starintel/starlease/lease"
+	"github.com/starintel/starlease/lease/leasetest"
+)
+
+// seqLeaseIDs makes s hand out lease ids in acquisition order, so a test
+// controls where each lease sorts in the List index.
+func seqLeaseIDs(s *Store) {
+	var n atomic.Int64
+	s.leaseIDs = func(lease.Timestamp) string { return fmt.Sprintf("lease_%06d", n.Add(1)) }
+}
+
+// endUnarchived puts rec into the state of a lease that ended without an
+// archive (no reaper ran before its active key's own expiry, a restore
+// dropped the key, an operator deleted a quarantined key): its active key
+// and expiry entry gone, its index members left and, if dropLookup, its
+// lease-id lookup gone by its own TTL.
+func endUnarchived(t *testing.T, s *Store, rec *lease.Record, dropLookup bool) {
+	t.Helper()
+	tag := tagOf(rec.LockKey)
+	keys := []string{s.keys.active(tag)}
+	if dropLookup {
+		keys = append(keys, s.keys.leaseLookup(rec.LeaseID))
+	}
+	if err := s.client.Do(bg, s.client.B().Del().Key(keys...).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	m := tag + "\x00" + rec.LeaseID + "\x00" + utoa(rec.FencingToken)
+	if err := s.client.Do(bg, s.client.B().Zrem().Key(s.keys.expiry()).Member(m).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// pageOwnerIDs pages through owner's leases as a client does, page size
+// size, at most maxPages pages; it returns the lease ids listed, and an
+// error if a page failed, a token came back twice, or the pages never
+// ended.
+func pageOwnerIDs(t *testing.T, s *Store, size, maxPages int) ([]string, error) {
+	t.Helper()
+	var ids []string
+	token := ""
+	seen := map[string]bool{}
+	for range maxPages {
+		l, err := s.List(bg, lease.ListRequest{By: lease.ListByOwner, OwnerPrincipalID: owner.PrincipalID, PageSize: size,
+			PageToken: token, DeadlineAt: far()})
+		if err != nil {
+			return ids, fmt.Errorf("page after token %q: %w", token, err)
+		}
+		for _, r := range l.Leases {
+			ids = append(ids, r.LeaseID)
+		}
+		if l.NextPageToken == "" {
+			return ids, nil
+		}
+		if seen[l.NextPageToken] {
+			return ids, fmt.Errorf("List answered the same page token again (%q)", l.NextPageToken)
+		}
+		seen[l.NextPageToken] = true
+		token = l.NextPageToken
+	}
+	return ids, fmt.Errorf("no end after %d pages", maxPages)
+}
+
+// F1: a run of more than a page's budget (4 × size + 64) of format 4
+// members whose lease ended without an archive and whose lookup is gone
+// is stepped over: each such member advances the page cursor, so no page
+// answers the token it was given, nor a token for an empty cursor (which
+// List refuses as malformed). Format 3's members in the same state, and
+// format 4's whose lookup is still there, are the controls.
+func TestListStepsOverEndedTagFreeMembers(t *testing.T) {
+	const run = 70 // > 4×1+64, the budget of a page of size 1
+	for _, tc := range []struct {
+		name       string
+		format4    bool
+		liveFirst  bool
+		dropLookup bool
+	}{
+		{"format3_control", false, true, true},
+		{"format4_lookup_still_there", true, true, false},
+		{"format4_run_after_a_live_lease", true, true, true},
+		{"format4_run_opens_the_range", true, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := Options{StoreOptions: leasetest.StoreOptions(), CompactRecords: !tc.format4, EmbeddedEvidence: tc.format4}
+			s := open(t, sharedServer(t), o)
+			seqLeaseIDs(s)
+			var want []string
+			if tc.liveFirst {
+				first, err := s.Acquire(bg, acquireReq(newIdentity()))
+				if err != nil {
+					t.Fatal(err)
+				}
+				want = append(want, first.Lease.LeaseID)
+			}
+			for range run {
+				res, err := s.Acquire(bg, acquireReq(newIdentity()))
+				if err != nil {
+					t.Fatal(err)
+				}
+				endUnarchived(t, s, res.Lease, tc.dropLookup)
+			}
+			last, err := s.Acquire(bg, acquireReq(newIdentity()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, last.Lease.LeaseID)
+			got, err := pageOwnerIDs(t, s, 1, 500)
+			if err != nil || !slices.Equal(got, want) {
+				t.Fatalf("paging an owner with %d ended, unarchived leases: listed %v, %v; want %v", run, got, err, want)
+			}
+		})
+	}
+}
+
+// F1, as the service pages (page size 0: the store's largest page, budget
+// 4 × 50 + 64 = 264 in these options): the first page, with no token, is
+// answered.
+func TestListStepsOverEndedTagFreeMembersLargestPage(t *testing.T) {
+	s := open(t, sharedServer(t), Options{StoreOptions: leasetest.StoreOptions(), EmbeddedEvidence: true})
+	seqLeaseIDs(s)
+	for range 270 {
+		res, err := s.Acquire(bg, acquireReq(newIdentity()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		endUnarchived(t, s, res.Lease, true)
+	}
+	live, err := s.Acquire(bg, acquireReq(newIdentity()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pageOwnerIDs(t, s, 0, 50)
+	if err != nil || !slices.Equal(got, []string{live.Lease.LeaseID}) {
+		t.Fatalf("listed %v, %v; want [%s]", got, err, live.Lease.LeaseID)
+	}
+}
