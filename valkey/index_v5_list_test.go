@@ -141,3 +141,35 @@ func TestListStepsOverEndedTagFreeMembersLargestPage(t *testing.T) {
 		t.Fatalf("listed %v, %v; want [%s]", got, err, live.Lease.LeaseID)
 	}
 }
+
+// F2: a lease whose members are in both forms (tagged and tag-free: a
+// restore or a repair may mix them) is listed once: the two members sort
+// together and resolve to the same record.
+func TestListBothFormsListedOnce(t *testing.T) {
+	s := open4(t, Options{})
+	res := acquire4(t, s, acquireReq(newIdentity()))
+	other := acquire4(t, s, acquireReq(newIdentity()))
+	for _, rec := range []*lease.Record{res.Lease, other.Lease} {
+		tagged := "owner\x00" + string(rune(0)) + string(rune(len(owner.PrincipalID))) + owner.PrincipalID + rec.LeaseID + "\x00" + tagOf(rec.LockKey)
+		if err := s.client.Do(bg, s.client.B().Zadd().Key(s.keys.index()).ScoreMember().ScoreMember(0, tagged).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []string{res.Lease.LeaseID, other.Lease.LeaseID}
+	slices.Sort(want)
+	l, err := s.List(bg, lease.ListRequest{By: lease.ListByOwner, OwnerPrincipalID: owner.PrincipalID, DeadlineAt: far()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, r := range l.Leases {
+		ids = append(ids, r.LeaseID)
+	}
+	if !slices.Equal(ids, want) || l.NextPageToken != "" {
+		t.Fatalf("two leases, listed as %v (token %q); want %v", ids, l.NextPageToken, want)
+	}
+	// Page by page too: each once, in order.
+	if got, err := pageOwnerIDs(t, s, 1, 10); err != nil || !slices.Equal(got, want) {
+		t.Fatalf("paged %v, %v; want %v", got, err, want)
+	}
+}

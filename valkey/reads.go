@@ -148,6 +148,11 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 			if err != nil || rec == nil || rec.LeaseID != e.leaseID || !f.Selects(rec) || !rec.LiveAt(recs.now) {
 				continue // corrupt (already alerted), ended or expired: not listed
 			}
+			if n := len(out.Leases); n > 0 && out.Leases[n-1].LeaseID == rec.LeaseID {
+				// Its members in both forms (a restore or a repair may mix
+				// them) sort together and resolve to the same record.
+				continue
+			}
 			out.Leases = append(out.Leases, rec)
 		}
 		if len(page.f) <= want {
