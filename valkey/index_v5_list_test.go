@@ -3,6 +3,8 @@ package valkey
 import (
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -171,5 +173,107 @@ func TestListBothFormsListedOnce(t *testing.T) {
 	// Page by page too: each once, in order.
 	if got, err := pageOwnerIDs(t, s, 1, 10); err != nil || !slices.Equal(got, want) {
 		t.Fatalf("paged %v, %v; want %v", got, err, want)
+	}
+}
+
+// readCalls is the server's count of FCALL_RO calls (every read of the
+// store's library) so far.
+func readCalls(t *testing.T, s *Store) int {
+	t.Helper()
+	info, err := s.client.Do(bg, s.client.B().Info().Section("commandstats").Build()).ToString()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(info) {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_fcall_ro:calls="); ok {
+			n, err := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	return 0
+}
+
+// F3: a page reads its index in chunks of the page's size (or what is left
+// of its budget) whatever the slots left, so a nearly full page followed
+// by expired, unreaped leases costs a few rounds, not one per member; its
+// results and cursor stay exact (at most size leases, the cursor the last
+// one listed).
+func TestListChunksStayLarge(t *testing.T) {
+	const size, live, expired = 50, 49, 300
+	budget := 4*size + 64
+	rounds := (budget+size-1)/size + 1
+	for _, tc := range []struct {
+		name    string
+		format4 bool
+		calls   int // read calls per round: the index, the lookups (format 4), the records
+	}{{"format3", false, 2}, {"format4", true, 3}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := open(t, sharedServer(t), Options{StoreOptions: leasetest.StoreOptions(), CompactRecords: !tc.format4, EmbeddedEvidence: tc.format4})
+			seqLeaseIDs(s)
+			var want []string
+			for range live {
+				res, err := s.Acquire(bg, acquireReq(newIdentity()))
+				if err != nil {
+					t.Fatal(err)
+				}
+				want = append(want, res.Lease.LeaseID)
+			}
+			var last *lease.Record
+			for range expired {
+				res, err := s.Acquire(bg, shortReq(newIdentity()))
+				if err != nil {
+					t.Fatal(err)
+				}
+				last = res.Lease
+			}
+			waitExpired(t, s, last)
+			before := readCalls(t, s)
+			l, err := s.List(bg, lease.ListRequest{By: lease.ListByOwner, OwnerPrincipalID: owner.PrincipalID, PageSize: size, DeadlineAt: far()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := readCalls(t, s) - before; n > tc.calls*rounds {
+				t.Fatalf("%d read calls for one page of size %d, want at most %d (%d rounds)", n, size, tc.calls*rounds, rounds)
+			}
+			var ids []string
+			for _, r := range l.Leases {
+				ids = append(ids, r.LeaseID)
+			}
+			if !slices.Equal(ids, want) || l.NextPageToken == "" {
+				t.Fatalf("listed %v (token %q), want %v and a token (budget spent)", ids, l.NextPageToken, want)
+			}
+			// Pages smaller than a chunk: each at most its size, the cursor
+			// the last lease listed, every lease once, in order.
+			for _, pageSize := range []int{1, 7, size} {
+				got, err := pageOwnerIDs(t, s, pageSize, 500)
+				if err != nil || !slices.Equal(got, want) {
+					t.Fatalf("page size %d: listed %v, %v; want %v", pageSize, got, err, want)
+				}
+			}
+			for token := ""; ; {
+				req := lease.ListRequest{By: lease.ListByOwner, OwnerPrincipalID: owner.PrincipalID, PageSize: 7, PageToken: token, DeadlineAt: far()}
+				l, err := s.List(bg, req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(l.Leases) > 7 {
+					t.Fatalf("a page of size 7 with %d leases", len(l.Leases))
+				}
+				if l.NextPageToken == "" {
+					break
+				}
+				pg, err := lease.PrepareList(req, s.opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n := len(l.Leases); n == 7 && l.NextPageToken != pg.NextPageToken(l.Leases[n-1].LeaseID) {
+					t.Fatalf("a full page's token is not its last lease's id (%s)", l.Leases[n-1].LeaseID)
+				}
+				token = l.NextPageToken
+			}
+		})
 	}
 }

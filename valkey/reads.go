@@ -111,7 +111,11 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 		lower = "[" + prefix + after + "\x01"
 	}
 	for {
-		want := min(size-len(out.Leases), budget)
+		// A chunk is a page's size (or what is left of the budget),
+		// whatever the slots left: a nearly full page then costs a few
+		// rounds, not one per member. Members after the page fills are
+		// read but not consumed: the cursor is the last one consumed.
+		want := min(size, budget)
 		page, err := s.read(ctx, d, "index_page", []string{s.keys.index()}, lower, upper, strconv.Itoa(want+1))
 		if err != nil {
 			return lease.ListResult{}, err
@@ -129,8 +133,12 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 			}
 			out.BackendTime = recs.now
 		}
-		j := 0
+		j, consumed := 0, 0
 		for i, e := range entries {
+			if len(out.Leases) == size {
+				break
+			}
+			consumed = i + 1
 			budget--
 			lower = "(" + examine[i]
 			if e.leaseID != "" {
@@ -155,7 +163,7 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 			}
 			out.Leases = append(out.Leases, rec)
 		}
-		if len(page.f) <= want {
+		if consumed == len(examine) && len(page.f) <= want {
 			return out, nil // the filter's range is exhausted
 		}
 		if len(out.Leases) == size || budget == 0 {
