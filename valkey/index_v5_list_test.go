@@ -2,6 +2,7 @@ package valkey
 
 import (
 	"fmt"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -275,5 +276,67 @@ func TestListChunksStayLarge(t *testing.T) {
 				token = l.NextPageToken
 			}
 		})
+	}
+}
+
+// The README's script for rolling back past format 4 removes exactly the
+// tag-free List index members (those of format 4 leases), and the ones of
+// format 3 leases, with their tag, stay.
+func TestReadmeClearsTagFreeIndexMembers(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const head, end = "valkey-cli EVAL \"", "\" 1 <prefix>:index"
+	_, rest, ok := strings.Cut(string(readme), head)
+	script, _, ok2 := strings.Cut(rest, end)
+	if !ok || !ok2 {
+		t.Fatal("the README has no script clearing tag-free index members")
+	}
+	r := sharedServer(t)
+	o := Options{KeyPrefix: randomPrefix(), StoreOptions: leasetest.StoreOptions(), CompactRecords: true}
+	s3 := open(t, r, o)
+	var tagged []string
+	for range 3 {
+		res, err := s3.Acquire(bg, acquireReq(newIdentity()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tagged = append(tagged, res.Lease.LeaseID)
+	}
+	o.CompactRecords, o.EmbeddedEvidence = false, true
+	s := open(t, r, o)
+	for range 3 {
+		res := acquire4(t, s, acquireReq(newIdentity()))
+		endUnarchived(t, s, res.Lease, false)
+	}
+	if n := len(indexMembers(t, s)); n != 18 {
+		t.Fatalf("%d index members, want 18", n)
+	}
+	run := func() int64 {
+		n, err := s.client.Do(bg, s.client.B().Eval().Script(script).Numkeys(1).Key(s.keys.index()).Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := run(); n != 9 {
+		t.Fatalf("the script removed %d members, want 9", n)
+	}
+	left := indexMembers(t, s)
+	if len(left) != 9 {
+		t.Fatalf("%d index members left, want 9", len(left))
+	}
+	for _, m := range left {
+		id, tag, ok := strings.Cut(m[strings.Index(m, "lease_"):], "\x00")
+		if !ok || !slices.Contains(tagged, id) || !validTag(tag) {
+			t.Fatalf("a member left that is not a format 3 lease's: %q", m)
+		}
+	}
+	if n := run(); n != 0 {
+		t.Fatalf("a second run removed %d members", n)
+	}
+	if got := listAll(t, s); !slices.Equal(got, tagged) {
+		t.Fatalf("listed %v, want %v", got, tagged)
 	}
 }
