@@ -1,6 +1,7 @@
 package valkey
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -338,5 +339,28 @@ func TestReadmeClearsTagFreeIndexMembers(t *testing.T) {
 	}
 	if got := listAll(t, s); !slices.Equal(got, tagged) {
 		t.Fatalf("listed %v, want %v", got, tagged)
+	}
+}
+
+// F1's guard: a page's whole budget of members with no lease id to move
+// the cursor to (damage) fails the page, alerted, rather than answering
+// the token it was given (a client would page forever) or one for an
+// empty cursor (which List refuses).
+func TestListBudgetOfMalformedMembersFails(t *testing.T) {
+	for _, liveFirst := range []bool{true, false} {
+		s := open4(t, Options{})
+		if liveFirst {
+			acquire4(t, s, acquireReq(newIdentity()))
+		}
+		for i := range 70 {
+			m := "owner\x00" + string(rune(0)) + string(rune(len(owner.PrincipalID))) + owner.PrincipalID + "lease_~" + strconv.Itoa(i)
+			if err := s.client.Do(bg, s.client.B().Zadd().Key(s.keys.index()).ScoreMember().ScoreMember(0, m).Build()).Error(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ids, err := pageOwnerIDs(t, s, 1, 10)
+		if le := (*lease.Error)(nil); !errors.As(err, &le) || le.Code != lease.CodeBackendUnavailable {
+			t.Fatalf("live first %v: listed %v, %v; want %s", liveFirst, ids, err, lease.CodeBackendUnavailable)
+		}
 	}
 }
