@@ -364,3 +364,67 @@ func TestListBudgetOfMalformedMembersFails(t *testing.T) {
 		}
 	}
 }
+
+// F-A: a page whose budget runs out between the two members of one lease
+// (its tag-free member, whose lookup is gone, spends the last of it; its
+// tagged member, which resolves to the live record, follows) still
+// consumes the tagged one: the cursor moves past a lease id only once
+// every member of it has been consumed, so the lease is listed, once, on
+// that page, whose token is its id. The budget ending just before and just
+// after the pair, and page sizes 1 and 2, are the controls.
+func TestListBudgetEndingBetweenALeasesTwoForms(t *testing.T) {
+	for _, size := range []int{1, 2} {
+		budget := 4*size + 64
+		for _, ended := range []int{budget - 2, budget - 1, budget} {
+			t.Run(fmt.Sprintf("size=%d/ended=%d", size, ended), func(t *testing.T) {
+				s := open4(t, Options{})
+				seqLeaseIDs(s)
+				for range ended {
+					res := acquire4(t, s, acquireReq(newIdentity()))
+					endUnarchived(t, s, res.Lease, true)
+				}
+				x := acquire4(t, s, acquireReq(newIdentity())).Lease
+				tagged := "owner\x00" + string(rune(0)) + string(rune(len(owner.PrincipalID))) + owner.PrincipalID + x.LeaseID + "\x00" + tagOf(x.LockKey)
+				if err := s.client.Do(bg, s.client.B().Zadd().Key(s.keys.index()).ScoreMember().ScoreMember(0, tagged).Build()).Error(); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.client.Do(bg, s.client.B().Del().Key(s.keys.leaseLookup(x.LeaseID)).Build()).Error(); err != nil {
+					t.Fatal(err)
+				}
+				y := acquire4(t, s, acquireReq(newIdentity())).Lease
+				want := []string{x.LeaseID, y.LeaseID}
+				var got []string
+				token := ""
+				for p := 0; ; p++ {
+					if p > 10 {
+						t.Fatalf("no end: listed %v", got)
+					}
+					req := lease.ListRequest{By: lease.ListByOwner, OwnerPrincipalID: owner.PrincipalID, PageSize: size, PageToken: token, DeadlineAt: far()}
+					l, err := s.List(bg, req)
+					if err != nil {
+						t.Fatalf("page %d: %v", p, err)
+					}
+					if len(l.Leases) > size {
+						t.Fatalf("a page of size %d with %d leases", size, len(l.Leases))
+					}
+					pg, err := lease.PrepareList(req, s.opts)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for _, r := range l.Leases {
+						got = append(got, r.LeaseID)
+					}
+					if n := len(l.Leases); n > 0 && l.NextPageToken != "" && l.NextPageToken != pg.NextPageToken(l.Leases[n-1].LeaseID) {
+						t.Fatalf("page %d: its token is not its last lease's id (%s)", p, l.Leases[n-1].LeaseID)
+					}
+					if token = l.NextPageToken; token == "" {
+						break
+					}
+				}
+				if !slices.Equal(got, want) {
+					t.Fatalf("listed %v, want %v (the live lease whose two members straddle the budget lost)", got, want)
+				}
+			})
+		}
+	}
+}

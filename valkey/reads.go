@@ -92,7 +92,10 @@ func (s *Store) Inspect(ctx context.Context, req lease.InspectRequest) (lease.Re
 // order. Each step reads a chunk of the filter's index range, then the
 // chunk's active records in one atomic read; like the reference backend it
 // examines at most 4×page size + 64 entries per page, so a page costs
-// O(page size) whatever the number of stale entries.
+// O(page size) whatever the number of stale entries, plus, once that
+// budget is spent, at most two more: the rest of the last lease's members
+// (a lease has one of each form, tag-free first), so the cursor moves past
+// a lease id only once every member of it has been consumed.
 func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResult, error) {
 	pg, err := lease.PrepareList(req, s.opts)
 	if err != nil {
@@ -104,6 +107,11 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 	d := lease.Deadline(ctx, req.DeadlineAt)
 	out := lease.ListResult{Leases: []*lease.Record{}}
 	budget := 4*size + 64
+	// Once the budget is spent, members of the last consumed lease id are
+	// still consumed, at most spare of them: a page whose budget ends on a
+	// lease's tag-free member (its lookup gone) must still examine its
+	// tagged one, which may list it, since the cursor will exclude both.
+	spare := 2
 	lower := "[" + prefix
 	if after != "" {
 		// Members with lease id `after` end there or continue with 0, so
@@ -116,6 +124,9 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 		// rounds, not one per member. Members after the page fills are
 		// read but not consumed: the cursor is the last one consumed.
 		want := min(size, budget)
+		if budget == 0 {
+			want = spare
+		}
 		page, err := s.read(ctx, d, "index_page", []string{s.keys.index()}, lower, upper, strconv.Itoa(want+1))
 		if err != nil {
 			return lease.ListResult{}, err
@@ -138,8 +149,14 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 			if len(out.Leases) == size {
 				break
 			}
+			if budget > 0 {
+				budget--
+			} else if spare > 0 && e.leaseID != "" && e.leaseID == after {
+				spare--
+			} else {
+				break // the budget is spent, and the last lease's members with it
+			}
 			consumed = i + 1
-			budget--
 			lower = "(" + examine[i]
 			if e.leaseID != "" {
 				// Every member whose lease id parsed moves the cursor past
@@ -166,7 +183,7 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 		if consumed == len(examine) && len(page.f) <= want {
 			return out, nil // the filter's range is exhausted
 		}
-		if len(out.Leases) == size || budget == 0 {
+		if len(out.Leases) == size || budget == 0 && (consumed < len(examine) || spare == 0 || !memberOf(page.f[len(examine)], prefix, after)) {
 			if after == "" || after == pg.After {
 				// A whole budget of members with no lease id: a token
 				// would name no cursor, or the one this page started at.
@@ -177,6 +194,13 @@ func (s *Store) List(ctx context.Context, req lease.ListRequest) (lease.ListResu
 			return out, nil
 		}
 	}
+}
+
+// memberOf reports whether the index member m (after prefix) is one of
+// lease id's, in either form: prefix ‖ id, or prefix ‖ id ‖ 0 ‖ tag.
+func memberOf(m, prefix, id string) bool {
+	rest, ok := strings.CutPrefix(m, prefix+id)
+	return ok && id != "" && (rest == "" || rest[0] == 0)
 }
 
 // listEntry is an index member List examines: its lease id ("" if it did
