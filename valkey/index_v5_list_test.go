@@ -284,16 +284,7 @@ func TestListChunksStayLarge(t *testing.T) {
 // tag-free List index members (those of format 4 leases), and the ones of
 // format 3 leases, with their tag, stay.
 func TestReadmeClearsTagFreeIndexMembers(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	const head, end = "valkey-cli EVAL \"", "\" 1 <prefix>:index"
-	_, rest, ok := strings.Cut(string(readme), head)
-	script, _, ok2 := strings.Cut(rest, end)
-	if !ok || !ok2 {
-		t.Fatal("the README has no script clearing tag-free index members")
-	}
+	script := readmeClearScript(t)
 	r := sharedServer(t)
 	o := Options{KeyPrefix: randomPrefix(), StoreOptions: leasetest.StoreOptions(), CompactRecords: true}
 	s3 := open(t, r, o)
@@ -340,6 +331,79 @@ func TestReadmeClearsTagFreeIndexMembers(t *testing.T) {
 	slices.Sort(tagged) // List's order: lease ids made in one millisecond need not rise
 	if got := listAll(t, s); !slices.Equal(got, tagged) {
 		t.Fatalf("listed %v, want %v", got, tagged)
+	}
+}
+
+// readmeClearScript is the README's script clearing the List index of
+// tag-free members.
+func readmeClearScript(t *testing.T) string {
+	t.Helper()
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const head, end = "valkey-cli EVAL \"", "\" 1 <prefix>:index"
+	_, rest, ok := strings.Cut(string(readme), head)
+	script, _, ok2 := strings.Cut(rest, end)
+	if !ok || !ok2 {
+		t.Fatal("the README has no script clearing tag-free index members")
+	}
+	return script
+}
+
+// malformedIndexMembers are List index members the README's script cannot
+// parse: an unknown filter, a value's length prefix cut short, a value
+// running past the member's end, fewer values than the filter has, no
+// lease id. It leaves them.
+var malformedIndexMembers = []string{
+	"bogus\x00lease_1",
+	"owner\x00\x00",
+	"owner\x00\x00\x09ab",
+	"owner\x00\x00\x01a",
+	"program\x00\x00\x01a",
+	"target\x00\x00\x01a\x00\x01b\x00\x01c",
+}
+
+// F-B: a member the README's script cannot parse is left, and the script
+// goes on: every tag-free member is removed, every tagged one kept. (It
+// used to fail on the first, with nil arithmetic, having removed some.)
+func TestReadmeScriptLeavesMalformedMembers(t *testing.T) {
+	script := readmeClearScript(t)
+	r := sharedServer(t)
+	o := Options{KeyPrefix: randomPrefix(), StoreOptions: leasetest.StoreOptions(), CompactRecords: true}
+	s3 := open(t, r, o)
+	for range 2 {
+		if _, err := s3.Acquire(bg, acquireReq(newIdentity())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	o.CompactRecords, o.EmbeddedEvidence = false, true
+	s := open(t, r, o)
+	for range 2 {
+		res := acquire4(t, s, acquireReq(newIdentity()))
+		endUnarchived(t, s, res.Lease, false)
+	}
+	for _, m := range malformedIndexMembers {
+		if err := s.client.Do(bg, s.client.B().Zadd().Key(s.keys.index()).ScoreMember().ScoreMember(0, m).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := s.client.Do(bg, s.client.B().Eval().Script(script).Numkeys(1).Key(s.keys.index()).Build()).AsInt64()
+	if err != nil || n != 6 {
+		t.Fatalf("the script answered %d, %v; want 6 removed", n, err)
+	}
+	var left []string
+	for _, m := range indexMembers(t, s) {
+		if slices.Contains(malformedIndexMembers, m) {
+			continue
+		}
+		if i := strings.Index(m, "lease_"); i < 0 || !strings.Contains(m[i:], "\x00") {
+			t.Fatalf("a tag-free member left: %q", m)
+		}
+		left = append(left, m)
+	}
+	if len(left) != 6 || len(indexMembers(t, s)) != 6+len(malformedIndexMembers) {
+		t.Fatalf("left %d tagged members (want 6) and %d in all", len(left), len(indexMembers(t, s)))
 	}
 }
 
