@@ -1,6 +1,7 @@
 package valkey
 
 import (
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -284,7 +285,7 @@ func TestListChunksStayLarge(t *testing.T) {
 // tag-free List index members (those of format 4 leases), and the ones of
 // format 3 leases, with their tag, stay.
 func TestReadmeClearsTagFreeIndexMembers(t *testing.T) {
-	script := readmeClearScript(t)
+	script, limit := readmeClearScript(t)
 	r := sharedServer(t)
 	o := Options{KeyPrefix: randomPrefix(), StoreOptions: leasetest.StoreOptions(), CompactRecords: true}
 	s3 := open(t, r, o)
@@ -305,13 +306,7 @@ func TestReadmeClearsTagFreeIndexMembers(t *testing.T) {
 	if n := len(indexMembers(t, s)); n != 18 {
 		t.Fatalf("%d index members, want 18", n)
 	}
-	run := func() int64 {
-		n, err := s.client.Do(bg, s.client.B().Eval().Script(script).Numkeys(1).Key(s.keys.index()).Build()).AsInt64()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	run := func() int64 { return clearAll(t, s, script, limit) }
 	if n := run(); n != 9 {
 		t.Fatalf("the script removed %d members, want 9", n)
 	}
@@ -335,20 +330,81 @@ func TestReadmeClearsTagFreeIndexMembers(t *testing.T) {
 }
 
 // readmeClearScript is the README's script clearing the List index of
-// tag-free members.
-func readmeClearScript(t *testing.T) string {
+// tag-free members, a batch of at most limit members a run, and the limit
+// its loop passes.
+func readmeClearScript(t *testing.T) (script, limit string) {
 	t.Helper()
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	const head, end = "valkey-cli EVAL \"", "\" 1 <prefix>:index"
+	const head, end = "valkey-cli EVAL \"", "\" 1 <prefix>:index \"$c\" "
 	_, rest, ok := strings.Cut(string(readme), head)
-	script, _, ok2 := strings.Cut(rest, end)
-	if !ok || !ok2 {
+	script, rest, ok2 := strings.Cut(rest, end)
+	limit, _, ok3 := strings.Cut(rest, ")")
+	if !ok || !ok2 || !ok3 {
 		t.Fatal("the README has no script clearing tag-free index members")
 	}
-	return script
+	return script, limit
+}
+
+// clearBatch is one run of the README's script: from cursor, at most
+// limit members.
+func clearBatch(t *testing.T, s *Store, script, cursor, limit string) (next string, removed int64) {
+	t.Helper()
+	rep, err := s.client.Do(bg, s.client.B().Eval().Script(script).Numkeys(1).Key(s.keys.index()).Arg(cursor, limit).Build()).ToArray()
+	if err != nil || len(rep) != 2 {
+		t.Fatalf("the script answered %v, %v", rep, err)
+	}
+	if next, err = rep[0].ToString(); err != nil {
+		t.Fatal(err)
+	}
+	if removed, err = rep[1].AsInt64(); err != nil {
+		t.Fatal(err)
+	}
+	return next, removed
+}
+
+// clearAll runs the README's loop: the script from cursor 0 until it
+// answers 0, summing what it removed. Each run reads at most limit members
+// (those after its cursor, up to the one it answers, of the index as it
+// was before the run); removes no more than it read.
+func clearAll(t *testing.T, s *Store, script, limit string) int64 {
+	t.Helper()
+	most, err := strconv.Atoi(limit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	from := ""
+	for c, runs := "0", 0; ; runs++ {
+		if runs > 100000 {
+			t.Fatal("the script's cursor never came to 0")
+		}
+		before := indexMembers(t, s) // sorted, as ZRANGE answers
+		next, n := clearBatch(t, s, script, c, limit)
+		to := "\xff\xff\xff\xff"
+		if next != "0" {
+			b, err := hex.DecodeString(next)
+			if err != nil || string(b) <= from && from != "" {
+				t.Fatalf("the cursor %q does not move on from %q", next, from)
+			}
+			to = string(b)
+		}
+		read := 0
+		for _, m := range before {
+			if (from == "" || m > from) && m <= to {
+				read++
+			}
+		}
+		if read > most || n > int64(read) {
+			t.Fatalf("one run read %d members and removed %d, limit %d", read, n, most)
+		}
+		total += n
+		if c, from = next, to; c == "0" {
+			return total
+		}
+	}
 }
 
 // malformedIndexMembers are List index members the README's script cannot
@@ -368,7 +424,13 @@ var malformedIndexMembers = []string{
 // goes on: every tag-free member is removed, every tagged one kept. (It
 // used to fail on the first, with nil arithmetic, having removed some.)
 func TestReadmeScriptLeavesMalformedMembers(t *testing.T) {
-	script := readmeClearScript(t)
+	script, readmeLimit := readmeClearScript(t)
+	for _, limit := range []string{readmeLimit, "1", "2", "5"} {
+		t.Run("limit="+limit, func(t *testing.T) { testReadmeScriptLeavesMalformedMembers(t, script, limit) })
+	}
+}
+
+func testReadmeScriptLeavesMalformedMembers(t *testing.T, script, limit string) {
 	r := sharedServer(t)
 	o := Options{KeyPrefix: randomPrefix(), StoreOptions: leasetest.StoreOptions(), CompactRecords: true}
 	s3 := open(t, r, o)
@@ -388,9 +450,8 @@ func TestReadmeScriptLeavesMalformedMembers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	n, err := s.client.Do(bg, s.client.B().Eval().Script(script).Numkeys(1).Key(s.keys.index()).Build()).AsInt64()
-	if err != nil || n != 6 {
-		t.Fatalf("the script answered %d, %v; want 6 removed", n, err)
+	if n := clearAll(t, s, script, limit); n != 6 {
+		t.Fatalf("the script removed %d; want 6", n)
 	}
 	var left []string
 	for _, m := range indexMembers(t, s) {
@@ -404,6 +465,53 @@ func TestReadmeScriptLeavesMalformedMembers(t *testing.T) {
 	}
 	if len(left) != 6 || len(indexMembers(t, s)) != 6+len(malformedIndexMembers) {
 		t.Fatalf("left %d tagged members (want 6) and %d in all", len(left), len(indexMembers(t, s)))
+	}
+	if n := clearAll(t, s, script, limit); n != 0 {
+		t.Fatalf("a second loop removed %d", n)
+	}
+}
+
+// F-C: the README's script walks the index in batches, each run reading at
+// most its limit of members from its cursor (it blocks the server only for
+// that): over an index of several batches, with values whose length
+// prefixes are 00 ff and 01 00 and bytes above 0x7f, the loop removes
+// exactly the tag-free members, leaves the rest, and a second loop removes
+// 0.
+func TestReadmeScriptBatches(t *testing.T) {
+	script, limit := readmeClearScript(t)
+	if limit != "1000" {
+		t.Fatalf("the README's loop passes a limit of %s, want 1000", limit)
+	}
+	s := open4(t, Options{})
+	gen := `for i = 1, tonumber(ARGV[1]) do
+  local id = string.format('lease_%09d', i)
+  local tail = ''
+  if i % 2 == 0 then tail = '\0' .. string.rep('A', 43) end
+  redis.call('ZADD', KEYS[1], 0, 'owner\0' .. string.char(0, 255) .. string.rep('\255', 255) .. id .. tail)
+  redis.call('ZADD', KEYS[1], 0, 'program\0' .. string.char(1, 0) .. string.rep('p', 256) .. string.char(0, 3) .. 'a\0b' .. id .. tail)
+  redis.call('ZADD', KEYS[1], 0, 'target\0' .. string.char(0, 1, 116, 0, 1, 112, 0, 1, 0, 0, 1, 0) .. id .. tail)
+end
+return 1`
+	const leases = 1500 // 4,500 members, 2,250 of them tag-free
+	if err := s.client.Do(bg, s.client.B().Eval().Script(gen).Numkeys(1).Key(s.keys.index()).Arg(strconv.Itoa(leases)).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(indexMembers(t, s)); n != 3*leases {
+		t.Fatalf("%d members", n)
+	}
+	if n := clearAll(t, s, script, limit); n != 3*leases/2 {
+		t.Fatalf("the loop removed %d, want %d (the tag-free members)", n, 3*leases/2)
+	}
+	for _, m := range indexMembers(t, s) {
+		if !strings.HasSuffix(m, "\x00"+strings.Repeat("A", 43)) {
+			t.Fatalf("left a tag-free member %q", m)
+		}
+	}
+	if n := len(indexMembers(t, s)); n != 3*leases/2 {
+		t.Fatalf("%d members left, want %d", n, 3*leases/2)
+	}
+	if n := clearAll(t, s, script, limit); n != 0 {
+		t.Fatalf("a second loop removed %d", n)
 	}
 }
 
