@@ -3,6 +3,7 @@ package lease
 import (
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Record version 3 ("rv3", Valkey stored format 4) is an active record
@@ -122,9 +123,9 @@ func DecodeAnyStoredRecord(raw []byte) (*Record, error) {
 // key stores for it. Strict decoding of the result is the caller's.
 func (e EmbeddedEvidence) Acquisition(rec *Record) ([]byte, error) {
 	orig := rec.Clone()
-	life := min(e.TTLMs, orig.MaximumLifetimeMs)
 	orig.RenewedAt, orig.TTLMs, orig.State = orig.AcquiredAt, e.TTLMs, StateActive
-	orig.ExpiresAt = UnixMilli(orig.AcquiredAt.UnixMilli() + life)
+	orig.ExpiresAt = LeaseExpiry(orig.AcquiredAt, time.Duration(e.TTLMs)*time.Millisecond, orig.AcquiredAt,
+		time.Duration(orig.MaximumLifetimeMs)*time.Millisecond)
 	ev := &IdempotencyRecord{Version: IdempotencyVersion, Op: OpAcquire, Digest: e.Digest, Code: CodeAcquired, Lease: orig,
 		BackendTime: orig.AcquiredAt}
 	return ev.Encode()
