@@ -245,9 +245,11 @@ func (s *Store) replay(p lease.Prepared, rep reply) (lease.Result, error) {
 
 // embeddedAcquisition strictly decodes an "embedded" reply (fields 0, 1: an
 // active record of version 3 and its PTTL) read for p: the acquisition's
-// evidence it carries, as version 1 bytes, and the record. Anything else
-// (another version, another lock key or scope, no TTL) is corrupt.
-func (s *Store) embeddedAcquisition(p lease.Prepared, rep reply) ([]byte, *lease.Record, error) {
+// evidence it carries, as version 1 bytes, and how to find the lease's
+// state now (that record, which is the lease's: the reply is its own).
+// Anything else (another version, another lock key or scope, no TTL) is
+// corrupt.
+func (s *Store) embeddedAcquisition(p lease.Prepared, rep reply) ([]byte, func(*lease.Record) (*lease.Record, error), error) {
 	if rep.at(1) == "-1" {
 		return nil, nil, s.corrupt(p.Identity, "active key has no TTL")
 	}
@@ -262,14 +264,17 @@ func (s *Store) embeddedAcquisition(p lease.Prepared, rep reply) ([]byte, *lease
 	if err != nil {
 		return nil, nil, s.corrupt(p.Identity, "embedded idempotency evidence is corrupt: "+lease.AsError(err).Reason)
 	}
-	return raw, rec, nil
+	current := func(orig *lease.Record) (*lease.Record, error) {
+		return lease.CurrentOf(orig, rec, rep.now, func() *lease.HistoryEntry { return nil }), nil
+	}
+	return raw, current, nil
 }
 
 // replayEmbedded answers an acquire from the evidence its lease's active
 // record carries (format 4): the original result with the state now, or
 // idempotency_conflict for another digest.
 func (s *Store) replayEmbedded(p lease.Prepared, rep reply) (lease.Result, error) {
-	raw, rec, err := s.embeddedAcquisition(p, rep)
+	raw, current, err := s.embeddedAcquisition(p, rep)
 	if err != nil {
 		return lease.Result{}, err
 	}
@@ -277,9 +282,7 @@ func (s *Store) replayEmbedded(p lease.Prepared, rep reply) (lease.Result, error
 	if err != nil {
 		return lease.Result{}, s.corrupt(p.Identity, "embedded idempotency evidence is corrupt")
 	}
-	return p.Replay(ev, rep.now, func(orig *lease.Record) (*lease.Record, error) {
-		return lease.CurrentOf(orig, rec, rep.now, func() *lease.HistoryEntry { return nil }), nil
-	})
+	return p.Replay(ev, rep.now, current)
 }
 
 // currentOf finds the state now of a lease from an evidence reply: its

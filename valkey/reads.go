@@ -321,13 +321,11 @@ func (s *Store) LookupRequest(ctx context.Context, req lease.LookupRequest) (lea
 	}
 	switch rep.status {
 	case "embedded":
-		raw, rec, err := s.embeddedAcquisition(p, rep)
+		raw, current, err := s.embeddedAcquisition(p, rep)
 		if err != nil {
 			return lease.Result{}, err
 		}
-		res, ok := p.Lookup(raw, func(orig *lease.Record) (*lease.Record, error) {
-			return lease.CurrentOf(orig, rec, rep.now, func() *lease.HistoryEntry { return nil }), nil
-		})
+		res, ok := p.Lookup(raw, current)
 		if !ok {
 			return lease.Result{}, s.corrupt(p.Identity, "embedded idempotency evidence is corrupt")
 		}
