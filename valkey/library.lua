@@ -756,6 +756,20 @@ local function store_active(c, r, renewed)
   return raw
 end
 
+-- encode_ev2 is evidence version 2 (lease.CompactEvidence's bytes): the
+-- operation, digest, code and backend time at, then lease r's facts with
+-- renewed, expires, ttl and state as the answer gave them (an ending's
+-- write_out gives the acquisition's). One concatenation.
+local function encode_ev2(op, digest, code, at, tag, r, renewed, expires, ttl, state)
+  return 'ev2\n' .. op .. '\n' .. digest .. '\n' .. code .. '\n' .. int(at) .. '\n' .. tag
+    .. '\n' .. r.lease_id .. '\n' .. r.owner_principal_id .. '\n' .. r.owner_client_id
+    .. '\n' .. r.owner_credential_id .. '\n' .. r.service_instance_id .. '\n' .. int(r.fencing_token)
+    .. '\n' .. int(r.acquired_at) .. '\n' .. int(renewed) .. '\n' .. int(expires)
+    .. '\n' .. int(ttl) .. '\n' .. int(r.maximum_lifetime_ms) .. '\n' .. r.execution_id
+    .. '\n' .. r.job_id .. '\n' .. r.trace_id .. '\n' .. r.request_id .. '\n' .. state
+    .. '\n' .. r.metadata
+end
+
 -- write_out writes the acquisition's evidence a version 3 record r carries
 -- to its own key, as remember writes it (evidence version 2) and with the
 -- expiry it would have had (acquired_at + the idempotency retention; not
@@ -769,13 +783,10 @@ local function write_out(c, r)
   if at <= now_ms() then return end
   local scope = r.idem_scope
   if #scope ~= 43 or not string.find(scope, '^[%w_%-]+$') then return end -- (decode checked it)
+  -- The lease as its acquisition granted it (what the acquire answered).
   local ttl = r.idem_ttl
-  local ev = 'ev2\nacquire\n' .. r.idem_digest .. '\nlease_acquired\n' .. int(r.acquired_at) .. '\n' .. c.tag
-    .. '\n' .. r.lease_id .. '\n' .. r.owner_principal_id .. '\n' .. r.owner_client_id
-    .. '\n' .. r.owner_credential_id .. '\n' .. r.service_instance_id .. '\n' .. int(r.fencing_token)
-    .. '\n' .. int(r.acquired_at) .. '\n' .. int(r.acquired_at) .. '\n' .. int(r.acquired_at + math.min(ttl, r.maximum_lifetime_ms))
-    .. '\n' .. int(ttl) .. '\n' .. int(r.maximum_lifetime_ms) .. '\n' .. r.execution_id
-    .. '\n' .. r.job_id .. '\n' .. r.trace_id .. '\n' .. r.request_id .. '\nactive\n' .. r.metadata
+  local ev = encode_ev2('acquire', r.idem_digest, 'lease_acquired', r.acquired_at, c.tag, r, r.acquired_at,
+    r.acquired_at + math.min(ttl, r.maximum_lifetime_ms), ttl, 'active')
   local k = string.sub(c.k_active, 1, #c.k_active - #'active') .. 'idem:' .. scope
   redis.call('SET', k, ev, 'PXAT', int(at))
 end
@@ -862,13 +873,7 @@ local function remember(c, now, op, digest, code, r, state, raw)
     redis.call('SET', c.k_ev, ev, 'PX', int(c.ev_ret))
     return
   end
-  local ev = 'ev2\n' .. op .. '\n' .. digest .. '\n' .. code .. '\n' .. int(now) .. '\n' .. c.tag
-    .. '\n' .. r.lease_id .. '\n' .. r.owner_principal_id .. '\n' .. r.owner_client_id
-    .. '\n' .. r.owner_credential_id .. '\n' .. r.service_instance_id .. '\n' .. int(r.fencing_token)
-    .. '\n' .. int(r.acquired_at) .. '\n' .. int(r.renewed_at) .. '\n' .. int(r.expires_at)
-    .. '\n' .. int(r.ttl_ms) .. '\n' .. int(r.maximum_lifetime_ms) .. '\n' .. r.execution_id
-    .. '\n' .. r.job_id .. '\n' .. r.trace_id .. '\n' .. r.request_id .. '\n' .. (state or r.state)
-    .. '\n' .. r.metadata
+  local ev = encode_ev2(op, digest, code, now, c.tag, r, r.renewed_at, r.expires_at, r.ttl_ms, state or r.state)
   redis.call('SET', c.k_ev, ev, 'PX', int(c.ev_ret))
 end
 
