@@ -23,7 +23,8 @@ import (
 )
 
 // BenchmarkScale measures how cost grows with the work, on bolt and on
-// Valkey (a fresh redis-server per N, AOF with appendfsync always): a
+// Valkey (a fresh redis-server per N, AOF with appendfsync always;
+// STARLEASE_SCALE_BACKENDS=bolt or valkey keeps one of them): a
 // store preloaded with N active leases (STARLEASE_SCALE_NS, default
 // 0,10000,100000; distinct identities over 10 owners and 10 programs,
 // which never expire during the run) then runs acquire+release pairs on
@@ -72,7 +73,16 @@ func BenchmarkScale(b *testing.B) {
 		control   time.Duration
 	}
 	var reaps []reapLine
-	for _, backend := range []string{"bolt", "valkey"} {
+	backends := []string{"bolt", "valkey"}
+	if v := os.Getenv("STARLEASE_SCALE_BACKENDS"); v != "" {
+		backends = strings.Split(v, ",")
+		for _, be := range backends {
+			if be != "bolt" && be != "valkey" {
+				b.Fatalf("STARLEASE_SCALE_BACKENDS=%q: want bolt, valkey or both, comma-separated", v)
+			}
+		}
+	}
+	for _, backend := range backends {
 		for _, n := range ns {
 			s, size := openScaleStore(b, backend, time.Minute)
 			before := size()
