@@ -109,6 +109,8 @@ func storedVersionOf(t *testing.T, s *Store, lk lease.LookupRequest) string {
 	t.Helper()
 	_, v, _ := evidenceOf(t, s, lk)
 	switch {
+	case bytes.HasPrefix(v, []byte(lease.EvidenceLeanPrefix)):
+		return "ev4"
 	case bytes.HasPrefix(v, []byte(lease.EvidenceRefPrefix)):
 		return "ev3"
 	case bytes.HasPrefix(v, []byte(lease.EvidenceV2Prefix)):
@@ -119,26 +121,42 @@ func storedVersionOf(t *testing.T, s *Store, lk lease.LookupRequest) string {
 	return "v1"
 }
 
+// forEachByRef runs test once for each form of evidence by reference a
+// store may hold: version 3 (written by schema 10, still read) and
+// version 4 (written now).
+func forEachByRef(t *testing.T, test func(t *testing.T, byRef string)) {
+	for _, byRef := range []string{"ev3", "ev4"} {
+		t.Run(byRef, func(t *testing.T) { test(t, byRef) })
+	}
+}
+
 // An acquisition's evidence refers to its record while the lease is
 // active and, once it ended, to its history entry; when the identity's
 // history cap drops that entry, the evidence is rewritten in version 2
 // first. Every acquisition replays and looks up its original result
 // exactly throughout.
+// Both forms by reference are detached: version 3 (written by schema 10,
+// still read) and version 4 (written now).
 func TestAcquireEvidenceDetachedWhenItsHistoryIsTrimmed(t *testing.T) {
-	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
-	o := leasetest.StoreOptions()
-	o.HistoryPerIdentity = 2
-	s := openTemp(t, Options{StoreOptions: o, Now: c.Now, ReapInterval: -1})
-	far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	lives := refLives(t, s, c, "trimmed", 0, 4, far)
-	for i, want := range []string{"ev2", "ev2", "ev3", "ev3"} {
-		if got := lives[i].storedVersion(t, s, far); got != want {
-			t.Fatalf("acquisition %d's evidence is %s, want %s (history keeps the last 2 leases)", i, got, want)
-		}
-		if got := lives[i].storedReleaseVersion(t, s, far); got != want {
-			t.Fatalf("release %d's evidence is %s, want %s (history keeps the last 2 leases)", i, got, want)
-		}
-		lives[i].answersExactly(t, s, far)
+	for _, byRef := range []string{"ev3", "ev4"} {
+		t.Run(byRef, func(t *testing.T) {
+			c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
+			o := leasetest.StoreOptions()
+			o.HistoryPerIdentity = 2
+			s := openTemp(t, Options{StoreOptions: o, Now: c.Now, ReapInterval: -1})
+			s.schema10Writes = byRef == "ev3"
+			far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+			lives := refLives(t, s, c, "trimmed", 0, 4, far)
+			for i, want := range []string{"ev2", "ev2", byRef, byRef} {
+				if got := lives[i].storedVersion(t, s, far); got != want {
+					t.Fatalf("acquisition %d's evidence is %s, want %s (history keeps the last 2 leases)", i, got, want)
+				}
+				if got := lives[i].storedReleaseVersion(t, s, far); got != want {
+					t.Fatalf("release %d's evidence is %s, want %s (history keeps the last 2 leases)", i, got, want)
+				}
+				lives[i].answersExactly(t, s, far)
+			}
+		})
 	}
 }
 
@@ -146,26 +164,31 @@ func TestAcquireEvidenceDetachedWhenItsHistoryIsTrimmed(t *testing.T) {
 // its acquisition lasts: the evidence is rewritten first and still
 // answers exactly.
 func TestAcquireEvidenceDetachedWhenItsHistoryRetires(t *testing.T) {
-	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
-	o := leasetest.StoreOptions()
-	o.HistoryRetention = time.Hour
-	s := openTemp(t, Options{StoreOptions: o, Now: c.Now, ReapInterval: -1})
-	far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	l := refLives(t, s, c, "retired", 0, 1, far)[0]
-	if got, rel := l.storedVersion(t, s, far), l.storedReleaseVersion(t, s, far); got != "ev3" || rel != "ev3" {
-		t.Fatalf("evidence before retention: acquisition %s, release %s; want ev3", got, rel)
+	for _, byRef := range []string{"ev3", "ev4"} {
+		t.Run(byRef, func(t *testing.T) {
+			c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
+			o := leasetest.StoreOptions()
+			o.HistoryRetention = time.Hour
+			s := openTemp(t, Options{StoreOptions: o, Now: c.Now, ReapInterval: -1})
+			s.schema10Writes = byRef == "ev3"
+			far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+			l := refLives(t, s, c, "retired", 0, 1, far)[0]
+			if got, rel := l.storedVersion(t, s, far), l.storedReleaseVersion(t, s, far); got != byRef || rel != byRef {
+				t.Fatalf("evidence before retention: acquisition %s, release %s; want %s", got, rel, byRef)
+			}
+			c.Add(2 * time.Hour)
+			if err := s.reap(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if h, err := s.History(context.Background(), lease.HistoryRequest{Identity: l.req.Identity, DeadlineAt: far, Caller: l.req.Caller}); err != nil || len(h.Entries) != 0 {
+				t.Fatalf("history past retention: %+v, %v; want none", h, err)
+			}
+			if got, rel := l.storedVersion(t, s, far), l.storedReleaseVersion(t, s, far); got != "ev2" || rel != "ev2" {
+				t.Fatalf("evidence after its history retired: acquisition %s, release %s; want ev2", got, rel)
+			}
+			l.answersExactly(t, s, far)
+		})
 	}
-	c.Add(2 * time.Hour)
-	if err := s.reap(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if h, err := s.History(context.Background(), lease.HistoryRequest{Identity: l.req.Identity, DeadlineAt: far, Caller: l.req.Caller}); err != nil || len(h.Entries) != 0 {
-		t.Fatalf("history past retention: %+v, %v; want none", h, err)
-	}
-	if got, rel := l.storedVersion(t, s, far), l.storedReleaseVersion(t, s, far); got != "ev2" || rel != "ev2" {
-		t.Fatalf("evidence after its history retired: acquisition %s, release %s; want ev2", got, rel)
-	}
-	l.answersExactly(t, s, far)
 }
 
 // Version 3 evidence of identity A found under identity B's evidence key
@@ -175,6 +198,7 @@ func TestAcquireEvidenceDetachedWhenItsHistoryRetires(t *testing.T) {
 func TestVersion3EvidenceOfAnotherIdentityFailsClosed(t *testing.T) {
 	ctx := context.Background()
 	s := openTemp(t, Options{ReapInterval: -1})
+	s.schema10Writes = true // version 3, which files of schema 10 hold
 	a := scopeAcquire(t, s, "tenant-a", "program-a", "target-a", "prn-x", "req-a")
 	b := scopeAcquire(t, s, "tenant-b", "program-b", "target-b", "prn-x", "req-b")
 	if err := s.db.Update(func(tx *bbolt.Tx) error {
@@ -233,6 +257,7 @@ func TestCorruptVersion3EvidenceFailsClosed(t *testing.T) {
 			ctx := context.Background()
 			c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
 			s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1})
+			s.schema10Writes = true // version 3, which files of schema 10 hold
 			far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 			req := acquireReq("acq-corrupt", time.Minute, far)
 			a, err := s.Acquire(ctx, req)
@@ -310,8 +335,10 @@ func TestSchema9AcquireEvidenceStillReplays(t *testing.T) {
 	}
 	before.answersExactly(t, s, far)
 	after := refLives(t, s, c, "schema10", 0, 1, far)[0]
-	if got := after.storedVersion(t, s, far); got != "ev3" {
-		t.Fatalf("evidence written after the upgrade: %s, want ev3", got)
+	// By reference, in the form this build writes (version 3 until
+	// schema 11, version 4 since).
+	if got := after.storedVersion(t, s, far); got != "ev4" {
+		t.Fatalf("evidence written after the upgrade: %s, want ev4", got)
 	}
 	after.answersExactly(t, s, far)
 }
@@ -329,6 +356,7 @@ func TestCorruptReleaseVersion3EvidenceFailsClosed(t *testing.T) {
 			ctx := context.Background()
 			c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
 			s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1})
+			s.schema10Writes = true // version 3, which files of schema 10 hold
 			far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 			l := refLives(t, s, c, "corrupt-release", 0, 1, far)[0]
 			k, v, p := evidenceOf(t, s, l.releaseLookup(far))

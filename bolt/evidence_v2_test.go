@@ -52,8 +52,9 @@ func (l leaseLife) lookupsAnswer(t *testing.T, s *Store, far time.Time) {
 
 // Schema 4 stores idempotency evidence in version 2, about a third of the
 // bytes, and schema 10 an acquisition's and a release's in version 3, by
-// reference to the lease's record, under a quarter; every replay and
-// lookup answers exactly the original result.
+// reference to the lease's record, under a quarter; schema 11 those in
+// version 4, under an eighth; every replay and lookup answers exactly the
+// original result.
 func TestEvidenceStoredInVersion2(t *testing.T) {
 	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
 	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1})
@@ -65,8 +66,8 @@ func TestEvidenceStoredInVersion2(t *testing.T) {
 			var v1 []byte
 			var known, ok bool
 			s.db.View(func(tx *bbolt.Tx) error { v1, known, ok = v1Evidence(tx, p.LockKey, v); return nil })
-			if !strings.HasPrefix(string(v), lease.EvidenceRefPrefix) || !known || !ok || len(v) > len(v1)/4 {
-				t.Fatalf("%s evidence is not version 3 at under a quarter of the bytes of version 1 (%d, %d): %q", lk.Op, len(v), len(v1), v)
+			if !strings.HasPrefix(string(v), lease.EvidenceLeanPrefix) || !known || !ok || len(v) > len(v1)/8 {
+				t.Fatalf("%s evidence is not version 4 at under an eighth of the bytes of version 1 (%d, %d): %q", lk.Op, len(v), len(v1), v)
 			}
 			continue
 		}
@@ -247,6 +248,14 @@ func TestHistoryStoredInVersion2(t *testing.T) {
 // expand, or if no record of the identity (of version 3's lease) is left
 // to take the tuple from (then known is false).
 func v1Evidence(tx *bbolt.Tx, lockKey string, v []byte) (v1 []byte, known, ok bool) {
+	if bytes.HasPrefix(v, []byte(lease.EvidenceLeanPrefix)) {
+		rec, endedAt := leanRecordIn(tx, lockKey, string(v))
+		if rec == nil {
+			return nil, false, false
+		}
+		s, ok := lease.ExpandLeanEvidence(string(v), rec, endedAt)
+		return []byte(s), true, ok
+	}
 	if bytes.HasPrefix(v, []byte(lease.EvidenceRefPrefix)) {
 		rec := referredRecordIn(tx, lockKey, string(v))
 		if rec == nil {
@@ -301,12 +310,47 @@ func referredRecordIn(tx *bbolt.Tx, lockKey, raw string) *lease.Record {
 	return nil
 }
 
-// asVersion2 is stored evidence v of lockKey in version 2: version 3
-// rewritten as the store detaches it (lease.ReferredEvidence, then
-// lease.CompactEvidence) with the record of its lease, anything else as
-// it is. Tests of version 2 evidence take an acquisition's this way.
+// leanRecordIn is the record under lockKey of the lease version 4
+// evidence raw names by its token, read from tx alone (the active record,
+// else a history entry's, then with its ended_at), or nil.
+func leanRecordIn(tx *bbolt.Tx, lockKey, raw string) (*lease.Record, lease.Timestamp) {
+	_, token, ok := lease.LeanEvidenceToken(raw)
+	if !ok {
+		return nil, lease.Timestamp{}
+	}
+	ident := tx.Bucket(bucketIdent)
+	if r, err := lease.DecodeStoredRecord(ident.Get(activeKey(lockKey))); err == nil && r.FencingToken == token {
+		return r, lease.Timestamp{}
+	}
+	prefix := historyPrefix(lockKey)
+	c := ident.Cursor()
+	for k, hv := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, hv = c.Next() {
+		if h, err := lease.DecodeStoredHistory(hv); err == nil && h.Record.FencingToken == token {
+			return h.Record, h.EndedAt
+		}
+	}
+	return nil, lease.Timestamp{}
+}
+
+// asVersion2 is stored evidence v of lockKey in version 2: version 3 or 4
+// rewritten as the store detaches it (lease.ReferredEvidence or
+// lease.LeanReferredEvidence, then lease.CompactEvidence) with the record
+// of its lease, anything else as it is. Tests of version 2 evidence take
+// an acquisition's this way.
 func asVersion2(t *testing.T, tx *bbolt.Tx, lockKey string, v []byte) []byte {
 	t.Helper()
+	if bytes.HasPrefix(v, []byte(lease.EvidenceLeanPrefix)) {
+		rec, endedAt := leanRecordIn(tx, lockKey, string(v))
+		ev, ok := lease.LeanReferredEvidence(string(v), rec, endedAt)
+		if !ok {
+			t.Fatalf("version 4 evidence does not rebuild: %q", v)
+		}
+		b, err := lease.CompactEvidence(ev, rec.Identity())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
 	if !bytes.HasPrefix(v, []byte(lease.EvidenceRefPrefix)) {
 		return v
 	}

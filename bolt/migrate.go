@@ -23,7 +23,7 @@ var (
 // migrate brings to it (so a backup of it restores).
 func readableSchema(v string) bool {
 	switch v {
-	case schemaVersion, schemaVersionV9, schemaVersionV8, schemaVersionV7, schemaVersionV6, schemaVersionV5, schemaVersionV4, schemaVersionV3, schemaVersionV2, schemaVersionV1:
+	case schemaVersion, schemaVersionV10, schemaVersionV9, schemaVersionV8, schemaVersionV7, schemaVersionV6, schemaVersionV5, schemaVersionV4, schemaVersionV3, schemaVersionV2, schemaVersionV1:
 		return true
 	}
 	return false
@@ -64,6 +64,10 @@ func migrate(tx *bbolt.Tx, from string) error {
 	case schemaVersionV9:
 		// Version 10 adds a form of evidence; the version 2 evidence a
 		// file holds stays as it is (readers take both).
+		fallthrough
+	case schemaVersionV10:
+		// Version 11 adds a form of evidence; the version 3 evidence a
+		// file holds stays as it is (readers take every version).
 	default:
 		return errSchema
 	}

@@ -286,16 +286,25 @@ func (s *Store) lostExpired(tx *layered.View, cur *lease.Record, now lease.Times
 }
 
 // remember stores the typed result as idempotency evidence in the same
-// transaction as the mutation: an acquisition's and a release's in
-// version 3, by reference to the lease's record, which this store keeps
-// as long as the evidence (lease.ReferringEvidence; schema 10: the active
-// record, then its history entry, whose removal rewrites the evidence,
-// see dropHistory), and every other in version 2 (lease.CompactEvidence: the
-// facts without a second copy of the record's JSON; schema 4).
+// transaction as the mutation: an acquisition's and a release's by
+// reference to the lease's record, which this store keeps as long as the
+// evidence (the active record, then its history entry, whose removal
+// rewrites the evidence, see dropHistory): in version 4 where that
+// rebuilds exactly (lease.LeanEvidence; schema 11), else in version 3
+// (lease.ReferringEvidence; schema 10); every other in version 2
+// (lease.CompactEvidence: the facts without a second copy of the record's
+// JSON; schema 4).
 func (s *Store) remember(tx *layered.View, p lease.Prepared, res lease.Result) error {
 	ev := &lease.IdempotencyRecord{Version: lease.IdempotencyVersion, Op: p.Op, Digest: p.Digest,
 		Code: res.Code, Lease: res.Lease, BackendTime: res.BackendTime}
-	b, ok := lease.ReferringEvidence(ev)
+	var b []byte
+	ok := false
+	if !s.schema10Writes {
+		b, ok = lease.LeanEvidence(ev)
+	}
+	if !ok {
+		b, ok = lease.ReferringEvidence(ev)
+	}
 	if !ok {
 		var err error
 		if b, err = lease.CompactEvidence(ev, p.Identity); err != nil {
@@ -311,11 +320,11 @@ func (s *Store) remember(tx *layered.View, p lease.Prepared, res lease.Result) e
 }
 
 // storedEvidence reads p's idempotency evidence as version 1 bytes, nil if
-// there is none; ok is false for version 2 or 3 evidence that cannot be
-// rebuilt (corrupt: for version 3 also when no record of the lease it
-// names is found under p's lock key). ended is the history entry version
-// 3 was rebuilt from, if it was (the replay's currentOf takes it instead
-// of looking for it again). Valid only in tx.
+// there is none; ok is false for version 2, 3 or 4 evidence that cannot be
+// rebuilt (corrupt: for versions 3 and 4 also when no record of the lease
+// it names is found under p's lock key). ended is the history entry
+// version 3 or 4 was rebuilt from, if it was (the replay's currentOf takes
+// it instead of looking for it again). Valid only in tx.
 func (s *Store) storedEvidence(tx *layered.View, p lease.Prepared) (v []byte, ended *lease.HistoryEntry, ok bool) {
 	raw := tx.Bucket(bucketIdent).Get(idemKey(p.LockKey, p.Scope))
 	var v1 string
@@ -326,6 +335,14 @@ func (s *Store) storedEvidence(tx *layered.View, p lease.Prepared) (v []byte, en
 		var rec *lease.Record
 		rec, ended = s.referredRecord(tx, p.LockKey, string(raw))
 		v1, ok = lease.ExpandReferringEvidence(string(raw), rec)
+	case bytes.HasPrefix(raw, []byte(lease.EvidenceLeanPrefix)):
+		var rec *lease.Record
+		var endedAt lease.Timestamp
+		rec, ended = s.tokenRecord(tx, p, string(raw))
+		if ended != nil {
+			endedAt = ended.EndedAt
+		}
+		v1, ok = lease.ExpandLeanEvidence(string(raw), rec, endedAt)
 	default:
 		return raw, nil, true
 	}
@@ -350,6 +367,42 @@ func (s *Store) referredRecord(tx *layered.View, lockKey, raw string) (*lease.Re
 	return nil, nil
 }
 
+// tokenRecord is a record of the lease version 4 evidence raw (read for
+// p) names by its token, under p's lock key: for an acquisition its
+// active record, or else its history entry's (then also the entry); for
+// a release only the history entry's (the release ended it). The record
+// must also be the one p's request made: its own acquisition's scope (or
+// its entry's release's) is p's. That stands in for the lease id version
+// 3 named: evidence copied under another key, or a record that is not
+// its request's, is never answered. nil if none is found (or the active
+// record does not decode).
+func (s *Store) tokenRecord(tx *layered.View, p lease.Prepared, raw string) (*lease.Record, *lease.HistoryEntry) {
+	op, token, ok := lease.LeanEvidenceToken(raw)
+	if !ok || op != p.Op {
+		return nil, nil
+	}
+	if op == lease.OpAcquire {
+		if cur, err := s.loadActive(tx, p.LockKey); err == nil && cur != nil && cur.FencingToken == token {
+			if lease.IdempotencyScope(op, p.LockKey, cur.OwnerPrincipalID, cur.RequestID) != p.Scope {
+				return nil, nil
+			}
+			return cur, nil
+		}
+	}
+	h := findHistoryBy(tx, p.LockKey, func(r *lease.Record) bool { return r.FencingToken == token })
+	if h == nil {
+		return nil, nil
+	}
+	by, request := h.Record.OwnerPrincipalID, h.Record.RequestID
+	if op == lease.OpRelease {
+		by, request = h.EndedBy, h.RequestID
+	}
+	if lease.IdempotencyScope(op, p.LockKey, by, request) != p.Scope {
+		return nil, nil
+	}
+	return h.Record, h
+}
+
 // detachEvidence rewrites in version 2 the version 3 evidence of h's
 // lease (its history entry, stored under lockKey as raw, which the caller
 // decoded strictly into h: the splice relies on it) before the entry
@@ -368,20 +421,24 @@ func detachEvidence(tx *layered.View, lockKey string, h *lease.HistoryEntry, raw
 }
 
 // detachEvidenceOf rewrites the evidence under scope in version 2 if it
-// is version 3 of h's lease: spliced from the entry's own lines
-// (lease.DetachedEvidence), or, for an entry in version 1, rebuilt and
-// encoded.
+// is version 3 or 4 of h's lease: version 3 spliced from the entry's own
+// lines (lease.DetachedEvidence), or, for an entry in version 1, rebuilt
+// and encoded; version 4 rebuilt and encoded.
 func detachEvidenceOf(tx *layered.View, lockKey string, h *lease.HistoryEntry, raw []byte, scope string) error {
 	ident := tx.Bucket(bucketIdent)
 	k := idemKey(lockKey, scope)
 	ev := ident.Get(k)
-	if !bytes.HasPrefix(ev, []byte(lease.EvidenceRefPrefix)) {
-		return nil
+	var e *lease.IdempotencyRecord
+	var ok bool
+	switch {
+	case bytes.HasPrefix(ev, []byte(lease.EvidenceLeanPrefix)):
+		e, ok = lease.LeanReferredEvidence(string(ev), h.Record, h.EndedAt)
+	case bytes.HasPrefix(ev, []byte(lease.EvidenceRefPrefix)):
+		if b, ok := lease.DetachedEvidence(string(ev), string(raw)); ok {
+			return ident.Put(k, b)
+		}
+		e, ok = lease.ReferredEvidence(string(ev), h.Record)
 	}
-	if b, ok := lease.DetachedEvidence(string(ev), string(raw)); ok {
-		return ident.Put(k, b)
-	}
-	e, ok := lease.ReferredEvidence(string(ev), h.Record)
 	if !ok {
 		return nil
 	}
@@ -635,10 +692,17 @@ func seekLast(c *layered.Cursor, prefix []byte) ([]byte, []byte) {
 
 // findHistory finds the terminal evidence of leaseID under lockKey.
 func findHistory(tx *layered.View, lockKey, leaseID string) *lease.HistoryEntry {
+	return findHistoryBy(tx, lockKey, func(r *lease.Record) bool { return r.LeaseID == leaseID })
+}
+
+// findHistoryBy finds the newest history entry under lockKey that decodes,
+// is lockKey's and whose record is (newest first: an identity's entries
+// are in sequence order).
+func findHistoryBy(tx *layered.View, lockKey string, is func(*lease.Record) bool) *lease.HistoryEntry {
 	prefix := historyPrefix(lockKey)
 	c := tx.Bucket(bucketIdent).Cursor()
 	for k, v := seekLast(c, prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Prev() {
-		if h, err := lease.DecodeStoredHistory(v); err == nil && h.Record.LeaseID == leaseID && h.Record.LockKey == lockKey {
+		if h, err := lease.DecodeStoredHistory(v); err == nil && is(h.Record) && h.Record.LockKey == lockKey {
 			return h
 		}
 	}

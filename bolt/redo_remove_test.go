@@ -22,9 +22,9 @@ func TestEngineAppendsWhileObsoleteSegmentsAreDeleted(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { s.Close() }()
-	acked := engineAcquire(t, s, "filler", 30)
+	acked := engineAcquire(t, s, "filler", 45)
 	if n := len(s35eSegments(t, path)); n < 3 {
-		t.Fatalf("%d redo segments after 30 writes: want several for the flush to delete", n)
+		t.Fatalf("%d redo segments after 45 writes: want several for the flush to delete", n)
 	}
 
 	e := s.group.engine

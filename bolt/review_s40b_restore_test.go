@@ -16,6 +16,10 @@ import (
 // the identity replays and looks up exactly, on the closed restored file
 // (lookups) and after recovery (replays and lookups).
 func TestS40bRestoreAndRecoveryKeepReplaysExact(t *testing.T) {
+	forEachByRef(t, testS40bRestoreAndRecoveryKeepReplaysExact)
+}
+
+func testS40bRestoreAndRecoveryKeepReplaysExact(t *testing.T, byRef string) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
@@ -26,6 +30,7 @@ func TestS40bRestoreAndRecoveryKeepReplaysExact(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.schema10Writes = byRef == "ev3"
 	far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	lives := refLives(t, s, c, "restored", 0, 2, far)
 	req := acquireReq("acq-live", time.Hour, far)
@@ -35,6 +40,9 @@ func TestS40bRestoreAndRecoveryKeepReplaysExact(t *testing.T) {
 		t.Fatal(err)
 	}
 	all := append(lives, refLife{req: req, acq: live})
+	if got, rel := lives[1].storedVersion(t, s, far), lives[1].storedReleaseVersion(t, s, far); got != byRef || rel != byRef {
+		t.Fatalf("evidence before the backup: acquisition %s, release %s; want %s", got, rel, byRef)
+	}
 	var buf bytes.Buffer
 	if _, err := s.Backup(ctx, &buf); err != nil {
 		t.Fatal(err)
@@ -50,6 +58,12 @@ func TestS40bRestoreAndRecoveryKeepReplaysExact(t *testing.T) {
 		t.Fatal(err)
 	}
 	closed := r.(*Closed).s
+	if v := storedSchema(t, closed.db); v != schemaVersion {
+		t.Fatalf("restored file's schema %q, want %q", v, schemaVersion)
+	}
+	if got := lives[1].storedVersion(t, closed, far); got != byRef {
+		t.Fatalf("restored evidence %s, want %s as backed up", got, byRef)
+	}
 	for _, l := range all {
 		got, err := closed.LookupRequest(ctx, l.lookup(far))
 		if err != nil || encoded(t, got.Lease) != encoded(t, l.acq.Lease) {

@@ -21,11 +21,16 @@ import (
 // evidence in version 2 (the form this commit detaches it into): about
 // 1.9 times as many.
 func TestS40bEndedAcquisitionWalksHistoryOnce(t *testing.T) {
+	forEachByRef(t, testS40bEndedAcquisitionWalksHistoryOnce)
+}
+
+func testS40bEndedAcquisitionWalksHistoryOnce(t *testing.T, byRef string) {
 	ctx := context.Background()
 	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
 	so := leasetest.StoreOptions()
 	so.HistoryPerIdentity = 64
 	s := openTemp(t, Options{StoreOptions: so, Now: c.Now, ReapInterval: -1})
+	s.schema10Writes = byRef == "ev3"
 	far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	oldest := map[string]refLife{}
 	for _, target := range []string{"v3", "v2"} {
@@ -36,7 +41,7 @@ func TestS40bEndedAcquisitionWalksHistoryOnce(t *testing.T) {
 			}
 		}
 	}
-	if got := oldest["v3"].storedVersion(t, s, far); got != "ev3" {
+	if got := oldest["v3"].storedVersion(t, s, far); got != byRef {
 		t.Fatalf("setup: %s", got)
 	}
 	k, v, p := evidenceOf(t, s, oldest["v2"].lookup(far))

@@ -13,11 +13,16 @@ import (
 // evidence names the renewed expiry and ttl; after the entry is trimmed
 // (cap 1) it is v2 and still exact.
 func TestS40cRenewedThenReleasedTrimmed(t *testing.T) {
+	forEachByRef(t, testS40cRenewedThenReleasedTrimmed)
+}
+
+func testS40cRenewedThenReleasedTrimmed(t *testing.T, byRef string) {
 	ctx := context.Background()
 	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
 	o := leasetest.StoreOptions()
 	o.HistoryPerIdentity = 1
 	s := openTemp(t, Options{StoreOptions: o, Now: c.Now, ReapInterval: -1})
+	s.schema10Writes = byRef == "ev3"
 	far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	req := acquireReq("acq-r", time.Minute, far)
 	req.Identity.TargetID = "renewed"
@@ -39,8 +44,8 @@ func TestS40cRenewedThenReleasedTrimmed(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := refLife{req, a, relReq, rel}
-	if v := l.storedReleaseVersion(t, s, far); v != "ev3" {
-		t.Fatalf("release evidence %s, want ev3", v)
+	if v := l.storedReleaseVersion(t, s, far); v != byRef {
+		t.Fatalf("release evidence %s, want %s", v, byRef)
 	}
 	l.answersExactly(t, s, far)
 	conflicts := func(when string) {
@@ -50,7 +55,7 @@ func TestS40cRenewedThenReleasedTrimmed(t *testing.T) {
 			t.Fatalf("%s: release with the same request id, other token: %v, want idempotency_conflict", when, err)
 		}
 	}
-	conflicts("ev3")
+	conflicts(byRef)
 	more := refLives(t, s, c, "renewed", 20, 2, far)
 	conflicts("ev2")
 	if v := l.storedReleaseVersion(t, s, far); v != "ev2" {
@@ -66,11 +71,16 @@ func TestS40cRenewedThenReleasedTrimmed(t *testing.T) {
 // the first lease's entry computes the same scope, which now holds the
 // second lease's v3 evidence; it must be left alone and keep answering.
 func TestS40cReleaseRequestIDReusedAfterEvidenceExpired(t *testing.T) {
+	forEachByRef(t, testS40cReleaseRequestIDReusedAfterEvidenceExpired)
+}
+
+func testS40cReleaseRequestIDReusedAfterEvidenceExpired(t *testing.T, byRef string) {
 	ctx := context.Background()
 	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
 	o := leasetest.StoreOptions()
 	o.HistoryPerIdentity = 2
 	s := openTemp(t, Options{StoreOptions: o, Now: c.Now, ReapInterval: -1})
+	s.schema10Writes = byRef == "ev3"
 	far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	first := refLives(t, s, c, "reused", 0, 1, far)[0]
 	c.Add(o.WithDefaults().IdempotencyRetention + time.Hour)
@@ -98,8 +108,8 @@ func TestS40cReleaseRequestIDReusedAfterEvidenceExpired(t *testing.T) {
 	second := refLife{req, a, relReq, rel}
 	// Trim the first lease's entry (cap 2).
 	more := refLives(t, s, c, "reused", 30, 1, far)
-	if v := second.storedReleaseVersion(t, s, far); v != "ev3" {
-		t.Fatalf("second release evidence: %s, want ev3", v)
+	if v := second.storedReleaseVersion(t, s, far); v != byRef {
+		t.Fatalf("second release evidence: %s, want %s", v, byRef)
 	}
 	second.answersExactly(t, s, far)
 	more = append(more, refLives(t, s, c, "reused", 40, 2, far)...)
@@ -116,11 +126,16 @@ func TestS40cReleaseRequestIDReusedAfterEvidenceExpired(t *testing.T) {
 // the same request id for a release of its own lease: the force-released
 // entry's detach computes that release scope; it must not touch it.
 func TestS40cForceReleaseEntryDoesNotDetachAnotherRelease(t *testing.T) {
+	forEachByRef(t, testS40cForceReleaseEntryDoesNotDetachAnotherRelease)
+}
+
+func testS40cForceReleaseEntryDoesNotDetachAnotherRelease(t *testing.T, byRef string) {
 	ctx := context.Background()
 	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
 	o := leasetest.StoreOptions()
 	o.HistoryPerIdentity = 3
 	s := openTemp(t, Options{StoreOptions: o, Now: c.Now, ReapInterval: -1})
+	s.schema10Writes = byRef == "ev3"
 	far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	// lease F, force-released by prn-actor (the owner's principal too) with request "x".
 	req := acquireReq("acq-f", time.Minute, far)
@@ -155,8 +170,8 @@ func TestS40cForceReleaseEntryDoesNotDetachAnotherRelease(t *testing.T) {
 	l := refLife{req2, g, relReq, rel}
 	// Trim F's entry only.
 	more := refLives(t, s, c, "forced", 50, 2, far)
-	if v := l.storedReleaseVersion(t, s, far); v != "ev3" {
-		t.Fatalf("G's release evidence after F's entry went: %s, want ev3", v)
+	if v := l.storedReleaseVersion(t, s, far); v != byRef {
+		t.Fatalf("G's release evidence after F's entry went: %s, want %s", v, byRef)
 	}
 	l.answersExactly(t, s, far)
 	more = append(more, refLives(t, s, c, "forced", 60, 3, far)...)

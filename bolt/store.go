@@ -53,18 +53,22 @@ import (
 // Version 10 stores the evidence of an acquisition and of a release by
 // reference to the lease's record (lease.ReferringEvidence), which a
 // build of an older schema would answer as corrupt; a file of version 9
-// holds none.
+// holds none. Version 11 stores that evidence leaner, naming the lease
+// by its fencing token (lease.LeanEvidence), which a build of an older
+// schema would also answer as corrupt; a file of version 10 opens
+// unchanged (its values stay readable) and new writes take the new form.
 const (
-	schemaVersion   = "10"
-	schemaVersionV9 = "9"
-	schemaVersionV8 = "8"
-	schemaVersionV7 = "7"
-	schemaVersionV6 = "6"
-	schemaVersionV5 = "5"
-	schemaVersionV4 = "4"
-	schemaVersionV3 = "3"
-	schemaVersionV2 = "2"
-	schemaVersionV1 = "1"
+	schemaVersion    = "11"
+	schemaVersionV10 = "10"
+	schemaVersionV9  = "9"
+	schemaVersionV8  = "8"
+	schemaVersionV7  = "7"
+	schemaVersionV6  = "6"
+	schemaVersionV5  = "5"
+	schemaVersionV4  = "4"
+	schemaVersionV3  = "3"
+	schemaVersionV2  = "2"
+	schemaVersionV1  = "1"
 )
 
 var (
@@ -146,6 +150,10 @@ type Store struct {
 	admittedHook func()
 	// soloCommits disables group commit (benchmarks measure what it buys).
 	soloCommits bool
+	// schema10Writes writes values as schema 10 did (tests build files of
+	// the older formats, which this build must still read). Set before
+	// the first write.
+	schema10Writes bool
 	// records decodes the active records read-only transactions read (of
 	// either stored version), answering rereads of the same bytes from
 	// memory.

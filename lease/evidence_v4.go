@@ -1,0 +1,215 @@
+package lease
+
+import (
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/hex"
+	"hash/crc32"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Evidence version 4 ("ev4", lean, by reference; bolt from schema 11)
+// keeps of an acquisition's or a release's evidence only what no record
+// of its lease holds: the operation as one letter, the digest (base64url,
+// 43 bytes instead of 64 hex), a check of the version 1 bytes it stands
+// for (CRC-32C, base64url, 6 bytes), the fencing token that names the
+// lease within the lock key (the counter never gives one twice), and for
+// an acquisition the TTL it granted. Everything else is derived from the
+// record found under the request's lock key with that token (the active
+// record, else its history entry):
+//
+//	acquire  ev4\na\n<digest>\n<check>\n<token>\n<ttl ms>
+//	         code lease_acquired; backend time = acquired_at; the result
+//	         is the record with renewed_at = acquired_at, ttl_ms = <ttl>,
+//	         expires_at = LeaseExpiry(acquired_at, ttl, acquired_at,
+//	         maximum_lifetime) and state active (what a renewal or the
+//	         end changed, undone)
+//	release  ev4\nr\n<digest>\n<check>\n<token>
+//	         code lease_released; backend time = the entry's ended_at; the
+//	         result is the history entry's record, which must be released
+//
+// A writer stores it only when the rebuild from the very record it keeps
+// gives back exactly the version 1 bytes (LeanEvidence); readers decode
+// the rebuilt bytes strictly, as for every version. The check stands in
+// for the lease id version 3 named, and goes further: a record damaged in
+// any fact the evidence takes from it (its lease id too) no longer
+// rebuilds bytes of that check, and the evidence fails closed instead of
+// answering with the damage.
+
+// EvidenceLeanPrefix starts every version 4 evidence value.
+const EvidenceLeanPrefix = "ev4\n"
+
+// The operation letters of version 4.
+const (
+	ev4Acquire = "a"
+	ev4Release = "r"
+)
+
+// ev4 line numbers (0 is the version); an acquisition has ev4Lines
+// lines, a release one fewer (no TTL).
+const (
+	ev4Op = 1 + iota
+	ev4Digest
+	ev4Check
+	ev4Token
+	ev4TTL
+	ev4Lines
+)
+
+// LeanEvidence returns e as version 4 evidence when that rebuilds from
+// e's own record (an acquisition's as granted; a release's record, ended
+// at e's backend time) into exactly e's version 1 encoding; ok is false
+// otherwise, and the caller stores another version.
+func LeanEvidence(e *IdempotencyRecord) (b []byte, ok bool) {
+	r := e.Lease
+	if r == nil || !isSHA256Hex(e.Digest) {
+		return nil, false
+	}
+	digest, _ := hex.DecodeString(e.Digest)
+	head := EvidenceLeanPrefix
+	switch {
+	case e.Op == OpAcquire && e.Code == CodeAcquired:
+		head += ev4Acquire
+	case e.Op == OpRelease && e.Code == CodeReleased:
+		head += ev4Release
+	default:
+		return nil, false
+	}
+	v1, err := e.Encode()
+	if err != nil {
+		return nil, false
+	}
+	v := head + "\n" + base64.RawURLEncoding.EncodeToString(digest) + "\n" + leanCheck(string(v1)) + "\n" +
+		strconv.FormatUint(r.FencingToken, 10)
+	if e.Op == OpAcquire {
+		v += "\n" + strconv.FormatInt(r.TTLMs, 10)
+	}
+	got, ok := ExpandLeanEvidence(v, r, e.BackendTime)
+	if !ok || got != string(v1) {
+		return nil, false
+	}
+	return []byte(v), true
+}
+
+// LeanEvidenceToken is the operation and fencing token version 4
+// evidence raw names; ok is false for a value that is not well-formed
+// version 4 (see leanLines).
+func LeanEvidenceToken(raw string) (op Op, token uint64, ok bool) {
+	f, ok := leanLines(raw)
+	if !ok {
+		return "", 0, false
+	}
+	token, _ = strconv.ParseUint(f[ev4Token], 10, 64)
+	return opOfLetter(f[ev4Op]), token, true
+}
+
+// leanLines splits version 4 evidence strictly: the prefix, a known
+// operation letter, a 43-byte canonical base64url digest of 32 bytes, a
+// 6-byte canonical base64url check of 4 bytes, a token and (acquisition
+// only) a TTL in canonical decimal; a missing or extra line fails, as the
+// last number then holds a newline.
+func leanLines(raw string) (f [ev4Lines]string, ok bool) {
+	if !strings.HasPrefix(raw, EvidenceLeanPrefix) {
+		return f, false
+	}
+	n := ev4Lines
+	if strings.HasPrefix(raw[len(EvidenceLeanPrefix):], ev4Release+"\n") {
+		n = ev4TTL
+	}
+	if !splitLines(raw, f[:n]) || opOfLetter(f[ev4Op]) == "" || !digits(f[ev4Token]) || (n == ev4Lines && !digits(f[ev4TTL])) {
+		return f, false
+	}
+	if _, ok := leanDigest(f[ev4Digest]); !ok {
+		return f, false
+	}
+	if c, err := base64.RawURLEncoding.Strict().DecodeString(f[ev4Check]); err != nil || len(c) != 4 || len(f[ev4Check]) != 6 {
+		return f, false
+	}
+	return f, true
+}
+
+// leanCheck is version 4's check of v1, the version 1 bytes it stands for.
+func leanCheck(v1 string) string {
+	return base64.RawURLEncoding.EncodeToString(binary.BigEndian.AppendUint32(nil, crc32.Checksum([]byte(v1), castagnoli)))
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+func opOfLetter(l string) Op {
+	switch l {
+	case ev4Acquire:
+		return OpAcquire
+	case ev4Release:
+		return OpRelease
+	}
+	return ""
+}
+
+// leanDigest is the hex digest of its base64url form d, which must be the
+// canonical spelling of 32 bytes (Strict: no stray bits in the last
+// character).
+func leanDigest(d string) (string, bool) {
+	if len(d) != 43 {
+		return "", false
+	}
+	b, err := base64.RawURLEncoding.Strict().DecodeString(d)
+	if err != nil || len(b) != 32 {
+		return "", false
+	}
+	return hex.EncodeToString(b), true
+}
+
+// LeanReferredEvidence rebuilds version 4 evidence raw with rec, the
+// record found under the request's lock key with the token raw names
+// (an acquisition's: active or ended; a release's: its history entry's,
+// which ended at endedAt). ok is false if raw is not well-formed version
+// 4, rec is not a record it can be rebuilt from, or the rebuilt evidence
+// does not encode to bytes of raw's check. Strict decoding of its
+// encoding is the caller's.
+func LeanReferredEvidence(raw string, rec *Record, endedAt Timestamp) (*IdempotencyRecord, bool) {
+	e, _, ok := leanRebuilt(raw, rec, endedAt)
+	return e, ok
+}
+
+// ExpandLeanEvidence returns version 4 evidence raw, rebuilt with rec and
+// endedAt (see LeanReferredEvidence), as version 1 bytes; ok is false if
+// it cannot be rebuilt. Strict decoding of the result is the caller's.
+func ExpandLeanEvidence(raw string, rec *Record, endedAt Timestamp) (string, bool) {
+	_, v1, ok := leanRebuilt(raw, rec, endedAt)
+	return v1, ok
+}
+
+// leanRebuilt is LeanReferredEvidence with the version 1 bytes it encodes.
+func leanRebuilt(raw string, rec *Record, endedAt Timestamp) (*IdempotencyRecord, string, bool) {
+	f, ok := leanLines(raw)
+	if !ok || rec == nil {
+		return nil, "", false
+	}
+	token, _ := strconv.ParseUint(f[ev4Token], 10, 64)
+	digest, _ := leanDigest(f[ev4Digest])
+	if rec.FencingToken != token {
+		return nil, "", false
+	}
+	e := &IdempotencyRecord{Version: IdempotencyVersion, Op: opOfLetter(f[ev4Op]), Digest: digest}
+	switch e.Op {
+	case OpAcquire:
+		ttl, _ := strconv.ParseInt(f[ev4TTL], 10, 64)
+		r := rec.Clone()
+		r.RenewedAt, r.TTLMs, r.State = r.AcquiredAt, ttl, StateActive
+		r.ExpiresAt = LeaseExpiry(r.AcquiredAt, time.Duration(ttl)*time.Millisecond, r.AcquiredAt,
+			time.Duration(r.MaximumLifetimeMs)*time.Millisecond)
+		e.Code, e.Lease, e.BackendTime = CodeAcquired, r, r.AcquiredAt
+	case OpRelease:
+		if rec.State != StateReleased {
+			return nil, "", false
+		}
+		e.Code, e.Lease, e.BackendTime = CodeReleased, rec.Clone(), endedAt
+	}
+	b, err := e.Encode()
+	if err != nil || leanCheck(string(b)) != f[ev4Check] {
+		return nil, "", false
+	}
+	return e, string(b), true
+}

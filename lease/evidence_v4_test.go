@@ -1,0 +1,198 @@
+package lease
+
+import (
+	"encoding/base64"
+	"encoding/binary"
+	"hash/crc32"
+	"strings"
+	"testing"
+	"time"
+)
+
+// crc32c is the check version 4 keeps of v1: its CRC-32C, big-endian, in
+// base64url.
+func crc32c(v1 []byte) string {
+	sum := crc32.Checksum(v1, crc32.MakeTable(crc32.Castagnoli))
+	return base64.RawURLEncoding.EncodeToString(binary.BigEndian.AppendUint32(nil, sum))
+}
+
+// releaseEvidence is the evidence of validRecord's release 5 s after its
+// renewal: its result is the record as it ended.
+func releaseEvidence() *IdempotencyRecord {
+	ended := validRecord()
+	ended.State = StateReleased
+	return &IdempotencyRecord{Version: IdempotencyVersion, Op: OpRelease, Digest: strings.Repeat("cd", 32), Code: CodeReleased,
+		Lease: ended, BackendTime: ended.RenewedAt.Add(5 * time.Second)}
+}
+
+// Version 4 acquisition evidence is the five lines it promises and
+// rebuilds exactly the version 1 bytes of the original from any later
+// record of the lease: renewed, or ended in any state; a release's
+// rebuilds from its ended record and the entry's ended_at.
+func TestLeanEvidenceRoundTrip(t *testing.T) {
+	e := acquisitionEvidence()
+	want, err := e.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, ok := LeanEvidence(e)
+	// ab×32 in base64url is "q6ur…q6s"; token 42, TTL 30 s.
+	if wantRaw := "ev4\na\n" + strings.Repeat("q6ur", 10) + "q6s\n" + crc32c(want) + "\n42\n30000"; !ok || string(raw) != wantRaw {
+		t.Fatalf("LeanEvidence: %q, %v; want %q", raw, ok, wantRaw)
+	}
+	if op, token, ok := LeanEvidenceToken(string(raw)); !ok || op != OpAcquire || token != 42 {
+		t.Fatalf("LeanEvidenceToken: %s %d %v", op, token, ok)
+	}
+	renewed := Renewed(e.Lease, 90*time.Second, e.Lease.AcquiredAt.Add(20*time.Second))
+	later := []*Record{e.Lease, renewed}
+	for _, st := range []State{StateReleased, StateExpired, StateRevoked} {
+		ended := renewed.Clone()
+		ended.State = st
+		later = append(later, ended)
+	}
+	for _, rec := range later {
+		got, ok := ExpandLeanEvidence(string(raw), rec, rec.RenewedAt.Add(time.Hour))
+		if !ok || got != string(want) {
+			t.Fatalf("rebuilt from the record in state %s renewed at %v:\n%s\nwant\n%s", rec.State, rec.RenewedAt, got, want)
+		}
+		if _, err := DecodeIdempotencyRecord([]byte(got)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	r := releaseEvidence()
+	want, err = r.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, ok = LeanEvidence(r)
+	if wantRaw := "ev4\nr\n" + strings.Repeat("zc3N", 10) + "zc0\n" + crc32c(want) + "\n42"; !ok || string(raw) != wantRaw {
+		t.Fatalf("LeanEvidence of a release: %q, %v; want %q", raw, ok, wantRaw)
+	}
+	if got, ok := ExpandLeanEvidence(string(raw), r.Lease.Clone(), r.BackendTime); !ok || got != string(want) {
+		t.Fatalf("release rebuilt:\n%s\nwant\n%s", got, want)
+	}
+	// Another end time, state or token is another release: never this one.
+	if got, ok := ExpandLeanEvidence(string(raw), r.Lease.Clone(), r.BackendTime.Add(time.Millisecond)); ok {
+		t.Errorf("release rebuilt from another ended_at: %s", got)
+	}
+	// A record damaged in a fact the evidence takes from it (here its
+	// lease id, which version 3 named) fails the check.
+	damaged := r.Lease.Clone()
+	damaged.LeaseID = "leare_" + strings.TrimPrefix(damaged.LeaseID, "lease_")
+	if got, ok := ExpandLeanEvidence(string(raw), damaged, r.BackendTime); ok {
+		t.Errorf("release rebuilt from a damaged record: %s", got)
+	}
+	damaged = r.Lease.Clone()
+	damaged.ExecutionID += "x"
+	if got, ok := ExpandLeanEvidence(string(raw), damaged, r.BackendTime); ok {
+		t.Errorf("release rebuilt from a record with another execution id: %s", got)
+	}
+	revoked := r.Lease.Clone()
+	revoked.State = StateRevoked
+	if got, ok := ExpandLeanEvidence(string(raw), revoked, r.BackendTime); ok {
+		t.Errorf("release rebuilt from a revoked record: %s", got)
+	}
+	other := r.Lease.Clone()
+	other.FencingToken++
+	if got, ok := ExpandLeanEvidence(string(raw), other, r.BackendTime); ok {
+		t.Errorf("release rebuilt from a record of another token: %s", got)
+	}
+	if _, ok := ExpandLeanEvidence(string(raw), nil, r.BackendTime); ok {
+		t.Error("rebuilt without a record")
+	}
+}
+
+// Only evidence whose rebuild gives back its exact version 1 bytes is
+// stored in version 4: anything else goes to another version.
+func TestLeanEvidenceOnlyWhenItRebuildsExactly(t *testing.T) {
+	for name, edit := range map[string]func(e *IdempotencyRecord){
+		"a renewal":                 func(e *IdempotencyRecord) { e.Op, e.Code = OpRenew, CodeRenewed },
+		"a conflict code":           func(e *IdempotencyRecord) { e.Code = CodeConflict },
+		"renewed since acquired":    func(e *IdempotencyRecord) { e.Lease.RenewedAt = e.Lease.AcquiredAt.Add(time.Second) },
+		"backend time not acquired": func(e *IdempotencyRecord) { e.BackendTime = e.BackendTime.Add(time.Millisecond) },
+		"expiry not as granted":     func(e *IdempotencyRecord) { e.Lease.ExpiresAt = e.Lease.ExpiresAt.Add(time.Millisecond) },
+		"not active":                func(e *IdempotencyRecord) { e.Lease.State = StateReleased },
+		"digest not lower-case hex": func(e *IdempotencyRecord) { e.Digest = strings.Repeat("AB", 32) },
+		"digest too short":          func(e *IdempotencyRecord) { e.Digest = strings.Repeat("ab", 31) },
+		"no record":                 func(e *IdempotencyRecord) { e.Lease = nil },
+	} {
+		e := acquisitionEvidence()
+		edit(e)
+		if raw, ok := LeanEvidence(e); ok {
+			t.Errorf("%s: stored in version 4: %q", name, raw)
+		}
+	}
+	r := releaseEvidence()
+	r.Lease.State = StateRevoked
+	if raw, ok := LeanEvidence(r); ok {
+		t.Errorf("a release of a record not released: %q", raw)
+	}
+	r = releaseEvidence()
+	r.Op, r.Code = OpRevoke, CodeRevoked
+	if raw, ok := LeanEvidence(r); ok {
+		t.Errorf("a revocation's evidence in version 4: %q", raw)
+	}
+}
+
+// Version 4 is read strictly: a missing or extra line, a digest of the
+// wrong length or a non-canonical spelling, a number that is not
+// canonical decimal, an unknown operation letter all fail (corrupt for
+// the store that reads them), never a guess.
+func TestLeanEvidenceStrictDecode(t *testing.T) {
+	e := acquisitionEvidence()
+	acq, ok := LeanEvidence(e)
+	if !ok {
+		t.Fatal("acquisition not in version 4")
+	}
+	rel, ok := LeanEvidence(releaseEvidence())
+	if !ok {
+		t.Fatal("release not in version 4")
+	}
+	a, r := string(acq), string(rel)
+	d := strings.Repeat("q6ur", 10) + "q6s"
+	ck := strings.Split(a, "\n")[3]
+	if len(ck) != 6 {
+		t.Fatalf("check %q", ck)
+	}
+	d += "\n" + ck // the digest and check lines, as the cases below keep them unless they break them
+	for name, bad := range map[string]string{
+		"truncated acquisition":       strings.TrimSuffix(a, "\n30000"),
+		"no check":                    "ev4\na\n" + strings.Repeat("q6ur", 10) + "q6s\n42\n30000",
+		"check too short":             "ev4\na\n" + strings.Repeat("q6ur", 10) + "q6s\n" + ck[:5] + "\n42\n30000",
+		"check too long":              "ev4\na\n" + strings.Repeat("q6ur", 10) + "q6s\n" + ck + "A\n42\n30000",
+		"check of other bytes":        "ev4\na\n" + strings.Repeat("q6ur", 10) + "q6s\n" + crc32c([]byte("x")) + "\n42\n30000",
+		"check in hex":                "ev4\na\n" + strings.Repeat("q6ur", 10) + "q6s\n" + "0a0b0c0d" + "\n42\n30000",
+		"truncated release":           strings.TrimSuffix(r, "\n42"),
+		"acquisition, extra line":     a + "\n1",
+		"release, extra line":         r + "\n30000",
+		"acquisition, empty line":     a + "\n",
+		"digest too short":            "ev4\na\n" + d[:42] + d[43:] + "\n42\n30000",
+		"digest too long":             "ev4\na\n" + d[:43] + "q" + d[43:] + "\n42\n30000",
+		"digest in hex":               "ev4\na\n" + strings.Repeat("ab", 32) + "\n" + ck + "\n42\n30000",
+		"digest with stray bits":      "ev4\na\n" + d[:42] + "t" + d[43:] + "\n42\n30000",
+		"digest padded":               "ev4\na\n" + d[:41] + "s=" + d[43:] + "\n42\n30000",
+		"digest in standard base64":   "ev4\na\n" + strings.Repeat("q6ur", 9) + "q+ur" + d[40:] + "\n42\n30000",
+		"token with a leading zero":   "ev4\na\n" + d + "\n042\n30000",
+		"token signed":                "ev4\na\n" + d + "\n+42\n30000",
+		"token empty":                 "ev4\na\n" + d + "\n\n30000",
+		"ttl with a leading zero":     "ev4\na\n" + d + "\n42\n030000",
+		"ttl negative":                "ev4\na\n" + d + "\n42\n-30000",
+		"ttl with a space":            "ev4\na\n" + d + "\n42\n30000 ",
+		"wrong op letter":             "ev4\nx\n" + d + "\n42\n30000",
+		"op spelled out":              "ev4\nacquire\n" + d + "\n42\n30000",
+		"release op, acquire's lines": "ev4\nr\n" + d + "\n42\n30000",
+		"acquire op, release's lines": "ev4\na\n" + d + "\n42",
+		"another version":             "ev5\na\n" + d + "\n42\n30000",
+	} {
+		// A check of other bytes is well-formed: only the rebuild finds it wrong.
+		if _, _, ok := LeanEvidenceToken(bad); ok && name != "check of other bytes" {
+			t.Errorf("%s: LeanEvidenceToken accepted %q", name, bad)
+		}
+		for _, rec := range []*Record{e.Lease, releaseEvidence().Lease} {
+			if got, ok := ExpandLeanEvidence(bad, rec, rec.RenewedAt); ok {
+				t.Errorf("%s: %q rebuilt as %s", name, bad, got)
+			}
+		}
+	}
+}
