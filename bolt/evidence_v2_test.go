@@ -103,7 +103,7 @@ func TestSchema3EvidenceStillReplays(t *testing.T) {
 		v1s[string(k)] = v1
 	}
 	for k, v := range historyOf(t, s, l) {
-		v1, ok := lease.ExpandHistory(string(v))
+		v1, ok := lease.ExpandHistoryAt(string(v), unpackLockKey([]byte(k)[:packedLen]))
 		if !ok {
 			t.Fatal("history does not expand")
 		}
@@ -225,6 +225,7 @@ func (l leaseLife) endedReads(t *testing.T, s *Store, far time.Time) {
 func TestHistoryStoredInVersion2(t *testing.T) {
 	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
 	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1})
+	s.schema10Writes = true // version 2, as schemas 4 to 10 write it
 	far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	l := live(t, s, c, "compact-history", far)
 	hist := historyOf(t, s, l)
@@ -235,6 +236,39 @@ func TestHistoryStoredInVersion2(t *testing.T) {
 		v1, ok := lease.ExpandHistory(string(v))
 		if !strings.HasPrefix(string(v), lease.HistoryV2Prefix) || !ok || len(v) > len(v1)*3/4 {
 			t.Fatalf("history entry is not version 2 at under three quarters of version 1 (%d, %d): %q", len(v), len(v1), v)
+		}
+	}
+	l.endedReads(t, s, far)
+}
+
+// Schema 11 stores history entries in version 3, without the hash tag
+// and with its shortenings, at least 60 bytes under version 2 of the same
+// entry, and the history and an inspect by lease id read them back
+// exactly.
+func TestHistoryStoredInVersion3(t *testing.T) {
+	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
+	s := openTemp(t, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1})
+	far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	l := live(t, s, c, "compact-history", far)
+	hist := historyOf(t, s, l)
+	if len(hist) != 1 {
+		t.Fatalf("%d history entries", len(hist))
+	}
+	for k, v := range hist {
+		lockKey := unpackLockKey([]byte(k)[:packedLen])
+		h, err := lease.DecodeStoredHistoryAt(v, lockKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v2, err := lease.CompactHistory(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(string(v), lease.HistoryV3Prefix) || !strings.HasPrefix(string(v2), lease.HistoryV2Prefix) || len(v) > len(v2)-60 {
+			t.Fatalf("history entry is not version 3 at 60 bytes under version 2 (%d, %d): %q", len(v), len(v2), v)
+		}
+		if _, err := lease.DecodeStoredHistory(v); code(err) != lease.CodeCorrupt {
+			t.Fatalf("version 3 decoded without its lock key: %v", err)
 		}
 	}
 	l.endedReads(t, s, far)
@@ -276,7 +310,7 @@ func v1Evidence(tx *bbolt.Tx, lockKey string, v []byte) (v1 []byte, known, ok bo
 	prefix := historyPrefix(lockKey)
 	c := ident.Cursor()
 	for k, hv := c.Seek(prefix); id == nil && k != nil && bytes.HasPrefix(k, prefix); k, hv = c.Next() {
-		if h, err := lease.DecodeStoredHistory(hv); err == nil {
+		if h, err := lease.DecodeStoredHistoryAt(hv, lockKey); err == nil {
 			t := h.Record.Identity()
 			id = &t
 		}
@@ -303,7 +337,7 @@ func referredRecordIn(tx *bbolt.Tx, lockKey, raw string) *lease.Record {
 	prefix := historyPrefix(lockKey)
 	c := ident.Cursor()
 	for k, hv := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, hv = c.Next() {
-		if h, err := lease.DecodeStoredHistory(hv); err == nil && h.Record.LeaseID == id {
+		if h, err := lease.DecodeStoredHistoryAt(hv, lockKey); err == nil && h.Record.LeaseID == id {
 			return h.Record
 		}
 	}
@@ -325,7 +359,7 @@ func leanRecordIn(tx *bbolt.Tx, lockKey, raw string) (*lease.Record, lease.Times
 	prefix := historyPrefix(lockKey)
 	c := ident.Cursor()
 	for k, hv := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, hv = c.Next() {
-		if h, err := lease.DecodeStoredHistory(hv); err == nil && h.Record.FencingToken == token {
+		if h, err := lease.DecodeStoredHistoryAt(hv, lockKey); err == nil && h.Record.FencingToken == token {
 			return h.Record, h.EndedAt
 		}
 	}

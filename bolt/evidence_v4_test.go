@@ -228,7 +228,7 @@ func TestVersion4ReleaseOfDamagedEntryFailsClosed(t *testing.T) {
 		}
 		bad := bytes.Clone(hv)
 		bad[i+3] = 'r' // lease_ → leare_
-		if _, err := lease.DecodeStoredHistory(bad); err != nil {
+		if _, err := lease.DecodeStoredHistoryAt(bad, p.LockKey); err != nil {
 			t.Fatalf("the damaged entry does not decode (want damage the decoder cannot see): %v", err)
 		}
 		return ident.Put(bytes.Clone(hk), bad)
@@ -282,9 +282,10 @@ func TestVersion4EvidenceOfAnotherIdentityFailsClosed(t *testing.T) {
 	}
 }
 
-// A file of schema 10 (evidence in version 3, as that build wrote it)
-// opens as schema 11 without a value rewritten: its replays, lookups and
-// history answer as before; new writes take the new form; the fencing
+// A file of schema 10 (evidence in version 3, history in version 2, as
+// that build wrote them) opens as schema 11 without a value rewritten:
+// its replays, lookups and history answer as before; new writes take the
+// new forms; trimming an old entry detaches its evidence; the fencing
 // counter continues upward.
 func TestSchema10StoreOpensAsSchema11(t *testing.T) {
 	ctx := context.Background()
@@ -311,6 +312,10 @@ func TestSchema10StoreOpensAsSchema11(t *testing.T) {
 		if got := l.storedVersion(t, s, far); got != "ev3" {
 			t.Fatalf("setup: evidence %s, want ev3", got)
 		}
+	}
+	if _, vals := rhEntries(t, s, live.Lease.LockKey); len(vals) != 2 || !bytes.HasPrefix(vals[0], []byte(lease.HistoryV2Prefix)) ||
+		!bytes.HasPrefix(vals[1], []byte(lease.HistoryV2Prefix)) {
+		t.Fatalf("setup: history %q, want version 2", vals)
 	}
 	histReq := lease.HistoryRequest{Identity: req.Identity, DeadlineAt: far, Caller: req.Caller}
 	before, err := s.History(ctx, histReq)
@@ -350,6 +355,20 @@ func TestSchema10StoreOpensAsSchema11(t *testing.T) {
 	fresh := refLives(t, s, c, "old", 10, 1, far)[0]
 	if got, rel := fresh.storedVersion(t, s, far), fresh.storedReleaseVersion(t, s, far); got != "ev4" || rel != "ev4" {
 		t.Fatalf("evidence written after the upgrade: %s, %s; want ev4", got, rel)
+	}
+	// The expired old lease's entry (archived by this acquisition) and the
+	// new lease's are version 3; the old ones stay version 2.
+	_, vals := rhEntries(t, s, live.Lease.LockKey)
+	if len(vals) != 3 { // cap 3: the oldest went
+		t.Fatalf("%d history entries, want 3", len(vals))
+	}
+	for i, want := range []string{lease.HistoryV2Prefix, lease.HistoryV3Prefix, lease.HistoryV3Prefix} {
+		if !bytes.HasPrefix(vals[i], []byte(want)) {
+			t.Fatalf("history entry %d: %.4q, want %q", i, vals[i], want)
+		}
+	}
+	if old[0].storedVersion(t, s, far) != "ev2" {
+		t.Fatal("the trimmed lease's evidence was not detached")
 	}
 	if fresh.acq.Lease.FencingToken <= live.Lease.FencingToken {
 		t.Fatalf("token after the upgrade %d, not above %d", fresh.acq.Lease.FencingToken, live.Lease.FencingToken)
@@ -391,4 +410,67 @@ func sameHistory(t *testing.T, a, b []lease.HistoryEntry) bool {
 		}
 	}
 	return true
+}
+
+// A corrupt version 3 history entry fails closed: the listing skips it,
+// an inspect by lease id does not find it,
+// the acquisition's version 4 evidence (which rebuilds from it) answers
+// corrupt, never a guess, and the identity is quarantined; retention
+// removes the entry and its index entry.
+func TestCorruptHistoryV3FailsClosed(t *testing.T) {
+	for name, edit := range map[string]func(f []string) []string{
+		"owner spelled out": func(f []string) []string { f[2] = f[14]; return f },
+		"state letter":      func(f []string) []string { f[28] = "a"; return f },
+		"unknown state":     func(f []string) []string { f[28] = "x"; return f },
+		"renewed 0 after":   func(f []string) []string { f[20] = "0"; return f },
+		"tuple changed":     func(f []string) []string { f[9] = "other"; return f },
+		"truncated":         func(f []string) []string { return f[:len(f)-1] },
+		"line added":        func(f []string) []string { return append(f, "{}") },
+		"ended leading 0":   func(f []string) []string { f[1] = "0" + f[1]; return f },
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
+			o := leasetest.StoreOptions()
+			o.HistoryRetention = time.Hour
+			s := openTemp(t, Options{StoreOptions: o, Now: c.Now, ReapInterval: -1})
+			far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+			l := refLives(t, s, c, "corrupt-hv3", 0, 1, far)[0]
+			keys, vals := rhEntries(t, s, l.acq.Lease.LockKey)
+			if len(vals) != 1 || !bytes.HasPrefix(vals[0], []byte(lease.HistoryV3Prefix)) {
+				t.Fatalf("not stored in version 3: %q", vals)
+			}
+			f := strings.Split(string(vals[0]), "\n")
+			if f[2] != "=" || f[14] != l.acq.Lease.OwnerPrincipalID || f[28] != "r" || f[20] != "" || f[9] != "corrupt-hv3" {
+				t.Fatalf("setup: lines %q", f)
+			}
+			bad := []byte(strings.Join(edit(f), "\n"))
+			if err := s.db.Update(func(tx *bbolt.Tx) error { return tx.Bucket(bucketIdent).Put(keys[0], bad) }); err != nil {
+				t.Fatal(err)
+			}
+			h, err := s.History(ctx, lease.HistoryRequest{Identity: l.req.Identity, DeadlineAt: far, Caller: l.req.Caller})
+			if err != nil || len(h.Entries) != 0 {
+				t.Fatalf("history %+v, %v; want the corrupt entry skipped", h.Entries, err)
+			}
+			if in, err := s.Inspect(ctx, lease.InspectRequest{LeaseID: l.acq.Lease.LeaseID, DeadlineAt: far}); code(err) != lease.CodeNotFound {
+				t.Fatalf("inspect by lease id %+v, %v; want not_found", in.Lease, err)
+			}
+			if r, err := s.Acquire(ctx, l.req); code(err) != lease.CodeCorrupt {
+				t.Fatalf("acquisition replay %+v, %v; want corrupt", r.Lease, err)
+			}
+			if r, err := s.Release(ctx, l.relReq); code(err) != lease.CodeCorrupt {
+				t.Fatalf("release replay %+v, %v; want corrupt", r.Lease, err)
+			}
+			if quarantineOf(t, s, l.acq.Lease.LockKey) == "" {
+				t.Fatal("identity not quarantined")
+			}
+			c.Add(2 * time.Hour)
+			if err := s.reap(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if n, m := kindLen(t, s, kindHistory), bucketLen(t, s, bucketHistoryExp); n != 0 || m != 0 {
+				t.Fatalf("after retention %d entries, %d index entries", n, m)
+			}
+		})
+	}
 }

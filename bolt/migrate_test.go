@@ -71,7 +71,7 @@ func downgradeToV2(t *testing.T, path string) {
 				}
 				v = v1
 			case kindHistory:
-				v1, ok := lease.ExpandHistory(string(v))
+				v1, ok := lease.ExpandHistoryAt(string(v), lockKey)
 				if !ok {
 					return fmt.Errorf("history of %s does not expand", lockKey)
 				}

@@ -543,7 +543,8 @@ func timeIndexKey(at lease.Timestamp, k []byte) []byte {
 type ended struct{ by, requestID, reason, incident string }
 
 // archive moves the active record cur to history in state, at endedAt (the
-// entry in version 2, lease.CompactHistory: schema 4). The
+// entry in version 3, lease.CompactHistoryAt: schema 11; else version 2,
+// lease.CompactHistory: schema 4). The
 // caller has matched cur's lease id and token in this transaction, so the
 // removal is conditional on them.
 func (s *Store) archive(tx *layered.View, cur *lease.Record, state lease.State, endedAt lease.Timestamp, why ended) error {
@@ -551,7 +552,11 @@ func (s *Store) archive(tx *layered.View, cur *lease.Record, state lease.State, 
 	final.State = state
 	h := &lease.HistoryEntry{HistoryVersion: lease.HistoryVersion, Record: final, EndedAt: endedAt,
 		EndedBy: why.by, RequestID: why.requestID, Reason: why.reason, IncidentID: why.incident}
-	b, err := lease.CompactHistory(h)
+	compact := lease.CompactHistoryAt // its key holds the lock key
+	if s.schema10Writes {
+		compact = lease.CompactHistory
+	}
+	b, err := compact(h)
 	if err != nil {
 		return err
 	}
@@ -656,8 +661,11 @@ func forgetHistory(tx *layered.View, k []byte) error {
 // caller keeps the identity's history count.
 func dropHistory(tx *layered.View, k, v []byte) error {
 	hist := tx.Bucket(bucketIdent)
-	if h, err := lease.DecodeStoredHistory(v); err == nil {
-		lockKey := unpackLockKey(k[:packedLen])
+	if len(k) < packedLen {
+		return hist.Delete(k)
+	}
+	lockKey := unpackLockKey(k[:packedLen])
+	if h, err := lease.DecodeStoredHistoryAt(v, lockKey); err == nil {
 		if h.Record.LockKey == lockKey {
 			if err := detachEvidence(tx, lockKey, h, v); err != nil {
 				return err
@@ -702,7 +710,7 @@ func findHistoryBy(tx *layered.View, lockKey string, is func(*lease.Record) bool
 	prefix := historyPrefix(lockKey)
 	c := tx.Bucket(bucketIdent).Cursor()
 	for k, v := seekLast(c, prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Prev() {
-		if h, err := lease.DecodeStoredHistory(v); err == nil && is(h.Record) && h.Record.LockKey == lockKey {
+		if h, err := lease.DecodeStoredHistoryAt(v, lockKey); err == nil && is(h.Record) && h.Record.LockKey == lockKey {
 			return h
 		}
 	}

@@ -138,7 +138,7 @@ func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.Hi
 				out.NextPageToken = pg.NextPageToken(strconv.FormatUint(seq, 10))
 				return out, nil
 			}
-			h, err := lease.DecodeStoredHistory(v)
+			h, err := lease.DecodeStoredHistoryAt(v, lockKey)
 			if err != nil || h.Record.LockKey != lockKey {
 				// Another identity's entry is not this one's to show.
 				s.quarantine(tx, lockKey, pg.Identity, "history entry is corrupt")

@@ -177,7 +177,7 @@ func TestReviewHistAdminReasonsThroughStore(t *testing.T) {
 // schema 3 build left it.
 func rhToV1(t *testing.T, s *Store, k, v []byte) {
 	t.Helper()
-	v1, ok := lease.ExpandHistory(string(v))
+	v1, ok := lease.ExpandHistoryAt(string(v), unpackLockKey(k[:packedLen]))
 	if !ok {
 		t.Fatalf("entry does not expand: %q", v)
 	}
@@ -293,6 +293,7 @@ func TestReviewHistCorruptEntryFailsClosed(t *testing.T) {
 				o := leasetest.StoreOptions()
 				o.HistoryRetention = time.Hour
 				s := openTemp(t, Options{StoreOptions: o, Now: c.Now, ReapInterval: -1})
+				s.schema10Writes = true // history version 2, which files of schema 10 hold
 				acqReq := rhAcquireReq("acq-c", "corrupt-hist", lease.Metadata{"a": "b"})
 				a, err := s.Acquire(ctx, acqReq)
 				if err != nil {
@@ -411,7 +412,7 @@ func TestReviewHistBackupRestoreBothSchemas(t *testing.T) {
 					v1s[string(k)] = v1
 				}
 				for k, v := range historyOf(t, s, l) {
-					v1, _ := lease.ExpandHistory(string(v))
+					v1, _ := lease.ExpandHistoryAt(string(v), unpackLockKey([]byte(k)[:packedLen]))
 					v1s[k] = v1
 				}
 				if err := s.db.Update(func(tx *bbolt.Tx) error {

@@ -46,7 +46,7 @@ func storedHistoryIn(t *testing.T, tx *layered.View, lockKey string) (ids []stri
 	prefix := historyPrefix(lockKey)
 	c := ident.Cursor()
 	for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
-		h, err := lease.DecodeStoredHistory(v)
+		h, err := lease.DecodeStoredHistoryAt(v, lockKey)
 		if err != nil {
 			t.Fatalf("history entry does not decode: %v", err)
 		}

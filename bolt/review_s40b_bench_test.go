@@ -97,6 +97,7 @@ func BenchmarkS40bCycleAtCap(b *testing.B) {
 func BenchmarkS40bDetach(b *testing.B) {
 	c := &clock{t: time.Date(2026, 8, 5, 12, 0, 0, 0, time.UTC)}
 	s := openTemp(b, Options{StoreOptions: leasetest.StoreOptions(), Now: c.Now, ReapInterval: -1, FlushInterval: -1})
+	s.schema10Writes = true // version 3 evidence and a version 2 entry, whose detach this measures
 	ctx := context.Background()
 	far := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	req := acquireReq("acq-bench", time.Minute, far)
@@ -120,7 +121,7 @@ func BenchmarkS40bDetach(b *testing.B) {
 		hv = bytes.Clone(v)
 		return nil
 	})
-	h, err := lease.DecodeStoredHistory(hv)
+	h, err := lease.DecodeStoredHistoryAt(hv, p.LockKey)
 	if err != nil || !bytes.HasPrefix(ev3, []byte(lease.EvidenceRefPrefix)) {
 		b.Fatalf("setup: %v %q", err, ev3)
 	}
@@ -154,5 +155,5 @@ func BenchmarkS40bDetach(b *testing.B) {
 	other.Record.RequestID = "no-evidence"
 	other.RequestID = "no-evidence"
 	run("miss", func(v *layered.View) error { return detachEvidence(v, p.LockKey, &other, hv) })
-	run("decode", func(v *layered.View) error { _, err := lease.DecodeStoredHistory(hv); return err })
+	run("decode", func(v *layered.View) error { _, err := lease.DecodeStoredHistoryAt(hv, p.LockKey); return err })
 }

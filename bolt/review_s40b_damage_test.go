@@ -67,7 +67,7 @@ func TestS40bDamagedRecordMakesItsAcquisitionUnanswerable(t *testing.T) {
 				c := tx.Bucket(bucketIdent).Cursor()
 				prefix := historyPrefix(p.LockKey)
 				for k, v := c.Seek(prefix); bytes.HasPrefix(k, prefix); k, v = c.Next() {
-					if _, err := lease.DecodeStoredHistory(v); err != nil {
+					if _, err := lease.DecodeStoredHistoryAt(v, p.LockKey); err != nil {
 						t.Fatalf("a damaged history entry is left: %v", err)
 					}
 				}

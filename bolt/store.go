@@ -54,9 +54,11 @@ import (
 // reference to the lease's record (lease.ReferringEvidence), which a
 // build of an older schema would answer as corrupt; a file of version 9
 // holds none. Version 11 stores that evidence leaner, naming the lease
-// by its fencing token (lease.LeanEvidence), which a build of an older
-// schema would also answer as corrupt; a file of version 10 opens
-// unchanged (its values stay readable) and new writes take the new form.
+// by its fencing token (lease.LeanEvidence), and history entries without
+// what their key holds (lease.CompactHistoryAt, version 3), which a build
+// of an older schema would also answer as corrupt; a file of version 10
+// opens unchanged (its values stay readable) and new writes take the new
+// forms.
 const (
 	schemaVersion    = "11"
 	schemaVersionV10 = "10"

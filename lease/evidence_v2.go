@@ -299,6 +299,13 @@ func expandHistory(b *recordWriter, raw string) bool {
 	if !strings.HasPrefix(raw, HistoryV2Prefix) || !splitLines(raw, f[:]) {
 		return false
 	}
+	return expandHistoryLines(b, &f)
+}
+
+// expandHistoryLines writes to b the version 1 bytes of a history entry
+// whose lines, as version 2 numbers them, are f (history version 3
+// rebuilds those first); false if they cannot be rebuilt.
+func expandHistoryLines(b *recordWriter, f *[Hv2Lines]string) bool {
 	for _, i := range []int{Hv2Ended, Hv2By, Hv2Request, Hv2Incident} {
 		if !plainText(f[i]) {
 			return false
