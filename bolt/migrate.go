@@ -66,8 +66,9 @@ func migrate(tx *bbolt.Tx, from string) error {
 		// file holds stays as it is (readers take both).
 		fallthrough
 	case schemaVersionV10:
-		// Version 11 adds a form of evidence; the version 3 evidence a
-		// file holds stays as it is (readers take every version).
+		// Version 11 adds a form of evidence and one of history entries;
+		// the version 3 evidence and version 2 entries a file holds stay
+		// as they are (readers take every version).
 	default:
 		return errSchema
 	}
