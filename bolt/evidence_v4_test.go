@@ -378,6 +378,20 @@ func TestSchema10StoreOpensAsSchema11(t *testing.T) {
 		l.answersExactly(t, s, far)
 	}
 	oldLive.answersExactly(t, s, far)
+	// The old live lease's version 3 evidence now refers to a version 3
+	// entry; when that entry is trimmed too, it is detached to version 2
+	// (rebuilt, as version 3 is spliced only from version 2 entries).
+	if got := oldLive.storedVersion(t, s, far); got != "ev3" {
+		t.Fatalf("old live lease's evidence %s, want ev3", got)
+	}
+	later := refLives(t, s, c, "old", 20, 2, far)
+	if got := oldLive.storedVersion(t, s, far); got != "ev2" {
+		t.Fatalf("old live lease's evidence after its version 3 entry went: %s, want ev2", got)
+	}
+	oldLive.answersExactly(t, s, far)
+	for _, l := range append(later, fresh) {
+		l.answersExactly(t, s, far)
+	}
 }
 
 // identValues is every key and value of s's ident bucket.
