@@ -421,9 +421,9 @@ func detachEvidence(tx *layered.View, lockKey string, h *lease.HistoryEntry, raw
 }
 
 // detachEvidenceOf rewrites the evidence under scope in version 2 if it
-// is version 3 or 4 of h's lease: version 3 spliced from the entry's own
-// lines (lease.DetachedEvidence), or, for an entry in version 1, rebuilt
-// and encoded; version 4 rebuilt and encoded.
+// is version 3 or 4 of h's lease: spliced from the entry's own lines
+// (lease.DetachedEvidence, lease.DetachedLeanEvidence), or, for an entry
+// in version 1, rebuilt and encoded.
 func detachEvidenceOf(tx *layered.View, lockKey string, h *lease.HistoryEntry, raw []byte, scope string) error {
 	ident := tx.Bucket(bucketIdent)
 	k := idemKey(lockKey, scope)
@@ -432,6 +432,9 @@ func detachEvidenceOf(tx *layered.View, lockKey string, h *lease.HistoryEntry, r
 	var ok bool
 	switch {
 	case bytes.HasPrefix(ev, []byte(lease.EvidenceLeanPrefix)):
+		if b, ok := lease.DetachedLeanEvidence(string(ev), string(raw), lockKey, h.Record.Identity()); ok {
+			return ident.Put(k, b)
+		}
 		e, ok = lease.LeanReferredEvidence(string(ev), h.Record, h.EndedAt)
 	case bytes.HasPrefix(ev, []byte(lease.EvidenceRefPrefix)):
 		if b, ok := lease.DetachedEvidence(string(ev), string(raw)); ok {

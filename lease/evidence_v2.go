@@ -3,6 +3,7 @@ package lease
 import (
 	"bytes"
 	"encoding/json"
+	"hash/crc32"
 	"strconv"
 	"strings"
 )
@@ -206,6 +207,8 @@ type recordWriter struct {
 	want     []byte // matching: the document the writes must spell
 	off      int    // matching: how much of want they have spelled
 	differs  bool   // matching: a write did not spell want
+	summing  bool
+	summed   []byte // summing: the writes, for their CRC-32C (version 4's check)
 }
 
 func newRecordWriter(extra int) *recordWriter {
@@ -217,8 +220,19 @@ func newRecordWriter(extra int) *recordWriter {
 // matcher is a recordWriter that compares its writes with want.
 func matcher(want []byte) *recordWriter { return &recordWriter{matching: true, want: want} }
 
+// summer is a recordWriter whose writes are only summed (sum), into buf's
+// room: a pooled buffer, not a document of its own.
+func summer(buf []byte) *recordWriter { return &recordWriter{summing: true, summed: buf[:0]} }
+
+// sum is the CRC-32C of a summer's writes.
+func (b *recordWriter) sum() uint32 { return crc32.Checksum(b.summed, castagnoli) }
+
 func (b *recordWriter) add(parts ...string) {
 	for _, s := range parts {
+		if b.summing {
+			b.summed = append(b.summed, s...)
+			continue
+		}
 		if !b.matching {
 			b.WriteString(s)
 			continue

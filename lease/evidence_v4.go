@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -67,13 +68,12 @@ func LeanEvidence(e *IdempotencyRecord) (b []byte, ok bool) {
 	if r == nil || !isSHA256Hex(e.Digest) {
 		return nil, false
 	}
-	digest, _ := hex.DecodeString(e.Digest)
-	head := EvidenceLeanPrefix
+	var letter byte
 	switch {
 	case e.Op == OpAcquire && e.Code == CodeAcquired:
-		head += ev4Acquire
+		letter = ev4Acquire[0]
 	case e.Op == OpRelease && e.Code == CodeReleased:
-		head += ev4Release
+		letter = ev4Release[0]
 	default:
 		return nil, false
 	}
@@ -82,23 +82,50 @@ func LeanEvidence(e *IdempotencyRecord) (b []byte, ok bool) {
 	// the struct, so the commit encodes version 1 once (for the check),
 	// not twice.
 	derived, ok := leanFactsOf(e.Op, r.TTLMs, r, e.BackendTime)
-	if !ok || !derived.are(e) {
+	if !ok || !derived.are(e) || !leanNumber(r.FencingToken) || r.TTLMs < 0 || !leanNumber(uint64(r.TTLMs)) {
+		return nil, false // (a number a reader would refuse)
+	}
+	check, ok := leanCheckOf(e)
+	if !ok {
 		return nil, false
 	}
-	v1, err := e.Encode()
-	if err != nil {
-		return nil, false
-	}
-	v := head + "\n" + base64.RawURLEncoding.EncodeToString(digest) + "\n" + leanCheck(string(v1)) + "\n" +
-		strconv.FormatUint(r.FencingToken, 10)
+	var digest [32]byte
+	hex.Decode(digest[:], []byte(e.Digest)) // lower-case hex, checked above
+	v := make([]byte, 0, len(EvidenceLeanPrefix)+2+43+1+6+1+16+1+16)
+	v = append(append(append(v, EvidenceLeanPrefix...), letter), '\n')
+	v = append(base64.RawURLEncoding.AppendEncode(v, digest[:]), '\n')
+	v = append(base64.RawURLEncoding.AppendEncode(v, check[:]), '\n')
+	v = strconv.AppendUint(v, r.FencingToken, 10)
 	if e.Op == OpAcquire {
-		v += "\n" + strconv.FormatInt(r.TTLMs, 10)
+		v = strconv.AppendInt(append(v, '\n'), r.TTLMs, 10)
 	}
-	if _, ok := leanLines(v); !ok { // (a number a reader would refuse)
-		return nil, false
-	}
-	return []byte(v), true
+	return v, true
 }
+
+// leanNumber reports a number version 4 spells in at most 16 digits, as a
+// reader requires (digits).
+func leanNumber(n uint64) bool { return n < 1e16 }
+
+// leanCheckOf is the check of e's version 1 encoding (CRC-32C, big
+// endian); ok is false if e does not encode. Encoded into a pooled
+// buffer: a commit makes one per acquisition and per release, and only
+// its checksum is kept.
+func leanCheckOf(e *IdempotencyRecord) (check [4]byte, ok bool) {
+	if e.validate(false) != nil {
+		return check, false
+	}
+	buf := leanBuffers.Get().(*[]byte)
+	defer leanBuffers.Put(buf)
+	v1, err := appendIdempotencyRecord((*buf)[:0], e)
+	if err != nil {
+		return check, false
+	}
+	*buf = v1[:0]
+	binary.BigEndian.PutUint32(check[:], crc32.Checksum(v1, castagnoli))
+	return check, true
+}
+
+var leanBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 1536); return &b }}
 
 // LeanEvidenceToken is the operation and fencing token version 4
 // evidence raw names; ok is false for a value that is not well-formed
@@ -138,8 +165,11 @@ func leanLines(raw string) (f [ev4Lines]string, ok bool) {
 }
 
 // leanCheck is version 4's check of v1, the version 1 bytes it stands for.
-func leanCheck(v1 string) string {
-	return base64.RawURLEncoding.EncodeToString(binary.BigEndian.AppendUint32(nil, crc32.Checksum([]byte(v1), castagnoli)))
+func leanCheck(v1 string) string { return leanCheckText(crc32.Checksum([]byte(v1), castagnoli)) }
+
+// leanCheckText spells a check as version 4 stores it.
+func leanCheckText(sum uint32) string {
+	return base64.RawURLEncoding.EncodeToString(binary.BigEndian.AppendUint32(nil, sum))
 }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -213,6 +243,72 @@ func leanRebuilt(raw string, rec *Record, endedAt Timestamp) (*IdempotencyRecord
 		return nil, "", false
 	}
 	return e, string(b), true
+}
+
+// DetachedLeanEvidence returns version 4 evidence raw in version 2 (the
+// facts, no longer by reference), spliced from hist, the stored history
+// entry of its lease (version 3 under lockKey, or version 2), whose
+// removal it outlives; id is the entry's identity, which the caller
+// decoded hist into (strictly: the splice relies on it). ok is false if
+// raw or hist is not of those versions, hist is not its lease's entry,
+// or the version 2 evidence does not expand to bytes of raw's check; the
+// caller then rebuilds it (LeanReferredEvidence) or leaves it.
+func DetachedLeanEvidence(raw, hist, lockKey string, id Identity) ([]byte, bool) {
+	e, ok := leanLines(raw)
+	if !ok {
+		return nil, false
+	}
+	var h [Hv2Lines]string
+	switch {
+	case strings.HasPrefix(hist, HistoryV3Prefix):
+		h, ok = historyV3Lines(hist, lockKey)
+	case strings.HasPrefix(hist, HistoryV2Prefix):
+		ok = splitLines(hist, h[:])
+	default:
+		ok = false
+	}
+	if !ok {
+		return nil, false
+	}
+	// The record's lines as evidence version 2 numbers them from its lease id.
+	var f [Ev2Lines - Ev2LeaseID]string
+	copy(f[:], h[Hv2Record:])
+	at := func(line int) *string { return &f[line-Ev2LeaseID] }
+	if *at(Ev2Token) != e[ev4Token] || !digits(*at(Ev2Acquired)) || !digits(*at(Ev2Lifetime)) {
+		return nil, false
+	}
+	op := opOfLetter(e[ev4Op])
+	var code Code
+	var backend string
+	switch op {
+	case OpAcquire:
+		acquired, _ := strconv.ParseInt(*at(Ev2Acquired), 10, 64)
+		ttl, _ := strconv.ParseInt(e[ev4TTL], 10, 64)
+		lifetime, _ := strconv.ParseInt(*at(Ev2Lifetime), 10, 64)
+		expires := LeaseExpiry(UnixMilli(acquired), time.Duration(ttl)*time.Millisecond, UnixMilli(acquired),
+			time.Duration(lifetime)*time.Millisecond)
+		code, backend = CodeAcquired, *at(Ev2Acquired)
+		*at(Ev2Renewed), *at(Ev2Expires), *at(Ev2TTL), *at(Ev2State) = *at(Ev2Acquired), msOf(expires), e[ev4TTL], string(StateActive)
+	case OpRelease:
+		if *at(Ev2State) != string(StateReleased) {
+			return nil, false
+		}
+		code, backend = CodeReleased, h[Hv2Ended]
+	default:
+		return nil, false
+	}
+	digest, _ := leanDigest(e[ev4Digest])
+	v2 := EvidenceV2Prefix + string(op) + "\n" + digest + "\n" + string(code) + "\n" + backend + "\n" + h[Hv2Tag] +
+		"\n" + strings.Join(f[:], "\n")
+	buf := leanBuffers.Get().(*[]byte)
+	defer leanBuffers.Put(buf)
+	sum := summer(*buf)
+	expands := expandEvidence(sum, v2, id)
+	*buf = sum.summed[:0]
+	if !expands || leanCheckText(sum.sum()) != e[ev4Check] {
+		return nil, false
+	}
+	return []byte(v2), true
 }
 
 // leanFacts are what version 4 derives from the record of its lease: the

@@ -116,6 +116,11 @@ func TestLeanEvidenceOnlyWhenItRebuildsExactly(t *testing.T) {
 		"digest not lower-case hex": func(e *IdempotencyRecord) { e.Digest = strings.Repeat("AB", 32) },
 		"digest too short":          func(e *IdempotencyRecord) { e.Digest = strings.Repeat("ab", 31) },
 		"no record":                 func(e *IdempotencyRecord) { e.Lease = nil },
+		"a token of 17 digits":      func(e *IdempotencyRecord) { e.Lease.FencingToken = 1e16 },
+		"a record that is invalid":  func(e *IdempotencyRecord) { e.Lease.LockKey = strings.Repeat("0", 64) },
+		"a backend time before 1970": func(e *IdempotencyRecord) {
+			e.BackendTime, e.Lease.AcquiredAt, e.Lease.RenewedAt = UnixMilli(-1), UnixMilli(-1), UnixMilli(-1)
+		},
 	} {
 		e := acquisitionEvidence()
 		edit(e)
@@ -194,5 +199,117 @@ func TestLeanEvidenceStrictDecode(t *testing.T) {
 				t.Errorf("%s: %q rebuilt as %s", name, bad, got)
 			}
 		}
+	}
+}
+
+// Detaching version 4 evidence from its lease's history entry splices
+// version 2 evidence from the entry's lines (version 3 or 2) that is byte
+// for byte what rebuilding and encoding it stores, and expands to the
+// original; an entry that is not its lease's, or whose facts are not the
+// ones the check was made over, is never spliced.
+func TestDetachedLeanEvidenceIsTheRebuild(t *testing.T) {
+	acq := acquisitionEvidence()
+	acqRaw, ok := LeanEvidence(acq)
+	if !ok {
+		t.Fatal("acquisition not lean")
+	}
+	renewed := Renewed(acq.Lease, 90*time.Second, acq.Lease.AcquiredAt.Add(20*time.Second))
+	rel := releaseEvidence()
+	relRaw, ok := LeanEvidence(rel)
+	if !ok {
+		t.Fatal("release not lean")
+	}
+	type entry struct {
+		name string
+		h    *HistoryEntry
+	}
+	type detach struct {
+		raw   []byte
+		orig  *IdempotencyRecord
+		entry entry
+	}
+	var cases []detach
+	for _, st := range []State{StateReleased, StateExpired, StateRevoked} {
+		ended := renewed.Clone()
+		ended.State = st
+		h := &HistoryEntry{HistoryVersion: HistoryVersion, Record: ended, EndedAt: ended.RenewedAt.Add(time.Second), EndedBy: ended.OwnerPrincipalID, RequestID: "req_end"}
+		cases = append(cases, struct {
+			raw   []byte
+			orig  *IdempotencyRecord
+			entry entry
+		}{acqRaw, acq, entry{"acquisition, entry " + string(st), h}})
+	}
+	relEntry := &HistoryEntry{HistoryVersion: HistoryVersion, Record: rel.Lease, EndedAt: rel.BackendTime, EndedBy: rel.Lease.OwnerPrincipalID, RequestID: "req_rel"}
+	cases = append(cases, detach{relRaw, rel, entry{"release", relEntry}})
+	for _, c := range cases {
+		want, err := c.orig.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		lockKey := c.entry.h.Record.LockKey
+		rebuilt, ok := LeanReferredEvidence(string(c.raw), c.entry.h.Record, c.entry.h.EndedAt)
+		if !ok {
+			t.Fatalf("%s: not rebuilt", c.entry.name)
+		}
+		wantV2, err := CompactEvidence(rebuilt, c.entry.h.Record.Identity())
+		if err != nil || !strings.HasPrefix(string(wantV2), EvidenceV2Prefix) {
+			t.Fatalf("%s: rebuild encodes %q, %v", c.entry.name, wantV2, err)
+		}
+		hv3, err := CompactHistoryAt(c.entry.h)
+		if err != nil || !strings.HasPrefix(string(hv3), HistoryV3Prefix) {
+			t.Fatalf("%s: entry %q, %v", c.entry.name, hv3, err)
+		}
+		hv2, err := CompactHistory(c.entry.h)
+		if err != nil || !strings.HasPrefix(string(hv2), HistoryV2Prefix) {
+			t.Fatalf("%s: entry %q, %v", c.entry.name, hv2, err)
+		}
+		for _, hist := range [][]byte{hv3, hv2} {
+			got, ok := DetachedLeanEvidence(string(c.raw), string(hist), lockKey, c.entry.h.Record.Identity())
+			if !ok || string(got) != string(wantV2) {
+				t.Fatalf("%s from %.3s: spliced %q, %v; the rebuild stores %q", c.entry.name, hist, got, ok, wantV2)
+			}
+			if v1, ok := ExpandEvidence(string(got), c.entry.h.Record.Identity()); !ok || v1 != string(want) {
+				t.Fatalf("%s: spliced evidence expands to\n%s\nwant\n%s", c.entry.name, v1, want)
+			}
+		}
+		// Not its lease's entry, or an entry damaged in a fact the check
+		// covers (its execution id, its lease id): never spliced.
+		for name, edit := range map[string]func(h *HistoryEntry){
+			"another token":        func(h *HistoryEntry) { h.Record.FencingToken++ },
+			"another execution id": func(h *HistoryEntry) { h.Record.ExecutionID += "x" },
+			"another lease id":     func(h *HistoryEntry) { h.Record.LeaseID = "leare_" + strings.TrimPrefix(h.Record.LeaseID, "lease_") },
+			"another acquisition":  func(h *HistoryEntry) { h.Record.AcquiredAt = h.Record.AcquiredAt.Add(-time.Millisecond) },
+			"another lifetime":     func(h *HistoryEntry) { h.Record.MaximumLifetimeMs-- },
+		} {
+			other := *c.entry.h
+			other.Record = c.entry.h.Record.Clone()
+			edit(&other)
+			hist, err := CompactHistoryAt(&other)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, ok := DetachedLeanEvidence(string(c.raw), string(hist), lockKey, other.Record.Identity()); ok {
+				t.Errorf("%s: spliced from an entry with %s: %q", c.entry.name, name, got)
+			}
+		}
+		v1, _ := c.entry.h.Encode()
+		if got, ok := DetachedLeanEvidence(string(c.raw), string(v1), lockKey, c.entry.h.Record.Identity()); ok {
+			t.Errorf("%s: spliced from a version 1 entry: %q", c.entry.name, got)
+		}
+		if got, ok := DetachedLeanEvidence(string(c.raw)+"0", string(hv3), lockKey, c.entry.h.Record.Identity()); ok {
+			t.Errorf("%s: spliced from malformed evidence: %q", c.entry.name, got)
+		}
+	}
+	// A release's evidence never splices from an entry that did not end
+	// released.
+	revoked := *relEntry
+	revoked.Record = rel.Lease.Clone()
+	revoked.Record.State = StateRevoked
+	hist, err := CompactHistoryAt(&revoked)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := DetachedLeanEvidence(string(relRaw), string(hist), revoked.Record.LockKey, revoked.Record.Identity()); ok {
+		t.Errorf("a release spliced from a revoked entry: %q", got)
 	}
 }

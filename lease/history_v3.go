@@ -133,32 +133,40 @@ func DecodeStoredHistoryAt(raw []byte, lockKey string) (*HistoryEntry, error) {
 // then expanded as those are; false if they cannot be rebuilt, or a
 // shortening is not spelled the one way the writer spells it.
 func expandHistoryV3(b *recordWriter, raw, lockKey string) bool {
+	f, ok := historyV3Lines(raw, lockKey)
+	return ok && expandHistoryLines(b, &f)
+}
+
+// historyV3Lines brings the lines of raw, a version 3 history entry under
+// lockKey, back to version 2's; false if a shortening is not spelled the
+// one way the writer spells it (the lines themselves are checked where
+// they are expanded).
+func historyV3Lines(raw, lockKey string) (f [Hv2Lines]string, ok bool) {
 	var g [hv3Lines]string
 	tag, ok := strings.CutPrefix(lockKey, KeyPrefix)
 	if !ok || tag == "" || !strings.HasPrefix(raw, HistoryV3Prefix) || !splitLines(raw, g[:]) {
-		return false
+		return f, false
 	}
 	rec := g[hv3Record:]
 	if !digits(rec[factAcquired]) || !digits(g[hv3Ended]) || !digits(rec[factExpires]) ||
 		(rec[factRenewed] != "" && (!digits(rec[factRenewed]) || rec[factRenewed] == "0")) {
-		return false
+		return f, false
 	}
 	state, ok := letterStates[rec[factState]]
 	if !ok {
-		return false
+		return f, false
 	}
 	acquired, _ := strconv.ParseInt(rec[factAcquired], 10, 64)
 	at := func(delta string) string {
 		d, _ := strconv.ParseInt(delta, 10, 64)
 		return strconv.FormatInt(acquired+d, 10)
 	}
-	var f [Hv2Lines]string
 	f[Hv2Ended], f[Hv2By], f[Hv2Request], f[Hv2Reason], f[Hv2Incident] = at(g[hv3Ended]), g[hv3By], g[hv3Request], g[hv3Reason], g[hv3Incident]
 	switch by := g[hv3By]; {
 	case by == "=":
 		f[Hv2By] = rec[factOwner]
 	case by != "" && by == rec[factOwner]:
-		return false // the writer spells the owner "="
+		return f, false // the writer spells the owner "="
 	}
 	f[Hv2Tag] = tag
 	copy(f[Hv2Tuple:Hv2Record], g[hv3Tuple:hv3Record])
@@ -170,5 +178,5 @@ func expandHistoryV3(b *recordWriter, raw, lockKey string) bool {
 	}
 	facts[factExpires] = at(rec[factExpires])
 	facts[factState] = string(state)
-	return expandHistoryLines(b, &f)
+	return f, true
 }
