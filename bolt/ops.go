@@ -411,20 +411,22 @@ func (s *Store) tokenRecord(tx *layered.View, p lease.Prepared, raw string) (*le
 // it was unreadable anyway.
 func detachEvidence(tx *layered.View, lockKey string, h *lease.HistoryEntry, raw []byte) error {
 	r := h.Record
-	if err := detachEvidenceOf(tx, lockKey, h, raw, lease.IdempotencyScope(lease.OpAcquire, lockKey, r.OwnerPrincipalID, r.RequestID)); err != nil {
+	if err := detachEvidenceOf(tx, lockKey, h, raw, lease.OpAcquire, lease.IdempotencyScope(lease.OpAcquire, lockKey, r.OwnerPrincipalID, r.RequestID)); err != nil {
 		return err
 	}
 	if r.State != lease.StateReleased || h.EndedBy == "" || h.RequestID == "" {
 		return nil
 	}
-	return detachEvidenceOf(tx, lockKey, h, raw, lease.IdempotencyScope(lease.OpRelease, lockKey, h.EndedBy, h.RequestID))
+	return detachEvidenceOf(tx, lockKey, h, raw, lease.OpRelease, lease.IdempotencyScope(lease.OpRelease, lockKey, h.EndedBy, h.RequestID))
 }
 
-// detachEvidenceOf rewrites the evidence under scope in version 2 if it
-// is version 3 or 4 of h's lease: spliced from the entry's own lines
-// (lease.DetachedEvidence, lease.DetachedLeanEvidence), or, for an entry
-// in version 1, rebuilt and encoded.
-func detachEvidenceOf(tx *layered.View, lockKey string, h *lease.HistoryEntry, raw []byte, scope string) error {
+// detachEvidenceOf rewrites the evidence under scope (op's) in version 2
+// if it is version 3 or 4 of h's lease: spliced from the entry's own
+// lines (lease.DetachedEvidence, lease.DetachedLeanEvidence), or, for an
+// entry in version 1, rebuilt and encoded. Version 4 evidence of another
+// operation than op (misplaced: its reader answers corrupt) is left as
+// it is, so that detaching does not turn it into evidence that answers.
+func detachEvidenceOf(tx *layered.View, lockKey string, h *lease.HistoryEntry, raw []byte, op lease.Op, scope string) error {
 	ident := tx.Bucket(bucketIdent)
 	k := idemKey(lockKey, scope)
 	ev := ident.Get(k)
@@ -432,6 +434,9 @@ func detachEvidenceOf(tx *layered.View, lockKey string, h *lease.HistoryEntry, r
 	var ok bool
 	switch {
 	case bytes.HasPrefix(ev, []byte(lease.EvidenceLeanPrefix)):
+		if named, _, ok := lease.LeanEvidenceToken(string(ev)); !ok || named != op {
+			return nil
+		}
 		if b, ok := lease.DetachedLeanEvidence(string(ev), string(raw), lockKey, h.Record.Identity()); ok {
 			return ident.Put(k, b)
 		}

@@ -3,7 +3,6 @@ package lease
 import (
 	"bytes"
 	"encoding/json"
-	"hash/crc32"
 	"strconv"
 	"strings"
 )
@@ -203,12 +202,12 @@ func (b *recordWriter) facts(r *Record) bool {
 // exactly: a check runs the very code a build does.
 type recordWriter struct {
 	strings.Builder
-	matching bool
-	want     []byte // matching: the document the writes must spell
-	off      int    // matching: how much of want they have spelled
-	differs  bool   // matching: a write did not spell want
-	summing  bool
-	summed   []byte // summing: the writes, for their CRC-32C (version 4's check)
+	matching   bool
+	want       []byte // matching: the document the writes must spell
+	off        int    // matching: how much of want they have spelled
+	differs    bool   // matching: a write did not spell want
+	collecting bool
+	collected  []byte // collecting: the writes (to be hashed: version 4's check)
 }
 
 func newRecordWriter(extra int) *recordWriter {
@@ -220,17 +219,14 @@ func newRecordWriter(extra int) *recordWriter {
 // matcher is a recordWriter that compares its writes with want.
 func matcher(want []byte) *recordWriter { return &recordWriter{matching: true, want: want} }
 
-// summer is a recordWriter whose writes are only summed (sum), into buf's
-// room: a pooled buffer, not a document of its own.
-func summer(buf []byte) *recordWriter { return &recordWriter{summing: true, summed: buf[:0]} }
-
-// sum is the CRC-32C of a summer's writes.
-func (b *recordWriter) sum() uint32 { return crc32.Checksum(b.summed, castagnoli) }
+// collector is a recordWriter that appends its writes to buf's room (a
+// pooled buffer: they are only hashed, not kept as a document).
+func collector(buf []byte) *recordWriter { return &recordWriter{collecting: true, collected: buf[:0]} }
 
 func (b *recordWriter) add(parts ...string) {
 	for _, s := range parts {
-		if b.summing {
-			b.summed = append(b.summed, s...)
+		if b.collecting {
+			b.collected = append(b.collected, s...)
 			continue
 		}
 		if !b.matching {

@@ -1,10 +1,9 @@
 package lease
 
 import (
+	"crypto/sha256"
 	"encoding/base64"
-	"encoding/binary"
 	"encoding/hex"
-	"hash/crc32"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,7 +14,8 @@ import (
 // keeps of an acquisition's or a release's evidence only what no record
 // of its lease holds: the operation as one letter, the digest (base64url,
 // 43 bytes instead of 64 hex), a check of the version 1 bytes it stands
-// for (CRC-32C, base64url, 6 bytes), the fencing token that names the
+// for (their SHA-256 cut to 72 bits, base64url, 12 bytes), the fencing
+// token that names the
 // lease within the lock key (the counter never gives one twice), and for
 // an acquisition the TTL it granted. Everything else is derived from the
 // record found under the request's lock key with that token (the active
@@ -37,7 +37,9 @@ import (
 // for the lease id version 3 named, and goes further: a record damaged in
 // any fact the evidence takes from it (its lease id too) no longer
 // rebuilds bytes of that check, and the evidence fails closed instead of
-// answering with the damage.
+// answering with the damage. A hash, not a CRC: damage can be made to
+// keep a CRC (review of session 44: a lease id changed in one bit and an
+// execution id edited to match), but not a 72-bit SHA-256 prefix.
 
 // EvidenceLeanPrefix starts every version 4 evidence value.
 const EvidenceLeanPrefix = "ev4\n"
@@ -91,10 +93,10 @@ func LeanEvidence(e *IdempotencyRecord) (b []byte, ok bool) {
 	}
 	var digest [32]byte
 	hex.Decode(digest[:], []byte(e.Digest)) // lower-case hex, checked above
-	v := make([]byte, 0, len(EvidenceLeanPrefix)+2+43+1+6+1+16+1+16)
+	v := make([]byte, 0, len(EvidenceLeanPrefix)+2+43+1+leanCheckChars+1+16+1+16)
 	v = append(append(append(v, EvidenceLeanPrefix...), letter), '\n')
 	v = append(base64.RawURLEncoding.AppendEncode(v, digest[:]), '\n')
-	v = append(base64.RawURLEncoding.AppendEncode(v, check[:]), '\n')
+	v = append(append(v, check...), '\n')
 	v = strconv.AppendUint(v, r.FencingToken, 10)
 	if e.Op == OpAcquire {
 		v = strconv.AppendInt(append(v, '\n'), r.TTLMs, 10)
@@ -106,23 +108,21 @@ func LeanEvidence(e *IdempotencyRecord) (b []byte, ok bool) {
 // reader requires (digits).
 func leanNumber(n uint64) bool { return n < 1e16 }
 
-// leanCheckOf is the check of e's version 1 encoding (CRC-32C, big
-// endian); ok is false if e does not encode. Encoded into a pooled
-// buffer: a commit makes one per acquisition and per release, and only
-// its checksum is kept.
-func leanCheckOf(e *IdempotencyRecord) (check [4]byte, ok bool) {
+// leanCheckOf is the check of e's version 1 encoding; ok is false if e
+// does not encode. Encoded into a pooled buffer: a commit makes one per
+// acquisition and per release, and only its hash is kept.
+func leanCheckOf(e *IdempotencyRecord) (check string, ok bool) {
 	if e.validate(false) != nil {
-		return check, false
+		return "", false
 	}
 	buf := leanBuffers.Get().(*[]byte)
 	defer leanBuffers.Put(buf)
 	v1, err := appendIdempotencyRecord((*buf)[:0], e)
 	if err != nil {
-		return check, false
+		return "", false
 	}
 	*buf = v1[:0]
-	binary.BigEndian.PutUint32(check[:], crc32.Checksum(v1, castagnoli))
-	return check, true
+	return leanCheck(v1), true
 }
 
 var leanBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 1536); return &b }}
@@ -141,7 +141,7 @@ func LeanEvidenceToken(raw string) (op Op, token uint64, ok bool) {
 
 // leanLines splits version 4 evidence strictly: the prefix, a known
 // operation letter, a 43-byte canonical base64url digest of 32 bytes, a
-// 6-byte canonical base64url check of 4 bytes, a token and (acquisition
+// 12-byte base64url check of 9 bytes, a token and (acquisition
 // only) a TTL in canonical decimal; a missing or extra line fails, as the
 // last number then holds a newline.
 func leanLines(raw string) (f [ev4Lines]string, ok bool) {
@@ -158,21 +158,24 @@ func leanLines(raw string) (f [ev4Lines]string, ok bool) {
 	if _, ok := leanDigest(f[ev4Digest]); !ok {
 		return f, false
 	}
-	if c, err := base64.RawURLEncoding.Strict().DecodeString(f[ev4Check]); err != nil || len(c) != 4 || len(f[ev4Check]) != 6 {
+	if c, err := base64.RawURLEncoding.Strict().DecodeString(f[ev4Check]); err != nil || len(c) != leanCheckBytes || len(f[ev4Check]) != leanCheckChars {
 		return f, false
 	}
 	return f, true
 }
 
-// leanCheck is version 4's check of v1, the version 1 bytes it stands for.
-func leanCheck(v1 string) string { return leanCheckText(crc32.Checksum([]byte(v1), castagnoli)) }
-
-// leanCheckText spells a check as version 4 stores it.
-func leanCheckText(sum uint32) string {
-	return base64.RawURLEncoding.EncodeToString(binary.BigEndian.AppendUint32(nil, sum))
+// leanCheck is version 4's check of v1, the version 1 bytes it stands
+// for, as stored: the first leanCheckBytes of their SHA-256 in base64url.
+func leanCheck(v1 []byte) string {
+	sum := sha256.Sum256(v1)
+	return base64.RawURLEncoding.EncodeToString(sum[:leanCheckBytes])
 }
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+// A check is 72 bits: 12 base64url characters, none of them padding.
+const (
+	leanCheckBytes = 9
+	leanCheckChars = 12
+)
 
 func opOfLetter(l string) Op {
 	switch l {
@@ -239,7 +242,7 @@ func leanRebuilt(raw string, rec *Record, endedAt Timestamp) (*IdempotencyRecord
 		Lease: rec.Clone(), BackendTime: derived.backendTime}
 	e.Lease.RenewedAt, e.Lease.ExpiresAt, e.Lease.TTLMs, e.Lease.State = derived.renewedAt, derived.expiresAt, derived.ttlMs, derived.state
 	b, err := e.Encode()
-	if err != nil || leanCheck(string(b)) != f[ev4Check] {
+	if err != nil || leanCheck(b) != f[ev4Check] {
 		return nil, "", false
 	}
 	return e, string(b), true
@@ -302,10 +305,10 @@ func DetachedLeanEvidence(raw, hist, lockKey string, id Identity) ([]byte, bool)
 		"\n" + strings.Join(f[:], "\n")
 	buf := leanBuffers.Get().(*[]byte)
 	defer leanBuffers.Put(buf)
-	sum := summer(*buf)
-	expands := expandEvidence(sum, v2, id)
-	*buf = sum.summed[:0]
-	if !expands || leanCheckText(sum.sum()) != e[ev4Check] {
+	w := collector(*buf)
+	expands := expandEvidence(w, v2, id)
+	*buf = w.collected[:0]
+	if !expands || leanCheck(w.collected) != e[ev4Check] {
 		return nil, false
 	}
 	return []byte(v2), true

@@ -1,19 +1,18 @@
 package lease
 
 import (
+	"crypto/sha256"
 	"encoding/base64"
-	"encoding/binary"
-	"hash/crc32"
 	"strings"
 	"testing"
 	"time"
 )
 
-// crc32c is the check version 4 keeps of v1: its CRC-32C, big-endian, in
-// base64url.
-func crc32c(v1 []byte) string {
-	sum := crc32.Checksum(v1, crc32.MakeTable(crc32.Castagnoli))
-	return base64.RawURLEncoding.EncodeToString(binary.BigEndian.AppendUint32(nil, sum))
+// sha72 is the check version 4 keeps of v1: the first 72 bits of its
+// SHA-256, in base64url.
+func sha72(v1 []byte) string {
+	sum := sha256.Sum256(v1)
+	return base64.RawURLEncoding.EncodeToString(sum[:9])
 }
 
 // releaseEvidence is the evidence of validRecord's release 5 s after its
@@ -37,7 +36,7 @@ func TestLeanEvidenceRoundTrip(t *testing.T) {
 	}
 	raw, ok := LeanEvidence(e)
 	// ab×32 in base64url is "q6ur…q6s"; token 42, TTL 30 s.
-	if wantRaw := "ev4\na\n" + strings.Repeat("q6ur", 10) + "q6s\n" + crc32c(want) + "\n42\n30000"; !ok || string(raw) != wantRaw {
+	if wantRaw := "ev4\na\n" + strings.Repeat("q6ur", 10) + "q6s\n" + sha72(want) + "\n42\n30000"; !ok || string(raw) != wantRaw {
 		t.Fatalf("LeanEvidence: %q, %v; want %q", raw, ok, wantRaw)
 	}
 	if op, token, ok := LeanEvidenceToken(string(raw)); !ok || op != OpAcquire || token != 42 {
@@ -66,7 +65,7 @@ func TestLeanEvidenceRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	raw, ok = LeanEvidence(r)
-	if wantRaw := "ev4\nr\n" + strings.Repeat("zc3N", 10) + "zc0\n" + crc32c(want) + "\n42"; !ok || string(raw) != wantRaw {
+	if wantRaw := "ev4\nr\n" + strings.Repeat("zc3N", 10) + "zc0\n" + sha72(want) + "\n42"; !ok || string(raw) != wantRaw {
 		t.Fatalf("LeanEvidence of a release: %q, %v; want %q", raw, ok, wantRaw)
 	}
 	if got, ok := ExpandLeanEvidence(string(raw), r.Lease.Clone(), r.BackendTime); !ok || got != string(want) {
@@ -157,17 +156,19 @@ func TestLeanEvidenceStrictDecode(t *testing.T) {
 	a, r := string(acq), string(rel)
 	d := strings.Repeat("q6ur", 10) + "q6s"
 	ck := strings.Split(a, "\n")[3]
-	if len(ck) != 6 {
+	if len(ck) != 12 {
 		t.Fatalf("check %q", ck)
 	}
 	d += "\n" + ck // the digest and check lines, as the cases below keep them unless they break them
 	for name, bad := range map[string]string{
 		"truncated acquisition":       strings.TrimSuffix(a, "\n30000"),
 		"no check":                    "ev4\na\n" + strings.Repeat("q6ur", 10) + "q6s\n42\n30000",
-		"check too short":             "ev4\na\n" + strings.Repeat("q6ur", 10) + "q6s\n" + ck[:5] + "\n42\n30000",
+		"check too short":             "ev4\na\n" + strings.Repeat("q6ur", 10) + "q6s\n" + ck[:11] + "\n42\n30000",
+		"check a CRC-32C":             "ev4\na\n" + strings.Repeat("q6ur", 10) + "q6s\n" + ck[:6] + "\n42\n30000",
 		"check too long":              "ev4\na\n" + strings.Repeat("q6ur", 10) + "q6s\n" + ck + "A\n42\n30000",
-		"check of other bytes":        "ev4\na\n" + strings.Repeat("q6ur", 10) + "q6s\n" + crc32c([]byte("x")) + "\n42\n30000",
-		"check in hex":                "ev4\na\n" + strings.Repeat("q6ur", 10) + "q6s\n" + "0a0b0c0d" + "\n42\n30000",
+		"check of other bytes":        "ev4\na\n" + strings.Repeat("q6ur", 10) + "q6s\n" + sha72([]byte("x")) + "\n42\n30000",
+		"check in hex":                "ev4\na\n" + strings.Repeat("q6ur", 10) + "q6s\n" + "0a0b0c0d0e0f101112" + "\n42\n30000",
+		"check in standard base64":    "ev4\na\n" + strings.Repeat("q6ur", 10) + "q6s\n" + "+" + ck[1:] + "\n42\n30000",
 		"truncated release":           strings.TrimSuffix(r, "\n42"),
 		"acquisition, extra line":     a + "\n1",
 		"release, extra line":         r + "\n30000",
