@@ -1,0 +1,48 @@
+package lease
+
+import "bytes"
+
+// History version 4 ("hv4"; Valkey from stored format 5) is version 2
+// with the idempotency scopes of the evidence that refers to the entry
+// (evidence version 3: an ending's evidence of the lease's acquisition
+// and a release's own) on two lines after the version: the acquisition's
+// scope and the release's, each empty or the scope itself. The store
+// rewrites that evidence in version 2 before it drops the entry, and
+// names the evidence keys by these lines: its server-side library cannot
+// compute a scope (a SHA-256). Each line must be empty or exactly the
+// scope the entry's own facts give (IdempotencyScope: the owner and
+// request id of the acquisition; ended_by and request_id of a release),
+// so a damaged line fails decoding like any other.
+//
+//	hv4\n<acquisition scope>\n<release scope>\n<version 2's lines after "hv2\n">
+const HistoryScopedPrefix = "hv4\n"
+
+// DecodeScopedHistory strictly decodes a stored history entry of version
+// 1, 2 or 4 (DecodeStoredHistory, after checking and removing version 4's
+// scope lines).
+func DecodeScopedHistory(raw []byte) (*HistoryEntry, error) {
+	if !bytes.HasPrefix(raw, []byte(HistoryScopedPrefix)) {
+		return DecodeStoredHistory(raw)
+	}
+	var f [4]string
+	if !splitLines(string(raw), f[:]) {
+		return nil, corrupt("history: version 4 entry is malformed")
+	}
+	acquisition, release, rest := f[1], f[2], f[3]
+	if acquisition == "" && release == "" {
+		return nil, corrupt("history: version 4 entry names no evidence") // written as version 2
+	}
+	h, err := DecodeStoredHistory([]byte(HistoryV2Prefix + rest))
+	if err != nil {
+		return nil, err
+	}
+	r := h.Record
+	if acquisition != "" && acquisition != IdempotencyScope(OpAcquire, r.LockKey, r.OwnerPrincipalID, r.RequestID) {
+		return nil, corrupt("history: version 4 entry's acquisition scope is not its own")
+	}
+	if release != "" && (r.State != StateReleased || h.EndedBy == "" || h.RequestID == "" ||
+		release != IdempotencyScope(OpRelease, r.LockKey, h.EndedBy, h.RequestID)) {
+		return nil, corrupt("history: version 4 entry's release scope is not its own")
+	}
+	return h, nil
+}

@@ -1,0 +1,53 @@
+package lease
+
+import (
+	"strings"
+	"testing"
+)
+
+// A version 4 entry decodes as its version 2 lines when each scope line
+// is empty or the scope its own facts give; any other scope, a missing
+// line, or no scope at all is corrupt.
+func TestDecodeScopedHistory(t *testing.T) {
+	r := validRecord()
+	r.State = StateReleased
+	h := &HistoryEntry{HistoryVersion: HistoryVersion, Record: r, EndedAt: r.RenewedAt.Add(1000), EndedBy: r.OwnerPrincipalID, RequestID: "req_rel"}
+	v2, err := CompactHistory(h)
+	if err != nil || !strings.HasPrefix(string(v2), HistoryV2Prefix) {
+		t.Fatalf("setup: %q %v", v2, err)
+	}
+	body := strings.TrimPrefix(string(v2), HistoryV2Prefix)
+	acq := IdempotencyScope(OpAcquire, r.LockKey, r.OwnerPrincipalID, r.RequestID)
+	rel := IdempotencyScope(OpRelease, r.LockKey, h.EndedBy, h.RequestID)
+	want, _ := h.Encode()
+	for _, ok := range []string{acq + "\n" + rel, acq + "\n", "\n" + rel} {
+		got, err := DecodeScopedHistory([]byte(HistoryScopedPrefix + ok + "\n" + body))
+		if err != nil {
+			t.Fatalf("%q: %v", ok, err)
+		}
+		if b, _ := got.Encode(); string(b) != string(want) {
+			t.Fatalf("%q decodes to\n%s\nwant\n%s", ok, b, want)
+		}
+	}
+	if got, err := DecodeScopedHistory(v2); err != nil || got.Record.LeaseID != r.LeaseID {
+		t.Fatalf("version 2: %v", err)
+	}
+	other := IdempotencyScope(OpAcquire, r.LockKey, r.OwnerPrincipalID, "req_other")
+	for name, bad := range map[string]string{
+		"no scope":                      "\n\n" + body,
+		"another acquisition's scope":   other + "\n" + rel + "\n" + body,
+		"the scopes swapped":            rel + "\n" + acq + "\n" + body,
+		"a release scope, not released": acq + "\n" + rel + "\n" + strings.Replace(body, "\nreleased\n", "\nrevoked\n", 1),
+		"one scope line":                acq + "\n" + body,
+		"a scope of another op":         IdempotencyScope(OpRenew, r.LockKey, r.OwnerPrincipalID, r.RequestID) + "\n\n" + body,
+		"a damaged body":                acq + "\n\n" + strings.Replace(body, r.LeaseID, r.LeaseID+"\n", 1),
+	} {
+		if got, err := DecodeScopedHistory([]byte(HistoryScopedPrefix + bad)); err == nil || AsError(err).Code != CodeCorrupt {
+			t.Errorf("%s: decoded %+v, %v", name, got, err)
+		}
+	}
+	// Other stores' readers take no version 4 entry.
+	if _, err := DecodeStoredHistory([]byte(HistoryScopedPrefix + acq + "\n\n" + body)); err == nil {
+		t.Error("DecodeStoredHistory took a version 4 entry")
+	}
+}
