@@ -33,6 +33,21 @@ func TestConformanceCompactRecords(t *testing.T) {
 	})
 }
 
+// TestConformanceReferringEvidence runs the suite on namespaces switched to
+// format 5: an ending's acquisition evidence and a release's own by
+// reference to the history entry.
+func TestConformanceReferringEvidence(t *testing.T) {
+	r, pw := aclServer(t)
+	leasetest.Run(t, func(t *testing.T) leasetest.Backend {
+		s := open(t, r, Options{Username: "starlease", PasswordFile: pw, KeyPrefix: "starlease:" + randomPrefix(),
+			StoreOptions: leasetest.StoreOptions(), ReferringEvidence: true})
+		if !s.referringEvidence.Load() {
+			t.Fatal("the namespace is not in format 5")
+		}
+		return leasetest.Backend{Store: s, Faults: faults{s}}
+	})
+}
+
 // TestConformanceEmbeddedEvidence runs the suite on namespaces switched to
 // format 4: acquisition evidence in version 3 records until a lease ends.
 func TestConformanceEmbeddedEvidence(t *testing.T) {

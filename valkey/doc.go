@@ -56,10 +56,16 @@
 //	                        once ns:format is "2"; read in either version. In format
 //	                        "4" an acquisition's is not written at acquire: every
 //	                        ending of its lease writes it from the record (version 2,
-//	                        PXAT acquired_at+IdempotencyRetention, not if past)
+//	                        PXAT acquired_at+IdempotencyRetention, not if past); in
+//	                        format "5" that and a release's own in version 3, by
+//	                        reference to the lease's history entry (lease.
+//	                        ReferringEvidence), rewritten in version 2 (TTL kept)
+//	                        before the entry is trimmed
 //	ns:{tag}:history        terminal evidence, newest first, capped at HistoryPerIdentity,
 //	                        in the same version as evidence, read in either version,
-//	                        TTL HistoryRetention refreshed on every push
+//	                        TTL HistoryRetention refreshed on every push; in format
+//	                        "5" an entry that evidence refers to is version 4 (version
+//	                        2 and the scopes of that evidence, lease.HistoryScopedPrefix)
 //	ns:{tag}:marks          hash sink → fencing high-water mark; no TTL, never deleted
 //	ns:{tag}:cseq           the last commit seq given (orders a lease's commits for
 //	                        the sinks); no TTL, never deleted
@@ -112,7 +118,8 @@
 //	ns:format               "2" once the namespace is switched to the compact stored
 //	                        formats of evidence and history, "3" once active records
 //	                        are compact too, "4" once new records carry their
-//	                        acquisition's evidence (format.go); absent: version 1.
+//	                        acquisition's evidence, "5" once endings keep evidence
+//	                        by reference (format.go); absent: version 1.
 //	                        Never lowered or unset.
 //
 // Every operation on an identity archives an expired active record it
@@ -127,7 +134,9 @@
 // writes its acquisition's evidence key, ns:{tag}:idem:<scope>, named from
 // the record's stored scope (checked as 43 base64url characters first) and
 // the identity's own hash tag, so it is in the slot of the identity's
-// declared keys (slot-safe) and can never name another identity's key. The index, schedule and lease-id
+// declared keys (slot-safe) and can never name another identity's key;
+// trimming a history entry of version 4 rewrites the evidence keys it
+// names the same way (detach in library.lua). The index, schedule and lease-id
 // keys are shared by all identities and written by the same functions, so
 // the adapter requires a single-node (non-cluster) primary; Open and Health
 // report a cluster or a replica as unsuitable.

@@ -707,14 +707,19 @@ local function context(keys, args)
     -- history with the format to write them in: 'compact' (version 2)
     -- once the namespace has been switched to it, else version 1, which
     -- instances of older builds still sharing the namespace can read.
-    compact = format == 'compact' or format == 'compact_records' or format == 'embedded_evidence',
+    compact = format == 'compact' or format == 'compact_records' or format == 'embedded_evidence'
+      or format == 'referring_evidence',
     -- 'compact_records' (namespace format 3) also stores active records
     -- in version 2 (encode_rv2); every build since reads both.
     -- 'embedded_evidence' (format 4) stores them in version 3 with the
     -- acquisition's evidence (encode_rv3): no evidence key is written
     -- while a lease is active.
-    rv2 = format == 'compact_records' or format == 'embedded_evidence',
-    rv3 = format == 'embedded_evidence',
+    rv2 = format == 'compact_records' or format == 'embedded_evidence' or format == 'referring_evidence',
+    rv3 = format == 'embedded_evidence' or format == 'referring_evidence',
+    -- 'referring_evidence' (format 5) also writes an ending's evidence of
+    -- its acquisition and a release's own in version 3, by reference to
+    -- the history entry (see refers).
+    refs = format == 'referring_evidence',
   }
 end
 
@@ -770,6 +775,26 @@ local function encode_ev2(op, digest, code, at, tag, r, renewed, expires, ttl, s
     .. '\n' .. r.metadata
 end
 
+-- encode_ev3 is evidence version 3 (lease.ReferringEvidence's bytes): the
+-- operation, digest, code and backend time at, then the lease id and
+-- fencing token that name lease r's history entry, and the result's
+-- expires_at and ttl_ms (an acquisition's as granted; a release's, the
+-- entry's own). The Go side rebuilds the rest from the entry.
+local function encode_ev3(op, digest, code, at, r, expires, ttl)
+  return 'ev3\n' .. op .. '\n' .. digest .. '\n' .. code .. '\n' .. int(at) .. '\n' .. r.lease_id
+    .. '\n' .. int(r.fencing_token) .. '\n' .. int(expires) .. '\n' .. int(ttl)
+end
+
+-- is_scope reports an idempotency scope as stored: 43 base64url
+-- characters (lease.IdempotencyScope's).
+local function is_scope(v) return type(v) == 'string' and #v == 43 and string.find(v, '^[%w_%-]+$') ~= nil end
+
+-- idem_key is the evidence key of scope within c's identity: named from
+-- stored data (not in KEYS), but in the identity's own hash tag (that of
+-- c.k_active), so in the slot of every key the call declares, and never
+-- another identity's.
+local function idem_key(c, scope) return string.sub(c.k_active, 1, #c.k_active - #'active') .. 'idem:' .. scope end
+
 -- write_out writes the acquisition's evidence a version 3 record r carries
 -- to its own key, as remember writes it (evidence version 2) and with the
 -- expiry it would have had (acquired_at + the idempotency retention; not
@@ -778,17 +803,70 @@ end
 -- scope, checked as 43 base64url characters first, within the identity's
 -- own hash tag (c.k_active's), so it is in the same slot as every key the
 -- call declares.
-local function write_out(c, r)
+local function write_out(c, r, refs)
   local at = r.acquired_at + c.idem_ret
   if at <= now_ms() then return end
   local scope = r.idem_scope
-  if #scope ~= 43 or not string.find(scope, '^[%w_%-]+$') then return end -- (decode checked it)
+  if not is_scope(scope) then return end -- (decode checked it)
   -- The lease as its acquisition granted it (what the acquire answered).
   local ttl = r.idem_ttl
-  local ev = encode_ev2('acquire', r.idem_digest, 'lease_acquired', r.acquired_at, c.tag, r, r.acquired_at,
-    r.acquired_at + math.min(ttl, r.maximum_lifetime_ms), ttl, 'active')
-  local k = string.sub(c.k_active, 1, #c.k_active - #'active') .. 'idem:' .. scope
-  redis.call('SET', k, ev, 'PXAT', int(at))
+  local expires = r.acquired_at + math.min(ttl, r.maximum_lifetime_ms)
+  local ev
+  if refs then
+    ev = encode_ev3('acquire', r.idem_digest, 'lease_acquired', r.acquired_at, r, expires, ttl)
+  else
+    ev = encode_ev2('acquire', r.idem_digest, 'lease_acquired', r.acquired_at, c.tag, r, r.acquired_at, expires, ttl, 'active')
+  end
+  redis.call('SET', idem_key(c, scope), ev, 'PXAT', int(at))
+end
+
+-- refers reports whether c's endings write evidence by reference
+-- (format 5): only while the history list, whose TTL every push sets to
+-- the history retention, outlives the evidence (its retention), so that
+-- the entry it refers to is there as long as it is.
+local function refers(c) return c.refs and c.hist_ret >= c.idem_ret end
+
+-- detach rewrites in version 2 the evidence of version 3 that refers to
+-- entry, a history entry of version 4 about to be dropped: under each
+-- scope it names, evidence of version 3 of the scope's operation that
+-- names the entry's lease id and token becomes what remember or write_out
+-- would have written in format 4 (lease.DetachedEvidence's splice), with
+-- its TTL kept. The entry's record is read strictly (decode_rv2, under
+-- the call's lock key) first: an entry that does not read, or evidence
+-- that is not its lease's, is left as it is (its reader answers corrupt).
+local function detach(c, entry)
+  local acq_scope, rel_scope, at = string.match(entry, '^hv4\n([%w_%-]*)\n([%w_%-]*)\n()')
+  if not acq_scope then return end
+  local rec_at = string.match(entry, '^%d+\n[^\n]*\n[^\n]*\n[^\n]*\n[^\n]*\n()', at)
+  if not rec_at then return end
+  local r = decode_rv2('rv2\n' .. string.sub(entry, rec_at), c.lock_key)
+  if not r then return end
+  for op, scope in pairs({ acquire = acq_scope, release = rel_scope }) do
+    local k = is_scope(scope) and idem_key(c, scope)
+    local ev = k and get(k)
+    if ev then
+      local e_op, digest, code, backend, id, token, expires, ttl = string.match(ev,
+        '^ev3\n(%l+)\n(%x+)\n([%l_]+)\n(%d+)\n([^\n]+)\n(%d+)\n(%d+)\n(%d+)$')
+      if e_op == op and id == r.lease_id and #token <= 16 and tonumber(token) == r.fencing_token
+          and #backend <= 16 and #expires <= 16 and #ttl <= 16 then
+        local out
+        if op == 'acquire' then
+          out = encode_ev2(op, digest, code, tonumber(backend), c.tag, r, r.acquired_at, tonumber(expires), tonumber(ttl), 'active')
+        elseif r.state == 'released' and tonumber(expires) == r.expires_at and tonumber(ttl) == r.ttl_ms then
+          out = encode_ev2(op, digest, code, tonumber(backend), c.tag, r, r.renewed_at, r.expires_at, r.ttl_ms, r.state)
+        end
+        if out then redis.call('SET', k, out, 'KEEPTTL') end
+      end
+    end
+  end
+end
+
+-- detach_dropped detaches the evidence of each entry of dropped (history
+-- entries about to be trimmed) that names it (version 4).
+local function detach_dropped(c, dropped)
+  for _, entry in ipairs(dropped) do
+    if string.sub(entry, 1, 4) == 'hv4\n' then detach(c, entry) end
+  end
 end
 
 -- archive ends r: terminal evidence to the capped history list, then the
@@ -799,8 +877,9 @@ end
 -- JSON, from it; see expandHistory in evidence.go): its facts one per
 -- line, in place of a second copy of the record JSON. Returns the ended
 -- record's JSON if it built it (version 1 history; see ended_record).
-local function archive(c, r, state, ended, by, request_id, reason, incident)
-  if r.idem_scope then write_out(c, r) end
+local function archive(c, r, state, ended, by, request_id, reason, incident, release_scope)
+  local refs = refers(c)
+  if r.idem_scope then write_out(c, r, refs) end
   local raw, entry
   if not c.compact then
     raw = encode(r, state)
@@ -813,7 +892,13 @@ local function archive(c, r, state, ended, by, request_id, reason, incident)
     end
     entry = '{"history_version":1,"record":' .. raw .. ',"ended_at":"' .. ts(ended) .. '"' .. extra .. '}'
   else
-    entry = 'hv2\n' .. int(ended) .. '\n' .. (by or '') .. '\n' .. (request_id or '') .. '\n' .. (reason or '')
+    -- Format 5 names the evidence that refers to the entry by its scopes
+    -- (history version 4), so that it can be rewritten before the entry
+    -- goes (detach_dropped).
+    local head = 'hv2\n'
+    local acq_scope = refs and is_scope(r.idem_scope) and r.idem_scope
+    if acq_scope or release_scope then head = 'hv4\n' .. (acq_scope or '') .. '\n' .. (release_scope or '') .. '\n' end
+    entry = head .. int(ended) .. '\n' .. (by or '') .. '\n' .. (request_id or '') .. '\n' .. (reason or '')
     .. '\n' .. (incident or '') .. '\n' .. c.tag .. '\n' .. r.tenant_id .. '\n' .. r.program_id
     .. '\n' .. r.target_namespace .. '\n' .. r.target_id .. '\n' .. r.actor_name .. '\n' .. r.workflow_name
     .. '\n' .. r.operation_class .. '\n' .. r.lease_id .. '\n' .. r.owner_principal_id .. '\n' .. r.owner_client_id
@@ -823,7 +908,13 @@ local function archive(c, r, state, ended, by, request_id, reason, incident)
     .. '\n' .. r.job_id .. '\n' .. r.trace_id .. '\n' .. r.request_id .. '\n' .. state .. '\n' .. r.metadata
   end
   -- LTRIM only when the push went past the cap: below it, it is a no-op.
-  if redis.call('LPUSH', c.k_hist, entry) > c.hist_cap then redis.call('LTRIM', c.k_hist, 0, c.hist_cap - 1) end
+  -- Evidence that refers to an entry it drops is rewritten first, in
+  -- every format (an instance that has not yet read a raised format
+  -- switch still trims entries of format 5).
+  if redis.call('LPUSH', c.k_hist, entry) > c.hist_cap then
+    detach_dropped(c, redis.call('LRANGE', c.k_hist, c.hist_cap, -1))
+    redis.call('LTRIM', c.k_hist, 0, c.hist_cap - 1)
+  end
   redis.call('PEXPIRE', c.k_hist, c.hist_ret)
   redis.call('DEL', c.k_active)
   -- The index entries in both forms, r's own and the other (a record's
@@ -861,7 +952,7 @@ end
 -- acquired/renewed/expires ms, ttl_ms, maximum_lifetime_ms, execution_id,
 -- job_id, trace_id, request_id, state (state if given), and metadata last
 -- (JSON; the only free text).
-local function remember(c, now, op, digest, code, r, state, raw)
+local function remember(c, now, op, digest, code, r, state, raw, by_reference)
   if not c.compact then
     -- raw is the record as stored, but a record carrying its acquisition's
     -- evidence is stored in version 3 whatever the writer's format (a
@@ -873,13 +964,23 @@ local function remember(c, now, op, digest, code, r, state, raw)
     redis.call('SET', c.k_ev, ev, 'PX', int(c.ev_ret))
     return
   end
-  local ev = encode_ev2(op, digest, code, now, c.tag, r, r.renewed_at, r.expires_at, r.ttl_ms, state or r.state)
+  local ev
+  if by_reference then
+    ev = encode_ev3(op, digest, code, now, r, r.expires_at, r.ttl_ms)
+  else
+    ev = encode_ev2(op, digest, code, now, c.tag, r, r.renewed_at, r.expires_at, r.ttl_ms, state or r.state)
+  end
   redis.call('SET', c.k_ev, ev, 'PX', int(c.ev_ret))
 end
 
 -- evidence_lease_id is the lease id stored evidence names (either
 -- version), or nil.
 local function evidence_lease_id(ev)
+  if string.sub(ev, 1, 4) == 'ev3\n' then
+    local id = string.match(ev, '^ev3\n[^\n]*\n[^\n]*\n[^\n]*\n[^\n]*\n([^\n]*)\n')
+    if is_id(id) then return id end
+    return nil
+  end
   if string.sub(ev, 1, 4) == 'ev2\n' then
     local id = string.match(ev, '^ev2\n[^\n]*\n[^\n]*\n[^\n]*\n[^\n]*\n[^\n]*\n([^\n]*)\n')
     if is_id(id) then return id end
@@ -1088,8 +1189,12 @@ local function finish(keys, args)
   if e.owner then owner, instance = args[17], args[18] end
   local cur, reply = held(c, now, args[15], args[16], owner, instance)
   if not cur then return reply end
-  local raw = archive(c, cur, e.state, now, args[17], args[20], args[21], args[22])
-  remember(c, now, args[23], args[19], e.code, cur, e.state, raw)
+  -- Format 5: a release's evidence refers to the entry, which names it by
+  -- its scope (the evidence key's).
+  local release_scope = args[23] == 'release' and refers(c) and string.match(c.k_ev, ':idem:([%w_%-]+)$')
+  if not is_scope(release_scope) then release_scope = nil end
+  local raw = archive(c, cur, e.state, now, args[17], args[20], args[21], args[22], release_scope)
+  remember(c, now, args[23], args[19], e.code, cur, e.state, raw, release_scope ~= nil)
   return { 'ok', int(now), ended_record(raw, cur, e.state) }
 end
 
@@ -1496,7 +1601,7 @@ local function clock() return { 'ok', int(now_ms()) } end
 -- an earlier format's option never takes a namespace back. A value it
 -- does not know (a later build's, or damage) is left as it is: 'unknown'.
 -- A closed namespace (KEYS 2, the gate) changes nothing: 'closed'.
-local FORMAT_LEVEL = { ['2'] = 2, ['3'] = 3, ['4'] = 4 }
+local FORMAT_LEVEL = { ['2'] = 2, ['3'] = 3, ['4'] = 4, ['5'] = 5 }
 local function raise_format(keys, args)
   local want = FORMAT_LEVEL[args[1]]
   if not want then return redis.error_reply('unknown format') end

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/starintel/starlease/lease"
@@ -232,7 +233,7 @@ func (s *Store) closedNamespace(rep reply) *lease.Error {
 // original result, or idempotency_conflict if the request id was used with
 // other inputs. A replayed acquire also reports the lease's state now.
 func (s *Store) replay(p lease.Prepared, rep reply) (lease.Result, error) {
-	raw, ok := lease.ExpandEvidence(rep.at(0), p.Identity)
+	raw, ok := evidenceBytes(p, rep)
 	if !ok {
 		return lease.Result{}, s.corrupt(p.Identity, "idempotency evidence is corrupt")
 	}
@@ -297,11 +298,37 @@ func (s *Store) currentOf(orig *lease.Record, rep reply, id lease.Identity) (*le
 	return lease.CurrentOf(orig, cur, rep.now, func() *lease.HistoryEntry { return findHistory(rep.f[min(3, len(rep.f)):], orig.LockKey, orig.LeaseID) }), nil
 }
 
+// evidenceBytes is the stored evidence of an "evidence" reply read for p,
+// as version 1 bytes: version 1 as it is, version 2 expanded, version 3
+// (format 5: by reference) rebuilt from the history entry of the lease it
+// names among the reply's; its operation and the entry's own scope for
+// it must be p's (evidence copied under another key is never answered). ok is false if
+// it cannot be; strict decoding of the result is the caller's.
+func evidenceBytes(p lease.Prepared, rep reply) (string, bool) {
+	raw := rep.at(0)
+	leaseID, ok := lease.ReferredLeaseID(raw)
+	if !ok {
+		return lease.ExpandEvidence(raw, p.Identity)
+	}
+	h := findHistory(rep.f[min(3, len(rep.f)):], p.LockKey, leaseID)
+	if h == nil || !strings.HasPrefix(raw, lease.EvidenceRefPrefix+string(p.Op)+"\n") {
+		return "", false
+	}
+	by, request := h.Record.OwnerPrincipalID, h.Record.RequestID
+	if p.Op == lease.OpRelease {
+		by, request = h.EndedBy, h.RequestID
+	}
+	if lease.IdempotencyScope(p.Op, p.LockKey, by, request) != p.Scope {
+		return "", false
+	}
+	return lease.ExpandReferringEvidence(raw, h.Record)
+}
+
 // findHistory returns the first entry (newest first) that strictly decodes
 // and names leaseID under lockKey.
 func findHistory(entries []string, lockKey, leaseID string) *lease.HistoryEntry {
 	for _, e := range entries {
-		if h, err := lease.DecodeStoredHistory([]byte(e)); err == nil && h.Record.LeaseID == leaseID && h.Record.LockKey == lockKey {
+		if h, err := lease.DecodeScopedHistory([]byte(e)); err == nil && h.Record.LeaseID == leaseID && h.Record.LockKey == lockKey {
 			return h
 		}
 	}

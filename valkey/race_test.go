@@ -18,6 +18,17 @@ func TestRace(t *testing.T) {
 	race.Run(t, s, race.Options{})
 }
 
+// TestRaceReferringEvidence runs it on a namespace in format 5.
+func TestRaceReferringEvidence(t *testing.T) {
+	r, pw := aclServer(t)
+	s := open(t, r, Options{Username: "starlease", PasswordFile: pw, KeyPrefix: "starlease:" + randomPrefix(),
+		StoreOptions: leasetest.StoreOptions(), ReapInterval: 50 * time.Millisecond, ReferringEvidence: true})
+	if !s.referringEvidence.Load() {
+		t.Fatal("the namespace is not in format 5")
+	}
+	race.Run(t, s, race.Options{})
+}
+
 // TestRaceEmbeddedEvidence runs it on a namespace in format 4.
 func TestRaceEmbeddedEvidence(t *testing.T) {
 	r, pw := aclServer(t)

@@ -280,7 +280,7 @@ func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.Hi
 	}
 	out := lease.HistoryResult{Entries: []lease.HistoryEntry{}, BackendTime: rep.now}
 	for _, raw := range rep.f {
-		h, err := lease.DecodeStoredHistory([]byte(raw))
+		h, err := lease.DecodeScopedHistory([]byte(raw))
 		if err == nil && h.Record.LockKey != lockKey {
 			err = lease.Errorf(lease.CodeCorrupt, "history entry of a foreign lock key")
 		}
@@ -335,7 +335,7 @@ func (s *Store) LookupRequest(ctx context.Context, req lease.LookupRequest) (lea
 	case "corrupt":
 		return lease.Result{}, s.corrupt(p.Identity, rep.at(0))
 	case "evidence":
-		raw, ok := lease.ExpandEvidence(rep.at(0), p.Identity)
+		raw, ok := evidenceBytes(p, rep)
 		if !ok {
 			return lease.Result{}, s.corrupt(p.Identity, "idempotency evidence is corrupt")
 		}

@@ -92,6 +92,11 @@ func closedState(t *testing.T, o Options) (lease.ClosedNamespace, lease.Restored
 // the namespace reopened, and a stale holder cannot commit.
 func TestSealAndRecover(t *testing.T) { sealAndRecover(t, Options{KeyPrefix: randomPrefix()}) }
 
+// TestSealAndRecoverReferringEvidence runs it on a namespace in format 5.
+func TestSealAndRecoverReferringEvidence(t *testing.T) {
+	sealAndRecover(t, Options{KeyPrefix: randomPrefix(), ReferringEvidence: true})
+}
+
 // TestSealAndRecoverEmbeddedEvidence runs it on a namespace in format 4.
 func TestSealAndRecoverEmbeddedEvidence(t *testing.T) {
 	sealAndRecover(t, Options{KeyPrefix: randomPrefix(), EmbeddedEvidence: true})
@@ -158,6 +163,11 @@ func sealAndRecover(t *testing.T, o Options) {
 // work until recovery reopens it, and then replays pre-backup requests
 // with their original results.
 func TestBackupRestore(t *testing.T) { backupRestore(t, Options{}) }
+
+// TestBackupRestoreReferringEvidence runs it on a namespace in format 5.
+func TestBackupRestoreReferringEvidence(t *testing.T) {
+	backupRestore(t, Options{ReferringEvidence: true})
+}
 
 // TestBackupRestoreEmbeddedEvidence runs it on a namespace in format 4.
 func TestBackupRestoreEmbeddedEvidence(t *testing.T) {

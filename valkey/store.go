@@ -57,6 +57,11 @@ type Options struct {
 	// opens: CompactRecords', and a new lease's acquisition evidence kept
 	// in its active record until the lease ends (format.go).
 	EmbeddedEvidence bool
+	// ReferringEvidence switches it, for good, to format 5 when the store
+	// opens: EmbeddedEvidence's, and an ending's evidence of the lease's
+	// acquisition and a release's own kept by reference to the lease's
+	// history entry (format.go).
+	ReferringEvidence bool
 	// DialTimeout bounds connecting; zero means 5 s.
 	DialTimeout time.Duration
 	// ReplyGrace is how long past a request's deadline the adapter waits
@@ -112,6 +117,8 @@ type Store struct {
 	// embeddedEvidence: new leases' records carry their acquisition's
 	// evidence (format 4).
 	embeddedEvidence atomic.Bool
+	// referringEvidence: endings keep evidence by reference (format 5).
+	referringEvidence atomic.Bool
 	// wantFormat is the format the options ask for, raised to at Open and
 	// at each reaper pass (raiseWanted).
 	wantFormat string
@@ -217,6 +224,8 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	}
 	s.loadFormat(ctx)
 	switch {
+	case o.ReferringEvidence:
+		s.wantFormat = referringEvidence
 	case o.EmbeddedEvidence:
 		s.wantFormat = embeddedEvidence
 	case o.CompactRecords:
