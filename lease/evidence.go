@@ -31,7 +31,9 @@ type IdempotencyRecord struct {
 // validate checks every invariant of stored idempotency evidence; the
 // encoder and the decoder share it, so nothing is written that cannot be read.
 func (e *IdempotencyRecord) validate(stored bool) error {
-	if e.Version != IdempotencyVersion || !e.Op.Valid() || !e.Code.Success() || e.Lease == nil ||
+	// An operation's evidence holds its own success (review 44: an acquire
+	// retry answered lease_renewed from evidence damaged in its code line).
+	if e.Version != IdempotencyVersion || !e.Op.Valid() || e.Code != e.Op.SuccessCode() || e.Lease == nil ||
 		!isSHA256Hex(e.Digest) || !e.BackendTime.inRange() {
 		return corrupt("invalid evidence")
 	}

@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"bytes"
 	"encoding/json"
 	"reflect"
 	"regexp"
@@ -46,7 +47,7 @@ func TestIdempotencyRecordRoundTrip(t *testing.T) {
 	}
 	for _, op := range []Op{OpRenew, OpRelease, OpForceRelease, OpRevoke} {
 		e := validIdem()
-		e.Op = op
+		e.Op, e.Code = op, op.SuccessCode()
 		b, err := e.Encode()
 		if err != nil {
 			t.Fatal(err)
@@ -76,6 +77,31 @@ func TestIdempotencyRecordFailsClosed(t *testing.T) {
 		c.Digest = d
 		if b, err := EncodeCommit(c); err == nil {
 			t.Fatalf("commit evidence with digest %q encoded: %s", d, b)
+		}
+	}
+
+	// An operation's evidence holds its own success, never another's.
+	for _, op := range []Op{OpAcquire, OpRenew, OpRelease, OpForceRelease, OpRevoke} {
+		for _, code := range []Code{CodeAcquired, CodeRenewed, CodeReleased, CodeForceReleased, CodeRevoked, CodeCommitAuthorized} {
+			e := validIdem()
+			e.Op, e.Code = op, code
+			_, err := e.Encode()
+			if code == op.SuccessCode() {
+				if err != nil {
+					t.Fatalf("%s %s: %v", op, code, err)
+				}
+				continue
+			}
+			wantCorrupt(t, err, "idempotency: invalid evidence")
+			e.Code = op.SuccessCode()
+			b, err := e.Encode()
+			if err != nil {
+				t.Fatal(err)
+			}
+			damaged := bytes.Replace(b, []byte(`"code":"`+string(op.SuccessCode())+`"`), []byte(`"code":"`+string(code)+`"`), 1)
+			if _, err := DecodeIdempotencyRecord(damaged); CodeOf(err) != CodeCorrupt {
+				t.Fatalf("%s evidence with code %s decoded: %v", op, code, err)
+			}
 		}
 	}
 

@@ -317,7 +317,12 @@ func s31Evidence(r *rand.Rand) (*IdempotencyRecord, Identity) {
 	e := validIdem()
 	e.Lease = rvRecord(r)
 	e.Op = []Op{OpAcquire, OpRenew, OpRelease, OpForceRelease, OpRevoke, "bogus"}[r.Intn(6)]
-	e.Code = []Code{CodeAcquired, CodeRenewed, CodeReleased, CodeForceReleased, CodeRevoked, CodeConflict}[r.Intn(6)]
+	// Mostly the operation's own success (the only code its evidence
+	// holds since review 44), sometimes another operation's or a failure.
+	e.Code = e.Op.SuccessCode()
+	if r.Intn(4) == 0 || e.Code == "" {
+		e.Code = []Code{CodeAcquired, CodeRenewed, CodeReleased, CodeForceReleased, CodeRevoked, CodeConflict}[r.Intn(6)]
+	}
 	e.Digest = s31Digest(r)
 	e.BackendTime = UnixMilli([]int64{0, msAcquired, rvMaxMs, r.Int63n(rvMaxMs)}[r.Intn(4)])
 	id := e.Lease.Identity()

@@ -57,12 +57,24 @@ const (
 )
 
 // Valid reports whether o is a known mutation.
-func (o Op) Valid() bool {
+func (o Op) Valid() bool { return o.SuccessCode() != "" }
+
+// SuccessCode is the code of o's success: the only code its idempotency
+// evidence holds. "" for an unknown operation.
+func (o Op) SuccessCode() Code {
 	switch o {
-	case OpAcquire, OpRenew, OpRelease, OpForceRelease, OpRevoke:
-		return true
+	case OpAcquire:
+		return CodeAcquired
+	case OpRenew:
+		return CodeRenewed
+	case OpRelease:
+		return CodeReleased
+	case OpForceRelease:
+		return CodeForceReleased
+	case OpRevoke:
+		return CodeRevoked
 	}
-	return false
+	return ""
 }
 
 // Caller is the authenticated, non-secret security context of a request.
