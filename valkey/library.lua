@@ -1212,7 +1212,11 @@ end
 -- size (lease.OutboxMessage.Size), 28 and 29 the outbox's bounds in
 -- entries and bytes: a publication that does not fit is refused ('full'
 -- and which bound) before anything is written. The evidence is 20 .. seq
--- .. ',"accepted_at":"' .. time .. 21.
+-- .. ',"accepted_at":"' .. time .. 21. ARGV 30 is the idempotency
+-- retention (an expired lease's ending writes out its acquisition's
+-- evidence), 31 the write format, as every call that may end a lease
+-- ends its ARGV (before, commit passed none, and such an ending wrote
+-- version 1 history in every format: review 44).
 local function commit(keys, args)
   local c = context(keys, args)
   c.idem_ret = tonumber(args[30])

@@ -402,7 +402,7 @@ func (s *Store) AuthorizeCommit(ctx context.Context, req lease.CommitRequest) (l
 	args := append(s.commonArgs(d, p.LockKey, tag, p.Identity, s.opts.CommitRetention),
 		req.LeaseID, utoa(req.FencingToken), req.Caller.PrincipalID, req.ServiceInstanceID, req.Sink, head, tail,
 		obHead, obTail, msgID, req.ExecutionID, req.JobID,
-		itoa(size), itoa(s.opts.OutboxMaxPending), itoa(s.opts.OutboxMaxBytes), ms(s.opts.IdempotencyRetention))
+		itoa(size), itoa(s.opts.OutboxMaxPending), itoa(s.opts.OutboxMaxBytes), ms(s.opts.IdempotencyRetention), s.writeFormat())
 	rep, err := s.fcall(ctx, call{fn: "commit", mutation: true, keys: keys, args: args, wait: s.waitFor(d)})
 	if err != nil {
 		return lease.CommitResult{}, err
