@@ -826,6 +826,13 @@ end
 -- the entry it refers to is there as long as it is.
 local function refers(c) return c.refs and c.hist_ret >= c.idem_ret end
 
+-- REF_CODES is the code of the evidence version 3 holds, by operation.
+local REF_CODES = { acquire = 'lease_acquired', release = 'lease_released' }
+
+-- canonical reports a decimal as int writes it: no leading zero, at most
+-- 16 digits (every number evidence holds is below 2^53).
+local function canonical(v) return #v <= 16 and (v == '0' or string.find(v, '^[1-9]%d*$') ~= nil) end
+
 -- detach rewrites in version 2 the evidence of version 3 that refers to
 -- entry, a history entry of version 4 about to be dropped: under each
 -- scope it names, evidence of version 3 of the scope's operation that
@@ -847,8 +854,12 @@ local function detach(c, entry)
     if ev then
       local e_op, digest, code, backend, id, token, expires, ttl = string.match(ev,
         '^ev3\n(%l+)\n(%x+)\n([%l_]+)\n(%d+)\n([^\n]+)\n(%d+)\n(%d+)\n(%d+)$')
-      if e_op == op and id == r.lease_id and #token <= 16 and tonumber(token) == r.fencing_token
-          and #backend <= 16 and #expires <= 16 and #ttl <= 16 then
+      -- Only evidence exactly as encode_ev3 writes it (canonical numbers, a
+      -- lowercase digest, the operation's code): damage is left for its
+      -- reader to refuse, never rewritten into evidence that reads.
+      if e_op == op and code == REF_CODES[op] and #digest == 64 and not string.find(digest, '%u')
+          and id == r.lease_id and canonical(token) and tonumber(token) == r.fencing_token
+          and canonical(backend) and canonical(expires) and canonical(ttl) then
         local out
         if op == 'acquire' then
           out = encode_ev2(op, digest, code, tonumber(backend), c.tag, r, r.acquired_at, tonumber(expires), tonumber(ttl), 'active')
@@ -915,6 +926,10 @@ local function archive(c, r, state, ended, by, request_id, reason, incident, rel
     detach_dropped(c, redis.call('LRANGE', c.k_hist, c.hist_cap, -1))
     redis.call('LTRIM', c.k_hist, 0, c.hist_cap - 1)
   end
+  -- A history retention below the evidence's (this instance's settings,
+  -- which may not be another's that wrote format 5) may take the list
+  -- before the evidence that refers to its entries: rewrite that first.
+  if c.hist_ret < c.idem_ret then detach_dropped(c, redis.call('LRANGE', c.k_hist, 0, -1)) end
   redis.call('PEXPIRE', c.k_hist, c.hist_ret)
   redis.call('DEL', c.k_active)
   -- The index entries in both forms, r's own and the other (a record's
