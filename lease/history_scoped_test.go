@@ -16,12 +16,18 @@ func TestDecodeScopedHistory(t *testing.T) {
 	if err != nil || !strings.HasPrefix(string(v2), HistoryV2Prefix) {
 		t.Fatalf("setup: %q %v", v2, err)
 	}
-	body := strings.TrimPrefix(string(v2), HistoryV2Prefix)
+	// Version 4 holds version 2's lines without the tag line (the sixth).
+	lines := strings.SplitN(strings.TrimPrefix(string(v2), HistoryV2Prefix), "\n", 7)
+	tag, _ := strings.CutPrefix(r.LockKey, KeyPrefix)
+	if lines[5] != tag {
+		t.Fatalf("setup: line 6 %q is not the tag", lines[5])
+	}
+	body := strings.Join(append(lines[:5:5], lines[6]), "\n")
 	acq := IdempotencyScope(OpAcquire, r.LockKey, r.OwnerPrincipalID, r.RequestID)
 	rel := IdempotencyScope(OpRelease, r.LockKey, h.EndedBy, h.RequestID)
 	want, _ := h.Encode()
 	for _, ok := range []string{acq + "\n" + rel, acq + "\n", "\n" + rel} {
-		got, err := DecodeScopedHistory([]byte(HistoryScopedPrefix + ok + "\n" + body))
+		got, err := DecodeScopedHistory([]byte(HistoryScopedPrefix+ok+"\n"+body), r.LockKey)
 		if err != nil {
 			t.Fatalf("%q: %v", ok, err)
 		}
@@ -29,7 +35,7 @@ func TestDecodeScopedHistory(t *testing.T) {
 			t.Fatalf("%q decodes to\n%s\nwant\n%s", ok, b, want)
 		}
 	}
-	if got, err := DecodeScopedHistory(v2); err != nil || got.Record.LeaseID != r.LeaseID {
+	if got, err := DecodeScopedHistory(v2, r.LockKey); err != nil || got.Record.LeaseID != r.LeaseID {
 		t.Fatalf("version 2: %v", err)
 	}
 	other := IdempotencyScope(OpAcquire, r.LockKey, r.OwnerPrincipalID, "req_other")
@@ -42,9 +48,16 @@ func TestDecodeScopedHistory(t *testing.T) {
 		"a scope of another op":         IdempotencyScope(OpRenew, r.LockKey, r.OwnerPrincipalID, r.RequestID) + "\n\n" + body,
 		"a damaged body":                acq + "\n\n" + strings.Replace(body, r.LeaseID, r.LeaseID+"\n", 1),
 	} {
-		if got, err := DecodeScopedHistory([]byte(HistoryScopedPrefix + bad)); err == nil || AsError(err).Code != CodeCorrupt {
+		if got, err := DecodeScopedHistory([]byte(HistoryScopedPrefix+bad), r.LockKey); err == nil || AsError(err).Code != CodeCorrupt {
 			t.Errorf("%s: decoded %+v, %v", name, got, err)
 		}
+	}
+	// Read under another identity's key, the tag put back is not its own.
+	other2 := validRecord()
+	other2.TargetID += "-other"
+	otherKey := other2.Identity().lockKeyOfCanonical()
+	if _, err := DecodeScopedHistory([]byte(HistoryScopedPrefix+acq+"\n\n"+body), otherKey); CodeOf(err) != CodeCorrupt {
+		t.Errorf("a version 4 entry read under another lock key: %v", err)
 	}
 	// Other stores' readers take no version 4 entry.
 	if _, err := DecodeStoredHistory([]byte(HistoryScopedPrefix + acq + "\n\n" + body)); err == nil {

@@ -834,7 +834,8 @@ local REF_CODES = { acquire = 'lease_acquired', release = 'lease_released' }
 local function canonical(v) return #v <= 16 and (v == '0' or string.find(v, '^[1-9]%d*$') ~= nil) end
 
 -- detach rewrites in version 2 the evidence of version 3 that refers to
--- entry, a history entry of version 4 about to be dropped: under each
+-- entry, a history entry of version 4 about to be dropped (version 2's
+-- lines without the hash tag, which c's keys hold): under each
 -- scope it names, evidence of version 3 of the scope's operation that
 -- names the entry's lease id and token becomes what remember or write_out
 -- would have written in format 4 (lease.DetachedEvidence's splice), with
@@ -846,7 +847,7 @@ local function detach(c, entry)
   if not acq_scope then return end
   local rec_at = string.match(entry, '^%d+\n[^\n]*\n[^\n]*\n[^\n]*\n[^\n]*\n()', at)
   if not rec_at then return end
-  local r = decode_rv2('rv2\n' .. string.sub(entry, rec_at), c.lock_key)
+  local r = decode_rv2('rv2\n' .. c.tag .. '\n' .. string.sub(entry, rec_at), c.lock_key)
   if not r then return end
   for op, scope in pairs({ acquire = acq_scope, release = rel_scope }) do
     local k = is_scope(scope) and idem_key(c, scope)
@@ -906,11 +907,14 @@ local function archive(c, r, state, ended, by, request_id, reason, incident, rel
     -- Format 5 names the evidence that refers to the entry by its scopes
     -- (history version 4), so that it can be rewritten before the entry
     -- goes (detach_dropped).
-    local head = 'hv2\n'
+    local head, tag_line = 'hv2\n', c.tag .. '\n'
     local acq_scope = refs and is_scope(r.idem_scope) and r.idem_scope
-    if acq_scope or release_scope then head = 'hv4\n' .. (acq_scope or '') .. '\n' .. (release_scope or '') .. '\n' end
+    if acq_scope or release_scope then
+      -- Without the hash tag line: the list's key holds it.
+      head, tag_line = 'hv4\n' .. (acq_scope or '') .. '\n' .. (release_scope or '') .. '\n', ''
+    end
     entry = head .. int(ended) .. '\n' .. (by or '') .. '\n' .. (request_id or '') .. '\n' .. (reason or '')
-    .. '\n' .. (incident or '') .. '\n' .. c.tag .. '\n' .. r.tenant_id .. '\n' .. r.program_id
+    .. '\n' .. (incident or '') .. '\n' .. tag_line .. r.tenant_id .. '\n' .. r.program_id
     .. '\n' .. r.target_namespace .. '\n' .. r.target_id .. '\n' .. r.actor_name .. '\n' .. r.workflow_name
     .. '\n' .. r.operation_class .. '\n' .. r.lease_id .. '\n' .. r.owner_principal_id .. '\n' .. r.owner_client_id
     .. '\n' .. r.owner_credential_id .. '\n' .. r.service_instance_id .. '\n' .. int(r.fencing_token)

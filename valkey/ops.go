@@ -328,7 +328,7 @@ func evidenceBytes(p lease.Prepared, rep reply) (string, bool) {
 // and names leaseID under lockKey.
 func findHistory(entries []string, lockKey, leaseID string) *lease.HistoryEntry {
 	for _, e := range entries {
-		if h, err := lease.DecodeScopedHistory([]byte(e)); err == nil && h.Record.LeaseID == leaseID && h.Record.LockKey == lockKey {
+		if h, err := lease.DecodeScopedHistory([]byte(e), lockKey); err == nil && h.Record.LeaseID == leaseID && h.Record.LockKey == lockKey {
 			return h
 		}
 	}

@@ -280,7 +280,7 @@ func (s *Store) History(ctx context.Context, req lease.HistoryRequest) (lease.Hi
 	}
 	out := lease.HistoryResult{Entries: []lease.HistoryEntry{}, BackendTime: rep.now}
 	for _, raw := range rep.f {
-		h, err := lease.DecodeScopedHistory([]byte(raw))
+		h, err := lease.DecodeScopedHistory([]byte(raw), lockKey)
 		if err == nil && h.Record.LockKey != lockKey {
 			err = lease.Errorf(lease.CodeCorrupt, "history entry of a foreign lock key")
 		}
