@@ -126,56 +126,32 @@ const (
 	ev3TTLLine     = 8
 )
 
-// Evidence version 3 with a code that is not its operation's.
+// Evidence with a code that is not its operation's answers corrupt: of
+// version 3 (format 5) and of version 2 (format 4) alike.
 func TestReviewF5WrongCode(t *testing.T) {
-	for _, code := range []string{"lease_renewed", "lease_released", "lease_conflict", "lease_revoked"} {
-		s := open5(t, Options{})
-		req := acquireReq(newIdentity())
-		first := acquire4(t, s, req)
-		rel := releaseReq(first.Lease)
-		if _, err := s.Release(bg, rel); err != nil {
-			t.Fatal(err)
-		}
-		for _, key := range []string{evidenceKey(t, s, req), releaseEvidenceKey(t, s, rel)} {
-			v, _ := get(t, s, key)
-			lines := strings.Split(v, "\n")
-			lines[3] = code
-			if err := s.client.Do(bg, s.client.B().Set().Key(key).Value(strings.Join(lines, "\n")).Keepttl().Build()).Error(); err != nil {
+	for format, open := range map[string]func(*testing.T, Options) *Store{"4": open4, "5": open5} {
+		for _, code := range []string{"lease_renewed", "lease_released", "lease_conflict", "lease_revoked"} {
+			s := open(t, Options{})
+			req := acquireReq(newIdentity())
+			first := acquire4(t, s, req)
+			rel := releaseReq(first.Lease)
+			if _, err := s.Release(bg, rel); err != nil {
 				t.Fatal(err)
 			}
-		}
-		if res, err := s.Acquire(bg, req); err == nil {
-			t.Errorf("acquire evidence with code %s answered %s replayed=%v", code, res.Code, res.Replayed)
-		}
-		if res, err := s.Release(bg, rel); err == nil && code != string(lease.CodeReleased) {
-			t.Errorf("release evidence with code %s answered %s replayed=%v", code, res.Code, res.Replayed)
-		}
-	}
-}
-
-// The same damage to format 4's version 2 evidence, for comparison.
-func TestReviewF5WrongCodeFormat4(t *testing.T) {
-	for _, code := range []string{"lease_renewed", "lease_released"} {
-		s := open4(t, Options{})
-		req := acquireReq(newIdentity())
-		first := acquire4(t, s, req)
-		rel := releaseReq(first.Lease)
-		if _, err := s.Release(bg, rel); err != nil {
-			t.Fatal(err)
-		}
-		for _, key := range []string{evidenceKey(t, s, req), releaseEvidenceKey(t, s, rel)} {
-			v, _ := get(t, s, key)
-			lines := strings.Split(v, "\n")
-			lines[3] = code
-			if err := s.client.Do(bg, s.client.B().Set().Key(key).Value(strings.Join(lines, "\n")).Keepttl().Build()).Error(); err != nil {
-				t.Fatal(err)
+			for _, key := range []string{evidenceKey(t, s, req), releaseEvidenceKey(t, s, rel)} {
+				v, _ := get(t, s, key)
+				lines := strings.Split(v, "\n")
+				lines[3] = code
+				if err := s.client.Do(bg, s.client.B().Set().Key(key).Value(strings.Join(lines, "\n")).Keepttl().Build()).Error(); err != nil {
+					t.Fatal(err)
+				}
 			}
-		}
-		if res, err := s.Acquire(bg, req); err == nil {
-			t.Errorf("format 4: acquire evidence with code %s answered %s replayed=%v", code, res.Code, res.Replayed)
-		}
-		if res, err := s.Release(bg, rel); err == nil && code != string(lease.CodeReleased) {
-			t.Errorf("format 4: release evidence with code %s answered %s replayed=%v", code, res.Code, res.Replayed)
+			if _, err := s.Acquire(bg, req); lease.CodeOf(err) != lease.CodeCorrupt {
+				t.Errorf("format %s: acquire evidence with code %s answered %v, want corrupt", format, code, err)
+			}
+			if _, err := s.Release(bg, rel); code != string(lease.CodeReleased) && lease.CodeOf(err) != lease.CodeCorrupt {
+				t.Errorf("format %s: release evidence with code %s answered %v, want corrupt", format, code, err)
+			}
 		}
 	}
 }
