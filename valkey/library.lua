@@ -930,10 +930,14 @@ local function archive(c, r, state, ended, by, request_id, reason, incident, rel
     detach_dropped(c, redis.call('LRANGE', c.k_hist, c.hist_cap, -1))
     redis.call('LTRIM', c.k_hist, 0, c.hist_cap - 1)
   end
-  -- A history retention below the evidence's (this instance's settings,
-  -- which may not be another's that wrote format 5) may take the list
-  -- before the evidence that refers to its entries: rewrite that first.
-  if c.hist_ret < c.idem_ret then detach_dropped(c, redis.call('LRANGE', c.k_hist, 0, -1)) end
+  -- Evidence that refers to an entry expires no later than its list (a
+  -- writer refers only while its history retention covers its evidence
+  -- retention, refers), unless a PEXPIRE shortens the list: that of an
+  -- instance whose retentions are shorter than the writer's were (other
+  -- settings, or lowered since). Before one does, the evidence that
+  -- refers to the list's entries is rewritten (review 44). With equal
+  -- settings everywhere the list's PTTL is never above the retention.
+  if redis.call('PTTL', c.k_hist) > c.hist_ret then detach_dropped(c, redis.call('LRANGE', c.k_hist, 0, -1)) end
   redis.call('PEXPIRE', c.k_hist, c.hist_ret)
   redis.call('DEL', c.k_active)
   -- The index entries in both forms, r's own and the other (a record's
