@@ -383,7 +383,7 @@ func (s *Store) tokenRecord(tx *layered.View, p lease.Prepared, raw string) (*le
 	}
 	if op == lease.OpAcquire {
 		if cur, err := s.loadActive(tx, p.LockKey); err == nil && cur != nil && cur.FencingToken == token {
-			if lease.IdempotencyScope(op, p.LockKey, cur.OwnerPrincipalID, cur.RequestID) != p.Scope {
+			if cur.AcquisitionScope() != p.Scope {
 				return nil, nil
 			}
 			return cur, nil
@@ -393,11 +393,7 @@ func (s *Store) tokenRecord(tx *layered.View, p lease.Prepared, raw string) (*le
 	if h == nil {
 		return nil, nil
 	}
-	by, request := h.Record.OwnerPrincipalID, h.Record.RequestID
-	if op == lease.OpRelease {
-		by, request = h.EndedBy, h.RequestID
-	}
-	if lease.IdempotencyScope(op, p.LockKey, by, request) != p.Scope {
+	if h.EvidenceScope(op) != p.Scope {
 		return nil, nil
 	}
 	return h.Record, h
@@ -411,24 +407,25 @@ func (s *Store) tokenRecord(tx *layered.View, p lease.Prepared, raw string) (*le
 // it was unreadable anyway.
 func detachEvidence(tx *layered.View, lockKey string, h *lease.HistoryEntry, raw []byte) error {
 	r := h.Record
-	if err := detachEvidenceOf(tx, lockKey, h, raw, lease.OpAcquire, lease.IdempotencyScope(lease.OpAcquire, lockKey, r.OwnerPrincipalID, r.RequestID)); err != nil {
+	if err := detachEvidenceOf(tx, lockKey, h, raw, lease.OpAcquire); err != nil {
 		return err
 	}
 	if r.State != lease.StateReleased || h.EndedBy == "" || h.RequestID == "" {
 		return nil
 	}
-	return detachEvidenceOf(tx, lockKey, h, raw, lease.OpRelease, lease.IdempotencyScope(lease.OpRelease, lockKey, h.EndedBy, h.RequestID))
+	return detachEvidenceOf(tx, lockKey, h, raw, lease.OpRelease)
 }
 
-// detachEvidenceOf rewrites the evidence under scope (op's) in version 2
-// if it is version 3 or 4 of h's lease: spliced from the entry's own
-// lines (lease.DetachedEvidence, lease.DetachedLeanEvidence), or, for an
-// entry in version 1, rebuilt and encoded. Version 4 evidence of another
+// detachEvidenceOf rewrites the evidence of op for h's lease (under
+// h.EvidenceScope(op)) in version 2 if it is version 3 or 4 of h's lease:
+// spliced from the entry's own lines (lease.DetachedEvidence,
+// lease.DetachedLeanEvidence), or, for an entry in version 1, rebuilt
+// and encoded. Version 4 evidence of another
 // operation than op (misplaced: its reader answers corrupt) is left as
 // it is, so that detaching does not turn it into evidence that answers.
-func detachEvidenceOf(tx *layered.View, lockKey string, h *lease.HistoryEntry, raw []byte, op lease.Op, scope string) error {
+func detachEvidenceOf(tx *layered.View, lockKey string, h *lease.HistoryEntry, raw []byte, op lease.Op) error {
 	ident := tx.Bucket(bucketIdent)
-	k := idemKey(lockKey, scope)
+	k := idemKey(lockKey, h.EvidenceScope(op))
 	ev := ident.Get(k)
 	var e *lease.IdempotencyRecord
 	var ok bool

@@ -45,12 +45,11 @@ func DecodeScopedHistory(raw []byte, lockKey string) (*HistoryEntry, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := h.Record
-	if acquisition != "" && acquisition != IdempotencyScope(OpAcquire, r.LockKey, r.OwnerPrincipalID, r.RequestID) {
+	if acquisition != "" && acquisition != h.EvidenceScope(OpAcquire) {
 		return nil, corrupt("history: version 4 entry's acquisition scope is not its own")
 	}
-	if release != "" && (r.State != StateReleased || h.EndedBy == "" || h.RequestID == "" ||
-		release != IdempotencyScope(OpRelease, r.LockKey, h.EndedBy, h.RequestID)) {
+	if release != "" && (h.Record.State != StateReleased || h.EndedBy == "" || h.RequestID == "" ||
+		release != h.EvidenceScope(OpRelease)) {
 		return nil, corrupt("history: version 4 entry's release scope is not its own")
 	}
 	return h, nil

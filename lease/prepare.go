@@ -56,6 +56,22 @@ func IdempotencyScope(op Op, lockKey, principalID, requestID string) string {
 	return h.add("op", string(op)).add("lock_key", lockKey).add("principal", principalID).add("request_id", requestID).b64()
 }
 
+// AcquisitionScope is the idempotency scope of r's acquisition: its
+// owner's request.
+func (r *Record) AcquisitionScope() string {
+	return IdempotencyScope(OpAcquire, r.LockKey, r.OwnerPrincipalID, r.RequestID)
+}
+
+// EvidenceScope is the idempotency scope of the evidence of op that h's
+// lease may have: its acquisition's, or for OpRelease the request that
+// ended it (ended_by's request_id).
+func (h *HistoryEntry) EvidenceScope(op Op) string {
+	if op == OpRelease {
+		return IdempotencyScope(OpRelease, h.Record.LockKey, h.EndedBy, h.RequestID)
+	}
+	return h.Record.AcquisitionScope()
+}
+
 func (o StoreOptions) identity(raw Identity) (Identity, string, error) {
 	return CanonicalLockKey(raw, o.WithDefaults().OperationClasses)
 }

@@ -314,11 +314,7 @@ func evidenceBytes(p lease.Prepared, rep reply) (string, bool) {
 	if h == nil || !strings.HasPrefix(raw, lease.EvidenceRefPrefix+string(p.Op)+"\n") {
 		return "", false
 	}
-	by, request := h.Record.OwnerPrincipalID, h.Record.RequestID
-	if p.Op == lease.OpRelease {
-		by, request = h.EndedBy, h.RequestID
-	}
-	if lease.IdempotencyScope(p.Op, p.LockKey, by, request) != p.Scope {
+	if h.EvidenceScope(p.Op) != p.Scope {
 		return "", false
 	}
 	return lease.ExpandReferringEvidence(raw, h.Record)
