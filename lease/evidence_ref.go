@@ -140,23 +140,45 @@ func DetachedEvidence(raw, hist string) ([]byte, bool) {
 		!strings.HasPrefix(hist, HistoryV2Prefix) || !splitLines(hist, h[:]) {
 		return nil, false
 	}
-	// The record's lines as evidence version 2 numbers them from its lease id.
-	var f [Ev2Lines - Ev2LeaseID]string
-	copy(f[:], h[Hv2Record:])
-	at := func(line int) *string { return &f[line-Ev2LeaseID] }
-	if *at(Ev2LeaseID) != e[ev3LeaseID] || *at(Ev2Token) != e[ev3Token] {
+	f := entryFacts(&h)
+	if *f.at(Ev2LeaseID) != e[ev3LeaseID] || *f.at(Ev2Token) != e[ev3Token] {
 		return nil, false
 	}
-	switch Op(e[ev3Op]) {
+	return f.spliced(h[Hv2Tag], Op(e[ev3Op]), e[ev3Digest], e[ev3Code], e[ev3Backend], e[ev3Expires], e[ev3TTL])
+}
+
+// evidenceFacts are a history entry's record lines as evidence version 2
+// numbers them, from its lease id on (entryFacts).
+type evidenceFacts [Ev2Lines - Ev2LeaseID]string
+
+// entryFacts are the record lines of h, a history entry's lines as
+// version 2 numbers them.
+func entryFacts(h *[Hv2Lines]string) (f evidenceFacts) {
+	copy(f[:], h[Hv2Record:])
+	return f
+}
+
+// at is the fact on evidence version 2's line.
+func (f *evidenceFacts) at(line int) *string { return &f[line-Ev2LeaseID] }
+
+// spliced is version 2 evidence of op's answer (digest, code, backend
+// time) from f, the facts of its lease's history entry, whose hash tag is
+// tag: an acquisition's with renewed_at its acquired_at, the answer's
+// expires_at and ttl_ms and state active; a release's the entry's record
+// as it ended, which must be released with that expires_at and ttl_ms.
+// ok is false for another operation, or a release the entry does not end
+// so. Version 3's and version 4's detaching share it.
+func (f evidenceFacts) spliced(tag string, op Op, digest, code, backend, expires, ttl string) ([]byte, bool) {
+	switch op {
 	case OpAcquire:
-		*at(Ev2Renewed), *at(Ev2Expires), *at(Ev2TTL), *at(Ev2State) = *at(Ev2Acquired), e[ev3Expires], e[ev3TTL], string(StateActive)
+		*f.at(Ev2Renewed), *f.at(Ev2Expires), *f.at(Ev2TTL), *f.at(Ev2State) = *f.at(Ev2Acquired), expires, ttl, string(StateActive)
 	case OpRelease:
-		if *at(Ev2State) != string(StateReleased) || *at(Ev2Expires) != e[ev3Expires] || *at(Ev2TTL) != e[ev3TTL] {
+		if *f.at(Ev2State) != string(StateReleased) || *f.at(Ev2Expires) != expires || *f.at(Ev2TTL) != ttl {
 			return nil, false
 		}
 	default:
 		return nil, false
 	}
-	return []byte(EvidenceV2Prefix + e[ev3Op] + "\n" + e[ev3Digest] + "\n" + e[ev3Code] + "\n" + e[ev3Backend] + "\n" + h[Hv2Tag] +
+	return []byte(EvidenceV2Prefix + string(op) + "\n" + digest + "\n" + code + "\n" + backend + "\n" + tag +
 		"\n" + strings.Join(f[:], "\n")), true
 }

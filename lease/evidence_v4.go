@@ -71,18 +71,18 @@ func LeanEvidence(e *IdempotencyRecord) (b []byte, ok bool) {
 		return nil, false
 	}
 	var letter byte
-	switch {
-	case e.Op == OpAcquire && e.Code == CodeAcquired:
+	switch e.Op {
+	case OpAcquire:
 		letter = ev4Acquire[0]
-	case e.Op == OpRelease && e.Code == CodeReleased:
+	case OpRelease:
 		letter = ev4Release[0]
 	default:
 		return nil, false
 	}
 	// The rebuild from r itself differs from e only in what version 4
-	// derives: e rebuilds exactly when those facts are e's. Checked on
-	// the struct, so the commit encodes version 1 once (for the check),
-	// not twice.
+	// derives (its code among them): e rebuilds exactly when those facts
+	// are e's. Checked on the struct, so the commit encodes version 1 once
+	// (for the check), not twice.
 	derived, ok := leanFactsOf(e.Op, r.TTLMs, r, e.BackendTime)
 	if !ok || !derived.are(e) || !leanNumber(r.FencingToken) || r.TTLMs < 0 || !leanNumber(uint64(r.TTLMs)) {
 		return nil, false // (a number a reader would refuse)
@@ -273,45 +273,37 @@ func DetachedLeanEvidence(raw, hist, lockKey string, id Identity) ([]byte, bool)
 	if !ok {
 		return nil, false
 	}
-	// The record's lines as evidence version 2 numbers them from its lease id.
-	var f [Ev2Lines - Ev2LeaseID]string
-	copy(f[:], h[Hv2Record:])
-	at := func(line int) *string { return &f[line-Ev2LeaseID] }
-	if *at(Ev2Token) != e[ev4Token] || !digits(*at(Ev2Acquired)) || !digits(*at(Ev2Lifetime)) {
+	f := entryFacts(&h)
+	if *f.at(Ev2Token) != e[ev4Token] || !digits(*f.at(Ev2Acquired)) || !digits(*f.at(Ev2Lifetime)) {
 		return nil, false
 	}
+	// What version 4 derives (leanFactsOf), from the entry's lines: an
+	// acquisition's answer at acquired_at with the expiry its TTL gave, a
+	// release's at the entry's end with the entry's own.
 	op := opOfLetter(e[ev4Op])
-	var code Code
-	var backend string
-	switch op {
-	case OpAcquire:
-		acquired, _ := strconv.ParseInt(*at(Ev2Acquired), 10, 64)
-		ttl, _ := strconv.ParseInt(e[ev4TTL], 10, 64)
-		lifetime, _ := strconv.ParseInt(*at(Ev2Lifetime), 10, 64)
-		expires := LeaseExpiry(UnixMilli(acquired), time.Duration(ttl)*time.Millisecond, UnixMilli(acquired),
-			time.Duration(lifetime)*time.Millisecond)
-		code, backend = CodeAcquired, *at(Ev2Acquired)
-		*at(Ev2Renewed), *at(Ev2Expires), *at(Ev2TTL), *at(Ev2State) = *at(Ev2Acquired), msOf(expires), e[ev4TTL], string(StateActive)
-	case OpRelease:
-		if *at(Ev2State) != string(StateReleased) {
-			return nil, false
-		}
-		code, backend = CodeReleased, h[Hv2Ended]
-	default:
-		return nil, false
+	backend, expires, ttl := h[Hv2Ended], *f.at(Ev2Expires), *f.at(Ev2TTL)
+	if op == OpAcquire {
+		acquired, _ := strconv.ParseInt(*f.at(Ev2Acquired), 10, 64)
+		granted, _ := strconv.ParseInt(e[ev4TTL], 10, 64)
+		lifetime, _ := strconv.ParseInt(*f.at(Ev2Lifetime), 10, 64)
+		backend, ttl = *f.at(Ev2Acquired), e[ev4TTL]
+		expires = msOf(LeaseExpiry(UnixMilli(acquired), time.Duration(granted)*time.Millisecond, UnixMilli(acquired),
+			time.Duration(lifetime)*time.Millisecond))
 	}
 	digest, _ := leanDigest(e[ev4Digest])
-	v2 := EvidenceV2Prefix + string(op) + "\n" + digest + "\n" + string(code) + "\n" + backend + "\n" + h[Hv2Tag] +
-		"\n" + strings.Join(f[:], "\n")
+	b, ok := f.spliced(h[Hv2Tag], op, digest, string(op.SuccessCode()), backend, expires, ttl)
+	if !ok {
+		return nil, false
+	}
 	buf := leanBuffers.Get().(*[]byte)
 	defer leanBuffers.Put(buf)
 	w := collector(*buf)
-	expands := expandEvidence(w, v2, id)
+	expands := expandEvidence(w, string(b), id)
 	*buf = w.collected[:0]
 	if !expands || leanCheck(w.collected) != e[ev4Check] {
 		return nil, false
 	}
-	return []byte(v2), true
+	return b, true
 }
 
 // leanFacts are what version 4 derives from the record of its lease: the
