@@ -26,7 +26,7 @@ func TestConformanceCompactRecords(t *testing.T) {
 	leasetest.Run(t, func(t *testing.T) leasetest.Backend {
 		s := open(t, r, Options{Username: "starlease", PasswordFile: pw, KeyPrefix: "starlease:" + randomPrefix(),
 			StoreOptions: leasetest.StoreOptions(), CompactRecords: true})
-		if !s.compactRecords.Load() {
+		if !s.writes(compactRecords) {
 			t.Fatal("the namespace is not in format 3")
 		}
 		return leasetest.Backend{Store: s, Faults: faults{s}}
@@ -41,7 +41,7 @@ func TestConformanceReferringEvidence(t *testing.T) {
 	leasetest.Run(t, func(t *testing.T) leasetest.Backend {
 		s := open(t, r, Options{Username: "starlease", PasswordFile: pw, KeyPrefix: "starlease:" + randomPrefix(),
 			StoreOptions: leasetest.StoreOptions(), ReferringEvidence: true})
-		if !s.referringEvidence.Load() {
+		if !s.writes(referringEvidence) {
 			t.Fatal("the namespace is not in format 5")
 		}
 		return leasetest.Backend{Store: s, Faults: faults{s}}
@@ -55,7 +55,7 @@ func TestConformanceEmbeddedEvidence(t *testing.T) {
 	leasetest.Run(t, func(t *testing.T) leasetest.Backend {
 		s := open(t, r, Options{Username: "starlease", PasswordFile: pw, KeyPrefix: "starlease:" + randomPrefix(),
 			StoreOptions: leasetest.StoreOptions(), EmbeddedEvidence: true})
-		if !s.embeddedEvidence.Load() {
+		if !s.writes(embeddedEvidence) {
 			t.Fatal("the namespace is not in format 4")
 		}
 		return leasetest.Backend{Store: s, Faults: faults{s}}

@@ -48,17 +48,25 @@ const (
 	referringEvidence = "5"
 )
 
+// formatLevels orders the switch's values (library.lua's FORMAT_LEVEL):
+// each format writes what the one below it does, and more.
+var formatLevels = map[string]int32{compactFormat: 2, compactRecords: 3, embeddedEvidence: 4, referringEvidence: 5}
+
+// writes reports whether the store writes format f's forms: its
+// namespace's switch, as last read, is f or a later format.
+func (s *Store) writes(f string) bool { return s.format.Load() >= formatLevels[f] }
+
 // writeFormat is the last ARGV of each call that keeps evidence, history
 // or an active record (library.lua's context).
 func (s *Store) writeFormat() string {
 	switch {
-	case s.referringEvidence.Load():
+	case s.writes(referringEvidence):
 		return "referring_evidence"
-	case s.embeddedEvidence.Load():
+	case s.writes(embeddedEvidence):
 		return "embedded_evidence"
-	case s.compactRecords.Load():
+	case s.writes(compactRecords):
 		return "compact_records"
-	case s.compact.Load():
+	case s.writes(compactFormat):
 		return "compact"
 	}
 	return "v1"
@@ -72,7 +80,7 @@ func (s *Store) loadFormat(ctx context.Context) {
 	v, err := s.client.Do(ctx, s.client.B().Get().Key(s.keys.format()).Build()).ToString()
 	switch {
 	case err == nil:
-		if v != compactFormat && v != compactRecords && v != embeddedEvidence && v != referringEvidence {
+		if _, known := formatLevels[v]; !known {
 			s.log.Warn("unknown stored-format switch; writing version 1", "value_bytes", len(v))
 		}
 		s.setFormat(v)
@@ -85,12 +93,7 @@ func (s *Store) loadFormat(ctx context.Context) {
 
 // setFormat takes v, the namespace's switch, as the store's write format
 // (version 1 for a value this build does not know).
-func (s *Store) setFormat(v string) {
-	s.compact.Store(v == compactFormat || v == compactRecords || v == embeddedEvidence || v == referringEvidence)
-	s.compactRecords.Store(v == compactRecords || v == embeddedEvidence || v == referringEvidence)
-	s.embeddedEvidence.Store(v == embeddedEvidence || v == referringEvidence)
-	s.referringEvidence.Store(v == referringEvidence)
-}
+func (s *Store) setFormat(v string) { s.format.Store(formatLevels[v]) }
 
 // EnableCompactFormat switches the namespace to writing evidence and
 // history in version 2, for this store at once and for every other
@@ -162,12 +165,7 @@ func (s *Store) raiseFormat(ctx context.Context, want string) error {
 // It runs at Open and at every reaper pass, so a namespace that was
 // closed when the store opened is switched once it reopens.
 func (s *Store) raiseWanted(ctx context.Context) error {
-	switch {
-	case s.wantFormat == referringEvidence && !s.referringEvidence.Load():
-	case s.wantFormat == embeddedEvidence && !s.embeddedEvidence.Load():
-	case s.wantFormat == compactRecords && !s.compactRecords.Load():
-	case s.wantFormat == compactFormat && !s.compact.Load():
-	default:
+	if s.wantFormat == "" || s.writes(s.wantFormat) {
 		return nil
 	}
 	return s.raiseFormat(ctx, s.wantFormat)

@@ -23,7 +23,7 @@ func open4(t *testing.T, o Options) *Store {
 	o.StoreOptions = leasetest.StoreOptions()
 	o.EmbeddedEvidence = true
 	s := open(t, sharedServer(t), o)
-	if !s.embeddedEvidence.Load() || s.writeFormat() != "embedded_evidence" {
+	if !s.writes(embeddedEvidence) || s.writeFormat() != "embedded_evidence" {
 		t.Fatal("the namespace is not in format 4")
 	}
 	return s
@@ -281,7 +281,7 @@ func TestEmbeddedEvidenceAcrossTheSwitch(t *testing.T) {
 	// evidence.
 	req4 := acquireReq(newIdentity())
 	first := acquire4(t, a, req4)
-	if b.embeddedEvidence.Load() {
+	if b.writes(embeddedEvidence) {
 		t.Fatal("b saw the switch already")
 	}
 	if _, err := b.Renew(bg, renewReq(first.Lease)); err != nil {
@@ -323,7 +323,7 @@ func TestEmbeddedEvidenceAfterRestore(t *testing.T) {
 		t.Fatalf("finish: %+v %v", res, err)
 	}
 	dst.loadFormat(bg)
-	if !dst.embeddedEvidence.Load() {
+	if !dst.writes(embeddedEvidence) {
 		t.Fatal("the restored namespace is not in format 4")
 	}
 	mustWrittenOut(t, dst, req, first)
@@ -458,7 +458,7 @@ func TestEmbeddedEvidenceGate(t *testing.T) {
 	if err := s4.EnableCompactRecords(bg); err != nil {
 		t.Fatal(err)
 	}
-	if v, _ := get(t, s4, s4.keys.format()); v != embeddedEvidence || !s4.embeddedEvidence.Load() {
+	if v, _ := get(t, s4, s4.keys.format()); v != embeddedEvidence || !s4.writes(embeddedEvidence) {
 		t.Fatalf("the switch went down to %q", v)
 	}
 

@@ -22,7 +22,7 @@ func open5(t *testing.T, o Options) *Store {
 	}
 	o.ReferringEvidence = true
 	s := open(t, sharedServer(t), o)
-	if !s.referringEvidence.Load() || s.writeFormat() != "referring_evidence" {
+	if !s.writes(referringEvidence) || s.writeFormat() != "referring_evidence" {
 		t.Fatal("the namespace is not in format 5")
 	}
 	return s
@@ -372,7 +372,7 @@ func TestReferringEvidenceAcrossTheSwitch(t *testing.T) {
 
 	// b still writes format 3: its ending on the same identity trims the
 	// version 4 entry (cap 1), and the evidence it names is rewritten.
-	if b.referringEvidence.Load() || b.embeddedEvidence.Load() {
+	if b.writes(referringEvidence) || b.writes(embeddedEvidence) {
 		t.Fatal("b saw the switch already")
 	}
 	next, err := b.Acquire(bg, acquireReq(first4.Lease.Identity()))

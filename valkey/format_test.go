@@ -60,7 +60,7 @@ func TestCompactFormatIsANamespaceSwitch(t *testing.T) {
 	}
 	// A fresh instance reads the switch when it opens; both versions replay.
 	c := open(t, r, o)
-	if !c.compact.Load() {
+	if !c.writes(compactFormat) {
 		t.Fatal("an instance opened after the switch writes version 1")
 	}
 	for _, req := range []lease.AcquireRequest{before, after} {
@@ -70,8 +70,8 @@ func TestCompactFormatIsANamespaceSwitch(t *testing.T) {
 	}
 	// Options.CompactFormat (--valkey-compact-format) switches at open.
 	d := open(t, r, Options{KeyPrefix: randomPrefix(), ReapInterval: -1, StoreOptions: leasetest.StoreOptions(), CompactFormat: true})
-	if v, _ := get(t, d, d.keys.format()); v != compactFormat || !d.compact.Load() {
-		t.Fatalf("a store opened with CompactFormat: switch %q, compact %v", v, d.compact.Load())
+	if v, _ := get(t, d, d.keys.format()); v != compactFormat || !d.writes(compactFormat) {
+		t.Fatalf("a store opened with CompactFormat: switch %q, compact %v", v, d.writes(compactFormat))
 	}
 }
 
@@ -103,8 +103,8 @@ func TestCompactRecordsIsANamespaceSwitch(t *testing.T) {
 	if err := a.EnableCompactRecords(bg); err != nil {
 		t.Fatal(err)
 	}
-	if v, _ := get(t, a, a.keys.format()); v != compactRecords || !a.compactRecords.Load() || !a.compact.Load() {
-		t.Fatalf("switch %q, records %v, compact %v", v, a.compactRecords.Load(), a.compact.Load())
+	if v, _ := get(t, a, a.keys.format()); v != compactRecords || !a.writes(compactRecords) || !a.writes(compactFormat) {
+		t.Fatalf("switch %q, records %v, compact %v", v, a.writes(compactRecords), a.writes(compactFormat))
 	}
 	// b has not seen the switch yet: it still writes version 1 records,
 	// and reads the version 2 ones a writes.
@@ -125,7 +125,7 @@ func TestCompactRecordsIsANamespaceSwitch(t *testing.T) {
 	if err := b.reap(bg); err != nil {
 		t.Fatal(err)
 	}
-	if !b.compactRecords.Load() {
+	if !b.writes(compactRecords) {
 		t.Fatal("the reaper pass did not take the switch")
 	}
 	for _, rec := range []*lease.Record{old.Lease, rn.Lease} {
@@ -146,14 +146,14 @@ func TestCompactRecordsIsANamespaceSwitch(t *testing.T) {
 	}
 	// Opening with the earlier format's option does not lower it.
 	c := open(t, r, o)
-	if v, _ := get(t, c, c.keys.format()); v != compactRecords || !c.compactRecords.Load() {
-		t.Fatalf("after an open with CompactFormat: switch %q, records %v", v, c.compactRecords.Load())
+	if v, _ := get(t, c, c.keys.format()); v != compactRecords || !c.writes(compactRecords) {
+		t.Fatalf("after an open with CompactFormat: switch %q, records %v", v, c.writes(compactRecords))
 	}
 	if err := c.EnableCompactFormat(bg); err != nil {
 		t.Fatal(err)
 	}
-	if v, _ := get(t, c, c.keys.format()); v != compactRecords || !c.compactRecords.Load() {
-		t.Fatalf("after EnableCompactFormat: switch %q, records %v", v, c.compactRecords.Load())
+	if v, _ := get(t, c, c.keys.format()); v != compactRecords || !c.writes(compactRecords) {
+		t.Fatalf("after EnableCompactFormat: switch %q, records %v", v, c.writes(compactRecords))
 	}
 	// A value this build does not know stays, and is refused.
 	if err := c.client.Do(bg, c.client.B().Set().Key(c.keys.format()).Value("6").Build()).Error(); err != nil {
@@ -166,7 +166,7 @@ func TestCompactRecordsIsANamespaceSwitch(t *testing.T) {
 		t.Fatalf("the unknown switch became %q", v)
 	}
 	c.loadFormat(bg)
-	if c.compact.Load() || c.compactRecords.Load() {
+	if c.writes(compactFormat) || c.writes(compactRecords) {
 		t.Fatal("an unknown switch is not read as version 1")
 	}
 }
@@ -179,8 +179,8 @@ func TestCompactRecordsWaitsForAClosedNamespace(t *testing.T) {
 	r, o, _ := sealedCompactNamespace(t)
 	o.CompactRecords = true
 	d := open(t, r, o)
-	if v, _ := get(t, d, d.keys.format()); v != compactFormat || d.compactRecords.Load() {
-		t.Fatalf("a sealed namespace's switch: %q, records %v", v, d.compactRecords.Load())
+	if v, _ := get(t, d, d.keys.format()); v != compactFormat || d.writes(compactRecords) {
+		t.Fatalf("a sealed namespace's switch: %q, records %v", v, d.writes(compactRecords))
 	}
 	if err := d.EnableCompactRecords(bg); !errors.Is(err, errFormatClosed) {
 		t.Fatalf("raising a sealed namespace's switch: %v", err)
@@ -192,8 +192,8 @@ func TestCompactRecordsWaitsForAClosedNamespace(t *testing.T) {
 	if err := d.reap(bg); err != nil {
 		t.Fatal(err)
 	}
-	if v, _ := get(t, d, d.keys.format()); v != compactRecords || !d.compactRecords.Load() {
-		t.Fatalf("after the namespace reopened: switch %q, records %v", v, d.compactRecords.Load())
+	if v, _ := get(t, d, d.keys.format()); v != compactRecords || !d.writes(compactRecords) {
+		t.Fatalf("after the namespace reopened: switch %q, records %v", v, d.writes(compactRecords))
 	}
 }
 

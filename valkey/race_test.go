@@ -23,7 +23,7 @@ func TestRaceReferringEvidence(t *testing.T) {
 	r, pw := aclServer(t)
 	s := open(t, r, Options{Username: "starlease", PasswordFile: pw, KeyPrefix: "starlease:" + randomPrefix(),
 		StoreOptions: leasetest.StoreOptions(), ReapInterval: 50 * time.Millisecond, ReferringEvidence: true})
-	if !s.referringEvidence.Load() {
+	if !s.writes(referringEvidence) {
 		t.Fatal("the namespace is not in format 5")
 	}
 	race.Run(t, s, race.Options{})
@@ -34,7 +34,7 @@ func TestRaceEmbeddedEvidence(t *testing.T) {
 	r, pw := aclServer(t)
 	s := open(t, r, Options{Username: "starlease", PasswordFile: pw, KeyPrefix: "starlease:" + randomPrefix(),
 		StoreOptions: leasetest.StoreOptions(), ReapInterval: 50 * time.Millisecond, EmbeddedEvidence: true})
-	if !s.embeddedEvidence.Load() {
+	if !s.writes(embeddedEvidence) {
 		t.Fatal("the namespace is not in format 4")
 	}
 	race.Run(t, s, race.Options{})

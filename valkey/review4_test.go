@@ -379,7 +379,7 @@ func TestReview4RollingDeployOldBuildReadsDefaultFormat(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.loadFormat(bg)
-	if s.compact.Load() {
+	if s.writes(compactFormat) {
 		t.Fatal("the namespace is still switched")
 	}
 	id := newIdentity()

@@ -134,8 +134,8 @@ func TestRV2ReviewMixedInstancesAndReplays(t *testing.T) {
 	o3 := o
 	o3.CompactRecords = true
 	three := open(t, r, o3)
-	two.compactRecords.Store(false) // has not yet seen the switch
-	if !three.compactRecords.Load() || two.writeFormat() != "compact" || old.writeFormat() != "v1" {
+	two.setFormat(compactFormat) // has not yet seen the switch
+	if !three.writes(compactRecords) || two.writeFormat() != "compact" || old.writeFormat() != "v1" {
 		t.Fatalf("formats: %s %s %s", old.writeFormat(), two.writeFormat(), three.writeFormat())
 	}
 	// Before the switch: a version 1 record and evidence, renewed in v2.
@@ -224,7 +224,7 @@ func TestRV2ReviewRaiseFormatRace(t *testing.T) {
 			if errs[i] != nil {
 				t.Fatal(errs[i])
 			}
-			if (i+round)%2 == 0 && !s.compactRecords.Load() {
+			if (i+round)%2 == 0 && !s.writes(compactRecords) {
 				t.Fatalf("round %d: store %d asked for 3 and writes %s", round, i, s.writeFormat())
 			}
 		}

@@ -24,8 +24,7 @@ var s33Formats = []string{"v1", "compact", "compact_records"}
 // s33SetFormat makes s write format f, as an instance that loaded that
 // switch (and has not reloaded it since) does.
 func s33SetFormat(s *Store, f string) {
-	s.compact.Store(f == "compact" || f == "compact_records")
-	s.compactRecords.Store(f == "compact_records")
+	s.setFormat(map[string]string{"compact": compactFormat, "compact_records": compactRecords}[f])
 	if s.writeFormat() != f {
 		panic("format " + f + " not set")
 	}

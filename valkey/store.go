@@ -111,14 +111,10 @@ type Store struct {
 	// gate, before it reads.
 	backupHook func()
 	records    *lease.RecordMemo
-	// compact: the namespace stores evidence and history in version 2;
-	// compactRecords: active records too (format.go).
-	compact, compactRecords atomic.Bool
-	// embeddedEvidence: new leases' records carry their acquisition's
-	// evidence (format 4).
-	embeddedEvidence atomic.Bool
-	// referringEvidence: endings keep evidence by reference (format 5).
-	referringEvidence atomic.Bool
+	// format is the level of the namespace's stored format as this store
+	// last read its switch (formatLevels; 0: version 1): what it writes
+	// (writes).
+	format atomic.Int32
 	// wantFormat is the format the options ask for, raised to at Open and
 	// at each reaper pass (raiseWanted).
 	wantFormat string

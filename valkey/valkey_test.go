@@ -125,7 +125,7 @@ func TestStoredBytesAreCanonical(t *testing.T) {
 func storedRecordWant(t *testing.T, s *Store, rec *lease.Record) string {
 	t.Helper()
 	want, err := rec.Encode()
-	if s.compactRecords.Load() {
+	if s.writes(compactRecords) {
 		want, err = lease.CompactRecord(rec)
 		if !bytes.HasPrefix(want, []byte(lease.RecordV2Prefix)) {
 			t.Fatalf("the record has no version 2 form: %s", want)
@@ -188,8 +188,8 @@ func storedBytesAreCanonical(t *testing.T, format string) {
 	}
 	// Stored in the namespace's format; a compact (version 2) one expands
 	// to the canonical version 1 document, held to the same checks.
-	if strings.HasPrefix(evRaw, lease.EvidenceV2Prefix) != s.compact.Load() {
-		t.Fatalf("evidence not in the namespace's format (compact %v): %q", s.compact.Load(), evRaw)
+	if strings.HasPrefix(evRaw, lease.EvidenceV2Prefix) != s.writes(compactFormat) {
+		t.Fatalf("evidence not in the namespace's format (compact %v): %q", s.writes(compactFormat), evRaw)
 	}
 	evRaw, ok = lease.ExpandEvidence(evRaw, res.Lease.Identity())
 	if !ok {
@@ -935,8 +935,8 @@ func onlyHistoryEntry(t *testing.T, s *Store, tag string) *lease.HistoryEntry {
 	}
 	// Stored in the namespace's format; a compact (version 2) one expands
 	// to the canonical version 1 entry, held to the same checks.
-	if strings.HasPrefix(entries[0], lease.HistoryV2Prefix) != s.compact.Load() {
-		t.Fatalf("history entry not in the namespace's format (compact %v): %q", s.compact.Load(), entries[0])
+	if strings.HasPrefix(entries[0], lease.HistoryV2Prefix) != s.writes(compactFormat) {
+		t.Fatalf("history entry not in the namespace's format (compact %v): %q", s.writes(compactFormat), entries[0])
 	}
 	var ok bool
 	if entries[0], ok = lease.ExpandHistory(entries[0]); !ok {
