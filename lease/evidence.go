@@ -7,11 +7,14 @@ import (
 	"github.com/oklog/ulid/v2"
 )
 
+// LeaseIDPrefix starts every lease id this service issues.
+const LeaseIDPrefix = "lease_"
+
 // NewLeaseID returns a new opaque lease id, "lease_" and a ULID whose time
 // part is now (the acquisition time as the generating side sees it), so ids
 // roughly sort by acquisition. Nothing may rely on that order for safety.
 func NewLeaseID(now Timestamp) string {
-	return "lease_" + ulid.MustNew(uint64(now.UnixMilli()), rand.Reader).String()
+	return LeaseIDPrefix + ulid.MustNew(uint64(now.UnixMilli()), rand.Reader).String()
 }
 
 // IdempotencyVersion is the version of stored idempotency evidence.

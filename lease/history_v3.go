@@ -39,10 +39,13 @@ const (
 
 // The facts' lines within a record (from lease_id on), as facts writes them.
 const (
+	factLeaseID  = 0
 	factOwner    = 1
 	factAcquired = 6
 	factRenewed  = 7
 	factExpires  = 8
+	factTTL      = 9
+	factLifetime = 10
 	factState    = 15
 )
 
