@@ -48,6 +48,20 @@ func TestConformanceReferringEvidence(t *testing.T) {
 	})
 }
 
+// TestConformanceLeanRecords runs the suite on namespaces switched to
+// format 6: format 5's, active records in version 4.
+func TestConformanceLeanRecords(t *testing.T) {
+	r, pw := aclServer(t)
+	leasetest.Run(t, func(t *testing.T) leasetest.Backend {
+		s := open(t, r, Options{Username: "starlease", PasswordFile: pw, KeyPrefix: "starlease:" + randomPrefix(),
+			StoreOptions: leasetest.StoreOptions(), LeanRecords: true})
+		if !s.writes(leanRecords) {
+			t.Fatal("the namespace is not in format 6")
+		}
+		return leasetest.Backend{Store: s, Faults: faults{s}}
+	})
+}
+
 // TestConformanceEmbeddedEvidence runs the suite on namespaces switched to
 // format 4: acquisition evidence in version 3 records until a lease ends.
 func TestConformanceEmbeddedEvidence(t *testing.T) {

@@ -45,9 +45,12 @@
 //	                        lease.CompactRecord) once ns:format is "3", or for a lease
 //	                        acquired once it is "4", version 3 (lease.EmbeddingRecord:
 //	                        version 2 and the acquisition's digest, idempotency scope
-//	                        and ttl, its evidence until the lease ends); read in every
-//	                        version; PXAT expires_at+ReclaimGrace (for version 3 at
-//	                        least acquired_at+IdempotencyRetention, so its evidence
+//	                        and ttl, its evidence until the lease ends), and once it
+//	                        is "6" version 4 instead (lease.LeanRecord: version 3
+//	                        without its tag, which only the key names, and what its
+//	                        own lines derive); read in every version; PXAT
+//	                        expires_at+ReclaimGrace (for versions 3 and 4 at least
+//	                        acquired_at+IdempotencyRetention, so its evidence
 //	                        outlives the record even if no reaper runs),
 //	                        storage reclamation only: expiry is decided from expires_at
 //	ns:{tag}:counter        durable fencing counter; no TTL, never deleted
@@ -119,7 +122,8 @@
 //	                        formats of evidence and history, "3" once active records
 //	                        are compact too, "4" once new records carry their
 //	                        acquisition's evidence, "5" once endings keep evidence
-//	                        by reference (format.go); absent: version 1.
+//	                        by reference, "6" once those records are version 4
+//	                        (format.go); absent: version 1.
 //	                        Never lowered or unset.
 //
 // Every operation on an identity archives an expired active record it

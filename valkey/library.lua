@@ -18,7 +18,9 @@ them (version 1, JSON) or, in a namespace of format 3 (and in the replies
 to endings of format 2), as lease.CompactRecord does (version 2, lines;
 encode_rv2), or, for a lease acquired in format 4, as
 lease.EmbeddingRecord does (version 3: version 2 with its acquisition's
-evidence; encode_rv3). A stored record
+evidence; encode_rv3), or, in format 6, as lease.LeanRecord does (version
+4: version 3 without what its key and its own lines say; encode_rv4). A
+stored record
 of either version is accepted only if it re-encodes to exactly its own
 bytes, which makes the reader as strict as the writer: unknown or missing
 fields, other field orders, non-canonical numbers or timestamps, escapes in
@@ -237,6 +239,83 @@ local function encode_rv3(r, tag)
   local ttl = ''
   if r.idem_ttl ~= r.ttl_ms then ttl = int(r.idem_ttl) end
   return encode_rv2(r, tag, nil, 'rv3\n' .. r.idem_digest .. '\n' .. r.idem_scope .. '\n' .. ttl .. '\n')
+end
+
+-- B64 is base64url's alphabet; B64_BYTE[v] the byte of value v, B64_VAL[b]
+-- the value of byte b, filled at first use (a library's loading code
+-- cannot call string functions).
+local B64 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_'
+local B64_BYTE, B64_VAL = {}, nil
+local function b64_tables()
+  B64_VAL = {}
+  for i = 1, 64 do
+    B64_BYTE[i - 1] = string.byte(B64, i)
+    B64_VAL[string.byte(B64, i)] = i - 1
+  end
+end
+
+-- hex_b64 is a digest's 64 lowercase hex digits in base64url without
+-- padding (43 characters): ten groups of 24 bits, then the last 16 bits
+-- and two zero bits.
+local function hex_b64(h)
+  if not B64_VAL then b64_tables() end
+  local out = {}
+  for i = 1, 55, 6 do
+    local n = tonumber(string.sub(h, i, i + 5), 16)
+    out[#out + 1] = string.char(B64_BYTE[math.floor(n / 262144)], B64_BYTE[math.floor(n / 4096) % 64],
+      B64_BYTE[math.floor(n / 64) % 64], B64_BYTE[n % 64])
+  end
+  local n = tonumber(string.sub(h, 61, 64), 16) * 4
+  out[#out + 1] = string.char(B64_BYTE[math.floor(n / 4096)], B64_BYTE[math.floor(n / 64) % 64], B64_BYTE[n % 64])
+  return table.concat(out)
+end
+
+-- b64_hex is hex_b64's inverse: nil unless d is 43 base64url characters
+-- whose last two bits are zero (one spelling per digest).
+local function b64_hex(d)
+  if #d ~= 43 then return nil end
+  if not B64_VAL then b64_tables() end
+  local out = {}
+  for i = 1, 37, 4 do
+    local a, b, c, e = string.byte(d, i, i + 3)
+    a, b, c, e = B64_VAL[a], B64_VAL[b], B64_VAL[c], B64_VAL[e]
+    if not (a and b and c and e) then return nil end
+    out[#out + 1] = string.format('%06x', ((a * 64 + b) * 64 + c) * 64 + e)
+  end
+  local a, b, c = string.byte(d, 41, 43)
+  a, b, c = B64_VAL[a], B64_VAL[b], B64_VAL[c]
+  if not (a and b and c) or c % 4 ~= 0 then return nil end
+  out[#out + 1] = string.format('%04x', ((a * 64 + b) * 64 + c) / 4)
+  return table.concat(out)
+end
+
+-- encode_rv4 builds record version 4 (lease.LeanRecord's bytes, stored
+-- format 6) from r, an active record carrying its acquisition's evidence:
+-- version 3 without the tag (its key holds it) and the state (active),
+-- the digest in base64url, renewed_at '' when it is acquired_at (else ms
+-- after it), expires_at '' when it is the expiry acquire and renew give,
+-- min(renewed_at + ttl_ms, acquired_at + maximum_lifetime_ms) (else ms
+-- after acquired_at), the lease id without LEASE_PREFIX (rv4_ok: one
+-- without it is stored in version 3), metadata '' when it is {}. One
+-- concatenation.
+local LEASE_PREFIX = 'lease_' -- lease.LeaseIDPrefix
+local function rv4_ok(r) return string.sub(r.lease_id, 1, #LEASE_PREFIX) == LEASE_PREFIX end
+local function encode_rv4(r)
+  local ttl, renewed, expires = '', '', ''
+  if r.idem_ttl ~= r.ttl_ms then ttl = int(r.idem_ttl) end
+  if r.renewed_at ~= r.acquired_at then renewed = int(r.renewed_at - r.acquired_at) end
+  if r.expires_at ~= math.min(r.renewed_at + r.ttl_ms, r.acquired_at + r.maximum_lifetime_ms) then
+    expires = int(r.expires_at - r.acquired_at)
+  end
+  local meta = r.metadata
+  if meta == '{}' then meta = '' end
+  return 'rv4\n' .. hex_b64(r.idem_digest) .. '\n' .. r.idem_scope .. '\n' .. ttl .. '\n' .. r.tenant_id
+    .. '\n' .. r.program_id .. '\n' .. r.target_namespace .. '\n' .. r.target_id .. '\n' .. r.actor_name
+    .. '\n' .. r.workflow_name .. '\n' .. r.operation_class .. '\n' .. string.sub(r.lease_id, #LEASE_PREFIX + 1)
+    .. '\n' .. r.owner_principal_id .. '\n' .. r.owner_client_id .. '\n' .. r.owner_credential_id
+    .. '\n' .. r.service_instance_id .. '\n' .. int(r.fencing_token) .. '\n' .. int(r.acquired_at) .. '\n' .. renewed
+    .. '\n' .. expires .. '\n' .. int(r.ttl_ms) .. '\n' .. int(r.maximum_lifetime_ms) .. '\n' .. r.execution_id
+    .. '\n' .. r.job_id .. '\n' .. r.trace_id .. '\n' .. r.request_id .. '\n' .. meta
 end
 
 -- tag_of is the hash tag of a lock key, or nil if it is not LOCK_PREFIX
@@ -468,6 +547,58 @@ local function decode_rv3(raw, lock_key, a, o)
   return decode_rv2(raw, lock_key, a, o, at, { digest, scope, ttl_ms })
 end
 
+-- RV4_TEXT_FIELDS are version 4's lines after its tuple: version 2's
+-- without the state; RV4_DERIVED the times it may leave empty.
+local RV4_TEXT_FIELDS = {}
+for i = 1, #RV2_TEXT_FIELDS - 1 do RV4_TEXT_FIELDS[i] = RV2_TEXT_FIELDS[i] end
+local RV4_DERIVED = { renewed_at = true, expires_at = true }
+
+-- decode_rv4 strictly reads a record of version 4 (encode_rv4) stored
+-- under lock_key, which its bytes do not name: its lines make an active
+-- record with its acquisition's evidence, which must be one a writer
+-- writes and encode to exactly raw (so each shortening has its one
+-- spelling). Go's lease.DecodeEmbeddingRecordAt, with the lock key of the
+-- key it was read from, accepts the same bytes and checks that the tuple
+-- hashes to it.
+local function decode_rv4(raw, lock_key, a, o)
+  local tag = tag_of(lock_key)
+  local d, scope, ttl, at = string.match(raw, '^rv4\n([%w_%-]+)\n([%w_%-]+)\n(%d*)\n()')
+  local digest = d and b64_hex(d)
+  if not tag or not digest or #scope ~= 43 or #ttl > 16 then return nil, 'record version 4 is malformed' end
+  local r = { record_version = 1, lock_key = lock_key, state = 'active' }
+  for i = 1, #RV4_TEXT_FIELDS do
+    local nl = string.find(raw, '\n', at, true)
+    if not nl then return nil, 'record version 4 is malformed' end
+    local name, v = RV4_TEXT_FIELDS[i], string.sub(raw, at, nl - 1)
+    if RV2_NUMBERS[name] and not (v == '' and RV4_DERIVED[name]) then
+      if not string.find(v, '^%d+$') or #v > 16 then return nil, 'record field ' .. name .. ' is not a number' end
+      v = tonumber(v)
+    end
+    r[name] = v
+    at = nl + 1
+  end
+  r.metadata = string.sub(raw, at)
+  if r.metadata == '' then r.metadata = '{}' end
+  r.lease_id = LEASE_PREFIX .. r.lease_id
+  local acquired = r.acquired_at
+  if r.renewed_at == '' then r.renewed_at = acquired else r.renewed_at = acquired + r.renewed_at end
+  if r.expires_at == '' then
+    r.expires_at = math.min(r.renewed_at + r.ttl_ms, acquired + r.maximum_lifetime_ms)
+  else
+    r.expires_at = acquired + r.expires_at
+  end
+  r.idem_digest, r.idem_scope, r.idem_ttl = digest, scope, r.ttl_ms
+  if ttl ~= '' then r.idem_ttl = tonumber(ttl) end
+  if not (r.idem_ttl >= 1 and r.idem_ttl <= MAX_TTL_MS) or not written(r) or encode_rv4(r) ~= raw then
+    return nil, 'record version 4 is not in canonical form'
+  end
+  local why
+  r, why = matches(r, lock_key, a, o)
+  if not r then return nil, why end
+  rec_put(raw, r)
+  return r
+end
+
 -- decode strictly reads a stored record. lock_key is the requested one;
 -- a and o, when given, the requested canonical tuple (see matches).
 -- Returns the record (timestamps in ms) or nil and a reason.
@@ -477,6 +608,7 @@ local function decode(raw, lock_key, a, o)
   local head = string.sub(raw, 1, 4)
   if head == 'rv2\n' then return decode_rv2(raw, lock_key, a, o) end
   if head == 'rv3\n' then return decode_rv3(raw, lock_key, a, o) end
+  if head == 'rv4\n' then return decode_rv4(raw, lock_key, a, o) end
   local ok, t = pcall(cjson.decode, raw)
   if not ok or type(t) ~= 'table' then return nil, 'record is not JSON' end
   if t.record_version ~= 1 then return nil, 'record version is not 1' end
@@ -708,18 +840,22 @@ local function context(keys, args)
     -- once the namespace has been switched to it, else version 1, which
     -- instances of older builds still sharing the namespace can read.
     compact = format == 'compact' or format == 'compact_records' or format == 'embedded_evidence'
-      or format == 'referring_evidence',
+      or format == 'referring_evidence' or format == 'lean_records',
     -- 'compact_records' (namespace format 3) also stores active records
     -- in version 2 (encode_rv2); every build since reads both.
     -- 'embedded_evidence' (format 4) stores them in version 3 with the
     -- acquisition's evidence (encode_rv3): no evidence key is written
     -- while a lease is active.
-    rv2 = format == 'compact_records' or format == 'embedded_evidence' or format == 'referring_evidence',
-    rv3 = format == 'embedded_evidence' or format == 'referring_evidence',
+    rv2 = format == 'compact_records' or format == 'embedded_evidence' or format == 'referring_evidence'
+      or format == 'lean_records',
+    rv3 = format == 'embedded_evidence' or format == 'referring_evidence' or format == 'lean_records',
     -- 'referring_evidence' (format 5) also writes an ending's evidence of
     -- its acquisition and a release's own in version 3, by reference to
     -- the history entry (see refers).
-    refs = format == 'referring_evidence',
+    refs = format == 'referring_evidence' or format == 'lean_records',
+    -- 'lean_records' (format 6) stores a record carrying its acquisition's
+    -- evidence in version 4 (encode_rv4) instead of 3.
+    rv4 = format == 'lean_records',
   }
 end
 
@@ -743,11 +879,11 @@ end
 -- always written in version 3 (whatever the writer's format: the evidence
 -- must not be dropped) and kept at least until the evidence's retention
 -- ends (acquired_at + the idempotency retention), so it is never lost
--- while no reaper runs.
+-- while no reaper runs. Format 6 writes it in version 4 (encode_rv4).
 local function store_active(c, r, renewed)
   local raw, at = nil, r.expires_at + c.grace
   if r.idem_scope then
-    raw = encode_rv3(r, tag_of(r.lock_key))
+    if c.rv4 and rv4_ok(r) then raw = encode_rv4(r) else raw = encode_rv3(r, tag_of(r.lock_key)) end
     at = math.max(at, r.acquired_at + c.idem_ret)
   else
     local tag = c.rv2 and tag_of(r.lock_key)
@@ -980,8 +1116,9 @@ local function remember(c, now, op, digest, code, r, state, raw, by_reference)
     -- raw is the record as stored, but a record carrying its acquisition's
     -- evidence is stored in version 3 whatever the writer's format (a
     -- renewal by an instance still writing version 1 after the switch to
-    -- 4), and version 1 evidence holds a record's JSON: encode it.
-    if r.idem_scope and string.sub(raw, 1, 4) == 'rv3\n' then raw = encode(r, state) end
+    -- 4), or 4 in format 6, and version 1 evidence holds a record's JSON:
+    -- encode it.
+    if r.idem_scope and string.sub(raw, 1, 1) ~= '{' then raw = encode(r, state) end
     local ev = '{"idempotency_version":1,"op":"' .. op .. '","digest":"' .. digest .. '","code":"' .. code ..
         '","lease":' .. raw .. ',"backend_time":"' .. ts(now) .. '"}'
     redis.call('SET', c.k_ev, ev, 'PX', int(c.ev_ret))
@@ -1628,7 +1765,7 @@ local function clock() return { 'ok', int(now_ms()) } end
 -- an earlier format's option never takes a namespace back. A value it
 -- does not know (a later build's, or damage) is left as it is: 'unknown'.
 -- A closed namespace (KEYS 2, the gate) changes nothing: 'closed'.
-local FORMAT_LEVEL = { ['2'] = 2, ['3'] = 3, ['4'] = 4, ['5'] = 5 }
+local FORMAT_LEVEL = { ['2'] = 2, ['3'] = 3, ['4'] = 4, ['5'] = 5, ['6'] = 6 }
 local function raise_format(keys, args)
   local want = FORMAT_LEVEL[args[1]]
   if not want then return redis.error_reply('unknown format') end

@@ -254,7 +254,7 @@ func (s *Store) embeddedAcquisition(p lease.Prepared, rep reply) ([]byte, func(*
 	if rep.at(1) == "-1" {
 		return nil, nil, s.corrupt(p.Identity, "active key has no TTL")
 	}
-	rec, e, err := lease.DecodeEmbeddingRecord([]byte(rep.at(0)))
+	rec, e, err := lease.DecodeEmbeddingRecordAt([]byte(rep.at(0)), p.LockKey)
 	if err == nil && (e == nil || e.Scope != p.Scope || rec.LockKey != p.LockKey) {
 		err = lease.Errorf(lease.CodeCorrupt, "the record carries no evidence of this request")
 	}
@@ -331,8 +331,16 @@ func findHistory(entries []string, lockKey, leaseID string) *lease.HistoryEntry 
 	return nil
 }
 
-// decodeRecord strictly decodes a record read under lockKey.
+// decodeRecord strictly decodes a record read under lockKey (version 4,
+// which does not name it, rebuilt as version 3 with it first).
 func (s *Store) decodeRecord(raw []byte, lockKey string) (*lease.Record, error) {
+	if bytes.HasPrefix(raw, []byte(lease.RecordV4Prefix)) {
+		v3, ok := lease.ExpandLeanRecord(string(raw), lockKey)
+		if !ok {
+			return nil, lease.Errorf(lease.CodeCorrupt, "record: version 4 is malformed")
+		}
+		raw = []byte(v3)
+	}
 	rec, err := s.records.Decode(raw)
 	if err != nil {
 		return nil, err

@@ -29,6 +29,17 @@ func TestRaceReferringEvidence(t *testing.T) {
 	race.Run(t, s, race.Options{})
 }
 
+// TestRaceLeanRecords runs it on a namespace in format 6.
+func TestRaceLeanRecords(t *testing.T) {
+	r, pw := aclServer(t)
+	s := open(t, r, Options{Username: "starlease", PasswordFile: pw, KeyPrefix: "starlease:" + randomPrefix(),
+		StoreOptions: leasetest.StoreOptions(), ReapInterval: 50 * time.Millisecond, LeanRecords: true})
+	if !s.writes(leanRecords) {
+		t.Fatal("the namespace is not in format 6")
+	}
+	race.Run(t, s, race.Options{})
+}
+
 // TestRaceEmbeddedEvidence runs it on a namespace in format 4.
 func TestRaceEmbeddedEvidence(t *testing.T) {
 	r, pw := aclServer(t)

@@ -97,6 +97,11 @@ func TestSealAndRecoverReferringEvidence(t *testing.T) {
 	sealAndRecover(t, Options{KeyPrefix: randomPrefix(), ReferringEvidence: true})
 }
 
+// TestSealAndRecoverLeanRecords runs it on a namespace in format 6.
+func TestSealAndRecoverLeanRecords(t *testing.T) {
+	sealAndRecover(t, Options{KeyPrefix: randomPrefix(), LeanRecords: true})
+}
+
 // TestSealAndRecoverEmbeddedEvidence runs it on a namespace in format 4.
 func TestSealAndRecoverEmbeddedEvidence(t *testing.T) {
 	sealAndRecover(t, Options{KeyPrefix: randomPrefix(), EmbeddedEvidence: true})
@@ -167,6 +172,11 @@ func TestBackupRestore(t *testing.T) { backupRestore(t, Options{}) }
 // TestBackupRestoreReferringEvidence runs it on a namespace in format 5.
 func TestBackupRestoreReferringEvidence(t *testing.T) {
 	backupRestore(t, Options{ReferringEvidence: true})
+}
+
+// TestBackupRestoreLeanRecords runs it on a namespace in format 6.
+func TestBackupRestoreLeanRecords(t *testing.T) {
+	backupRestore(t, Options{LeanRecords: true})
 }
 
 // TestBackupRestoreEmbeddedEvidence runs it on a namespace in format 4.

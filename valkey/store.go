@@ -62,6 +62,11 @@ type Options struct {
 	// acquisition and a release's own kept by reference to the lease's
 	// history entry (format.go).
 	ReferringEvidence bool
+	// LeanRecords switches it, for good, to format 6 when the store opens:
+	// ReferringEvidence's, and a record carrying its acquisition's evidence
+	// stored in version 4, without what its key and its own lines say
+	// (format.go).
+	LeanRecords bool
 	// DialTimeout bounds connecting; zero means 5 s.
 	DialTimeout time.Duration
 	// ReplyGrace is how long past a request's deadline the adapter waits
@@ -220,6 +225,8 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	}
 	s.loadFormat(ctx)
 	switch {
+	case o.LeanRecords:
+		s.wantFormat = leanRecords
 	case o.ReferringEvidence:
 		s.wantFormat = referringEvidence
 	case o.EmbeddedEvidence:
