@@ -181,7 +181,7 @@ func openScaleStore(b *testing.B, backend string, reap time.Duration) (scaleStor
 		}
 	default:
 		r := testenv.StartRedis(b)
-		s, err := valkey.Open(bg, valkey.Options{Addr: r.Addr(), StoreOptions: storeOptions(), ReapInterval: reap, ReferringEvidence: true})
+		s, err := valkey.Open(bg, valkey.Options{Addr: r.Addr(), StoreOptions: storeOptions(), ReapInterval: reap, LeanRecords: true})
 		if err != nil {
 			b.Fatal(err)
 		}
