@@ -38,10 +38,11 @@ import (
 //	        version 2 before the entry is trimmed
 //	        (EnableReferringEvidence; `--valkey-referring-evidence`)
 //	"6"     that, but a record carrying its acquisition's evidence in
-//	        version 4 (lease.LeanRecord): version 3 without its hash tag
-//	        and state lines, the digest in base64url, the times that
-//	        acquire and renew derive left out; about 100 bytes less per
-//	        active lease (EnableLeanRecords; `--valkey-lean-records`)
+//	        version 4 (lease.LeanRecord): version 3 with 8 characters of
+//	        its hash tag, without its state line, the digest in
+//	        base64url, the times that acquire, renew and the lease id
+//	        give left out; about 100 bytes less per active lease
+//	        (EnableLeanRecords; `--valkey-lean-records`)
 //
 // It is one way (raise_format in library.lua never lowers it; an instance
 // of an older build would answer the later data as corrupt). Every build

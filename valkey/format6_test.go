@@ -239,14 +239,20 @@ func lean4Corruptions(raw string) map[string]string {
 		c[i] = v
 		return strings.Join(c, "\n")
 	}
-	const digest, tuple, facts = 1, 4, 11
+	const check, digest, tuple, facts = 1, 2, 5, 12
 	out := map[string]string{
 		"renewed_zero":    with(facts+7, "0"),
 		"expires_spelled": with(facts+8, "30000"), // acquireReq's ttl: the derived expiry
 		"state_line":      strings.Join(append(append(append([]string(nil), lines[:len(lines)-1]...), "active"), lines[len(lines)-1]), "\n"),
 		"tag_line":        strings.Join(append(append(append([]string(nil), lines[:tuple]...), strings.Repeat("A", 43)), lines[tuple:]...), "\n"),
 		"digest_padded":   with(digest, lines[digest]+"="),
-		"ttl_spelled":     with(3, "30000"),
+		"ttl_spelled":     with(4, "30000"),
+		"check_other":     with(check, "AAAAAAAA"),
+		"check_short":     with(check, lines[check][:7]),
+		"acquired_plus":   with(facts+6, "+"+lines[facts+6]),
+		"acquired_zeros":  with(facts+6, "0"+lines[facts+6]),
+		"acquired_17":     with(facts+6, "10000000000000000"),
+		"id_lower":        with(facts, strings.ToLower(lines[facts])),
 	}
 	if lines[len(lines)-1] == "" {
 		out["meta_braces"] = with(len(lines)-1, "{}") // empty metadata is left out

@@ -289,18 +289,47 @@ local function b64_hex(d)
   return table.concat(out)
 end
 
--- encode_rv4 builds record version 4 (lease.LeanRecord's bytes, stored
--- format 6) from r, an active record carrying its acquisition's evidence:
--- version 3 without the tag (its key holds it) and the state (active),
--- the digest in base64url, renewed_at '' when it is acquired_at (else ms
--- after it), expires_at '' when it is the expiry acquire and renew give,
--- min(renewed_at + ttl_ms, acquired_at + maximum_lifetime_ms) (else ms
--- after acquired_at), the lease id without LEASE_PREFIX (rv4_ok: one
--- without it is stored in version 3), metadata '' when it is {}. One
--- concatenation.
+-- CROCKFORD is the ULID alphabet; CROCK_VAL[b] the value of byte b, filled
+-- at first use.
+local CROCKFORD = '0123456789ABCDEFGHJKMNPQRSTVWXYZ'
+local CROCK_VAL = nil
+
+-- ulid_ms is the time in ms of id, a ULID as lease.NewLeaseID spells it (26
+-- upper-case characters of CROCKFORD, the first at most 7), or nil
+-- (lease.ulidMillis).
+local function ulid_ms(id)
+  if #id ~= 26 or not string.find(id, '^[0-7][0-9A-HJKMNP-TV-Z]+$') then return nil end
+  if not CROCK_VAL then
+    CROCK_VAL = {}
+    for i = 1, 32 do CROCK_VAL[string.byte(CROCKFORD, i)] = i - 1 end
+  end
+  local t = 0
+  for i = 1, 10 do t = t * 32 + CROCK_VAL[string.byte(id, i)] end
+  return t
+end
+
+local KEY_CHECK = 8 -- lease.KeyCheckChars
 local LEASE_PREFIX = 'lease_' -- lease.LeaseIDPrefix
-local function rv4_ok(r) return string.sub(r.lease_id, 1, #LEASE_PREFIX) == LEASE_PREFIX end
-local function encode_rv4(r)
+
+-- rv4_ok reports whether r has a version 4 form: its lease id is
+-- LEASE_PREFIX and a ULID (else it is stored in version 3).
+local function rv4_ok(r)
+  return string.sub(r.lease_id, 1, #LEASE_PREFIX) == LEASE_PREFIX and ulid_ms(string.sub(r.lease_id, #LEASE_PREFIX + 1)) ~= nil
+end
+
+-- encode_rv4 builds record version 4 (lease.LeanRecord's bytes, stored
+-- format 6) from r, an active record carrying its acquisition's evidence
+-- that rv4_ok: version 3 with only the first KEY_CHECK characters of its
+-- tag (its key holds the tag; the check refuses a record copied under
+-- another identity's key where no tuple is compared) and without the state
+-- (active), the digest in base64url, the lease id without LEASE_PREFIX,
+-- acquired_at as ms after its ULID's time (signed), renewed_at '' when it
+-- is acquired_at (else ms after it), expires_at '' when it is the expiry
+-- acquire and renew give, min(renewed_at + ttl_ms, acquired_at +
+-- maximum_lifetime_ms) (else ms after acquired_at), metadata '' when it is
+-- {}. One concatenation.
+local function encode_rv4(r, tag)
+  local id = string.sub(r.lease_id, #LEASE_PREFIX + 1)
   local ttl, renewed, expires = '', '', ''
   if r.idem_ttl ~= r.ttl_ms then ttl = int(r.idem_ttl) end
   if r.renewed_at ~= r.acquired_at then renewed = int(r.renewed_at - r.acquired_at) end
@@ -309,11 +338,13 @@ local function encode_rv4(r)
   end
   local meta = r.metadata
   if meta == '{}' then meta = '' end
-  return 'rv4\n' .. hex_b64(r.idem_digest) .. '\n' .. r.idem_scope .. '\n' .. ttl .. '\n' .. r.tenant_id
+  return 'rv4\n' .. string.sub(tag, 1, KEY_CHECK) .. '\n' .. hex_b64(r.idem_digest) .. '\n' .. r.idem_scope .. '\n' .. ttl
+    .. '\n' .. r.tenant_id
     .. '\n' .. r.program_id .. '\n' .. r.target_namespace .. '\n' .. r.target_id .. '\n' .. r.actor_name
-    .. '\n' .. r.workflow_name .. '\n' .. r.operation_class .. '\n' .. string.sub(r.lease_id, #LEASE_PREFIX + 1)
+    .. '\n' .. r.workflow_name .. '\n' .. r.operation_class .. '\n' .. id
     .. '\n' .. r.owner_principal_id .. '\n' .. r.owner_client_id .. '\n' .. r.owner_credential_id
-    .. '\n' .. r.service_instance_id .. '\n' .. int(r.fencing_token) .. '\n' .. int(r.acquired_at) .. '\n' .. renewed
+    .. '\n' .. r.service_instance_id .. '\n' .. int(r.fencing_token) .. '\n' .. int(r.acquired_at - ulid_ms(id))
+    .. '\n' .. renewed
     .. '\n' .. expires .. '\n' .. int(r.ttl_ms) .. '\n' .. int(r.maximum_lifetime_ms) .. '\n' .. r.execution_id
     .. '\n' .. r.job_id .. '\n' .. r.trace_id .. '\n' .. r.request_id .. '\n' .. meta
 end
@@ -548,29 +579,35 @@ local function decode_rv3(raw, lock_key, a, o)
 end
 
 -- RV4_TEXT_FIELDS are version 4's lines after its tuple: version 2's
--- without the state; RV4_DERIVED the times it may leave empty.
+-- without the state; RV4_DERIVED the times it may leave empty; acquired_at
+-- is signed (ms after the lease id's ULID time).
 local RV4_TEXT_FIELDS = {}
 for i = 1, #RV2_TEXT_FIELDS - 1 do RV4_TEXT_FIELDS[i] = RV2_TEXT_FIELDS[i] end
 local RV4_DERIVED = { renewed_at = true, expires_at = true }
 
 -- decode_rv4 strictly reads a record of version 4 (encode_rv4) stored
--- under lock_key, which its bytes do not name: its lines make an active
--- record with its acquisition's evidence, which must be one a writer
--- writes and encode to exactly raw (so each shortening has its one
--- spelling). Go's lease.DecodeEmbeddingRecordAt, with the lock key of the
--- key it was read from, accepts the same bytes and checks that the tuple
--- hashes to it.
+-- under lock_key, whose tag it names only by its first KEY_CHECK
+-- characters: they must be lock_key's, and its lines make an active record
+-- with its acquisition's evidence, which must be one a writer writes and
+-- encode to exactly raw (so each shortening has its one spelling). Go's
+-- lease.DecodeEmbeddingRecordAt, with the lock key of the key it was read
+-- from, accepts the same bytes and checks that the tuple hashes to it.
 local function decode_rv4(raw, lock_key, a, o)
   local tag = tag_of(lock_key)
-  local d, scope, ttl, at = string.match(raw, '^rv4\n([%w_%-]+)\n([%w_%-]+)\n(%d*)\n()')
+  local check, d, scope, ttl, at = string.match(raw, '^rv4\n([%w_%-]+)\n([%w_%-]+)\n([%w_%-]+)\n(%d*)\n()')
   local digest = d and b64_hex(d)
   if not tag or not digest or #scope ~= 43 or #ttl > 16 then return nil, 'record version 4 is malformed' end
+  if check ~= string.sub(tag, 1, KEY_CHECK) then return nil, 'record: stored under a foreign lock key' end
   local r = { record_version = 1, lock_key = lock_key, state = 'active' }
   for i = 1, #RV4_TEXT_FIELDS do
     local nl = string.find(raw, '\n', at, true)
     if not nl then return nil, 'record version 4 is malformed' end
     local name, v = RV4_TEXT_FIELDS[i], string.sub(raw, at, nl - 1)
-    if RV2_NUMBERS[name] and not (v == '' and RV4_DERIVED[name]) then
+    if name == 'acquired_at' then
+      local digits = string.match(v, '^%-?(%d+)$')
+      if not digits or #digits > 16 then return nil, 'record field ' .. name .. ' is not a number' end
+      v = tonumber(v)
+    elseif RV2_NUMBERS[name] and not (v == '' and RV4_DERIVED[name]) then
       if not string.find(v, '^%d+$') or #v > 16 then return nil, 'record field ' .. name .. ' is not a number' end
       v = tonumber(v)
     end
@@ -579,7 +616,10 @@ local function decode_rv4(raw, lock_key, a, o)
   end
   r.metadata = string.sub(raw, at)
   if r.metadata == '' then r.metadata = '{}' end
+  local minted = ulid_ms(r.lease_id)
+  if not minted then return nil, 'record version 4 is malformed' end
   r.lease_id = LEASE_PREFIX .. r.lease_id
+  r.acquired_at = minted + r.acquired_at
   local acquired = r.acquired_at
   if r.renewed_at == '' then r.renewed_at = acquired else r.renewed_at = acquired + r.renewed_at end
   if r.expires_at == '' then
@@ -589,7 +629,7 @@ local function decode_rv4(raw, lock_key, a, o)
   end
   r.idem_digest, r.idem_scope, r.idem_ttl = digest, scope, r.ttl_ms
   if ttl ~= '' then r.idem_ttl = tonumber(ttl) end
-  if not (r.idem_ttl >= 1 and r.idem_ttl <= MAX_TTL_MS) or not written(r) or encode_rv4(r) ~= raw then
+  if not (r.idem_ttl >= 1 and r.idem_ttl <= MAX_TTL_MS) or not written(r) or encode_rv4(r, tag) ~= raw then
     return nil, 'record version 4 is not in canonical form'
   end
   local why
@@ -883,7 +923,8 @@ end
 local function store_active(c, r, renewed)
   local raw, at = nil, r.expires_at + c.grace
   if r.idem_scope then
-    if c.rv4 and rv4_ok(r) then raw = encode_rv4(r) else raw = encode_rv3(r, tag_of(r.lock_key)) end
+    local tag = tag_of(r.lock_key)
+    if c.rv4 and rv4_ok(r) then raw = encode_rv4(r, tag) else raw = encode_rv3(r, tag) end
     at = math.max(at, r.acquired_at + c.idem_ret)
   else
     local tag = c.rv2 and tag_of(r.lock_key)
