@@ -8,11 +8,13 @@ import (
 )
 
 // Record version 4 ("rv4", Valkey stored format 6) is version 3 without
-// what the key it is stored under, or its own lines, already say:
-//   - instead of the hash tag, its first 8 characters (KeyCheckChars): the
-//     reader passes the lock key of the record's key, and a record copied
-//     under another identity's key fails there, also where the reader has
-//     no tuple to compare (the server's library cannot hash one);
+// what its own lines already say. It keeps the hash tag line, which the
+// reader checks against the lock key of the key it read: the server's
+// library reads some records without a tuple to compare (the reaper,
+// inspect by id) and cannot hash one, so the tag is what refuses a record
+// copied under another identity's key there, and tags are unkeyed hashes
+// of caller-chosen tuples, so only the whole tag is safe from chosen
+// collisions. Beyond version 3 it has:
 //   - the digest in base64url (43 characters) instead of hex (64);
 //   - renewed_at empty when it is acquired_at, else ms after acquired_at;
 //   - expires_at empty when it is min(renewed_at + ttl_ms, acquired_at +
@@ -20,25 +22,22 @@ import (
 //     else ms after acquired_at;
 //   - no state line: a record carrying its acquisition's evidence is
 //     active;
-//   - the lease id without LeaseIDPrefix, and acquired_at as signed ms
-//     after the time of the ULID that follows it (NewLeaseID's: the
-//     acquisition as the generating side saw it, so a few ms); a record
-//     whose id is not LeaseIDPrefix and a ULID in upper case has no
-//     version 4 form;
+//   - the lease id without LeaseIDPrefix (a record whose id lacks it has
+//     no version 4 form);
 //   - metadata empty when it is {}.
 //
-// Lines: rv4, the key check, digest, scope, the acquisition's ttl_ms (""
-// while it is the record's own), the tuple's seven components, then the
+// Lines: rv4, the tag, digest, scope, the acquisition's ttl_ms ("" while
+// it is the record's own), the tuple's seven components, then the
 // record's facts as version 2 orders them without the state, metadata
 // last. Each shortening has one spelling (a renewal 0 ms after the
 // acquisition, an expiry spelled out where it is the derived one, a digest
-// with stray low bits, "-0" all fail), so the bytes are canonical: a
-// record has one version 4 form.
+// with stray low bits, {} spelled out all fail), so the bytes are
+// canonical: a record has one version 4 form.
 const RecordV4Prefix = "rv4\n"
 
 // Record version 4 line numbers (0 is the version).
 const (
-	rv4Check = 1 + iota
+	rv4Tag = 1 + iota
 	rv4Digest
 	rv4Scope
 	rv4TTL
@@ -58,11 +57,6 @@ const (
 	rv3Lines = rv3Facts + 17 // factState is the state within the facts
 )
 
-// KeyCheckChars is how much of its hash tag a version 4 record keeps: 48
-// bits, so a record copied under another identity's key is refused unless
-// the two tags share their first 8 characters (probability 2^-48).
-const KeyCheckChars = 8
-
 // LeanRecord returns r, an active record, in version 4 with e; an error if
 // r has no version 3 form (EmbeddingRecord) or version 4 does not give it
 // back exactly.
@@ -77,9 +71,7 @@ func LeanRecord(r *Record, e EmbeddedEvidence) ([]byte, error) {
 	}
 	digest, _ := hex.DecodeString(e.Digest)
 	facts := f[rv3Facts:]
-	minted, ok := ulidMillis(strings.TrimPrefix(r.LeaseID, LeaseIDPrefix))
-	tag := lockKeyTag(r)
-	if !strings.HasPrefix(r.LeaseID, LeaseIDPrefix) || !ok || len(tag) < KeyCheckChars {
+	if !strings.HasPrefix(r.LeaseID, LeaseIDPrefix) {
 		return nil, Errorf(CodeInvalidRequest, "record: no version 4 form")
 	}
 	acquired, renewed, expires := r.AcquiredAt.UnixMilli(), r.RenewedAt.UnixMilli(), r.ExpiresAt.UnixMilli()
@@ -93,7 +85,7 @@ func LeanRecord(r *Record, e EmbeddedEvidence) ([]byte, error) {
 	}
 	var b strings.Builder
 	b.Grow(len(v3))
-	b.WriteString(RecordV4Prefix + tag[:KeyCheckChars] + "\n" + base64.RawURLEncoding.EncodeToString(digest) + "\n" +
+	b.WriteString(RecordV4Prefix + f[rv3Tag] + "\n" + base64.RawURLEncoding.EncodeToString(digest) + "\n" +
 		f[rv3Scope] + "\n" + f[rv3TTL] + "\n")
 	for _, l := range f[rv3Tuple:rv3Facts] {
 		b.WriteString(l + "\n")
@@ -102,8 +94,6 @@ func LeanRecord(r *Record, e EmbeddedEvidence) ([]byte, error) {
 		switch i {
 		case factLeaseID:
 			l = l[len(LeaseIDPrefix):]
-		case factAcquired:
-			l = strconv.FormatInt(acquired-minted, 10)
 		case factRenewed:
 			l = renewedLine
 		case factExpires:
@@ -128,33 +118,30 @@ func derivedExpiry(acquired, renewed, ttl, lifetime int64) int64 {
 }
 
 // ExpandLeanRecord returns a stored record found under a key that holds
-// lockKey: version 4 rebuilt as version 3 with lockKey's hash tag (ok
-// false if a shortening is not spelled the one way LeanRecord spells it),
-// any other version as it is. Strict decoding of the result is the
+// lockKey: version 4 rebuilt as version 3 (ok false if its tag is not
+// lockKey's, or a shortening is not spelled the one way LeanRecord spells
+// it), any other version as it is. Strict decoding of the result is the
 // caller's (DecodeEmbeddingRecord): it checks that the record's tuple
-// hashes to lockKey, so a record copied under another identity's key
-// fails.
+// hashes to its tag.
 func ExpandLeanRecord(raw, lockKey string) (string, bool) {
 	if !strings.HasPrefix(raw, RecordV4Prefix) {
 		return raw, true
 	}
 	var g [rv4Lines]string
 	tag, ok := strings.CutPrefix(lockKey, KeyPrefix)
-	if !ok || len(tag) < KeyCheckChars || !splitLines(raw, g[:]) || g[rv4Check] != tag[:KeyCheckChars] {
+	if !ok || tag == "" || !splitLines(raw, g[:]) || g[rv4Tag] != tag {
 		return "", false
 	}
 	digest, ok := leanDigest(g[rv4Digest])
 	facts := g[rv4Facts:]
-	minted, mintedOK := ulidMillis(facts[factLeaseID])
-	delta, deltaOK := signedMillis(facts[factAcquired])
-	if !ok || !mintedOK || !deltaOK || !digits(facts[factTTL]) ||
+	if !ok || !digits(facts[factAcquired]) || !digits(facts[factTTL]) ||
 		!digits(facts[factLifetime]) ||
 		(facts[factRenewed] != "" && (!digits(facts[factRenewed]) || facts[factRenewed] == "0")) ||
 		(facts[factExpires] != "" && !digits(facts[factExpires])) {
 		return "", false
 	}
 	num := func(s string) int64 { n, _ := strconv.ParseInt(s, 10, 64); return n }
-	acquired := minted + delta
+	acquired := num(facts[factAcquired])
 	renewed := acquired
 	if facts[factRenewed] != "" {
 		renewed += num(facts[factRenewed])
@@ -176,8 +163,6 @@ func ExpandLeanRecord(raw, lockKey string) (string, bool) {
 		switch i {
 		case factLeaseID:
 			l = LeaseIDPrefix + l
-		case factAcquired:
-			l = strconv.FormatInt(acquired, 10)
 		case factRenewed:
 			l = strconv.FormatInt(renewed, 10)
 		case factExpires:
@@ -206,41 +191,4 @@ func DecodeEmbeddingRecordAt(raw []byte, lockKey string) (*Record, *EmbeddedEvid
 		return nil, nil, corrupt("record: version 4 is malformed")
 	}
 	return DecodeEmbeddingRecord([]byte(v3))
-}
-
-// crockford is the ULID alphabet (Crockford's base32, upper case).
-const crockford = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-
-// ulidMillis is the time, in ms, of s, a ULID as NewLeaseID spells it: 26
-// characters of crockford, the first at most 7 (48 bits of time, 80 of
-// randomness); false for anything else.
-func ulidMillis(s string) (int64, bool) {
-	if len(s) != 26 || s[0] > '7' {
-		return 0, false
-	}
-	var t int64
-	for i := range len(s) {
-		v := strings.IndexByte(crockford, s[i])
-		if v < 0 {
-			return 0, false
-		}
-		if i < 10 {
-			t = t*32 + int64(v)
-		}
-	}
-	return t, true
-}
-
-// signedMillis parses a signed count of ms as strconv.FormatInt spells
-// it, of at most 16 digits; false for any other spelling.
-func signedMillis(s string) (int64, bool) {
-	d, neg := strings.CutPrefix(s, "-")
-	if !digits(d) || (neg && d == "0") {
-		return 0, false
-	}
-	n, _ := strconv.ParseInt(d, 10, 64)
-	if neg {
-		n = -n
-	}
-	return n, true
 }

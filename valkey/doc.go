@@ -47,7 +47,6 @@
 //	                        version 2 and the acquisition's digest, idempotency scope
 //	                        and ttl, its evidence until the lease ends), and once it
 //	                        is "6" version 4 instead (lease.LeanRecord: version 3
-//	                        with 8 characters of its tag, which the key names, and
 //	                        without what its own lines derive); read in every
 //	                        version; PXAT
 //	                        expires_at+ReclaimGrace (for versions 3 and 4 at least

@@ -38,11 +38,11 @@ import (
 //	        version 2 before the entry is trimmed
 //	        (EnableReferringEvidence; `--valkey-referring-evidence`)
 //	"6"     that, but a record carrying its acquisition's evidence in
-//	        version 4 (lease.LeanRecord): version 3 with 8 characters of
-//	        its hash tag, without its state line, the digest in
-//	        base64url, the times that acquire, renew and the lease id
-//	        give left out; about 100 bytes less per active lease
-//	        (EnableLeanRecords; `--valkey-lean-records`)
+//	        version 4 (lease.LeanRecord): version 3 without its state
+//	        line and the lease id's prefix, the digest in base64url, the
+//	        times that acquire and renew derive left out; about 60 bytes
+//	        less per active lease (EnableLeanRecords;
+//	        `--valkey-lean-records`)
 //
 // It is one way (raise_format in library.lua never lowers it; an instance
 // of an older build would answer the later data as corrupt). Every build
@@ -144,7 +144,7 @@ func (s *Store) EnableReferringEvidence(ctx context.Context) error {
 
 // EnableLeanRecords switches the namespace to format 6: format 5's, but a
 // record carrying its acquisition's evidence is stored in version 4
-// (lease.LeanRecord), which needs the lock key of its key to be read.
+// (lease.LeanRecord).
 // Only once every instance sharing the namespace runs a build that reads
 // record version 4 (this one or a later one); older builds answer those
 // records as corrupt. Rolling back: README, "--valkey-lean-records".

@@ -10,8 +10,7 @@ import (
 )
 
 // Tests of stored format 6 (format.go): format 5, and a record carrying
-// its acquisition's evidence in version 4 (lease.LeanRecord), which does
-// not name its lock key.
+// its acquisition's evidence in version 4 (lease.LeanRecord).
 
 func open6(t *testing.T, o Options) *Store {
 	t.Helper()
@@ -61,8 +60,8 @@ func TestLeanRecordsStored(t *testing.T) {
 			t.Fatal(err)
 		}
 		raw := mustLean(t, s, req, first.Lease, first.Lease.TTLMs)
-		if strings.Contains(raw, tagOf(first.Lease.LockKey)) || strings.Contains(raw, "\nactive\n") {
-			t.Fatalf("version 4 holds the tag or the state: %q", raw)
+		if !strings.HasPrefix(raw, lease.RecordV4Prefix+tagOf(first.Lease.LockKey)+"\n") || strings.Contains(raw, "\nactive\n") {
+			t.Fatalf("version 4 without its tag line or with the state: %q", raw)
 		}
 		mustReplay(t, s, req, first, "")
 
@@ -98,9 +97,9 @@ func TestLeanRecordsStored(t *testing.T) {
 	}
 }
 
-// A version 4 record names no lock key: one copied under another
-// identity's key is read with that key and fails closed there, for every
-// operation that reads it (its tuple hashes to its own key).
+// A version 4 record copied under another identity's key fails closed
+// there, for every operation that reads it (its tag and tuple are its
+// own).
 func TestLeanRecordMisplaced(t *testing.T) {
 	s := open6(t, Options{})
 	victim := acquireReq(newIdentity())
@@ -239,7 +238,7 @@ func lean4Corruptions(raw string) map[string]string {
 		c[i] = v
 		return strings.Join(c, "\n")
 	}
-	const check, digest, tuple, facts = 1, 2, 5, 12
+	const tagLine, digest, tuple, facts = 1, 2, 5, 12
 	out := map[string]string{
 		"renewed_zero":    with(facts+7, "0"),
 		"expires_spelled": with(facts+8, "30000"), // acquireReq's ttl: the derived expiry
@@ -247,12 +246,12 @@ func lean4Corruptions(raw string) map[string]string {
 		"tag_line":        strings.Join(append(append(append([]string(nil), lines[:tuple]...), strings.Repeat("A", 43)), lines[tuple:]...), "\n"),
 		"digest_padded":   with(digest, lines[digest]+"="),
 		"ttl_spelled":     with(4, "30000"),
-		"check_other":     with(check, "AAAAAAAA"),
-		"check_short":     with(check, lines[check][:7]),
+		"tag_other":       with(tagLine, strings.Repeat("A", 43)),
+		"tag_short":       with(tagLine, lines[tagLine][:42]),
+		"tag_first_8":     with(tagLine, lines[tagLine][:8]),
 		"acquired_plus":   with(facts+6, "+"+lines[facts+6]),
-		"acquired_zeros":  with(facts+6, "0"+lines[facts+6]),
+		"acquired_zero":   with(facts+6, "0"+lines[facts+6]),
 		"acquired_17":     with(facts+6, "10000000000000000"),
-		"id_lower":        with(facts, strings.ToLower(lines[facts])),
 	}
 	if lines[len(lines)-1] == "" {
 		out["meta_braces"] = with(len(lines)-1, "{}") // empty metadata is left out

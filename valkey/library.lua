@@ -51,12 +51,18 @@ end
 local MEMO_MAX = 4096
 local MS_MAX = 253402300800000 -- 10000-01-01T00:00:00.000Z
 -- ID_OK, PLAIN_OK and META_OK memoize is_id, plain and meta_ok below the
--- same way, INT_OF int.
+-- same way, INT_OF int, B64_OF and HEX_OF hex_b64 and b64_hex (each call
+-- of either fills both: a record's decoding checks its digest by encoding
+-- it again).
 local TS_OF, MS_OF, ID_OK, PLAIN_OK, META_OK, INT_OF, memo_n = {}, {}, {}, {}, {}, {}, 0
+local B64_OF, HEX_OF = {}, {}
 
 local function memo_room()
   memo_n = memo_n + 1
-  if memo_n > MEMO_MAX then TS_OF, MS_OF, ID_OK, PLAIN_OK, META_OK, INT_OF, memo_n = {}, {}, {}, {}, {}, {}, 1 end
+  if memo_n > MEMO_MAX then
+    TS_OF, MS_OF, ID_OK, PLAIN_OK, META_OK, INT_OF, memo_n = {}, {}, {}, {}, {}, {}, 1
+    B64_OF, HEX_OF = {}, {}
+  end
 end
 
 local function int(n)
@@ -258,6 +264,8 @@ end
 -- padding (43 characters): ten groups of 24 bits, then the last 16 bits
 -- and two zero bits.
 local function hex_b64(h)
+  local known = B64_OF[h]
+  if known then return known end
   if not B64_VAL then b64_tables() end
   local out = {}
   for i = 1, 55, 6 do
@@ -267,12 +275,17 @@ local function hex_b64(h)
   end
   local n = tonumber(string.sub(h, 61, 64), 16) * 4
   out[#out + 1] = string.char(B64_BYTE[math.floor(n / 4096)], B64_BYTE[math.floor(n / 64) % 64], B64_BYTE[n % 64])
-  return table.concat(out)
+  local d = table.concat(out)
+  memo_room()
+  B64_OF[h], HEX_OF[d] = d, h
+  return d
 end
 
 -- b64_hex is hex_b64's inverse: nil unless d is 43 base64url characters
 -- whose last two bits are zero (one spelling per digest).
 local function b64_hex(d)
+  local known = HEX_OF[d]
+  if known then return known end
   if #d ~= 43 then return nil end
   if not B64_VAL then b64_tables() end
   local out = {}
@@ -286,48 +299,29 @@ local function b64_hex(d)
   a, b, c = B64_VAL[a], B64_VAL[b], B64_VAL[c]
   if not (a and b and c) or c % 4 ~= 0 then return nil end
   out[#out + 1] = string.format('%04x', ((a * 64 + b) * 64 + c) / 4)
-  return table.concat(out)
+  local h = table.concat(out)
+  memo_room()
+  B64_OF[h], HEX_OF[d] = d, h
+  return h
 end
 
--- CROCKFORD is the ULID alphabet; CROCK_VAL[b] the value of byte b, filled
--- at first use.
-local CROCKFORD = '0123456789ABCDEFGHJKMNPQRSTVWXYZ'
-local CROCK_VAL = nil
-
--- ulid_ms is the time in ms of id, a ULID as lease.NewLeaseID spells it (26
--- upper-case characters of CROCKFORD, the first at most 7), or nil
--- (lease.ulidMillis).
-local function ulid_ms(id)
-  if #id ~= 26 or not string.find(id, '^[0-7][0-9A-HJKMNP-TV-Z]+$') then return nil end
-  if not CROCK_VAL then
-    CROCK_VAL = {}
-    for i = 1, 32 do CROCK_VAL[string.byte(CROCKFORD, i)] = i - 1 end
-  end
-  local t = 0
-  for i = 1, 10 do t = t * 32 + CROCK_VAL[string.byte(id, i)] end
-  return t
-end
-
-local KEY_CHECK = 8 -- lease.KeyCheckChars
 local LEASE_PREFIX = 'lease_' -- lease.LeaseIDPrefix
 
--- rv4_ok reports whether r has a version 4 form: its lease id is
--- LEASE_PREFIX and a ULID (else it is stored in version 3).
-local function rv4_ok(r)
-  return string.sub(r.lease_id, 1, #LEASE_PREFIX) == LEASE_PREFIX and ulid_ms(string.sub(r.lease_id, #LEASE_PREFIX + 1)) ~= nil
-end
+-- rv4_ok reports whether r has a version 4 form: its lease id starts with
+-- LEASE_PREFIX (else it is stored in version 3).
+local function rv4_ok(r) return string.sub(r.lease_id, 1, #LEASE_PREFIX) == LEASE_PREFIX end
 
 -- encode_rv4 builds record version 4 (lease.LeanRecord's bytes, stored
 -- format 6) from r, an active record carrying its acquisition's evidence
--- that rv4_ok: version 3 with only the first KEY_CHECK characters of its
--- tag (its key holds the tag; the check refuses a record copied under
--- another identity's key where no tuple is compared) and without the state
--- (active), the digest in base64url, the lease id without LEASE_PREFIX,
--- acquired_at as ms after its ULID's time (signed), renewed_at '' when it
--- is acquired_at (else ms after it), expires_at '' when it is the expiry
+-- that rv4_ok: version 3 without the state (active), the digest in
+-- base64url, the lease id without LEASE_PREFIX, renewed_at '' when it is
+-- acquired_at (else ms after it), expires_at '' when it is the expiry
 -- acquire and renew give, min(renewed_at + ttl_ms, acquired_at +
 -- maximum_lifetime_ms) (else ms after acquired_at), metadata '' when it is
--- {}. One concatenation.
+-- {}. It keeps the whole tag: reads without a tuple to compare (the
+-- reaper, inspect by id) refuse by it a record copied under another
+-- identity's key, and tags are unkeyed hashes of caller-chosen tuples. One
+-- concatenation.
 local function encode_rv4(r, tag)
   local id = string.sub(r.lease_id, #LEASE_PREFIX + 1)
   local ttl, renewed, expires = '', '', ''
@@ -338,12 +332,12 @@ local function encode_rv4(r, tag)
   end
   local meta = r.metadata
   if meta == '{}' then meta = '' end
-  return 'rv4\n' .. string.sub(tag, 1, KEY_CHECK) .. '\n' .. hex_b64(r.idem_digest) .. '\n' .. r.idem_scope .. '\n' .. ttl
+  return 'rv4\n' .. tag .. '\n' .. hex_b64(r.idem_digest) .. '\n' .. r.idem_scope .. '\n' .. ttl
     .. '\n' .. r.tenant_id
     .. '\n' .. r.program_id .. '\n' .. r.target_namespace .. '\n' .. r.target_id .. '\n' .. r.actor_name
     .. '\n' .. r.workflow_name .. '\n' .. r.operation_class .. '\n' .. id
     .. '\n' .. r.owner_principal_id .. '\n' .. r.owner_client_id .. '\n' .. r.owner_credential_id
-    .. '\n' .. r.service_instance_id .. '\n' .. int(r.fencing_token) .. '\n' .. int(r.acquired_at - ulid_ms(id))
+    .. '\n' .. r.service_instance_id .. '\n' .. int(r.fencing_token) .. '\n' .. int(r.acquired_at)
     .. '\n' .. renewed
     .. '\n' .. expires .. '\n' .. int(r.ttl_ms) .. '\n' .. int(r.maximum_lifetime_ms) .. '\n' .. r.execution_id
     .. '\n' .. r.job_id .. '\n' .. r.trace_id .. '\n' .. r.request_id .. '\n' .. meta
@@ -579,15 +573,13 @@ local function decode_rv3(raw, lock_key, a, o)
 end
 
 -- RV4_TEXT_FIELDS are version 4's lines after its tuple: version 2's
--- without the state; RV4_DERIVED the times it may leave empty; acquired_at
--- is signed (ms after the lease id's ULID time).
+-- without the state; RV4_DERIVED the times it may leave empty.
 local RV4_TEXT_FIELDS = {}
 for i = 1, #RV2_TEXT_FIELDS - 1 do RV4_TEXT_FIELDS[i] = RV2_TEXT_FIELDS[i] end
 local RV4_DERIVED = { renewed_at = true, expires_at = true }
 
 -- decode_rv4 strictly reads a record of version 4 (encode_rv4) stored
--- under lock_key, whose tag it names only by its first KEY_CHECK
--- characters: they must be lock_key's, and its lines make an active record
+-- under lock_key, whose tag it must hold: its lines make an active record
 -- with its acquisition's evidence, which must be one a writer writes and
 -- encode to exactly raw (so each shortening has its one spelling). Go's
 -- lease.DecodeEmbeddingRecordAt, with the lock key of the key it was read
@@ -597,17 +589,13 @@ local function decode_rv4(raw, lock_key, a, o)
   local check, d, scope, ttl, at = string.match(raw, '^rv4\n([%w_%-]+)\n([%w_%-]+)\n([%w_%-]+)\n(%d*)\n()')
   local digest = d and b64_hex(d)
   if not tag or not digest or #scope ~= 43 or #ttl > 16 then return nil, 'record version 4 is malformed' end
-  if check ~= string.sub(tag, 1, KEY_CHECK) then return nil, 'record: stored under a foreign lock key' end
+  if check ~= tag then return nil, 'record: stored under a foreign lock key' end
   local r = { record_version = 1, lock_key = lock_key, state = 'active' }
   for i = 1, #RV4_TEXT_FIELDS do
     local nl = string.find(raw, '\n', at, true)
     if not nl then return nil, 'record version 4 is malformed' end
     local name, v = RV4_TEXT_FIELDS[i], string.sub(raw, at, nl - 1)
-    if name == 'acquired_at' then
-      local digits = string.match(v, '^%-?(%d+)$')
-      if not digits or #digits > 16 then return nil, 'record field ' .. name .. ' is not a number' end
-      v = tonumber(v)
-    elseif RV2_NUMBERS[name] and not (v == '' and RV4_DERIVED[name]) then
+    if RV2_NUMBERS[name] and not (v == '' and RV4_DERIVED[name]) then
       if not string.find(v, '^%d+$') or #v > 16 then return nil, 'record field ' .. name .. ' is not a number' end
       v = tonumber(v)
     end
@@ -616,10 +604,7 @@ local function decode_rv4(raw, lock_key, a, o)
   end
   r.metadata = string.sub(raw, at)
   if r.metadata == '' then r.metadata = '{}' end
-  local minted = ulid_ms(r.lease_id)
-  if not minted then return nil, 'record version 4 is malformed' end
   r.lease_id = LEASE_PREFIX .. r.lease_id
-  r.acquired_at = minted + r.acquired_at
   local acquired = r.acquired_at
   if r.renewed_at == '' then r.renewed_at = acquired else r.renewed_at = acquired + r.renewed_at end
   if r.expires_at == '' then

@@ -331,8 +331,8 @@ func findHistory(entries []string, lockKey, leaseID string) *lease.HistoryEntry 
 	return nil
 }
 
-// decodeRecord strictly decodes a record read under lockKey (version 4,
-// which does not name it, rebuilt as version 3 with it first).
+// decodeRecord strictly decodes a record read under lockKey (version 4
+// rebuilt as version 3 first).
 func (s *Store) decodeRecord(raw []byte, lockKey string) (*lease.Record, error) {
 	if bytes.HasPrefix(raw, []byte(lease.RecordV4Prefix)) {
 		v3, ok := lease.ExpandLeanRecord(string(raw), lockKey)

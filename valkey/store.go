@@ -64,8 +64,7 @@ type Options struct {
 	ReferringEvidence bool
 	// LeanRecords switches it, for good, to format 6 when the store opens:
 	// ReferringEvidence's, and a record carrying its acquisition's evidence
-	// stored in version 4, without what its key and its own lines say
-	// (format.go).
+	// stored in version 4, without what its own lines say (format.go).
 	LeanRecords bool
 	// DialTimeout bounds connecting; zero means 5 s.
 	DialTimeout time.Duration
