@@ -262,10 +262,14 @@ end
 
 -- hex_b64 is a digest's 64 lowercase hex digits in base64url without
 -- padding (43 characters): ten groups of 24 bits, then the last 16 bits
--- and two zero bits.
+-- and two zero bits; nil for anything else (a writer's concatenation then
+-- fails the call: nothing is written).
 local function hex_b64(h)
   local known = B64_OF[h]
   if known then return known end
+  -- Only a digest as Go writes it (the memo maps both ways, so another
+  -- spelling would come back out of b64_hex).
+  if #h ~= 64 or string.find(h, '[^0-9a-f]') then return nil end
   if not B64_VAL then b64_tables() end
   local out = {}
   for i = 1, 55, 6 do
