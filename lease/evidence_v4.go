@@ -91,11 +91,9 @@ func LeanEvidence(e *IdempotencyRecord) (b []byte, ok bool) {
 	if !ok {
 		return nil, false
 	}
-	var digest [32]byte
-	hex.Decode(digest[:], []byte(e.Digest)) // lower-case hex, checked above
 	v := make([]byte, 0, len(EvidenceLeanPrefix)+2+43+1+leanCheckChars+1+16+1+16)
 	v = append(append(append(v, EvidenceLeanPrefix...), letter), '\n')
-	v = append(base64.RawURLEncoding.AppendEncode(v, digest[:]), '\n')
+	v = append(appendLeanDigest(v, e.Digest), '\n') // lower-case hex, checked above
 	v = append(append(v, check...), '\n')
 	v = strconv.AppendUint(v, r.FencingToken, 10)
 	if e.Op == OpAcquire {
@@ -185,6 +183,14 @@ func opOfLetter(l string) Op {
 		return OpRelease
 	}
 	return ""
+}
+
+// appendLeanDigest appends to v the base64url form of hexDigest, 64
+// lower-case hex digits (checked by the caller): leanDigest's inverse.
+func appendLeanDigest(v []byte, hexDigest string) []byte {
+	var digest [32]byte
+	hex.Decode(digest[:], []byte(hexDigest))
+	return base64.RawURLEncoding.AppendEncode(v, digest[:])
 }
 
 // leanDigest is the hex digest of its base64url form d, which must be the

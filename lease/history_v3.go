@@ -71,10 +71,7 @@ func CompactHistoryAt(h *HistoryEntry) ([]byte, error) {
 	if by != "" && by == r.OwnerPrincipalID {
 		by = "="
 	}
-	renewed := ""
-	if r.RenewedAt.UnixMilli() != acquired {
-		renewed = after(r.RenewedAt)
-	}
+	renewed := renewalLine(acquired, r.RenewedAt.UnixMilli())
 	state, ok := stateLetters[r.State]
 	meta := []byte("{}")
 	if len(r.Metadata) > 0 {
@@ -151,8 +148,7 @@ func historyV3Lines(raw, lockKey string) (f [Hv2Lines]string, ok bool) {
 		return f, false
 	}
 	rec := g[hv3Record:]
-	if !digits(rec[factAcquired]) || !digits(g[hv3Ended]) || !digits(rec[factExpires]) ||
-		(rec[factRenewed] != "" && (!digits(rec[factRenewed]) || rec[factRenewed] == "0")) {
+	if !digits(rec[factAcquired]) || !digits(g[hv3Ended]) || !digits(rec[factExpires]) {
 		return f, false
 	}
 	state, ok := letterStates[rec[factState]]
@@ -160,6 +156,10 @@ func historyV3Lines(raw, lockKey string) (f [Hv2Lines]string, ok bool) {
 		return f, false
 	}
 	acquired, _ := strconv.ParseInt(rec[factAcquired], 10, 64)
+	renewed, ok := renewalFrom(rec[factRenewed], acquired)
+	if !ok {
+		return f, false
+	}
 	at := func(delta string) string {
 		d, _ := strconv.ParseInt(delta, 10, 64)
 		return strconv.FormatInt(acquired+d, 10)
@@ -175,11 +175,31 @@ func historyV3Lines(raw, lockKey string) (f [Hv2Lines]string, ok bool) {
 	copy(f[Hv2Tuple:Hv2Record], g[hv3Tuple:hv3Record])
 	facts := f[Hv2Record:]
 	copy(facts, rec)
-	facts[factRenewed] = rec[factAcquired]
-	if rec[factRenewed] != "" {
-		facts[factRenewed] = at(rec[factRenewed])
-	}
+	facts[factRenewed] = strconv.FormatInt(renewed, 10)
 	facts[factExpires] = at(rec[factExpires])
 	facts[factState] = string(state)
 	return f, true
+}
+
+// renewalLine is renewed_at as the versions that shorten it write it
+// (history version 3, record version 4): empty when it is acquired_at,
+// else ms after it.
+func renewalLine(acquired, renewed int64) string {
+	if renewed == acquired {
+		return ""
+	}
+	return strconv.FormatInt(renewed-acquired, 10)
+}
+
+// renewalFrom is renewed_at from line, as renewalLine spells it; false for
+// any other spelling (a renewal 0 ms after, a leading zero, a sign).
+func renewalFrom(line string, acquired int64) (int64, bool) {
+	if line == "" {
+		return acquired, true
+	}
+	if !digits(line) || line == "0" {
+		return 0, false
+	}
+	d, _ := strconv.ParseInt(line, 10, 64)
+	return acquired + d, true
 }

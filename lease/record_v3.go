@@ -19,6 +19,17 @@ import (
 // DecodeEmbeddingRecord.
 const RecordV3Prefix = "rv3\n"
 
+// Record version 3 line numbers (0 is the version).
+const (
+	rv3Digest = 1 + iota
+	rv3Scope
+	rv3TTL
+	rv3Tag
+	rv3Tuple                 // 7 lines
+	rv3Facts = rv3Tuple + 7  // 17 lines, metadata last
+	rv3Lines = rv3Facts + 17 // factState is the state within the facts
+)
+
 // EmbeddedEvidence is what a version 3 record holds of its acquisition
 // beside the record itself.
 type EmbeddedEvidence struct {
@@ -82,22 +93,22 @@ func DecodeEmbeddingRecord(raw []byte) (*Record, *EmbeddedEvidence, error) {
 		rec, err := DecodeStoredRecord(raw)
 		return rec, nil, err
 	}
-	var f [5]string
+	var f [rv3Tag + 1]string // the last holds version 2's lines from the tag on
 	if !splitLines(s, f[:]) {
 		return nil, nil, corrupt("record: version 3 is malformed")
 	}
-	e := &EmbeddedEvidence{Digest: f[1], Scope: f[2]}
-	if f[3] != "" {
-		if !digits(f[3]) {
+	e := &EmbeddedEvidence{Digest: f[rv3Digest], Scope: f[rv3Scope]}
+	if f[rv3TTL] != "" {
+		if !digits(f[rv3TTL]) {
 			return nil, nil, corrupt("record: version 3 ttl is malformed")
 		}
-		e.TTLMs, _ = strconv.ParseInt(f[3], 10, 64)
+		e.TTLMs, _ = strconv.ParseInt(f[rv3TTL], 10, 64)
 	}
-	rec, err := DecodeStoredRecord([]byte(RecordV2Prefix + f[4]))
+	rec, err := DecodeStoredRecord([]byte(RecordV2Prefix + f[rv3Tag]))
 	if err != nil {
 		return nil, nil, err
 	}
-	if f[3] == "" {
+	if f[rv3TTL] == "" {
 		e.TTLMs = rec.TTLMs
 	} else if e.TTLMs == rec.TTLMs {
 		return nil, nil, corrupt("record: version 3 ttl is not canonical")

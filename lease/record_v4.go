@@ -1,8 +1,6 @@
 package lease
 
 import (
-	"encoding/base64"
-	"encoding/hex"
 	"strconv"
 	"strings"
 )
@@ -46,17 +44,6 @@ const (
 	rv4Lines = rv4Facts + 15 + 1
 )
 
-// Record version 3 line numbers (0 is the version).
-const (
-	rv3Digest = 1 + iota
-	rv3Scope
-	rv3TTL
-	rv3Tag
-	rv3Tuple                 // 7 lines
-	rv3Facts = rv3Tuple + 7  // 17 lines, metadata last
-	rv3Lines = rv3Facts + 17 // factState is the state within the facts
-)
-
 // LeanRecord returns r, an active record, in version 4 with e; an error if
 // r has no version 3 form (EmbeddingRecord) or version 4 does not give it
 // back exactly.
@@ -69,23 +56,19 @@ func LeanRecord(r *Record, e EmbeddedEvidence) ([]byte, error) {
 	if !splitLines(string(v3), f[:]) {
 		return nil, Errorf(CodeInvalidRequest, "record: no version 4 form")
 	}
-	digest, _ := hex.DecodeString(e.Digest)
 	facts := f[rv3Facts:]
 	if !strings.HasPrefix(r.LeaseID, LeaseIDPrefix) {
 		return nil, Errorf(CodeInvalidRequest, "record: no version 4 form")
 	}
 	acquired, renewed, expires := r.AcquiredAt.UnixMilli(), r.RenewedAt.UnixMilli(), r.ExpiresAt.UnixMilli()
 	after := func(t int64) string { return strconv.FormatInt(t-acquired, 10) }
-	renewedLine, expiresLine := "", ""
-	if renewed != acquired {
-		renewedLine = after(renewed)
-	}
+	renewedLine, expiresLine := renewalLine(acquired, renewed), ""
 	if expires != derivedExpiry(acquired, renewed, r.TTLMs, r.MaximumLifetimeMs) {
 		expiresLine = after(expires)
 	}
 	var b strings.Builder
 	b.Grow(len(v3))
-	b.WriteString(RecordV4Prefix + f[rv3Tag] + "\n" + base64.RawURLEncoding.EncodeToString(digest) + "\n" +
+	b.WriteString(RecordV4Prefix + f[rv3Tag] + "\n" + string(appendLeanDigest(nil, e.Digest)) + "\n" +
 		f[rv3Scope] + "\n" + f[rv3TTL] + "\n")
 	for _, l := range f[rv3Tuple:rv3Facts] {
 		b.WriteString(l + "\n")
@@ -134,17 +117,15 @@ func ExpandLeanRecord(raw, lockKey string) (string, bool) {
 	}
 	digest, ok := leanDigest(g[rv4Digest])
 	facts := g[rv4Facts:]
-	if !ok || !digits(facts[factAcquired]) || !digits(facts[factTTL]) ||
-		!digits(facts[factLifetime]) ||
-		(facts[factRenewed] != "" && (!digits(facts[factRenewed]) || facts[factRenewed] == "0")) ||
+	if !ok || !digits(facts[factAcquired]) || !digits(facts[factTTL]) || !digits(facts[factLifetime]) ||
 		(facts[factExpires] != "" && !digits(facts[factExpires])) {
 		return "", false
 	}
 	num := func(s string) int64 { n, _ := strconv.ParseInt(s, 10, 64); return n }
 	acquired := num(facts[factAcquired])
-	renewed := acquired
-	if facts[factRenewed] != "" {
-		renewed += num(facts[factRenewed])
+	renewed, ok := renewalFrom(facts[factRenewed], acquired)
+	if !ok {
+		return "", false
 	}
 	expires := derivedExpiry(acquired, renewed, num(facts[factTTL]), num(facts[factLifetime]))
 	if facts[factExpires] != "" {
