@@ -36,17 +36,45 @@ func misplace(t *testing.T, s *Store, src, dst *lease.Record) string {
 
 func review45Pair(t *testing.T, o Options) (*Store, *lease.Record, *lease.Record) {
 	t.Helper()
+	return review45Leases(t, o, acquireReq(newIdentity()), acquireReq(newIdentity()))
+}
+
+// review45Leases opens a store with o in a namespace of its own and
+// acquires reqA and reqB.
+func review45Leases(t *testing.T, o Options, reqA, reqB lease.AcquireRequest) (*Store, *lease.Record, *lease.Record) {
+	t.Helper()
 	o.StoreOptions = leasetest.StoreOptions()
+	o.KeyPrefix = randomPrefix()
 	s := open(t, sharedServer(t), o)
-	a, err := s.Acquire(bg, acquireReq(newIdentity()))
+	a, err := s.Acquire(bg, reqA)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := s.Acquire(bg, acquireReq(newIdentity()))
+	b, err := s.Acquire(bg, reqB)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return s, a.Lease, b.Lease
+}
+
+// mustNotReapMisplaced copies a's record (its ttl 1 s) under b's key, lets
+// it expire, and runs the reaper's expiry of a's lease under b's lock key:
+// it must leave b's key and history as they are.
+func mustNotReapMisplaced(t *testing.T, s *Store, a, b *lease.Record) {
+	t.Helper()
+	raw := misplace(t, s, a, b)
+	flushMemo(t, s)
+	time.Sleep(1200 * time.Millisecond)
+	histB := s.keys.history(tagOf(b.LockKey))
+	before, _ := s.client.Do(bg, s.client.B().Llen().Key(histB).Build()).AsInt64()
+	if err := s.expireIfCurrent(bg, b.LockKey, a.LeaseID, a.FencingToken); err != nil {
+		t.Fatal(err)
+	}
+	after, _ := s.client.Do(bg, s.client.B().Llen().Key(histB).Build()).AsInt64()
+	got, ok := get(t, s, s.keys.active(tagOf(b.LockKey)))
+	if !ok || got != raw || after != before {
+		t.Fatalf("the reaper acted on A's record under B's key: active present=%v, B's history %d -> %d entries", ok, before, after)
+	}
 }
 
 // Inspect by lease id of B, whose active key holds a copy of A's record,
@@ -95,32 +123,10 @@ func TestReview45MisplacedCopyPoisonsGenuineLease(t *testing.T) {
 func TestReview45ReaperActsOnMisplacedRecord(t *testing.T) {
 	for name, o := range map[string]Options{"format5": {ReferringEvidence: true}, "format6": {LeanRecords: true}} {
 		t.Run(name, func(t *testing.T) {
-			o.StoreOptions = leasetest.StoreOptions()
-			s := open(t, sharedServer(t), o)
 			reqA := acquireReq(newIdentity())
 			reqA.TTL = time.Second
-			ra, err := s.Acquire(bg, reqA)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rb, err := s.Acquire(bg, acquireReq(newIdentity()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			a, b := ra.Lease, rb.Lease
-			raw := misplace(t, s, a, b)
-			flushMemo(t, s)
-			time.Sleep(1200 * time.Millisecond)
-			histB := s.keys.history(tagOf(b.LockKey))
-			before, _ := s.client.Do(bg, s.client.B().Llen().Key(histB).Build()).AsInt64()
-			if err := s.expireIfCurrent(bg, b.LockKey, a.LeaseID, a.FencingToken); err != nil {
-				t.Fatal(err)
-			}
-			after, _ := s.client.Do(bg, s.client.B().Llen().Key(histB).Build()).AsInt64()
-			got, ok := get(t, s, s.keys.active(tagOf(b.LockKey)))
-			if !ok || got != raw || after != before {
-				t.Fatalf("the reaper acted on A's record under B's key: active present=%v, B's history %d -> %d entries", ok, before, after)
-			}
+			s, a, b := review45Leases(t, o, reqA, acquireReq(newIdentity()))
+			mustNotReapMisplaced(t, s, a, b)
 		})
 	}
 }
@@ -316,20 +322,10 @@ func TestReview45MixedWritersReplay(t *testing.T) {
 func TestReview45LookupOverMisplacedRecordMemoEmpty(t *testing.T) {
 	for name, o := range map[string]Options{"format5": {ReferringEvidence: true}, "format6": {LeanRecords: true}} {
 		t.Run(name, func(t *testing.T) {
-			o.StoreOptions = leasetest.StoreOptions()
-			s := open(t, sharedServer(t), o)
-			victim := acquireReq(newIdentity())
-			v, err := s.Acquire(bg, victim)
-			if err != nil {
-				t.Fatal(err)
-			}
-			other, err := s.Acquire(bg, acquireReq(newIdentity()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			misplace(t, s, other.Lease, v.Lease)
+			s, victim, other := review45Pair(t, o)
+			misplace(t, s, other, victim)
 			flushMemo(t, s)
-			res, err := s.LookupRequest(bg, lease.LookupRequest{Op: lease.OpAcquire, Identity: victim.Identity, PrincipalID: victim.Caller.PrincipalID,
+			res, err := s.LookupRequest(bg, lease.LookupRequest{Op: lease.OpAcquire, Identity: victim.Identity(), PrincipalID: victim.OwnerPrincipalID,
 				RequestID: victim.RequestID, DeadlineAt: far()})
 			if lease.CodeOf(err) != lease.CodeCorrupt {
 				t.Errorf("lookup of the victim's acquisition over a misplaced record: %+v %v, want lease_corrupt", res, err)

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/starintel/starlease/lease"
-	"github.com/starintel/starlease/lease/leasetest"
 )
 
 // Second review of stored format 6 (session 45), of f5acb27, whose
@@ -31,25 +30,16 @@ func collidingPair() (lease.Identity, lease.Identity) {
 	return id("target_1345695"), id("target_19541255")
 }
 
-func review45bCollidingLeases(t *testing.T, o Options) (*Store, *lease.Record, *lease.Record) {
+func review45bCollidingLeases(t *testing.T, o Options, ttlA time.Duration) (*Store, *lease.Record, *lease.Record) {
 	t.Helper()
-	o.StoreOptions = leasetest.StoreOptions()
-	o.KeyPrefix = randomPrefix()
-	s := open(t, sharedServer(t), o)
 	ia, ib := collidingPair()
 	ka, kb := lockKey(t, ia), lockKey(t, ib)
 	if ka == kb || tagOf(ka)[:8] != tagOf(kb)[:8] {
 		t.Fatalf("not a colliding pair: %s %s", ka, kb)
 	}
-	a, err := s.Acquire(bg, acquireReq(ia))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := s.Acquire(bg, acquireReq(ib))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s, a.Lease, b.Lease
+	reqA := acquireReq(ia)
+	reqA.TTL = ttlA
+	return review45Leases(t, o, reqA, acquireReq(ib))
 }
 
 // F1: review 45's poisoning, with two identities whose tags share the
@@ -59,7 +49,7 @@ func review45bCollidingLeases(t *testing.T, o Options) (*Store, *lease.Record, *
 func TestReview45bKeyCheckCollisionPoisonsMemo(t *testing.T) {
 	for name, o := range map[string]Options{"format5": {ReferringEvidence: true}, "format6": {LeanRecords: true}} {
 		t.Run(name, func(t *testing.T) {
-			s, a, b := review45bCollidingLeases(t, o)
+			s, a, b := review45bCollidingLeases(t, o, 30*time.Second)
 			misplace(t, s, a, b)
 			flushMemo(t, s)
 			res, err := s.Inspect(bg, lease.InspectRequest{LeaseID: b.LeaseID, DeadlineAt: far()})
@@ -79,34 +69,8 @@ func TestReview45bKeyCheckCollisionPoisonsMemo(t *testing.T) {
 func TestReview45bKeyCheckCollisionReaper(t *testing.T) {
 	for name, o := range map[string]Options{"format5": {ReferringEvidence: true}, "format6": {LeanRecords: true}} {
 		t.Run(name, func(t *testing.T) {
-			o.StoreOptions = leasetest.StoreOptions()
-			o.KeyPrefix = randomPrefix()
-			s := open(t, sharedServer(t), o)
-			ia, ib := collidingPair()
-			reqA := acquireReq(ia)
-			reqA.TTL = time.Second
-			ra, err := s.Acquire(bg, reqA)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rb, err := s.Acquire(bg, acquireReq(ib))
-			if err != nil {
-				t.Fatal(err)
-			}
-			a, b := ra.Lease, rb.Lease
-			raw := misplace(t, s, a, b)
-			flushMemo(t, s)
-			time.Sleep(1200 * time.Millisecond)
-			histB := s.keys.history(tagOf(b.LockKey))
-			before, _ := s.client.Do(bg, s.client.B().Llen().Key(histB).Build()).AsInt64()
-			if err := s.expireIfCurrent(bg, b.LockKey, a.LeaseID, a.FencingToken); err != nil {
-				t.Fatal(err)
-			}
-			after, _ := s.client.Do(bg, s.client.B().Llen().Key(histB).Build()).AsInt64()
-			got, ok := get(t, s, s.keys.active(tagOf(b.LockKey)))
-			if !ok || got != raw || after != before {
-				t.Errorf("the reaper acted on A's record under B's key: active present=%v, B's history %d -> %d", ok, before, after)
-			}
+			s, a, b := review45bCollidingLeases(t, o, time.Second)
+			mustNotReapMisplaced(t, s, a, b)
 		})
 	}
 }
@@ -116,23 +80,11 @@ func TestReview45bKeyCheckCollisionReaper(t *testing.T) {
 func TestReview45bKeyCheckCollisionLookup(t *testing.T) {
 	for name, o := range map[string]Options{"format5": {ReferringEvidence: true}, "format6": {LeanRecords: true}} {
 		t.Run(name, func(t *testing.T) {
-			o.StoreOptions = leasetest.StoreOptions()
-			o.KeyPrefix = randomPrefix()
-			s := open(t, sharedServer(t), o)
-			ia, ib := collidingPair()
-			ra, err := s.Acquire(bg, acquireReq(ia))
-			if err != nil {
-				t.Fatal(err)
-			}
-			reqB := acquireReq(ib)
-			rb, err := s.Acquire(bg, reqB)
-			if err != nil {
-				t.Fatal(err)
-			}
-			misplace(t, s, ra.Lease, rb.Lease)
+			s, a, b := review45bCollidingLeases(t, o, 30*time.Second)
+			misplace(t, s, a, b)
 			flushMemo(t, s)
-			res, err := s.LookupRequest(bg, lease.LookupRequest{Op: lease.OpAcquire, Identity: ib, PrincipalID: reqB.Caller.PrincipalID,
-				RequestID: reqB.RequestID, DeadlineAt: far()})
+			res, err := s.LookupRequest(bg, lease.LookupRequest{Op: lease.OpAcquire, Identity: b.Identity(), PrincipalID: b.OwnerPrincipalID,
+				RequestID: b.RequestID, DeadlineAt: far()})
 			if lease.CodeOf(err) != lease.CodeCorrupt {
 				t.Errorf("lookup of B's acquisition over A's copied record: %+v %v, want lease_corrupt", res.Code, err)
 			}
