@@ -109,21 +109,43 @@ var peerGoals = []struct {
 	{"serve (HTTP) cost per pair / bolt store's, 64 clients", "starlease serve (HTTP, bolt) acquire+release", 64, "starlease bolt acquire+release", 64, 0, 1.5},
 }
 
+// peerFloors are ratios of a row to its floor: what no design of that
+// kind gets under on this machine, beside the goal it bounds.
+var peerFloors = []struct {
+	what  string
+	a     string
+	ca    int
+	b     string
+	cb    int
+	bound string
+}{
+	// Costs add: serve's pair is at least the store's and bare HTTP's,
+	// so its goal leaves HTTP at most half the store's cost.
+	{"bare HTTP cost per pair / bolt store's, 64 clients", "starlease bolt acquire+release", 64, "floor HTTP (net/http, serve's bytes)", 64,
+		"serve's goal leaves ≤ 0.5"},
+}
+
 // goalPeersAdjacent is the order rows are measured in within a round: the
-// rows of peerGoals first, in the order the goals name them, then the
-// others as listed. The goals name their pairs so that each runs back to
+// rows of peerGoals and then of peerFloors first, in the order they name
+// them, then the others as listed. The goals name their pairs so that each runs back to
 // back (bolt, etcd Mutex, valkey, redislock; serve and bolt are the only
 // rows at 64): this disk's speed drifts over tens of seconds, and a ratio
 // of rows measured a dozen rows apart mostly measured that. The table
 // keeps the listed order.
 func goalPeersAdjacent(rows []row) []row {
 	var names []string
-	for _, g := range peerGoals {
-		for _, n := range []string{g.a, g.b} {
+	add := func(pair ...string) {
+		for _, n := range pair {
 			if !slices.Contains(names, n) {
 				names = append(names, n)
 			}
 		}
+	}
+	for _, g := range peerGoals {
+		add(g.a, g.b)
+	}
+	for _, f := range peerFloors {
+		add(f.a, f.b)
 	}
 	var first, rest []row
 	for _, name := range names {
@@ -341,7 +363,8 @@ func storeRows(system string, s operations, extra bool) []row {
 // serveRows runs starlease serve on its default backend (bolt, with its
 // file audit sink) with policy limits out of the way, and measures pairs
 // through the Go client over loopback HTTP: what the adapter, the service
-// and the audit add to the store's own cost.
+// and the audit add to the store's own cost; then that pair's bytes over
+// bare net/http (httpFloorRow), what HTTP alone adds.
 func serveRows(b *testing.B) []row {
 	srv := testenv.StartStarlease(b, testenv.BuildStarlease(b), "--principal-rate", "1000000", "--target-rate", "1000000", "--max-lifetime", lease.MaxLifetime.String(),
 		"--max-concurrent", "4096", "--max-active-per-principal", "100000")
@@ -353,7 +376,21 @@ func serveRows(b *testing.B) []row {
 	}
 	rows := onServer(storeRows("starlease serve (HTTP, bolt)", c.LeaseStore(caller.PrincipalID), false), srv.Pid)
 	rows[0].concs = []int{1, 50, 64}
-	return rows
+	// One pair's bytes, for the floor.
+	rec := &recorder{next: hc.Transport}
+	rc, err := client.New(srv.URL(), key, client.WithHTTPClient(&http.Client{Transport: rec}))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ls := rc.LeaseStore(caller.PrincipalID)
+	a, err := ls.Acquire(bg, acquireReq(identity()))
+	if err == nil {
+		_, err = ls.Release(bg, releaseReq(a.Lease))
+	}
+	if err != nil || len(rec.got) != 2 {
+		b.Fatalf("recording one pair through serve: %v (%d exchanges)", err, len(rec.got))
+	}
+	return append(rows, httpFloorRow(b, rec.got))
 }
 
 // setupRows starts the servers and opens every system.
@@ -626,6 +663,21 @@ func (r *results) print(out io.Writer, rows []row, concs []int, rounds int) {
 			met = "median only"
 		}
 		fmt.Fprintf(w, "%s\t%s\t%.2f\t%s\t%s\t\n", g.what, strings.Join(per, " / "), median(v), bound, met)
+	}
+	w.Flush()
+	fmt.Fprintln(out)
+	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(w, "floor\tper round\tmedian\tbound\t\n")
+	for _, f := range peerFloors {
+		v := r.ratio(f.a, f.ca, f.b, f.cb, rounds)
+		if len(v) == 0 {
+			continue
+		}
+		per := make([]string, len(v))
+		for i, x := range v {
+			per[i] = fmt.Sprintf("%.2f", x)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%.2f\t%s\t\n", f.what, strings.Join(per, " / "), median(v), f.bound)
 	}
 	w.Flush()
 }
