@@ -497,12 +497,21 @@ func (s *Service) history(ctx context.Context, o *op, leaseID string, pageSize i
 // instance, token and expiry atomically, and the sink's high-water mark).
 func (s *Service) AuthorizeCommit(ctx context.Context, c Call, in CommitInput) (lease.CommitResult, error) {
 	o := s.begin(audit.EventCommitAuthorized, c)
+	// A commit's request id is its commit id, which names the write: its
+	// replay (after a revoke too) repeats it, and two writes differ by it.
+	o.ev.RequestID = safeID(in.CommitID)
 	o.ev.ServiceInstanceID, o.ev.ExecutionID, o.ev.TraceID = safeID(in.ServiceInstanceID), safeID(in.ExecutionID), safeID(in.TraceID)
 	o.ev.JobID = safeID(in.JobID)
 	res, err := s.commit(ctx, o, in)
 	if err != nil {
 		o.ev.EventType = audit.EventCommitRejected
 		o.ev.Priority = audit.PriorityOf(audit.EventCommitRejected)
+		// The lease the caller claimed (its own input, never a
+		// successor's), so a stale holder's attempt names it.
+		o.ev.LeaseID = safeID(in.LeaseID)
+		if in.FencingToken > 0 {
+			o.ev.SetFencingToken(in.FencingToken)
+		}
 	} else {
 		o.ev.LeaseID = res.Commit.LeaseID
 		o.ev.SetFencingToken(res.Commit.FencingToken)
