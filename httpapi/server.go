@@ -43,6 +43,9 @@ type Server struct {
 	now     func() time.Time
 	metrics *metrics
 	comps   map[string]func(context.Context) ComponentHealth
+	// audited are the patterns of the routes wrap serves, each of which
+	// audits every request it gets.
+	audited map[string]bool
 }
 
 // Options configure a Server.
@@ -87,8 +90,10 @@ func New(svc *service.Service, authn *auth.Authenticator, _ audit.Sink, o Option
 		reg = prometheus.NewRegistry()
 	}
 	s.metrics = newMetrics(reg, svc)
+	s.audited = map[string]bool{}
 	for _, rt := range s.routes() {
 		s.mux.Handle(rt.pattern, s.wrap(rt))
+		s.audited[rt.pattern] = true
 	}
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		corr := correlationID(r)
@@ -124,9 +129,15 @@ const HTTPServerMaxHeaderBytes = 4 * MaxHeaderBytes
 // the envelope once a handler runs is refused here first: a header block
 // over MaxHeaderBytes, a Content-Length net/http did not parse, and a path
 // that is not clean, which ServeMux would redirect (307) to its cleaned
-// form.
+// form. A refused request to one of the API's routes goes on to it, which
+// authenticates it and audits the refusal as that route's, as it does a
+// malformed body (refusedBefore); anything else is answered here.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err := checkRequest(r); err != nil {
+		if _, pattern := s.mux.Handler(r); !errors.Is(err, errUnclean) && s.audited[pattern] {
+			s.mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), refusedKey{}, err)))
+			return
+		}
 		corr := correlationID(r)
 		w.Header().Set("X-Correlation-ID", corr)
 		writeError(w, err, corr)
@@ -134,6 +145,18 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mux.ServeHTTP(w, r)
 }
+
+// refusedKey holds, in a request's context, why ServeHTTP refused it.
+type refusedKey struct{}
+
+// refusedBefore is why ServeHTTP refused r, or nil.
+func refusedBefore(r *http.Request) error {
+	err, _ := r.Context().Value(refusedKey{}).(error)
+	return err
+}
+
+// errUnclean refuses a path that is not clean: it names no route.
+var errUnclean = &lease.Error{Code: lease.CodeNotFound, Reason: "no such route"}
 
 // checkRequest refuses what the routes must not see (see ServeHTTP).
 func checkRequest(r *http.Request) error {
@@ -150,7 +173,7 @@ func checkRequest(r *http.Request) error {
 	// A path that is not clean names no route: answered as an unknown
 	// route, never redirected to the path it might have meant.
 	if p := r.URL.EscapedPath(); p != cleanPath(p) {
-		return &lease.Error{Code: lease.CodeNotFound, Reason: "no such route"}
+		return errUnclean
 	}
 	return nil
 }
@@ -259,6 +282,12 @@ func (s *Server) wrap(rt route) http.Handler {
 		}
 		ok := &wire.Success{Status: "success", CorrelationID: corr}
 		c := service.Call{Principal: p, CorrelationID: corr}
+		if err := refusedBefore(r); err != nil {
+			s.svc.AuditRejected(r.Context(), rt.event, c, err)
+			writeError(w, err, corr)
+			s.metrics.observe(op, lease.CodeOf(err), start)
+			return
+		}
 		if may := capabilityOf[op]; may != nil && !may(p) {
 			e := &lease.Error{Code: lease.CodeAccessDenied, Reason: "capability does not allow this request"}
 			s.svc.AuditRejected(r.Context(), rt.event, c, e)
