@@ -59,3 +59,33 @@ func TestS46RefusalsBeforeRoutingAreAudited(t *testing.T) {
 		t.Fatalf("healthz with a header block over the limit: %d %v, want the 400 it had", st, body)
 	}
 }
+
+// Second review of session 46: with a header block over the limit, a path
+// that is not clean went on to ServeMux (the header refusal was reported
+// first), which redirected it (307, no envelope, no key checked); and the
+// refusal was answered before the capability check, so a key without
+// targets:force-release got 400 instead of 403. An unclean path is now the
+// unknown-route 404 whatever else is wrong, and the refusal comes after
+// credential and capability, as a malformed body's does.
+func TestS46RefusalsKeepRouteAndCapabilityOrder(t *testing.T) {
+	s := newAttackServer(t)
+	pad := []string{"X-Pad", strings.Repeat("a", MaxHeaderBytes+1)}
+	fr := map[string]any{"lock_identity": map[string]string{"tenant_id": "tenant-main", "program_id": "program-a",
+		"target_namespace": "web", "target_id": "order.example", "actor_name": "crawler"},
+		"fencing_token": 1, "reason": "drill", "request_id": s.rid("fr")}
+	for _, path := range []string{Base + "/l1/../l2/force-release", Base + "/./acquire", Base + "//acquire"} {
+		st, body, evs := s.do(t, s.admin, "POST", path, fr, pad...)
+		if st != http.StatusNotFound || body["code"] != string(lease.CodeNotFound) || evs != 0 {
+			t.Errorf("%s with a header block over the limit: %d %v, %d events; want the unknown-route 404 and none", path, st, body, evs)
+		}
+	}
+	for _, op := range []string{"force-release", "revoke"} {
+		st, body, evs := s.do(t, s.holder, "POST", Base+"/lease_x/"+op, fr, pad...)
+		all := s.audit.Events()
+		if st != http.StatusForbidden || body["code"] != string(lease.CodeAccessDenied) || evs != 1 ||
+			all[len(all)-1].ResultCode != lease.CodeAccessDenied {
+			t.Errorf("%s by a key without targets:force-release, header block over the limit: %d %v, %d events; want 403 access_denied, audited",
+				op, st, body, evs)
+		}
+	}
+}

@@ -133,17 +133,27 @@ const HTTPServerMaxHeaderBytes = 4 * MaxHeaderBytes
 // authenticates it and audits the refusal as that route's, as it does a
 // malformed body (refusedBefore); anything else is answered here.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// First, whatever else is wrong: ServeMux would redirect it.
+	if p := r.URL.EscapedPath(); p != cleanPath(p) {
+		s.refuse(w, r, &lease.Error{Code: lease.CodeNotFound, Reason: "no such route"})
+		return
+	}
 	if err := checkRequest(r); err != nil {
-		if _, pattern := s.mux.Handler(r); !errors.Is(err, errUnclean) && s.audited[pattern] {
+		if _, pattern := s.mux.Handler(r); s.audited[pattern] {
 			s.mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), refusedKey{}, err)))
 			return
 		}
-		corr := correlationID(r)
-		w.Header().Set("X-Correlation-ID", corr)
-		writeError(w, err, corr)
+		s.refuse(w, r, err)
 		return
 	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// refuse answers r with err's envelope, before any route.
+func (s *Server) refuse(w http.ResponseWriter, r *http.Request, err error) {
+	corr := correlationID(r)
+	w.Header().Set("X-Correlation-ID", corr)
+	writeError(w, err, corr)
 }
 
 // refusedKey holds, in a request's context, why ServeHTTP refused it.
@@ -154,9 +164,6 @@ func refusedBefore(r *http.Request) error {
 	err, _ := r.Context().Value(refusedKey{}).(error)
 	return err
 }
-
-// errUnclean refuses a path that is not clean: it names no route.
-var errUnclean = &lease.Error{Code: lease.CodeNotFound, Reason: "no such route"}
 
 // checkRequest refuses what the routes must not see (see ServeHTTP).
 func checkRequest(r *http.Request) error {
@@ -169,11 +176,6 @@ func checkRequest(r *http.Request) error {
 	if cl := r.Header.Values("Content-Length"); r.ContentLength < -1 || len(cl) > 1 ||
 		len(cl) == 1 && !validContentLength(cl[0], r.ContentLength) {
 		return lease.Invalid("Content-Length", "must be one non-negative integer")
-	}
-	// A path that is not clean names no route: answered as an unknown
-	// route, never redirected to the path it might have meant.
-	if p := r.URL.EscapedPath(); p != cleanPath(p) {
-		return errUnclean
 	}
 	return nil
 }
@@ -282,17 +284,19 @@ func (s *Server) wrap(rt route) http.Handler {
 		}
 		ok := &wire.Success{Status: "success", CorrelationID: corr}
 		c := service.Call{Principal: p, CorrelationID: corr}
-		if err := refusedBefore(r); err != nil {
-			s.svc.AuditRejected(r.Context(), rt.event, c, err)
-			writeError(w, err, corr)
-			s.metrics.observe(op, lease.CodeOf(err), start)
-			return
-		}
 		if may := capabilityOf[op]; may != nil && !may(p) {
 			e := &lease.Error{Code: lease.CodeAccessDenied, Reason: "capability does not allow this request"}
 			s.svc.AuditRejected(r.Context(), rt.event, c, e)
 			writeError(w, e, corr)
 			s.metrics.observe(op, lease.CodeAccessDenied, start)
+			return
+		}
+		// Credential, capability, then the request (the auth boundary's
+		// order), as for a malformed body.
+		if err := refusedBefore(r); err != nil {
+			s.svc.AuditRejected(r.Context(), rt.event, c, err)
+			writeError(w, err, corr)
+			s.metrics.observe(op, lease.CodeOf(err), start)
 			return
 		}
 		r = r.WithContext(auth.NewContext(r.Context(), p))

@@ -509,7 +509,7 @@ func (s *Service) AuthorizeCommit(ctx context.Context, c Call, in CommitInput) (
 		// The lease the caller claimed (its own input, never a
 		// successor's), so a stale holder's attempt names it.
 		o.ev.LeaseID = safeID(in.LeaseID)
-		if in.FencingToken > 0 {
+		if in.FencingToken >= 1 && in.FencingToken <= lease.MaxFencingToken { // else an invalid, unwritable event
 			o.ev.SetFencingToken(in.FencingToken)
 		}
 	} else {

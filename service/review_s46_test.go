@@ -83,3 +83,44 @@ func TestS46CommitEventsNameTheirWrite(t *testing.T) {
 			r.RequestID, r.LeaseID, r.FencingToken, r.Decision, got.Lease.LeaseID, got.Lease.FencingToken)
 	}
 }
+
+// Second review of session 46: the refused commit's event took the
+// caller's claimed token as it came, and one outside 1..MaxFencingToken
+// made the event invalid, so no sink wrote it (an access denial
+// included). Such a token is now left out of the event, which is written.
+func TestS46RefusedCommitWithOutOfRangeTokenIsAudited(t *testing.T) {
+	ctx := context.Background()
+	rec := &audittest.Recorder{}
+	s, _ := newService(t, rec, Config{})
+	outsider := principal(t, "prn-s46outsider4", auth.ClassAPIClient, "tenant:tenant-other,program:*", auth.CapLease)
+	holder := principal(t, "prn-s46holder5", auth.ClassAPIClient, "tenant:*,program:*", auth.CapLease)
+	got, err := s.Acquire(ctx, call(holder), acquireInput(target))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		who  auth.Principal
+		tok  uint64
+		want lease.Code
+	}{
+		{outsider, lease.MaxFencingToken + 1, lease.CodeAccessDenied},
+		{outsider, ^uint64(0), lease.CodeAccessDenied},
+		{holder, lease.MaxFencingToken + 1, lease.CodeInvalidRequest},
+		{holder, 0, lease.CodeInvalidRequest},
+	} {
+		before := len(rec.OfType(audit.EventCommitRejected))
+		_, err := s.AuthorizeCommit(ctx, call(c.who), CommitInput{Identity: target, LeaseID: got.Lease.LeaseID,
+			FencingToken: c.tok, ServiceInstanceID: "inst-1", Sink: "couchdb", CommitID: "c-range",
+			ExecutionID: "exec-1", JobID: "job-1", Target: "doc-1", PayloadSHA256: lease.PayloadSHA256([]byte("doc-1"))})
+		if code(err) != c.want {
+			t.Fatalf("%s with token %d: %v, want %s", c.who.ID, c.tok, err, c.want)
+		}
+		evs := rec.OfType(audit.EventCommitRejected)
+		if len(evs) != before+1 {
+			t.Fatalf("%s with token %d: %d commit_rejected events written, want one", c.who.ID, c.tok, len(evs)-before)
+		}
+		if e := evs[len(evs)-1]; e.FencingToken != nil || e.RequestID != "c-range" || e.LeaseID != got.Lease.LeaseID {
+			t.Fatalf("its event: token %v, request %q, lease %q; want no token, c-range, the claimed lease", e.FencingToken, e.RequestID, e.LeaseID)
+		}
+	}
+}
