@@ -651,18 +651,14 @@ func (r *results) print(out io.Writer, rows []row, concs []int, rounds int) {
 			}
 			bound, ok = fmt.Sprintf("≤ %.1f", g.atMost), func(x float64) bool { return x <= g.atMost }
 		}
-		per := make([]string, len(v))
 		met := "yes"
-		for i, x := range v {
-			per[i] = fmt.Sprintf("%.2f", x)
-			if !ok(x) {
-				met = "no"
+		if slices.ContainsFunc(v, func(x float64) bool { return !ok(x) }) {
+			met = "no"
+			if ok(median(v)) {
+				met = "median only"
 			}
 		}
-		if met == "no" && ok(median(v)) {
-			met = "median only"
-		}
-		fmt.Fprintf(w, "%s\t%s\t%.2f\t%s\t%s\t\n", g.what, strings.Join(per, " / "), median(v), bound, met)
+		fmt.Fprintf(w, "%s\t%s\t%.2f\t%s\t%s\t\n", g.what, perRound(v), median(v), bound, met)
 	}
 	w.Flush()
 	fmt.Fprintln(out)
@@ -673,13 +669,18 @@ func (r *results) print(out io.Writer, rows []row, concs []int, rounds int) {
 		if len(v) == 0 {
 			continue
 		}
-		per := make([]string, len(v))
-		for i, x := range v {
-			per[i] = fmt.Sprintf("%.2f", x)
-		}
-		fmt.Fprintf(w, "%s\t%s\t%.2f\t%s\t\n", f.what, strings.Join(per, " / "), median(v), f.bound)
+		fmt.Fprintf(w, "%s\t%s\t%.2f\t%s\t\n", f.what, perRound(v), median(v), f.bound)
 	}
 	w.Flush()
+}
+
+// perRound is a ratio's value in each round, as the tables print it.
+func perRound(v []float64) string {
+	per := make([]string, len(v))
+	for i, x := range v {
+		per[i] = fmt.Sprintf("%.2f", x)
+	}
+	return strings.Join(per, " / ")
 }
 
 func envDuration(b *testing.B, name string, def time.Duration) time.Duration {
