@@ -89,3 +89,95 @@ func TestS46RefusalsKeepRouteAndCapabilityOrder(t *testing.T) {
 		}
 	}
 }
+
+// From the first review of session 46, probes that held: mix-ups of lease
+// id, token, identity and case, and replays of a commit id for another
+// write, after a force-release and by the successor.
+func TestS46FencingProbesHold(t *testing.T) {
+	s := newAttackServer(t)
+	idA, leaseA, tokA := s46Acquire(t, s, "probe-a.example")
+	idB, leaseB, tokB := s46Acquire(t, s, "probe-b.example")
+	type probe struct {
+		name string
+		body map[string]any
+		want int
+	}
+	probes := []probe{
+		{"lease id of B with identity/token of A", s46Commit(idA, leaseB, tokA, s.rid("c"), "d"), http.StatusConflict},
+		{"identity B with lease/token of A", s46Commit(idB, leaseA, tokA, s.rid("c"), "d"), http.StatusConflict},
+		{"token of B with lease of B on A", s46Commit(idA, leaseB, tokB, s.rid("c"), "d"), http.StatusConflict},
+		{"lease id upper-cased", s46Commit(idA, strings.ToUpper(leaseA), tokA, s.rid("c"), "d"), http.StatusConflict},
+		{"lease id lower-cased", s46Commit(idA, strings.ToLower(leaseA), tokA, s.rid("c"), "d"), http.StatusConflict},
+		{"token+1", s46Commit(idA, leaseA, num64(tokA)+1, s.rid("c"), "d"), http.StatusConflict},
+	}
+	for _, p := range probes {
+		st, body, evs := s.do(t, s.holder, "POST", Base+"/commits/authorize", p.body)
+		if st != p.want || evs != 1 {
+			t.Errorf("%s: %d %v (%d events), want %d", p.name, st, body, evs, p.want)
+		}
+	}
+	// Replay of A's commit id for another document, and after revoke.
+	st, body, _ := s.do(t, s.holder, "POST", Base+"/commits/authorize", s46Commit(idA, leaseA, tokA, "c-fixed", "doc-1"))
+	if st != http.StatusOK {
+		t.Fatal(st, body)
+	}
+	st, body, _ = s.do(t, s.holder, "POST", Base+"/commits/authorize", s46Commit(idA, leaseA, tokA, "c-fixed", "doc-2"))
+	if st != http.StatusConflict || body["code"] != "idempotency_conflict" {
+		t.Errorf("same commit id, other doc: %d %v", st, body)
+	}
+	st, body, _ = s.do(t, s.admin, "POST", Base+"/"+leaseA+"/force-release", map[string]any{"lock_identity": idA,
+		"fencing_token": tokA, "reason": "drill", "request_id": s.rid("fr")})
+	if st != http.StatusOK {
+		t.Fatal(st, body)
+	}
+	// Successor (same principal, same instance) takes over.
+	_, leaseA2, tokA2 := s46Acquire(t, s, "probe-a.example")
+	if leaseA2 == leaseA || num64(tokA2) <= num64(tokA) {
+		t.Fatalf("successor %s/%v vs %s/%v", leaseA2, tokA2, leaseA, tokA)
+	}
+	// The successor's guard under the old commit id: conflict, not a reuse.
+	st, body, _ = s.do(t, s.holder, "POST", Base+"/commits/authorize", s46Commit(idA, leaseA2, tokA2, "c-fixed", "doc-1"))
+	if st != http.StatusConflict {
+		t.Errorf("successor reusing commit id: %d %v", st, body)
+	}
+	// The stale lease with the old commit id and another document.
+	st, body, _ = s.do(t, s.holder, "POST", Base+"/commits/authorize", s46Commit(idA, leaseA, tokA, "c-fixed", "doc-9"))
+	if st != http.StatusConflict {
+		t.Errorf("stale commit id other doc: %d %v", st, body)
+	}
+	// Case variants of the identity reach the same lock (normalized) but
+	// the stale lease is still refused.
+	up := map[string]string{}
+	for k, v := range idA {
+		up[k] = strings.ToUpper(v)
+	}
+	st, body, _ = s.do(t, s.holder, "POST", Base+"/commits/authorize", s46Commit(up, leaseA, tokA, s.rid("c"), "doc-x"))
+	if st != http.StatusConflict {
+		t.Errorf("upper-cased identity, stale lease: %d %v", st, body)
+	}
+	st, body, _ = s.do(t, s.holder, "POST", Base+"/commits/authorize", s46Commit(up, leaseA2, tokA2, s.rid("c"), "doc-x"))
+	if st != http.StatusOK {
+		t.Errorf("upper-cased identity, live lease: %d %v", st, body)
+	}
+}
+
+func s46Acquire(t *testing.T, s *attackServer, target string) (map[string]string, string, any) {
+	t.Helper()
+	id := map[string]string{"tenant_id": "tenant-main", "program_id": "program-a", "target_namespace": "web",
+		"target_id": target, "actor_name": "crawler"}
+	st, body, _ := s.do(t, s.holder, "POST", Base+"/acquire", map[string]any{"lock_identity": id, "ttl_ms": 30000,
+		"service_instance_id": "inst-1", "execution_id": "exec-1", "job_id": "job-1", "request_id": s.rid("acq")})
+	if st != http.StatusOK {
+		t.Fatalf("acquire: %d %v", st, body)
+	}
+	l := body["lease"].(map[string]any)
+	return id, l["lease_id"].(string), l["fencing_token"]
+}
+
+func s46Commit(id map[string]string, leaseID string, token any, commitID, target string) map[string]any {
+	return map[string]any{"lock_identity": id, "lease_id": leaseID, "fencing_token": token,
+		"service_instance_id": "inst-1", "sink": "couchdb", "commit_id": commitID, "execution_id": "exec-1",
+		"job_id": "job-1", "target": target, "payload_sha256": strings.Repeat("ab", 32)}
+}
+
+func num64(v any) uint64 { f, _ := v.(float64); return uint64(f) }
