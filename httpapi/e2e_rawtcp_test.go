@@ -91,6 +91,9 @@ func TestRawRequestsGetTheEnvelope(t *testing.T) {
 			withBody("POST", "/api/v1/target-leases/x/../acquire"),
 			withBody("DELETE", "/api/v1/target-leases/lease_01RAW/."),
 			"GET http://starlease/api/v1//target-leases HTTP/1.1\r\nHost: starlease\r\n" + auth + "\r\n",
+			// net/http's own answer to this (200, empty) is switched off:
+			// it names no route (third review of session 46).
+			"OPTIONS * HTTP/1.1\r\nHost: starlease\r\n" + auth + "\r\n",
 		} {
 			resp, b := rawExchange(t, s.Addr(), req)
 			wantEnvelope(t, strings.SplitN(req, "\r\n", 2)[0], resp, b, 404, "lease_not_found")

@@ -526,7 +526,10 @@ func serve(ctx context.Context, f serveFlags, stdout io.Writer, log *slog.Logger
 	// The operator console (/console/) is static files in front of the
 	// API; its page calls the API like any client.
 	srv := &http.Server{Handler: console.Mount(handler), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 15 * time.Second,
-		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: httpapi.HTTPServerMaxHeaderBytes}
+		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: httpapi.HTTPServerMaxHeaderBytes,
+		// "OPTIONS *" would get net/http's bare 200; the API answers it
+		// (an unknown route) with the envelope.
+		DisableGeneralOptionsHandler: true}
 	fmt.Fprintf(stdout, "starlease serving on http://%s (backend %s, data %s)\n", ln.Addr(), f.backend, f.dataDir)
 	fmt.Fprintf(stdout, "operator console: http://%s%s\n", ln.Addr(), console.Path)
 	if list, err := creds.List(ctx, "", 1); err == nil && len(list) == 0 {
