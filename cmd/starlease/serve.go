@@ -415,6 +415,18 @@ func serve(ctx context.Context, f serveFlags, stdout io.Writer, log *slog.Logger
 	if err != nil {
 		return err
 	}
+	// Values that may be secrets are audited as a keyed hash under a key
+	// derived from the pepper: servers sharing a pepper agree on it. The
+	// log writes them in the same form, from here on.
+	redactionKey, err := pepper.DeriveKey(audit.RedactionKeyPurpose)
+	if err != nil {
+		return err
+	}
+	redactor, err := audit.NewRedactor(redactionKey)
+	if err != nil {
+		return err
+	}
+	log = slog.New(audit.NewLogHandler(log.Handler(), redactor))
 	if err := os.MkdirAll(f.dataDir, 0o700); err != nil {
 		return errors.New("cannot create the data directory")
 	}
@@ -484,16 +496,6 @@ func serve(ctx context.Context, f serveFlags, stdout io.Writer, log *slog.Logger
 	// Page tokens are sealed under a key every server sharing the pepper
 	// derives alike, so any of them continues another's pages.
 	tokenKey, err := pepper.DeriveKey("page-token/v1")
-	if err != nil {
-		return err
-	}
-	// Values that may be secrets are audited as a keyed hash under a key
-	// derived from the pepper: servers sharing a pepper agree on it.
-	redactionKey, err := pepper.DeriveKey(audit.RedactionKeyPurpose)
-	if err != nil {
-		return err
-	}
-	redactor, err := audit.NewRedactor(redactionKey)
 	if err != nil {
 		return err
 	}
