@@ -2,6 +2,7 @@ package audit
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 
@@ -10,12 +11,14 @@ import (
 
 // LogHandler is a slog.Handler that writes, in place of every value a log
 // record carries that may be credential material (lease.SecretShaped: its
-// message, each attribute's string, an error's or a Stringer's text, in
-// groups too), the form its Redactor gives that value in audit events. A
-// log line can take values from callers and stores (an identity's 64-hex
-// target id in an ALERT, an error's text); this keeps them out of logs as
-// audit keeps them out of events, and keeps the two correlatable. A value
-// already in a redacted form is written as it is.
+// message, attribute keys, group names and values — a string, an error's
+// text, anything else's JSON — in groups too), the form its Redactor gives
+// that value in audit events. A log line can take values from callers and
+// stores (an identity's 64-hex target id in an ALERT, an error's text);
+// this keeps them out of logs as audit keeps them out of events, and keeps
+// the two correlatable. As in events, a literal that reads as a redaction
+// is hashed too, so a log line given an already redacted value shows
+// another form: log the value itself.
 type LogHandler struct {
 	next slog.Handler
 	r    *Redactor
@@ -48,35 +51,54 @@ func (h *LogHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
 
 // WithGroup implements slog.Handler.
 func (h *LogHandler) WithGroup(name string) slog.Handler {
-	return &LogHandler{next: h.next.WithGroup(name), r: h.r}
+	return &LogHandler{next: h.next.WithGroup(h.screen(name)), r: h.r}
 }
 
+// screen is v, or its redacted form when it may be credential material or
+// reads as a redaction (which a caller's literal must not pass for: the
+// rule Value applies to events).
 func (h *LogHandler) screen(v string) string {
-	if lease.SecretShaped(v) {
+	if lease.SecretShaped(v) || redactedForm(v) {
 		return h.r.Value(v)
 	}
 	return v
 }
 
 func (h *LogHandler) attr(a slog.Attr) slog.Attr {
+	key := h.screen(a.Key)
 	v := a.Value.Resolve()
 	switch v.Kind() {
 	case slog.KindString:
-		return slog.String(a.Key, h.screen(v.String()))
+		return slog.String(key, h.screen(v.String()))
 	case slog.KindGroup:
 		group := v.Group()
 		screened := make([]slog.Attr, len(group))
 		for i, g := range group {
 			screened[i] = h.attr(g)
 		}
-		return slog.Attr{Key: a.Key, Value: slog.GroupValue(screened...)}
+		return slog.Attr{Key: key, Value: slog.GroupValue(screened...)}
 	case slog.KindAny:
-		switch x := v.Any().(type) {
-		case error:
-			return slog.String(a.Key, h.screen(x.Error()))
-		case fmt.Stringer:
-			return slog.String(a.Key, h.screen(x.String()))
+		if err, ok := v.Any().(error); ok {
+			// The text the JSON handler writes for an error.
+			return slog.String(key, h.screen(text(err.Error)))
+		}
+		// Anything else (a slice, a map, a struct, a named string) is
+		// kept as it is unless its JSON, as the handler would write
+		// it, holds credential material: then it is that JSON's form.
+		if t := text(func() string { b, _ := json.Marshal(v.Any()); return string(b) }); lease.SecretShaped(t) || redactedForm(t) {
+			return slog.String(key, h.r.Value(t))
 		}
 	}
-	return slog.Attr{Key: a.Key, Value: v}
+	return slog.Attr{Key: key, Value: v}
+}
+
+// text calls f (an Error method, a marshaller), whose panic — a nil
+// receiver, a bug — becomes text instead of reaching the code that logged.
+func text(f func() string) (s string) {
+	defer func() {
+		if p := recover(); p != nil {
+			s = fmt.Sprintf("!PANIC: %v", p)
+		}
+	}()
+	return f()
 }

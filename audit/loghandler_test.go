@@ -14,7 +14,8 @@ import (
 // Values that may be credential material never reach a log line through
 // LogHandler: in the message, an attribute, an error's text, a group or
 // attributes bound with With; each is written as the Redactor's form, the
-// one an audit event gives it, and everything else as it was.
+// one an audit event gives it, and everything else as it was. A literal
+// in a redacted form is hashed too, as in events.
 func TestLogHandlerRedactsSecretShapedValues(t *testing.T) {
 	r, err := NewRedactor(bytes.Repeat([]byte{3}, 32))
 	if err != nil {
@@ -52,7 +53,7 @@ func TestLogHandlerRedactsSecretShapedValues(t *testing.T) {
 		{"error", g["err"], r.Value("refused Bearer " + key)},
 		{"group member", inner["key"], r.Value(key)},
 		{"group number", inner["n"], float64(7)},
-		{"redacted form", g["seen"], already},
+		{"redacted form", g["seen"], r.Value(already)},
 		{"token", g["token"], float64(42)},
 	}
 	for _, c := range checks {
@@ -66,5 +67,70 @@ func TestLogHandlerRedactsSecretShapedValues(t *testing.T) {
 		ActorName: "crawler", WorkflowName: "default", OperationClass: "default"}, "test")
 	if strings.Contains(buf.String(), hex64) || !strings.Contains(buf.String(), r.Value(hex64)) {
 		t.Fatalf("the corrupt-state ALERT logs the 64-hex target id as given: %s", buf.String())
+	}
+}
+
+type secretName string
+
+type panicky struct{}
+
+func (*panicky) Error() string { panic("boom") }
+
+type scopeLike []string
+
+func (s scopeLike) String() string { return strings.Join(s, ",") }
+
+func (s scopeLike) MarshalJSON() ([]byte, error) { return json.Marshal([]string(s)) }
+
+// Review of LogHandler (session 46): kinds other than strings and errors
+// (a slice, a map, a struct, a named string), attribute keys and group
+// names are screened as the JSON handler would write them; an error whose
+// Error panics does not take the caller down; and a value that is not
+// credential material keeps the handler's own format.
+func TestLogHandlerScreensEveryKindAndSurvivesPanics(t *testing.T) {
+	r, err := NewRedactor(bytes.Repeat([]byte{4}, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hex64 := strings.Repeat("7c", 32)
+	var buf bytes.Buffer
+	log := slog.New(NewLogHandler(slog.NewJSONHandler(&buf, nil), r))
+	var typedNil *panicky
+	log.WithGroup(hex64).Warn("m", "slice", []string{"a", hex64}, "map", map[string]string{"k": "Bearer x"},
+		"named", secretName(hex64), hex64, "as key", "struct", struct{ Label string }{hex64},
+		"panics", &panicky{}, "typed nil", typedNil, "scope", scopeLike{"tenant:a", "program:b"})
+	line := buf.String()
+	if strings.Contains(line, hex64) || strings.Contains(line, "Bearer ") {
+		t.Fatalf("the log line holds a secret-shaped value: %s", line)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &got); err != nil {
+		t.Fatalf("%v: %s", err, line)
+	}
+	g, _ := got[r.Value(hex64)].(map[string]any)
+	if g == nil {
+		t.Fatalf("the group is not under its name's redacted form: %s", line)
+	}
+	checks := []struct {
+		what      string
+		got, want any
+	}{
+		{"slice", g["slice"], r.Value(`["a","` + hex64 + `"]`)},
+		{"map", g["map"], r.Value(`{"k":"Bearer x"}`)},
+		{"named string", g["named"], r.Value(`"` + hex64 + `"`)},
+		{"key", g[r.Value(hex64)], "as key"},
+		{"struct", g["struct"], r.Value(`{"Label":"` + hex64 + `"}`)},
+		{"panicking error", g["panics"], "!PANIC: boom"},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s: %v, want %v", c.what, c.got, c.want)
+		}
+	}
+	if s, ok := g["typed nil"].(string); !ok || !strings.HasPrefix(s, "!PANIC: ") {
+		t.Errorf("typed nil error: %v, want a !PANIC text", g["typed nil"])
+	}
+	if sc, ok := g["scope"].([]any); !ok || len(sc) != 2 || sc[0] != "tenant:a" {
+		t.Errorf("a value with no secret keeps the handler's format: %v", g["scope"])
 	}
 }

@@ -270,7 +270,7 @@ func (s *Service) admin(ctx context.Context, t audit.EventType, c Call, in Admin
 	o.lease(res.Lease)
 	o.result(err)
 	if werr := s.writeAudit(ctx, &o.ev); werr != nil {
-		s.log.Error("durable audit of an administrative result failed", "event_type", t, "correlation_id", o.ev.CorrelationID)
+		s.log.Error("durable audit of an administrative result failed", "event_type", t, "correlation_id", o.call.CorrelationID)
 		if err == nil {
 			return lease.Result{}, &lease.Error{Code: lease.CodeOutcomeUnknown,
 				Reason: "the operation committed but its audit event could not be written; retry with the same request id"}
@@ -303,7 +303,7 @@ func (s *Service) adminOp(ctx context.Context, o *op, t audit.EventType, in Admi
 	attempt.SetResult(lease.CodeOutcomeUnknown)
 	attempt.Decision = audit.DecisionAllow
 	if err := s.writeAudit(ctx, &attempt); err != nil {
-		s.log.Error("durable audit of an administrative attempt failed; refusing", "event_type", t, "correlation_id", attempt.CorrelationID)
+		s.log.Error("durable audit of an administrative attempt failed; refusing", "event_type", t, "correlation_id", o.call.CorrelationID)
 		return lease.Result{}, &lease.Error{Code: lease.CodeBackendUnavailable, Reason: "audit is unavailable; administrative operations are refused"}
 	}
 	return s.call(func() (lease.Result, error) {

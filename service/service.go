@@ -97,6 +97,11 @@ func New(store lease.Store, sink audit.Sink, o Options) (*Service, error) {
 	if s.log == nil {
 		s.log = slog.Default()
 	}
+	// The log writes a secret-shaped value as its audit form (once: a
+	// logger serve already wrapped is kept).
+	if _, ok := s.log.Handler().(*audit.LogHandler); !ok {
+		s.log = slog.New(audit.NewLogHandler(s.log.Handler(), s.redactor))
+	}
 	if s.now == nil {
 		s.now = time.Now
 	}
@@ -175,7 +180,7 @@ func (o *op) lease(r *lease.Record) {
 func (o *op) finish(ctx context.Context, err error) error {
 	o.result(err)
 	if werr := o.s.writeAudit(ctx, &o.ev); werr != nil {
-		o.s.log.Error("audit write failed", "event_type", o.ev.EventType, "correlation_id", o.ev.CorrelationID)
+		o.s.log.Error("audit write failed", "event_type", o.ev.EventType, "correlation_id", o.call.CorrelationID)
 	}
 	return err
 }
@@ -349,7 +354,9 @@ const AuditTimeout = 2 * time.Second
 
 // writeAudit redacts ev in place — the one place every event this service
 // builds passes, so a caller's value never decides whether an event is
-// written — and writes it. Callers log ev's fields only after this.
+// written — and writes it. Log a request's own values, not ev's after this: the
+// log gives a value the same form (audit.LogHandler), and would hash an
+// already redacted one again.
 func (s *Service) writeAudit(ctx context.Context, ev *audit.Event) error {
 	s.redactor.Event(ev)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), AuditTimeout)
@@ -368,6 +375,6 @@ func (s *Service) AuditAuthFailure(ctx context.Context, correlationID, credentia
 	ev.DeadlineClass = audit.DeadlineDefault
 	ev.BackendHealth = lease.HealthOK
 	if err := s.writeAudit(ctx, &ev); err != nil {
-		s.log.Error("audit write failed", "event_type", ev.EventType, "correlation_id", ev.CorrelationID)
+		s.log.Error("audit write failed", "event_type", ev.EventType, "correlation_id", correlationID)
 	}
 }
