@@ -531,7 +531,10 @@ func serve(ctx context.Context, f serveFlags, stdout io.Writer, log *slog.Logger
 		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: httpapi.HTTPServerMaxHeaderBytes,
 		// "OPTIONS *" would get net/http's bare 200; the API answers it
 		// (an unknown route) with the envelope.
-		DisableGeneralOptionsHandler: true}
+		DisableGeneralOptionsHandler: true,
+		// net/http's own errors (a handler's panic with its value) go
+		// through the same screen as every other log line.
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelError)}
 	fmt.Fprintf(stdout, "starlease serving on http://%s (backend %s, data %s)\n", ln.Addr(), f.backend, f.dataDir)
 	fmt.Fprintf(stdout, "operator console: http://%s%s\n", ln.Addr(), console.Path)
 	if list, err := creds.List(ctx, "", 1); err == nil && len(list) == 0 {
