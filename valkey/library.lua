@@ -520,6 +520,35 @@ local RV2_TEXT_FIELDS = {
 local RV2_NUMBERS = { fencing_token = true, acquired_at = true, renewed_at = true, expires_at = true,
   ttl_ms = true, maximum_lifetime_ms = true }
 
+-- read_lines reads fields' lines of a record of version (for the
+-- reason) from raw at at into r, numbers (RV2_NUMBERS) as canonical
+-- decimals unless empty and in may_be_empty; it returns the position after
+-- the last, or nil and a reason.
+local function read_lines(raw, at, r, fields, version, may_be_empty)
+  for i = 1, #fields do
+    local nl = string.find(raw, '\n', at, true)
+    if not nl then return nil, 'record version ' .. version .. ' is malformed' end
+    local name, v = fields[i], string.sub(raw, at, nl - 1)
+    if RV2_NUMBERS[name] and not (v == '' and may_be_empty and may_be_empty[name]) then
+      if not string.find(v, '^%d+$') or #v > 16 then return nil, 'record field ' .. name .. ' is not a number' end
+      v = tonumber(v)
+    end
+    r[name] = v
+    at = nl + 1
+  end
+  return at
+end
+
+-- accepted is r, decoded from raw, if it is the requested one (matches),
+-- remembered for the next read of the same bytes; else nil and a reason.
+local function accepted(raw, r, lock_key, a, o)
+  local why
+  r, why = matches(r, lock_key, a, o)
+  if not r then return nil, why end
+  rec_put(raw, r)
+  return r
+end
+
 -- decode_rv2 strictly reads a record of version 2 (see decode): its lines
 -- make a record, which must be one a writer writes (written: every field
 -- of its kind and range, metadata a JSON object, a known state,
@@ -534,17 +563,9 @@ local function decode_rv2(raw, lock_key, a, o, at, ev)
   local tag = string.sub(raw, at, nl - 1)
   at = nl + 1
   local r = { record_version = 1, lock_key = LOCK_PREFIX .. tag }
-  for i = 1, #RV2_TEXT_FIELDS do
-    nl = string.find(raw, '\n', at, true)
-    if not nl then return nil, 'record version 2 is malformed' end
-    local name, v = RV2_TEXT_FIELDS[i], string.sub(raw, at, nl - 1)
-    if RV2_NUMBERS[name] then
-      if not string.find(v, '^%d+$') or #v > 16 then return nil, 'record field ' .. name .. ' is not a number' end
-      v = tonumber(v)
-    end
-    r[name] = v
-    at = nl + 1
-  end
+  local why
+  at, why = read_lines(raw, at, r, RV2_TEXT_FIELDS, '2')
+  if not at then return nil, why end
   r.metadata = string.sub(raw, at)
   if ev then
     -- Version 3: its evidence lines (decode_rv3) and an active record,
@@ -557,11 +578,7 @@ local function decode_rv2(raw, lock_key, a, o, at, ev)
   elseif not written(r) or encode_rv2(r, tag) ~= raw then
     return nil, 'record version 2 is not in canonical form'
   end
-  local why
-  r, why = matches(r, lock_key, a, o)
-  if not r then return nil, why end
-  rec_put(raw, r)
-  return r
+  return accepted(raw, r, lock_key, a, o)
 end
 
 -- decode_rv3 strictly reads a record of version 3: its digest (64
@@ -595,17 +612,9 @@ local function decode_rv4(raw, lock_key, a, o)
   if not tag or not digest or #scope ~= 43 or #ttl > 16 then return nil, 'record version 4 is malformed' end
   if check ~= tag then return nil, 'record: stored under a foreign lock key' end
   local r = { record_version = 1, lock_key = lock_key, state = 'active' }
-  for i = 1, #RV4_TEXT_FIELDS do
-    local nl = string.find(raw, '\n', at, true)
-    if not nl then return nil, 'record version 4 is malformed' end
-    local name, v = RV4_TEXT_FIELDS[i], string.sub(raw, at, nl - 1)
-    if RV2_NUMBERS[name] and not (v == '' and RV4_DERIVED[name]) then
-      if not string.find(v, '^%d+$') or #v > 16 then return nil, 'record field ' .. name .. ' is not a number' end
-      v = tonumber(v)
-    end
-    r[name] = v
-    at = nl + 1
-  end
+  local why
+  at, why = read_lines(raw, at, r, RV4_TEXT_FIELDS, '4', RV4_DERIVED)
+  if not at then return nil, why end
   r.metadata = string.sub(raw, at)
   if r.metadata == '' then r.metadata = '{}' end
   r.lease_id = LEASE_PREFIX .. r.lease_id
@@ -621,11 +630,7 @@ local function decode_rv4(raw, lock_key, a, o)
   if not (r.idem_ttl >= 1 and r.idem_ttl <= MAX_TTL_MS) or not written(r) or encode_rv4(r, tag) ~= raw then
     return nil, 'record version 4 is not in canonical form'
   end
-  local why
-  r, why = matches(r, lock_key, a, o)
-  if not r then return nil, why end
-  rec_put(raw, r)
-  return r
+  return accepted(raw, r, lock_key, a, o)
 end
 
 -- decode strictly reads a stored record. lock_key is the requested one;
