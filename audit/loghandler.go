@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-
-	"github.com/starintel/starlease/lease"
 )
 
 // LogHandler is a slog.Handler that writes, in place of every value a log
@@ -16,9 +14,10 @@ import (
 // that value in audit events. A log line can take values from callers and
 // stores (an identity's 64-hex target id in an ALERT, an error's text);
 // this keeps them out of logs as audit keeps them out of events, and keeps
-// the two correlatable. As in events, a literal that reads as a redaction
-// is hashed too, so a log line given an already redacted value shows
-// another form: log the value itself.
+// the two correlatable. Each value goes through Redactor.Value, the
+// events' rule: a literal that reads as a redaction is hashed too, so a
+// log line given an already redacted value shows another form: log the
+// value itself.
 type LogHandler struct {
 	next slog.Handler
 	r    *Redactor
@@ -32,7 +31,7 @@ func (h *LogHandler) Enabled(ctx context.Context, l slog.Level) bool { return h.
 
 // Handle implements slog.Handler.
 func (h *LogHandler) Handle(ctx context.Context, rec slog.Record) error {
-	out := slog.NewRecord(rec.Time, rec.Level, h.screen(rec.Message), rec.PC)
+	out := slog.NewRecord(rec.Time, rec.Level, h.r.Value(rec.Message), rec.PC)
 	rec.Attrs(func(a slog.Attr) bool {
 		out.AddAttrs(h.attr(a))
 		return true
@@ -51,25 +50,15 @@ func (h *LogHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
 
 // WithGroup implements slog.Handler.
 func (h *LogHandler) WithGroup(name string) slog.Handler {
-	return &LogHandler{next: h.next.WithGroup(h.screen(name)), r: h.r}
-}
-
-// screen is v, or its redacted form when it may be credential material or
-// reads as a redaction (which a caller's literal must not pass for: the
-// rule Value applies to events).
-func (h *LogHandler) screen(v string) string {
-	if lease.SecretShaped(v) || redactedForm(v) {
-		return h.r.Value(v)
-	}
-	return v
+	return &LogHandler{next: h.next.WithGroup(h.r.Value(name)), r: h.r}
 }
 
 func (h *LogHandler) attr(a slog.Attr) slog.Attr {
-	key := h.screen(a.Key)
+	key := h.r.Value(a.Key)
 	v := a.Value.Resolve()
 	switch v.Kind() {
 	case slog.KindString:
-		return slog.String(key, h.screen(v.String()))
+		return slog.String(key, h.r.Value(v.String()))
 	case slog.KindGroup:
 		group := v.Group()
 		screened := make([]slog.Attr, len(group))
@@ -80,13 +69,14 @@ func (h *LogHandler) attr(a slog.Attr) slog.Attr {
 	case slog.KindAny:
 		if err, ok := v.Any().(error); ok {
 			// The text the JSON handler writes for an error.
-			return slog.String(key, h.screen(text(err.Error)))
+			return slog.String(key, h.r.Value(text(err.Error)))
 		}
 		// Anything else (a slice, a map, a struct, a named string) is
 		// kept as it is unless its JSON, as the handler would write
 		// it, holds credential material: then it is that JSON's form.
-		if t := text(func() string { b, _ := json.Marshal(v.Any()); return string(b) }); lease.SecretShaped(t) || redactedForm(t) {
-			return slog.String(key, h.r.Value(t))
+		t := text(func() string { b, _ := json.Marshal(v.Any()); return string(b) })
+		if screened := h.r.Value(t); screened != t {
+			return slog.String(key, screened)
 		}
 	}
 	return slog.Attr{Key: key, Value: v}
