@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/starintel/starlease/internal/testenv"
 	"github.com/starintel/starlease/lease"
 	"github.com/starintel/starlease/lease/leasetest"
 )
@@ -464,18 +465,7 @@ func TestEmbeddedEvidenceGate(t *testing.T) {
 
 	// A format 3 build: its library as this one's without level 4 and
 	// without version 3 records.
-	src := librarySource
-	for _, cut := range []string{", ['4'] = 4", "  if head == 'rv3\\n' then return decode_rv3(raw, lock_key, a, o) end\n"} {
-		if !strings.Contains(src, cut) {
-			t.Fatalf("the library has no %q to cut", cut)
-		}
-		src = strings.Replace(src, cut, "", 1)
-	}
-	old := open(t, r, Options{KeyPrefix: o.KeyPrefix, StoreOptions: leasetest.StoreOptions()})
-	old.lib = newLibrary("", src)
-	if err := old.lib.load(bg, old.client); err != nil {
-		t.Fatal(err)
-	}
+	old := olderBuild(t, r, o.KeyPrefix, ", ['4'] = 4", "  if head == 'rv3\\n' then return decode_rv3(raw, lock_key, a, o) end\n")
 	err = old.raiseFormat(bg, compactRecords)
 	mustCode(t, err, lease.CodeCorrupt)
 	if v, _ := get(t, old, old.keys.format()); v != embeddedEvidence {
@@ -493,6 +483,25 @@ func TestEmbeddedEvidenceGate(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustCode(t, s4.EnableEmbeddedEvidence(bg), lease.CodeCorrupt)
+}
+
+// olderBuild opens a store under prefix whose library is this one's
+// without cuts (each must be there): a build from before what they add.
+func olderBuild(t *testing.T, r *testenv.Redis, prefix string, cuts ...string) *Store {
+	t.Helper()
+	src := librarySource
+	for _, cut := range cuts {
+		if !strings.Contains(src, cut) {
+			t.Fatalf("the library has no %q to cut", cut)
+		}
+		src = strings.Replace(src, cut, "", 1)
+	}
+	old := open(t, r, Options{KeyPrefix: prefix, StoreOptions: leasetest.StoreOptions()})
+	old.lib = newLibrary("", src)
+	if err := old.lib.load(bg, old.client); err != nil {
+		t.Fatal(err)
+	}
+	return old
 }
 
 func mustGet(t *testing.T, s *Store, key string) string {

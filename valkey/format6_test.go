@@ -284,16 +284,7 @@ func TestLeanRecordDecodingAgreesWithGo(t *testing.T) {
 		if !strings.HasPrefix(raw, lease.RecordV4Prefix) {
 			t.Fatalf("not stored in version 4: %.40q", raw)
 		}
-		id := a.Lease.Identity()
-		verdict := func(b string) string {
-			t.Helper()
-			v, err := s.client.Do(bg, s.build(call{fn: "decode_check", ro: true, args: []string{b, a.Lease.LockKey,
-				id.TenantID, id.ProgramID, id.TargetNamespace, id.TargetID, id.ActorName, id.WorkflowName, id.OperationClass}})).ToString()
-			if err != nil {
-				t.Fatal(err)
-			}
-			return v
-		}
+		verdict := func(b string) string { return libraryVerdict(t, s, a.Lease, b) }
 		if v := verdict(raw); v != "ok" {
 			t.Fatalf("the stored record itself: %q", v)
 		}
@@ -347,18 +338,7 @@ func TestLeanRecordsGate(t *testing.T) {
 	if _, _, err := lease.DecodeEmbeddingRecord([]byte(raw)); lease.CodeOf(err) != lease.CodeCorrupt {
 		t.Fatalf("a format 5 Go reader on version 4: %v", err)
 	}
-	src := librarySource
-	for _, cut := range []string{", ['6'] = 6", "  if head == 'rv4\\n' then return decode_rv4(raw, lock_key, a, o) end\n"} {
-		if !strings.Contains(src, cut) {
-			t.Fatalf("the library has no %q to cut", cut)
-		}
-		src = strings.Replace(src, cut, "", 1)
-	}
-	old := open(t, r, Options{KeyPrefix: o.KeyPrefix, StoreOptions: leasetest.StoreOptions()})
-	old.lib = newLibrary("", src)
-	if err := old.lib.load(bg, old.client); err != nil {
-		t.Fatal(err)
-	}
+	old := olderBuild(t, r, o.KeyPrefix, ", ['6'] = 6", "  if head == 'rv4\\n' then return decode_rv4(raw, lock_key, a, o) end\n")
 	mustCode(t, old.raiseFormat(bg, referringEvidence), lease.CodeCorrupt)
 	if v := mustGet(t, old, old.keys.format()); v != leanRecords {
 		t.Fatalf("an older build changed the switch to %q", v)

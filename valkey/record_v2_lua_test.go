@@ -25,6 +25,19 @@ end
 redis.register_function { function_name = FN .. 'decode_check', callback = decode_check, flags = { 'no-writes' } }
 `
 
+// libraryVerdict is decodeCheck's verdict on b read as the record of lease
+// l (its lock key and tuple): "ok" or why not.
+func libraryVerdict(t *testing.T, s *Store, l *lease.Record, b string) string {
+	t.Helper()
+	id := l.Identity()
+	v, err := s.client.Do(bg, s.build(call{fn: "decode_check", ro: true, args: []string{b, l.LockKey,
+		id.TenantID, id.ProgramID, id.TargetNamespace, id.TargetID, id.ActorName, id.WorkflowName, id.OperationClass}})).ToString()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
 // rv2Corruptions are damaged copies of a version 2 record: each line
 // emptied, padded, signed, zero-led, cased, cut by a carriage return or a
 // quote, holding '..' or an API key's prefix; lines added, lost, swapped;
@@ -102,16 +115,7 @@ func TestRecordV2DecodingAgreesWithGo(t *testing.T) {
 		if !strings.HasPrefix(raw, lease.RecordV2Prefix) {
 			t.Fatalf("not stored in version 2: %.40q", raw)
 		}
-		id := a.Lease.Identity()
-		verdict := func(b string) string {
-			t.Helper()
-			v, err := s.client.Do(bg, s.build(call{fn: "decode_check", ro: true, args: []string{b, a.Lease.LockKey,
-				id.TenantID, id.ProgramID, id.TargetNamespace, id.TargetID, id.ActorName, id.WorkflowName, id.OperationClass}})).ToString()
-			if err != nil {
-				t.Fatal(err)
-			}
-			return v
-		}
+		verdict := func(b string) string { return libraryVerdict(t, s, a.Lease, b) }
 		if v := verdict(raw); v != "ok" {
 			t.Fatalf("the stored record itself: %q", v)
 		}

@@ -144,15 +144,7 @@ func TestReview45LeanAgreement(t *testing.T) {
 			t.Fatal(err)
 		}
 		raw := mustGet(t, s, s.keys.active(tagOf(a.Lease.LockKey)))
-		id := a.Lease.Identity()
-		verdict := func(b string) string {
-			v, err := s.client.Do(bg, s.build(call{fn: "decode_check", ro: true, args: []string{b, a.Lease.LockKey,
-				id.TenantID, id.ProgramID, id.TargetNamespace, id.TargetID, id.ActorName, id.WorkflowName, id.OperationClass}})).ToString()
-			if err != nil {
-				t.Fatal(err)
-			}
-			return v
-		}
+		verdict := func(b string) string { return libraryVerdict(t, s, a.Lease, b) }
 		lines := strings.Split(raw, "\n")
 		with := func(i int, v string) string {
 			c := append([]string(nil), lines...)

@@ -114,7 +114,6 @@ func TestReview45bLeanAgreementFuzz(t *testing.T) {
 				t.Fatal(err)
 			}
 			raw := mustGet(t, s, s.keys.active(tagOf(a.Lease.LockKey)))
-			id := a.Lease.Identity()
 			metaAt := strings.LastIndexByte(raw, '\n') + 1
 			for i := 0; i < 600; i++ {
 				pos := rng.Intn(metaAt)
@@ -131,11 +130,7 @@ func TestReview45bLeanAgreementFuzz(t *testing.T) {
 				if bad == raw {
 					continue
 				}
-				v, err := s.client.Do(bg, s.build(call{fn: "decode_check", ro: true, args: []string{bad, a.Lease.LockKey,
-					id.TenantID, id.ProgramID, id.TargetNamespace, id.TargetID, id.ActorName, id.WorkflowName, id.OperationClass}})).ToString()
-				if err != nil {
-					t.Fatal(err)
-				}
+				v := libraryVerdict(t, s, a.Lease, bad)
 				rec, _, gerr := lease.DecodeEmbeddingRecordAt([]byte(bad), a.Lease.LockKey)
 				goOK := gerr == nil && rec.LockKey == a.Lease.LockKey
 				if (v == "ok") != goOK {
