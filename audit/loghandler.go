@@ -26,6 +26,22 @@ type LogHandler struct {
 // NewLogHandler wraps next with r (nil: the unkeyed form, Redacted).
 func NewLogHandler(next slog.Handler, r *Redactor) *LogHandler { return &LogHandler{next: next, r: r} }
 
+// ScreenLogger is l (nil: slog.Default()) writing through a LogHandler
+// with r: l itself if it already does, so a logger serve screened with
+// its pepper's key keeps that key. Every component that logs values
+// callers chose (stores, service, executor, relays) screens its logger
+// through it, so a library user's own logger is screened too (with nil,
+// the unkeyed form).
+func ScreenLogger(l *slog.Logger, r *Redactor) *slog.Logger {
+	if l == nil {
+		l = slog.Default()
+	}
+	if _, ok := l.Handler().(*LogHandler); ok {
+		return l
+	}
+	return slog.New(NewLogHandler(l.Handler(), r))
+}
+
 // Enabled implements slog.Handler.
 func (h *LogHandler) Enabled(ctx context.Context, l slog.Level) bool { return h.next.Enabled(ctx, l) }
 

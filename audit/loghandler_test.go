@@ -134,3 +134,49 @@ func TestLogHandlerScreensEveryKindAndSurvivesPanics(t *testing.T) {
 		t.Errorf("a value with no secret keeps the handler's format: %v", g["scope"])
 	}
 }
+
+// ScreenLogger screens a plain logger (nil too: slog's default), and keeps
+// a logger that already screens as it is, with its own key: a store or
+// executor given serve's logger writes the same keyed forms as serve, and
+// a value is never hashed twice.
+func TestScreenLoggerWrapsOnce(t *testing.T) {
+	r, err := NewRedactor(bytes.Repeat([]byte{5}, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hex64 := strings.Repeat("c4", 32)
+	var buf bytes.Buffer
+	lines := func() []map[string]any {
+		var out []map[string]any
+		for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+			var m map[string]any
+			if err := json.Unmarshal([]byte(l), &m); err != nil {
+				t.Fatalf("%v: %q", err, l)
+			}
+			out = append(out, m)
+		}
+		buf.Reset()
+		return out
+	}
+
+	plain := slog.New(slog.NewJSONHandler(&buf, nil))
+	ScreenLogger(plain, nil).Error("ALERT", "target_id", hex64)
+	if got := lines(); len(got) != 1 || got[0]["target_id"] != Redacted {
+		t.Fatalf("plain logger screened without a key: %v, want %q", got, Redacted)
+	}
+
+	keyed := ScreenLogger(plain, r)
+	again := ScreenLogger(keyed.With("component", "store"), nil)
+	again.Error("ALERT", "target_id", hex64)
+	if got := lines(); len(got) != 1 || got[0]["target_id"] != r.Value(hex64) || got[0]["component"] != "store" {
+		t.Fatalf("a screened logger screened again: %v, want target_id %q once (its own key)", got, r.Value(hex64))
+	}
+
+	prev := slog.Default()
+	t.Cleanup(func() { slog.SetDefault(prev) })
+	slog.SetDefault(plain)
+	ScreenLogger(nil, nil).Error("ALERT", "target_id", hex64)
+	if got := lines(); len(got) != 1 || got[0]["target_id"] != Redacted {
+		t.Fatalf("nil logger: %v, want slog's default, screened", got)
+	}
+}

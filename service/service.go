@@ -94,14 +94,8 @@ func New(store lease.Store, sink audit.Sink, o Options) (*Service, error) {
 		target:    newLimiters(cfg.TargetRate, cfg.TargetBurst, false),
 		holder:    newLimiters(cfg.TargetRate, cfg.TargetBurst, true),
 		admission: make(chan struct{}, cfg.MaxConcurrent)}
-	if s.log == nil {
-		s.log = slog.Default()
-	}
-	// The log writes a secret-shaped value as its audit form (once: a
-	// logger serve already wrapped is kept).
-	if _, ok := s.log.Handler().(*audit.LogHandler); !ok {
-		s.log = slog.New(audit.NewLogHandler(s.log.Handler(), s.redactor))
-	}
+	// The log writes a secret-shaped value as its audit form.
+	s.log = audit.ScreenLogger(s.log, s.redactor)
 	if s.now == nil {
 		s.now = time.Now
 	}
