@@ -25,6 +25,7 @@ import (
 	bbolt "go.etcd.io/bbolt"
 	bolterr "go.etcd.io/bbolt/errors"
 
+	"github.com/starintel/starlease/audit"
 	"github.com/starintel/starlease/internal/groupcommit"
 	"github.com/starintel/starlease/internal/layered"
 	"github.com/starintel/starlease/internal/redolog"
@@ -199,6 +200,9 @@ func Open(path string, o Options) (*Store, error) {
 	}
 	s := &Store{db: db, opts: o.StoreOptions.WithDefaults(), now: o.Now, stop: make(chan struct{}),
 		records: lease.NewRecordMemo(lease.DecodeStoredRecord)}
+	// A caller's own logger writes no secret-shaped value (an ALERT names
+	// an identity, whose target id may be 64 hex digits).
+	s.opts.Logger = audit.ScreenLogger(s.opts.Logger, nil)
 	s.log = s.opts.Logger
 	if s.now == nil {
 		s.now = time.Now

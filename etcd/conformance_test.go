@@ -1,6 +1,7 @@
 package etcd
 
 import (
+	"log/slog"
 	"testing"
 
 	"github.com/starintel/starlease/internal/testenv"
@@ -15,6 +16,18 @@ func TestConformance(t *testing.T) {
 		// No background reaper: subtests compare snapshots before and after
 		// a refused operation, and drive expiry cleanup themselves.
 		s := open(t, c, Options{StoreOptions: leasetest.StoreOptions(), ReapInterval: -1})
+		return leasetest.Backend{Store: s, Faults: faults{s}}
+	})
+}
+
+// TestLogScreening: a store a library caller opens with its own logger
+// screens the 64-hex target id its ALERTs name.
+func TestLogScreening(t *testing.T) {
+	c := testenv.StartEtcdCluster(t, 1)
+	leasetest.LogScreening(t, func(t *testing.T, log *slog.Logger) leasetest.Backend {
+		o := leasetest.StoreOptions()
+		o.Logger = log
+		s := open(t, c, Options{StoreOptions: o, ReapInterval: -1})
 		return leasetest.Backend{Store: s, Faults: faults{s}}
 	})
 }

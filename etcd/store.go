@@ -67,6 +67,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
+	"github.com/starintel/starlease/audit"
 	"github.com/starintel/starlease/auth"
 	"github.com/starintel/starlease/internal/tlsca"
 	"github.com/starintel/starlease/lease"
@@ -162,6 +163,9 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	s := &Store{cli: cli, ownClient: own, keys: layout{p: ns + "/"}, opts: o.StoreOptions.WithDefaults(),
 		now: o.Now, opTimeout: orDefault(o.OpTimeout, 5*time.Second), stop: make(chan struct{}),
 		clockGuard: newClockGuard(cmp.Or(o.MaxClockSkew, DefaultMaxClockSkew))}
+	// A caller's own logger writes no secret-shaped value (an ALERT names
+	// an identity, whose target id may be 64 hex digits).
+	s.opts.Logger = audit.ScreenLogger(s.opts.Logger, nil)
 	s.log = s.opts.Logger
 	if s.now == nil {
 		s.now = time.Now

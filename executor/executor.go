@@ -11,6 +11,7 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/starintel/starlease/audit"
 	"github.com/starintel/starlease/lease"
 )
 
@@ -75,7 +76,8 @@ type Spec struct {
 	NewRequestID func() string
 	// Clock is the local clock; nil means SystemClock().
 	Clock Clock
-	// Logger receives lease events; nil means slog.Default().
+	// Logger receives lease events; nil means slog.Default(). Either way
+	// secret-shaped values are screened (audit.ScreenLogger).
 	Logger *slog.Logger
 
 	hooks *hooks
@@ -119,9 +121,9 @@ func (s Spec) withDefaults() (Spec, error) {
 	if s.Clock == nil {
 		s.Clock = SystemClock()
 	}
-	if s.Logger == nil {
-		s.Logger = slog.Default()
-	}
+	// Its log names the lease's identity: a target id of 64 hex digits is
+	// screened there as it is in audit events.
+	s.Logger = audit.ScreenLogger(s.Logger, nil)
 	return s, nil
 }
 

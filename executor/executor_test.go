@@ -2,9 +2,12 @@ package executor
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -729,6 +732,43 @@ func TestAcquireOutcomeUnknownResolvedByRequestID(t *testing.T) {
 			Mutation: lease.Mutation{RequestID: "req-next", DeadlineAt: time.Now().Add(time.Minute), Caller: actor}})
 		if err != nil || next.Lease.FencingToken != 2 {
 			t.Fatalf("next acquisition: %v %+v", err, next.Lease)
+		}
+	})
+}
+
+// The executor's log names the lease's identity: a target id of 64 hex
+// digits (possible credential material, by audit's rule) is written in its
+// redacted form to the caller's own logger, never as given.
+func TestLogScreensASecretShapedTargetID(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var out strings.Builder
+		spec := specFor(t, "instance-a")
+		spec.Identity.TargetID = strings.Repeat("0123456789abcdef", 4)
+		spec.Logger = slog.New(slog.NewJSONHandler(&out, nil))
+		store := openStore(t, bolt.Options{})
+		var leaseID string
+		if err := Run(context.Background(), store, spec, func(ctx context.Context, l *Lease) error {
+			leaseID = l.LeaseID()
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		logged := out.String()
+		if strings.Contains(strings.ToLower(logged), spec.Identity.TargetID) {
+			t.Fatalf("the executor's log holds the target id as given:\n%s", logged)
+		}
+		var acquired map[string]any
+		for _, line := range strings.Split(logged, "\n") {
+			var m map[string]any
+			if json.Unmarshal([]byte(line), &m) == nil && m["msg"] == "lease acquired" {
+				acquired = m
+			}
+		}
+		if acquired == nil || acquired["target_id"] != "redacted" || acquired["tenant_id"] != spec.Identity.TenantID {
+			t.Fatalf("lease acquired line %v, want the identity with target_id redacted:\n%s", acquired, logged)
+		}
+		if got := inspectByID(t, store, leaseID); got.TargetID != spec.Identity.TargetID {
+			t.Fatalf("the lease's record names target %q, want it as given (only the log screens)", got.TargetID)
 		}
 	})
 }

@@ -82,9 +82,7 @@ func New(svc *service.Service, authn *auth.Authenticator, _ audit.Sink, o Option
 		}
 		s.comps["outbox"] = outboxHealth(meter)
 	}
-	if s.log == nil {
-		s.log = slog.Default()
-	}
+	s.log = audit.ScreenLogger(s.log, nil)
 	reg := o.Registry
 	if reg == nil {
 		reg = prometheus.NewRegistry()

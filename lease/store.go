@@ -365,7 +365,10 @@ type StoreOptions struct {
 	// publications no room even in an empty outbox.
 	OutboxMaxPending int64
 	OutboxMaxBytes   int64
-	Logger           *slog.Logger
+	// Logger receives the store's events and ALERTs; nil means
+	// slog.Default(). The stores screen secret-shaped values in it
+	// (audit.ScreenLogger), such as a 64-hex target id in an ALERT.
+	Logger *slog.Logger
 }
 
 // Defaults for StoreOptions.

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/starintel/starlease/audit"
 	"github.com/starintel/starlease/executor"
 	"github.com/starintel/starlease/lease"
 )
@@ -155,9 +156,8 @@ func NewLeasedRelay(store executor.LeaseAPI, outbox lease.Outbox, amqpURL string
 	if o.MonitorInterval <= 0 {
 		o.MonitorInterval = DefaultMonitorInterval
 	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
+	// Its log names the outbox identity's target id.
+	o.Logger = audit.ScreenLogger(o.Logger, nil)
 	if o.Relay.Logger == nil {
 		o.Relay.Logger = o.Logger
 	}

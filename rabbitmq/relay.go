@@ -15,6 +15,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/starintel/starlease/audit"
 	"github.com/starintel/starlease/lease"
 )
 
@@ -78,7 +79,8 @@ type RelayOptions struct {
 	// ConnectionName is the connection name the broker shows.
 	ConnectionName string
 	// Logger receives relay events; nil means slog.Default(). The broker
-	// URL (which may hold a password) is never logged, only its host.
+	// URL (which may hold a password) is never logged, only its host, and
+	// secret-shaped values are screened (audit.ScreenLogger).
 	Logger *slog.Logger
 }
 
@@ -107,9 +109,7 @@ func (o RelayOptions) withDefaults() RelayOptions {
 	if o.PoisonAttempts <= 0 {
 		o.PoisonAttempts = DefaultPoisonAttempts
 	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
+	o.Logger = audit.ScreenLogger(o.Logger, nil)
 	return o
 }
 

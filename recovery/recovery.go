@@ -95,7 +95,8 @@ type Options struct {
 	// logger alone.
 	Audit audit.Sink
 	// Logger receives the same steps as log records; nil means
-	// slog.Default().
+	// slog.Default(). Either way secret-shaped values are screened
+	// (audit.ScreenLogger).
 	Logger *slog.Logger
 }
 
@@ -114,9 +115,7 @@ type Report struct {
 // Step writes one recovery audit event (and its log record): typ, allowed
 // or denied, with its details in reason. Without a sink it only logs.
 func Step(ctx context.Context, sink audit.Sink, log *slog.Logger, typ audit.EventType, allowed bool, reason string) error {
-	if log == nil {
-		log = slog.Default()
-	}
+	log = audit.ScreenLogger(log, nil)
 	level := slog.LevelInfo
 	e := audit.NewEvent(typ, time.Now())
 	e.Decision, e.Reason, e.PrincipalID = audit.DecisionAllow, truncateReason(reason), lease.RecoveryPrincipal
@@ -152,10 +151,7 @@ func truncateReason(r string) string {
 // comment. ns is closed afterwards.
 func Verify(ctx context.Context, ns lease.ClosedNamespace, proof Proof, o Options) (Report, error) {
 	defer ns.Close()
-	log := o.Logger
-	if log == nil {
-		log = slog.Default()
-	}
+	log := audit.ScreenLogger(o.Logger, nil)
 	gap := o.EpochGap
 	if gap == 0 {
 		gap = DefaultEpochGap

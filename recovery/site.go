@@ -40,16 +40,12 @@ type Site struct {
 	// written to; otherwise the Backend must be an Auditor.
 	AuditFile string
 	// Logger receives the steps as log records too; nil means
-	// slog.Default().
+	// slog.Default(). Either way secret-shaped values are screened
+	// (audit.ScreenLogger).
 	Logger *slog.Logger
 }
 
-func (s *Site) log() *slog.Logger {
-	if s.Logger == nil {
-		return slog.Default()
-	}
-	return s.Logger
-}
+func (s *Site) log() *slog.Logger { return audit.ScreenLogger(s.Logger, nil) }
 
 // auditSink opens where the site's servers write audit.
 func (s *Site) auditSink(ctx context.Context) (audit.Sink, error) {

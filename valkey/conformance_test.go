@@ -1,8 +1,10 @@
 package valkey
 
 import (
+	"log/slog"
 	"testing"
 
+	"github.com/starintel/starlease/internal/testenv"
 	"github.com/starintel/starlease/lease/leasetest"
 )
 
@@ -72,6 +74,19 @@ func TestConformanceEmbeddedEvidence(t *testing.T) {
 		if !s.writes(embeddedEvidence) {
 			t.Fatal("the namespace is not in format 4")
 		}
+		return leasetest.Backend{Store: s, Faults: faults{s}}
+	})
+}
+
+// TestLogScreening: a store a library caller opens with its own logger
+// screens the 64-hex target id its ALERTs name (format 6; the ALERTs are
+// the Go side's in every format).
+func TestLogScreening(t *testing.T) {
+	r := testenv.StartRedis(t)
+	leasetest.LogScreening(t, func(t *testing.T, log *slog.Logger) leasetest.Backend {
+		o := leasetest.StoreOptions()
+		o.Logger = log
+		s := open(t, r, Options{StoreOptions: o, LeanRecords: true})
 		return leasetest.Backend{Store: s, Faults: faults{s}}
 	})
 }

@@ -15,6 +15,7 @@ import (
 
 	vk "github.com/valkey-io/valkey-go"
 
+	"github.com/starintel/starlease/audit"
 	"github.com/starintel/starlease/internal/tlsca"
 	"github.com/starintel/starlease/lease"
 )
@@ -174,6 +175,9 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 		backupPause:  orDefault(o.BackupPause, DefaultBackupPause),
 		stop:         make(chan struct{}),
 	}
+	// A caller's own logger writes no secret-shaped value (an ALERT names
+	// an identity, whose target id may be 64 hex digits).
+	s.opts.Logger = audit.ScreenLogger(s.opts.Logger, nil)
 	s.log = s.opts.Logger
 
 	dialer := net.Dialer{Timeout: orDefault(o.DialTimeout, 5*time.Second), KeepAlive: time.Second}
