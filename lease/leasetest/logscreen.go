@@ -1,16 +1,15 @@
 package leasetest
 
 import (
-	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
+	"github.com/starintel/starlease/internal/testenv"
 	"github.com/starintel/starlease/lease"
 )
 
@@ -24,7 +23,7 @@ import (
 // in the log.
 func LogScreening(t *testing.T, open func(t *testing.T, log *slog.Logger) Backend) {
 	t.Helper()
-	var out lockedBuffer
+	var out testenv.Buffer
 	b := open(t, slog.New(slog.NewJSONHandler(&out, nil)))
 	s := &suite{opts: StoreOptions().WithDefaults(), shared: b}
 
@@ -85,22 +84,4 @@ func hex64() string {
 		panic(err)
 	}
 	return hex.EncodeToString(b[:])
-}
-
-// lockedBuffer is a log destination shared by a store's goroutines.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
