@@ -35,7 +35,9 @@ import (
 // that hold no blocks), Valkey's used_memory and AOF growth, per
 // preloaded lease; then, once they are all released, what each ended
 // lease leaves behind for its retention (history, the evidence of both
-// operations, lookups, the counter). Then 10,000 leases with a 5 s TTL
+// operations, lookups, the counter), and for Valkey what the AOF holds of
+// it once rewritten (BGREWRITEAOF: the steady-state disk, since the AOF
+// grows by what is written and is compacted by its rewrite). Then 10,000 leases with a 5 s TTL
 // expire at about the same time with the reaper running every second,
 // while one writer keeps acquiring and releasing: it reports how long the
 // active count takes to come back (expiries/s) and the writer's longest
@@ -64,6 +66,7 @@ func BenchmarkScale(b *testing.B) {
 		pairs1, pairs16                          float64
 		bytesPerLease, diskPerLease, aofPerLease float64
 		endedBytes, endedDisk, endedAOF          float64
+		endedRewritten                           float64 // Valkey only; else 0
 	}
 	var lines []line
 	type reapLine struct {
@@ -84,7 +87,11 @@ func BenchmarkScale(b *testing.B) {
 	}
 	for _, backend := range backends {
 		for _, n := range ns {
-			s, size := openScaleStore(b, backend, time.Minute)
+			s, size, rewrite := openScaleStore(b, backend, time.Minute)
+			var empty int64
+			if rewrite != nil {
+				empty = rewrite()
+			}
 			before := size()
 			held := preload(b, s, n)
 			after := size()
@@ -117,25 +124,28 @@ func BenchmarkScale(b *testing.B) {
 				l.endedBytes = float64(ended.mem-before.mem) / float64(n+pairs)
 				l.endedDisk = float64(ended.disk-before.disk) / float64(n+pairs)
 				l.endedAOF = float64(ended.aof-before.aof) / float64(n+pairs)
+				if rewrite != nil {
+					l.endedRewritten = float64(rewrite()-empty) / float64(n+pairs)
+				}
 			}
 			lines = append(lines, l)
 			s.Close()
 		}
-		s, _ := openScaleStore(b, backend, time.Second)
+		s, _, _ := openScaleStore(b, backend, time.Second)
 		per, wait, control := reapBacklog(b, s, 10000)
 		reaps = append(reaps, reapLine{backend, per, wait, control})
 		s.Close()
 	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(w, "backend\tN active\tpairs/s 1 g\tx N=0\tpairs/s 16 g\tx N=0\tbytes/active lease\tallocated/active lease\tAOF/active lease\tbytes/ended lease\tallocated/ended lease\tAOF/ended lease\t\n")
+	fmt.Fprintf(w, "backend\tN active\tpairs/s 1 g\tx N=0\tpairs/s 16 g\tx N=0\tbytes/active lease\tallocated/active lease\tAOF/active lease\tbytes/ended lease\tallocated/ended lease\tAOF/ended lease\tAOF rewritten/ended lease\t\n")
 	base := map[string]line{}
 	for _, l := range lines {
 		if l.n == ns[0] {
 			base[l.backend] = l
 		}
 		b0 := base[l.backend]
-		fmt.Fprintf(w, "%s\t%d\t%.0f\t%.2f\t%.0f\t%.2f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t\n", l.backend, l.n, l.pairs1, l.pairs1/b0.pairs1,
-			l.pairs16, l.pairs16/b0.pairs16, l.bytesPerLease, l.diskPerLease, l.aofPerLease, l.endedBytes, l.endedDisk, l.endedAOF)
+		fmt.Fprintf(w, "%s\t%d\t%.0f\t%.2f\t%.0f\t%.2f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t\n", l.backend, l.n, l.pairs1, l.pairs1/b0.pairs1,
+			l.pairs16, l.pairs16/b0.pairs16, l.bytesPerLease, l.diskPerLease, l.aofPerLease, l.endedBytes, l.endedDisk, l.endedAOF, l.endedRewritten)
 	}
 	w.Flush()
 	fmt.Println()
@@ -159,7 +169,10 @@ type scaleStore interface {
 	ActiveLeases(context.Context) (int64, error)
 }
 
-func openScaleStore(b *testing.B, backend string, reap time.Duration) (scaleStore, func() storeSize) {
+// openScaleStore opens a store of backend and returns it with its size,
+// and for Valkey rewrite, which rewrites the AOF and returns its size then
+// (nil for bolt, whose file holds only what it retains).
+func openScaleStore(b *testing.B, backend string, reap time.Duration) (scaleStore, func() storeSize, func() int64) {
 	switch backend {
 	case "bolt":
 		path := filepath.Join(b.TempDir(), "starlease.db")
@@ -178,7 +191,7 @@ func openScaleStore(b *testing.B, backend string, reap time.Duration) (scaleStor
 				b.Fatal("no block count for the store file")
 			}
 			return storeSize{mem: fi.Size(), disk: st.Blocks * 512}
-		}
+		}, nil
 	default:
 		r := testenv.StartRedis(b)
 		s, err := valkey.Open(bg, valkey.Options{Addr: r.Addr(), StoreOptions: storeOptions(), ReapInterval: reap, LeanRecords: true})
@@ -193,7 +206,7 @@ func openScaleStore(b *testing.B, backend string, reap time.Duration) (scaleStor
 		if err := c.ConfigSet(bg, "auto-aof-rewrite-percentage", "0").Err(); err != nil {
 			b.Fatal(err)
 		}
-		return s, func() storeSize { return redisSize(b, c) }
+		return s, func() storeSize { return redisSize(b, c) }, func() int64 { return rewriteAOF(b, c) }
 	}
 }
 
@@ -333,6 +346,30 @@ func longestPair(b *testing.B, op func() error) (stop func() time.Duration) {
 		close(done)
 		wg.Wait()
 		return time.Duration(maxWait.Load())
+	}
+}
+
+// rewriteAOF rewrites the server's AOF (BGREWRITEAOF) and returns its size
+// once the rewrite is done: what the AOF holds of the data, not what was
+// written to it.
+func rewriteAOF(b *testing.B, c *goredis.Client) int64 {
+	ctx, cancel := context.WithTimeout(bg, 2*time.Minute)
+	defer cancel()
+	if err := c.BgRewriteAOF(ctx).Err(); err != nil {
+		b.Fatal(err)
+	}
+	for {
+		info, err := c.Info(ctx, "persistence").Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if strings.Contains(info, "aof_rewrite_in_progress:0") && strings.Contains(info, "aof_rewrite_scheduled:0") {
+			if !strings.Contains(info, "aof_last_bgrewrite_status:ok") {
+				b.Fatalf("AOF rewrite failed:\n%s", info)
+			}
+			return redisSize(b, c).aof
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
