@@ -6,13 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
 
+	"github.com/starintel/starlease/audit"
 	"github.com/starintel/starlease/backupfile"
 	"github.com/starintel/starlease/internal/syncdir"
 	"github.com/starintel/starlease/lease"
@@ -101,7 +101,7 @@ func (n *Namespace) Restore(_ context.Context, r io.Reader) (h backupfile.Header
 		return backupfile.Header{}, err
 	}
 	_ = syncdir.Sync(filepath.Dir(path)) // the restored file is durable already; its name best effort
-	slog.Default().Info("lease store restored; namespace closed until recovery verification",
+	audit.ScreenLogger(n.o.Logger, nil).Info("lease store restored; namespace closed until recovery verification",
 		"backup_sha256", h.PayloadSHA256, "backup_created_at", h.CreatedAt)
 	return h, nil
 }
