@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -298,5 +299,19 @@ func TestReadBackupRefusesCorruption(t *testing.T) {
 	}
 	if _, err := ReadBackup(bytes.NewReader(b)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A recovery step's log line, on a library caller's own logger, writes a
+// secret-shaped detail (a 64-hex id in its reason) in its redacted form.
+func TestStepLogsScreened(t *testing.T) {
+	var out bytes.Buffer
+	id := strings.Repeat("9f", 32)
+	log := slog.New(slog.NewJSONHandler(&out, nil))
+	if err := Step(context.Background(), nil, log, audit.EventRecoveryVerify, false, "high-water mark of "+id+" is missing"); err != nil {
+		t.Fatal(err)
+	}
+	if line := out.String(); !strings.Contains(line, `"reason":"`+audit.Redacted+`"`) || strings.Contains(line, id) {
+		t.Fatalf("step's line %q, want its reason redacted", line)
 	}
 }
