@@ -2,10 +2,11 @@ package audit
 
 import (
 	"context"
-	"encoding"
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"reflect"
+	"strings"
 )
 
 // LogHandler is a slog.Handler that writes, in place of every value a log
@@ -113,45 +114,47 @@ func (h *LogHandler) attr(a slog.Attr) slog.Attr {
 			// The text the JSON handler writes for an error.
 			return slog.String(key, h.r.Value(text(err.Error)))
 		}
-		// Anything else (a slice, a map, a struct, a named string) is
-		// kept as it is unless a text a handler writes for it holds
-		// credential material: then it is that text's form.
-		for _, t := range renderings(v.Any()) {
-			if screened := h.r.Value(t); screened != t {
-				return slog.String(key, screened)
-			}
-		}
+		return slog.Attr{Key: key, Value: h.anyValue(v.Any())}
 	}
 	return slog.Attr{Key: key, Value: v}
 }
 
-// renderings are the texts slog's handlers write for a value of kind Any:
-// the JSON handler's (its JSON, or the marshalling error's text, which it
-// writes on failure) and the text handler's and slog's default's (a
-// TextMarshaler's text, a byte slice's bytes, else its %+v form, which
-// shows fields JSON leaves out and calls String).
-func renderings(x any) []string {
-	asJSON := text(func() string {
-		b, err := json.Marshal(x)
-		if err != nil {
-			return err.Error()
+// anyValue is what a value of kind Any other than an error (a slice, a
+// map, a struct, a named string or number) is written as: its JSON, or,
+// if it holds credential material, that JSON's redacted form. The JSON
+// checked is what is passed on (json.RawMessage, which the JSON handler
+// writes as it is and the text handler and slog's default as text), so
+// the handler never renders the value itself: its %+v form would show
+// fields JSON leaves out and call String, each call may give another
+// text than the one checked, and on a cyclic value it never returns. A
+// byte slice's bytes are checked as text too (the text handler wrote
+// them so); a named string is written as its string when clean. A value
+// that does not marshal is the text of why.
+func (h *LogHandler) anyValue(x any) slog.Value {
+	marshalled := false
+	j := text(func() string {
+		// As the JSON handler encodes: without HTML escapes.
+		var b strings.Builder
+		enc := json.NewEncoder(&b)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(x); err != nil {
+			return "!ERROR:" + err.Error()
 		}
-		return string(b)
+		marshalled = true
+		return strings.TrimSuffix(b.String(), "\n")
 	})
-	asText := text(func() string {
-		switch t := x.(type) {
-		case encoding.TextMarshaler:
-			b, err := t.MarshalText()
-			if err != nil {
-				return err.Error()
-			}
-			return string(b)
-		case []byte:
-			return string(t)
+	if screened := h.r.Value(j); screened != j || !marshalled {
+		return slog.StringValue(screened)
+	}
+	switch rv := reflect.ValueOf(x); {
+	case rv.Kind() == reflect.String:
+		return slog.StringValue(h.r.Value(rv.String()))
+	case rv.Kind() == reflect.Slice && rv.Type().Elem().Kind() == reflect.Uint8:
+		if raw := text(func() string { return string(rv.Bytes()) }); h.r.Value(raw) != raw {
+			return slog.StringValue(h.r.Value(raw))
 		}
-		return fmt.Sprintf("%+v", x)
-	})
-	return []string{asJSON, asText}
+	}
+	return slog.AnyValue(json.RawMessage(j))
 }
 
 // text calls f (an Error method, a marshaller), whose panic — a nil

@@ -2,6 +2,7 @@ package audit
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
@@ -28,22 +29,51 @@ type secretText struct{}
 
 func (secretText) MarshalText() ([]byte, error) { return []byte("id " + reviewSecret), nil }
 
-// A value of kind Any is screened by every text a handler writes for it,
-// not by its JSON alone: the text handler and slog's default write a byte
-// slice's bytes, fields JSON leaves out, a Stringer's String and a
-// TextMarshaler's text; the JSON handler writes a failing marshaller's
-// error. Each is written in its redacted form, never as given.
+type secretBytes []byte
+
+// changingStringer gives a clean text on its first String call and a
+// secret after: a screen that checks one call and lets the handler make
+// another would pass the secret.
+type changingStringer struct{ calls *int }
+
+func (c changingStringer) String() string {
+	if *c.calls++; *c.calls == 1 {
+		return "ok"
+	}
+	return "bearer " + reviewSecret
+}
+
+// A value of kind Any is written as the text the screen checked, never
+// rendered again by the handler: its JSON, or that JSON's redacted form if
+// the JSON, the marshalling error's text or a byte slice's bytes hold
+// credential material. So the text handler and slog's default no longer
+// write a byte slice's bytes, fields JSON leaves out, a Stringer's String
+// or a TextMarshaler's text as given; the JSON handler no longer writes a
+// failing marshaller's error as given; a cyclic value is its marshalling
+// error, not a stack overflow.
 func TestLogHandlerScreensWhatEachHandlerWrites(t *testing.T) {
 	type unexported struct{ id string }
 	type withErr struct{ Err error }
-	values := map[string]any{
+	cyclic := map[string]any{}
+	cyclic["self"] = cyclic
+	calls := 0
+	// Written in their redacted form.
+	carried := map[string]any{
 		"bytes":         []byte(reviewSecret),
-		"unexported":    unexported{reviewSecret},
-		"ptr_struct":    &unexported{reviewSecret},
-		"err_field":     withErr{errors.New(reviewSecret)},
-		"stringer":      secretStringer{},
+		"named_bytes":   secretBytes(reviewSecret),
 		"marshal_error": secretMarshalError{},
 		"text":          secretText{},
+	}
+	// Written as their JSON, which does not hold the secret (or, for
+	// invalid JSON bytes, the marshalling error, which does not either).
+	hidden := map[string]any{
+		"raw_message": json.RawMessage("bearer " + reviewSecret),
+		"unexported":  unexported{reviewSecret},
+		"ptr_struct":  &unexported{reviewSecret},
+		"err_field":   withErr{errors.New(reviewSecret)},
+		"stringer":    secretStringer{},
+		"changing":    changingStringer{&calls},
+		"cyclic":      cyclic,
 	}
 	var buf bytes.Buffer
 	handlers := map[string]func() *slog.Logger{
@@ -59,17 +89,44 @@ func TestLogHandlerScreensWhatEachHandlerWrites(t *testing.T) {
 	}
 	for hname, logger := range handlers {
 		l := ScreenLogger(logger(), nil)
-		for vname, v := range values {
-			buf.Reset()
-			l.Warn("m", "v", v)
-			line := buf.String()
-			if line == "" || strings.Contains(line, reviewSecret) || strings.Contains(strings.ToLower(line), "bearer ") {
-				t.Errorf("%s handler, %s: line %q, want the value redacted", hname, vname, strings.TrimSpace(line))
-			}
-			if !strings.Contains(line, Redacted) {
-				t.Errorf("%s handler, %s: no redacted form in %q", hname, vname, strings.TrimSpace(line))
+		for _, values := range []map[string]any{carried, hidden} {
+			for vname, v := range values {
+				buf.Reset()
+				l.Warn("m", "v", v)
+				line := buf.String()
+				if line == "" || strings.Contains(line, reviewSecret) || strings.Contains(strings.ToLower(line), "bearer ") {
+					t.Errorf("%s handler, %s: line %q, want no secret", hname, vname, strings.TrimSpace(line))
+				}
+				if _, ok := carried[vname]; ok && !strings.Contains(line, Redacted) {
+					t.Errorf("%s handler, %s: no redacted form in %q", hname, vname, strings.TrimSpace(line))
+				}
 			}
 		}
+	}
+	if calls != 0 {
+		t.Errorf("String was called %d times; the screen writes the JSON it checked", calls)
+	}
+}
+
+// A value that is clean keeps the JSON handler's form: a struct its JSON
+// object, a named string its string, a named number its number.
+func TestLogHandlerKeepsCleanAnyValuesAsJSON(t *testing.T) {
+	type label string
+	type token uint64
+	var buf bytes.Buffer
+	ScreenLogger(slog.New(slog.NewJSONHandler(&buf, nil)), nil).Info("m",
+		"struct", struct {
+			A string
+			B []int
+		}{"x<y", []int{1, 2}}, "label", label("tenant-a"), "token", token(42), "nil", nil)
+	var got map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &got); err != nil {
+		t.Fatalf("%v: %s", err, buf.String())
+	}
+	st, _ := got["struct"].(map[string]any)
+	if st == nil || st["A"] != "x<y" || fmt.Sprint(st["B"]) != "[1 2]" || got["label"] != "tenant-a" || got["token"] != 42.0 ||
+		got["nil"] != nil || !strings.Contains(buf.String(), `"nil":null`) {
+		t.Fatalf("clean values changed form: %s", buf.String())
 	}
 }
 
