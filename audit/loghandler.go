@@ -2,11 +2,14 @@ package audit
 
 import (
 	"context"
+	"encoding"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"reflect"
 	"strings"
+
+	"github.com/starintel/starlease/lease"
 )
 
 // LogHandler is a slog.Handler that writes, in place of every value a log
@@ -39,7 +42,10 @@ func NewLogHandler(next slog.Handler, r *Redactor) *LogHandler { return &LogHand
 // the unkeyed form). Only the logger's own handler is looked at: a
 // LogHandler behind another handler is not seen, and its values are
 // screened twice (a keyed form then hashes the outer's form): give the
-// LogHandler itself.
+// LogHandler itself. Do not give slog.SetDefault a logger screened from
+// slog's default handler: that handler writes through the log package,
+// which SetDefault sends back to the logger, and the first line waits on
+// itself (slog's own behaviour for any handler wrapping its default).
 func ScreenLogger(l *slog.Logger, r *Redactor) *slog.Logger {
 	if l == nil || writesNowhere(l) {
 		// A LogHandler without a handler to write to would drop the
@@ -122,14 +128,14 @@ func (h *LogHandler) attr(a slog.Attr) slog.Attr {
 // anyValue is what a value of kind Any other than an error (a slice, a
 // map, a struct, a named string or number) is written as: its JSON, or,
 // if it holds credential material, that JSON's redacted form. The JSON
-// checked is what is passed on (json.RawMessage, which the JSON handler
-// writes as it is and the text handler and slog's default as text), so
-// the handler never renders the value itself: its %+v form would show
-// fields JSON leaves out and call String, each call may give another
-// text than the one checked, and on a cyclic value it never returns. A
-// byte slice's bytes are checked as text too (the text handler wrote
-// them so); a named string is written as its string when clean. A value
-// that does not marshal is the text of why.
+// checked is what is passed on (screenedValue), so the handler never
+// renders the value itself: its %+v form would show fields JSON leaves
+// out and call String, each call may give another text than the one
+// checked, and on a cyclic value it never returns. The JSON's strings are
+// checked with their escapes decoded too ("star\u005fsk_" is star_sk_ to
+// whoever reads the log), and a byte slice's bytes as text (the text
+// handler's form of a byte slice that is not a TextMarshaler). A named string is written as its string. A value that
+// does not marshal is the text of why.
 func (h *LogHandler) anyValue(x any) slog.Value {
 	marshalled := false
 	j := text(func() string {
@@ -146,16 +152,76 @@ func (h *LogHandler) anyValue(x any) slog.Value {
 	if screened := h.r.Value(j); screened != j || !marshalled {
 		return slog.StringValue(screened)
 	}
+	if escapedSecret(j) {
+		return slog.StringValue(h.r.redact(j))
+	}
+	shown := j
+	_, isText := x.(encoding.TextMarshaler)
 	switch rv := reflect.ValueOf(x); {
 	case rv.Kind() == reflect.String:
 		return slog.StringValue(h.r.Value(rv.String()))
-	case rv.Kind() == reflect.Slice && rv.Type().Elem().Kind() == reflect.Uint8:
-		if raw := text(func() string { return string(rv.Bytes()) }); h.r.Value(raw) != raw {
-			return slog.StringValue(h.r.Value(raw))
+	case !isText && rv.Kind() == reflect.Slice && rv.Type().Elem().Kind() == reflect.Uint8:
+		shown = text(func() string { return string(rv.Bytes()) })
+		if screened := h.r.Value(shown); screened != shown {
+			return slog.StringValue(screened)
+		}
+	default:
+		// A value whose JSON is a string (a TextMarshaler such as
+		// net.IP): that string, which escapedSecret checked.
+		var s string
+		if json.Unmarshal([]byte(j), &s) == nil {
+			shown = s
 		}
 	}
-	return slog.AnyValue(json.RawMessage(j))
+	return slog.AnyValue(screenedValue{json: j, text: shown})
 }
+
+// escapedSecret reports whether a string or key in j, valid JSON without
+// credential material as written, holds some once its escapes are
+// decoded. Without a backslash every string in j is a part of j as
+// written.
+func escapedSecret(j string) bool {
+	if !strings.Contains(j, `\`) {
+		return false
+	}
+	d := json.NewDecoder(strings.NewReader(j))
+	d.UseNumber()
+	var v any
+	if d.Decode(&v) != nil {
+		return true // cannot tell: fail closed
+	}
+	var holds func(any) bool
+	holds = func(v any) bool {
+		switch t := v.(type) {
+		case string:
+			return lease.SecretShaped(t)
+		case []any:
+			for _, e := range t {
+				if holds(e) {
+					return true
+				}
+			}
+		case map[string]any:
+			for k, e := range t {
+				if lease.SecretShaped(k) || holds(e) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	return holds(v)
+}
+
+// screenedValue is a value of kind Any as anyValue checked it: its JSON
+// for the JSON handler (MarshalJSON), and for the text handler and slog's
+// default (MarshalText, String) its text: a JSON string's content, a byte
+// slice's bytes, else the JSON.
+type screenedValue struct{ json, text string }
+
+func (v screenedValue) MarshalJSON() ([]byte, error) { return []byte(v.json), nil }
+func (v screenedValue) MarshalText() ([]byte, error) { return []byte(v.text), nil }
+func (v screenedValue) String() string               { return v.text }
 
 // text calls f (an Error method, a marshaller), whose panic — a nil
 // receiver, a bug — becomes text instead of reaching the code that logged.

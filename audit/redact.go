@@ -63,6 +63,11 @@ func (r *Redactor) Value(v string) string {
 	if !lease.SecretShaped(v) && !redactedForm(v) {
 		return v
 	}
+	return r.redact(v)
+}
+
+// redact is v's redacted form, whether or not v needs one.
+func (r *Redactor) redact(v string) string {
 	if r == nil {
 		return Redacted
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log"
 	"log/slog"
+	"net"
 	"strings"
 	"testing"
 )
@@ -144,4 +145,55 @@ func TestScreenLoggerReplacesALogHandlerWithoutNext(t *testing.T) {
 	}
 	slog.New(&LogHandler{}).With("a", 1).WithGroup("g").Error("dropped")
 	slog.New(NewLogHandler(nil, nil)).Error("dropped")
+}
+
+type escapedMarshaller struct{}
+
+func (escapedMarshaller) MarshalJSON() ([]byte, error) {
+	return []byte(`{"key":"star\u005fsk_abc","auth":"Bearer\u0020abc"}`), nil
+}
+
+// JSON escapes do not hide credential material: a value whose JSON spells
+// "star_sk_" or "bearer " with \u escapes reads as them to whoever parses
+// the log, so it is written in its redacted form, by every handler.
+func TestLogHandlerDecodesJSONEscapesBeforeChecking(t *testing.T) {
+	values := map[string]any{
+		"marshaller":  escapedMarshaller{},
+		"raw_message": json.RawMessage(`"star\u005Fsk_live"`),
+		"key":         json.RawMessage(`{"Bearer\u0020x":1}`),
+	}
+	var buf bytes.Buffer
+	for hname, l := range map[string]*slog.Logger{
+		"json": ScreenLogger(slog.New(slog.NewJSONHandler(&buf, nil)), nil),
+		"text": ScreenLogger(slog.New(slog.NewTextHandler(&buf, nil)), nil),
+	} {
+		for vname, v := range values {
+			buf.Reset()
+			l.Info("m", "v", v)
+			if line := buf.String(); !strings.Contains(line, "v="+Redacted) && !strings.Contains(line, `"v":"`+Redacted+`"`) {
+				t.Errorf("%s handler, %s: %q, want v redacted", hname, vname, strings.TrimSpace(line))
+			}
+		}
+	}
+}
+
+// The text handler and slog's default write a clean value of kind Any as
+// the text the screen checked, readable: a byte slice as its bytes, a
+// value whose JSON is a string (net.IP) as that string, a number as it is.
+func TestLogHandlerTextFormsStayReadable(t *testing.T) {
+	type count int
+	var buf bytes.Buffer
+	ScreenLogger(slog.New(slog.NewTextHandler(&buf, nil)), nil).Info("m",
+		"bytes", []byte("hello world"), "ip", net.ParseIP("10.0.0.1"), "n", count(5), "list", []string{"a", "b"})
+	line := buf.String()
+	for _, want := range []string{`bytes="hello world"`, `ip=10.0.0.1`, `n=5`, `list="[\"a\",\"b\"]"`} {
+		if !strings.Contains(line, want) {
+			t.Errorf("text line %q lacks %s", strings.TrimSpace(line), want)
+		}
+	}
+	buf.Reset()
+	ScreenLogger(slog.New(slog.NewJSONHandler(&buf, nil)), nil).Info("m", "bytes", []byte("hi"), "ip", net.ParseIP("10.0.0.1"))
+	if line := buf.String(); !strings.Contains(line, `"bytes":"aGk="`) || !strings.Contains(line, `"ip":"10.0.0.1"`) {
+		t.Errorf("JSON line %q: want the JSON handler's own forms", strings.TrimSpace(line))
+	}
 }
