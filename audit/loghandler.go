@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"strconv"
 	"strings"
 
 	"github.com/starintel/starlease/lease"
@@ -68,7 +69,7 @@ func (h *LogHandler) Handle(ctx context.Context, rec slog.Record) error {
 	if h.next == nil {
 		return nil
 	}
-	out := slog.NewRecord(rec.Time, rec.Level, h.r.Value(rec.Message), rec.PC)
+	out := slog.NewRecord(rec.Time, rec.Level, h.value(rec.Message), rec.PC)
 	rec.Attrs(func(a slog.Attr) bool {
 		out.AddAttrs(h.attr(a))
 		return true
@@ -99,15 +100,15 @@ func (h *LogHandler) WithGroup(name string) slog.Handler {
 	if h.next == nil {
 		return h
 	}
-	return &LogHandler{next: h.next.WithGroup(h.r.Value(name)), r: h.r}
+	return &LogHandler{next: h.next.WithGroup(h.value(name)), r: h.r}
 }
 
 func (h *LogHandler) attr(a slog.Attr) slog.Attr {
-	key := h.r.Value(a.Key)
+	key := h.value(a.Key)
 	v := a.Value.Resolve()
 	switch v.Kind() {
 	case slog.KindString:
-		return slog.String(key, h.r.Value(v.String()))
+		return slog.String(key, h.value(v.String()))
 	case slog.KindGroup:
 		group := v.Group()
 		screened := make([]slog.Attr, len(group))
@@ -118,11 +119,44 @@ func (h *LogHandler) attr(a slog.Attr) slog.Attr {
 	case slog.KindAny:
 		if err, ok := v.Any().(error); ok {
 			// The text the JSON handler writes for an error.
-			return slog.String(key, h.r.Value(text(err.Error)))
+			return slog.String(key, h.value(text(err.Error)))
 		}
 		return slog.Attr{Key: key, Value: h.anyValue(v.Any())}
 	}
 	return slog.Attr{Key: key, Value: v}
+}
+
+// value is v as a log line may show it: its redacted form if v holds
+// credential material, or if the quoted form a handler writes for it
+// does: the text handler's (strconv.Quote) and the JSON handler's escapes
+// write a byte or rune as hex digits (\x00, \u200b, \ufffd), which join
+// the hex digits next to it. A printable ASCII value is written as it is.
+func (h *LogHandler) value(v string) string {
+	if screened := h.r.Value(v); screened != v || printableASCII(v) {
+		return screened
+	}
+	quoted := text(func() string {
+		var b strings.Builder
+		enc := json.NewEncoder(&b)
+		enc.SetEscapeHTML(false)
+		_ = enc.Encode(v)
+		return b.String()
+	})
+	if lease.SecretShaped(strconv.Quote(v)) || lease.SecretShaped(quoted) {
+		return h.r.redact(v)
+	}
+	return v
+}
+
+// printableASCII reports whether every byte of v is printable ASCII,
+// which no handler escapes as hex.
+func printableASCII(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if v[i] < 0x20 || v[i] > 0x7e {
+			return false
+		}
+	}
+	return true
 }
 
 // anyValue is what a value of kind Any other than an error (a slice, a
@@ -159,19 +193,19 @@ func (h *LogHandler) anyValue(x any) slog.Value {
 	_, isText := x.(encoding.TextMarshaler)
 	switch rv := reflect.ValueOf(x); {
 	case rv.Kind() == reflect.String:
-		return slog.StringValue(h.r.Value(rv.String()))
+		return slog.StringValue(h.value(rv.String()))
 	case !isText && rv.Kind() == reflect.Slice && rv.Type().Elem().Kind() == reflect.Uint8:
 		shown = text(func() string { return string(rv.Bytes()) })
-		if screened := h.r.Value(shown); screened != shown {
-			return slog.StringValue(screened)
-		}
 	default:
 		// A value whose JSON is a string (a TextMarshaler such as
-		// net.IP): that string, which escapedSecret checked.
+		// net.IP): that string.
 		var s string
 		if json.Unmarshal([]byte(j), &s) == nil {
 			shown = s
 		}
+	}
+	if screened := h.value(shown); screened != shown {
+		return slog.StringValue(screened)
 	}
 	return slog.AnyValue(screenedValue{json: j, text: shown})
 }

@@ -10,6 +10,8 @@ import (
 	"net"
 	"strings"
 	"testing"
+
+	"github.com/starintel/starlease/lease"
 )
 
 // Probes of the review of ScreenLogger, kept as regression tests.
@@ -195,5 +197,43 @@ func TestLogHandlerTextFormsStayReadable(t *testing.T) {
 	ScreenLogger(slog.New(slog.NewJSONHandler(&buf, nil)), nil).Info("m", "bytes", []byte("hi"), "ip", net.ParseIP("10.0.0.1"))
 	if line := buf.String(); !strings.Contains(line, `"bytes":"aGk="`) || !strings.Contains(line, `"ip":"10.0.0.1"`) {
 		t.Errorf("JSON line %q: want the JSON handler's own forms", strings.TrimSpace(line))
+	}
+}
+
+type textOf string
+
+func (t textOf) MarshalText() ([]byte, error) { return []byte(t), nil }
+
+// A handler's quoting writes a byte or rune as hex digits (\x00, \u200b,
+// \ufffd), which join the hex digits after it: a value whose quoted form
+// holds 64 hex digits in a row is written in its redacted form, though
+// the value itself holds fewer.
+func TestLogHandlerScreensTheQuotedForm(t *testing.T) {
+	hex62 := reviewSecret[:62]
+	values := map[string]any{
+		"bytes_nul":      []byte("\x00" + hex62),
+		"bytes_invalid":  []byte("\xff" + hex62),
+		"string_invalid": "\xff" + reviewSecret[:60],
+		"string_nul":     "\x00" + reviewSecret[:60],
+		"text_zwsp":      textOf("\u200b" + reviewSecret[:60]),
+		"map_key_del":    map[string]int{"\x7f" + hex62: 1},
+	}
+	var buf bytes.Buffer
+	for hname, l := range map[string]*slog.Logger{
+		"json": ScreenLogger(slog.New(slog.NewJSONHandler(&buf, nil)), nil),
+		"text": ScreenLogger(slog.New(slog.NewTextHandler(&buf, nil)), nil),
+	} {
+		for vname, v := range values {
+			buf.Reset()
+			l.Info("m", "v", v)
+			if line := buf.String(); lease.SecretShaped(line) {
+				t.Errorf("%s handler, %s: %q holds 64 hex digits in a row", hname, vname, strings.TrimSpace(line))
+			}
+		}
+	}
+	buf.Reset()
+	ScreenLogger(slog.New(slog.NewTextHandler(&buf, nil)), nil).Info("m", "v", "caf\u00e9 "+hex62)
+	if !strings.Contains(buf.String(), hex62) {
+		t.Errorf("a value whose quoted form adds no hex digits is redacted: %q", buf.String())
 	}
 }
