@@ -16,8 +16,8 @@ import (
 // LogHandler is a slog.Handler that writes, in place of every value a log
 // record carries that may be credential material (lease.SecretShaped: its
 // message, attribute keys, group names and values — a string, an error's
-// text, anything else's JSON — in groups too), the form its Redactor gives
-// that value in audit events. A log line can take values from callers and
+// text, anything else's JSON — in groups too, as given or as a handler
+// quotes it), the form its Redactor gives that value in audit events. A log line can take values from callers and
 // stores (an identity's 64-hex target id in an ALERT, an error's text);
 // this keeps them out of logs as audit keeps them out of events, and keeps
 // the two correlatable. Each value goes through Redactor.Value, the
@@ -34,26 +34,26 @@ type LogHandler struct {
 // log call never panics in the code that logged.
 func NewLogHandler(next slog.Handler, r *Redactor) *LogHandler { return &LogHandler{next: next, r: r} }
 
-// ScreenLogger is l (nil, or a LogHandler without next: slog.Default())
-// writing through a LogHandler
-// with r: l itself if it already does, so a logger serve screened with
-// its pepper's key keeps that key. Every component that logs values
-// callers chose (stores, service, executor, relays) screens its logger
-// through it, so a library user's own logger is screened too (with nil,
-// the unkeyed form). Only the logger's own handler is looked at: a
-// LogHandler behind another handler is not seen, and its values are
-// screened twice (a keyed form then hashes the outer's form): give the
-// LogHandler itself. Do not give slog.SetDefault a logger screened from
-// slog's default handler: that handler writes through the log package,
-// which SetDefault sends back to the logger, and the first line waits on
-// itself (slog's own behaviour for any handler wrapping its default).
+// ScreenLogger is l written through a LogHandler with r: l itself if its
+// handler already is one, so a logger serve screened with its pepper's
+// key keeps that key; slog.Default() screened if l is nil or a LogHandler
+// without next (which would drop the lines, ALERTs included). Every
+// component that logs values callers chose (stores, service, executor,
+// relays, recovery) screens its logger through it, so a library user's
+// own logger is screened too (with nil, the unkeyed form).
+//
+// Only the logger's own handler is looked at: a LogHandler behind another
+// handler is not seen, and its values are screened twice (a keyed form
+// then hashes the outer's form): give the LogHandler itself. Do not give
+// slog.SetDefault a logger screened from slog's default handler: that
+// handler writes through the log package, which SetDefault sends back to
+// the logger, and the first line waits on itself (slog's own behaviour
+// for any handler wrapping its default).
 func ScreenLogger(l *slog.Logger, r *Redactor) *slog.Logger {
 	if l == nil || writesNowhere(l) {
-		// A LogHandler without a handler to write to would drop the
-		// lines, ALERTs included.
 		l = slog.Default()
 	}
-	if _, ok := l.Handler().(*LogHandler); ok && !writesNowhere(l) {
+	if _, ok := l.Handler().(*LogHandler); ok {
 		return l
 	}
 	return slog.New(NewLogHandler(l.Handler(), r))
@@ -135,13 +135,7 @@ func (h *LogHandler) value(v string) string {
 	if screened := h.r.Value(v); screened != v || printableASCII(v) {
 		return screened
 	}
-	quoted := text(func() string {
-		var b strings.Builder
-		enc := json.NewEncoder(&b)
-		enc.SetEscapeHTML(false)
-		_ = enc.Encode(v)
-		return b.String()
-	})
+	quoted, _ := encodeJSON(v)
 	if lease.SecretShaped(strconv.Quote(v)) || lease.SecretShaped(quoted) {
 		return h.r.redact(v)
 	}
@@ -167,21 +161,20 @@ func printableASCII(v string) bool {
 // out and call String, each call may give another text than the one
 // checked, and on a cyclic value it never returns. The JSON's strings are
 // checked with their escapes decoded too ("star\u005fsk_" is star_sk_ to
-// whoever reads the log), and a byte slice's bytes as text (the text
-// handler's form of a byte slice that is not a TextMarshaler). A named string is written as its string. A value that
-// does not marshal is the text of why.
+// whoever reads the log), and what the text handler shows (a byte
+// slice's bytes unless it is a TextMarshaler, a JSON string's content,
+// else the JSON) as that handler quotes it (value). A named string is
+// written as its string. A value that does not marshal is the text of
+// why.
 func (h *LogHandler) anyValue(x any) slog.Value {
 	marshalled := false
 	j := text(func() string {
-		// As the JSON handler encodes: without HTML escapes.
-		var b strings.Builder
-		enc := json.NewEncoder(&b)
-		enc.SetEscapeHTML(false)
-		if err := enc.Encode(x); err != nil {
+		j, err := encodeJSON(x)
+		if err != nil {
 			return "!ERROR:" + err.Error()
 		}
 		marshalled = true
-		return strings.TrimSuffix(b.String(), "\n")
+		return j
 	})
 	if screened := h.r.Value(j); screened != j || !marshalled {
 		return slog.StringValue(screened)
@@ -208,6 +201,18 @@ func (h *LogHandler) anyValue(x any) slog.Value {
 		return slog.StringValue(screened)
 	}
 	return slog.AnyValue(screenedValue{json: j, text: shown})
+}
+
+// encodeJSON is x's JSON as slog's JSON handler encodes it: without HTML
+// escapes.
+func encodeJSON(x any) (string, error) {
+	var b strings.Builder
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(x); err != nil {
+		return "", err
+	}
+	return strings.TrimSuffix(b.String(), "\n"), nil
 }
 
 // escapedSecret reports whether a string or key in j, valid JSON without
