@@ -164,6 +164,16 @@ func TestLogHandlerDecodesJSONEscapesBeforeChecking(t *testing.T) {
 		"raw_message": json.RawMessage(`"star\u005Fsk_live"`),
 		"key":         json.RawMessage(`{"Bearer\u0020x":1}`),
 	}
+	logEach(values, func(hname, vname, line string) {
+		if !strings.Contains(line, "v="+Redacted) && !strings.Contains(line, `"v":"`+Redacted+`"`) {
+			t.Errorf("%s handler, %s: %q, want v redacted", hname, vname, line)
+		}
+	})
+}
+
+// logEach logs each of values as "v" through a screened JSON handler and
+// a screened text handler, and gives check each line.
+func logEach(values map[string]any, check func(handler, value, line string)) {
 	var buf bytes.Buffer
 	for hname, l := range map[string]*slog.Logger{
 		"json": ScreenLogger(slog.New(slog.NewJSONHandler(&buf, nil)), nil),
@@ -172,9 +182,7 @@ func TestLogHandlerDecodesJSONEscapesBeforeChecking(t *testing.T) {
 		for vname, v := range values {
 			buf.Reset()
 			l.Info("m", "v", v)
-			if line := buf.String(); !strings.Contains(line, "v="+Redacted) && !strings.Contains(line, `"v":"`+Redacted+`"`) {
-				t.Errorf("%s handler, %s: %q, want v redacted", hname, vname, strings.TrimSpace(line))
-			}
+			check(hname, vname, strings.TrimSpace(buf.String()))
 		}
 	}
 }
@@ -218,20 +226,12 @@ func TestLogHandlerScreensTheQuotedForm(t *testing.T) {
 		"text_zwsp":      textOf("\u200b" + reviewSecret[:60]),
 		"map_key_del":    map[string]int{"\x7f" + hex62: 1},
 	}
-	var buf bytes.Buffer
-	for hname, l := range map[string]*slog.Logger{
-		"json": ScreenLogger(slog.New(slog.NewJSONHandler(&buf, nil)), nil),
-		"text": ScreenLogger(slog.New(slog.NewTextHandler(&buf, nil)), nil),
-	} {
-		for vname, v := range values {
-			buf.Reset()
-			l.Info("m", "v", v)
-			if line := buf.String(); lease.SecretShaped(line) {
-				t.Errorf("%s handler, %s: %q holds 64 hex digits in a row", hname, vname, strings.TrimSpace(line))
-			}
+	logEach(values, func(hname, vname, line string) {
+		if lease.SecretShaped(line) {
+			t.Errorf("%s handler, %s: %q holds 64 hex digits in a row", hname, vname, line)
 		}
-	}
-	buf.Reset()
+	})
+	var buf bytes.Buffer
 	ScreenLogger(slog.New(slog.NewTextHandler(&buf, nil)), nil).Info("m", "v", "caf\u00e9 "+hex62)
 	if !strings.Contains(buf.String(), hex62) {
 		t.Errorf("a value whose quoted form adds no hex digits is redacted: %q", buf.String())
