@@ -5,10 +5,11 @@ import (
 	"encoding"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"reflect"
-	"strconv"
 	"strings"
+	"time"
 
 	"github.com/starintel/starlease/lease"
 )
@@ -127,19 +128,38 @@ func (h *LogHandler) attr(a slog.Attr) slog.Attr {
 }
 
 // value is v as a log line may show it: its redacted form if v holds
-// credential material, or if the quoted form a handler writes for it
-// does: the text handler's (strconv.Quote) and the JSON handler's escapes
-// write a byte or rune as hex digits (\x00, \u200b, \ufffd), which join
-// the hex digits next to it. A printable ASCII value is written as it is.
+// credential material, or if the line slog's text or JSON handler writes
+// for it does: their escapes write a byte or rune as hex digits (\x00,
+// \u0008, \u200b, \ufffd), which join the hex digits next to it. The
+// lines are slog's own (quotedBy), not a copy of its escaping rules. A
+// printable ASCII value is written as it is.
 func (h *LogHandler) value(v string) string {
 	if screened := h.r.Value(v); screened != v || printableASCII(v) {
 		return screened
 	}
-	quoted, _ := encodeJSON(v)
-	if lease.SecretShaped(strconv.Quote(v)) || lease.SecretShaped(quoted) {
-		return h.r.redact(v)
+	for _, quoted := range quotedBy(v) {
+		if lease.SecretShaped(quoted) {
+			return h.r.redact(v)
+		}
 	}
 	return v
+}
+
+// quotedBy are the lines slog's text and JSON handlers write for a record
+// holding v as its message, an attribute's key and its value.
+func quotedBy(v string) []string {
+	lines := make([]string, 0, 2)
+	for _, newHandler := range []func(io.Writer, *slog.HandlerOptions) slog.Handler{
+		func(w io.Writer, o *slog.HandlerOptions) slog.Handler { return slog.NewTextHandler(w, o) },
+		func(w io.Writer, o *slog.HandlerOptions) slog.Handler { return slog.NewJSONHandler(w, o) },
+	} {
+		var b strings.Builder
+		rec := slog.NewRecord(time.Time{}, slog.LevelInfo, v, 0)
+		rec.AddAttrs(slog.String(v, v))
+		_ = newHandler(&b, nil).Handle(context.Background(), rec)
+		lines = append(lines, b.String())
+	}
+	return lines
 }
 
 // printableASCII reports whether every byte of v is printable ASCII,

@@ -237,3 +237,25 @@ func TestLogHandlerScreensTheQuotedForm(t *testing.T) {
 		t.Errorf("a value whose quoted form adds no hex digits is redacted: %q", buf.String())
 	}
 }
+
+// slog's JSON handler writes a control byte other than tab, newline and
+// carriage return as \u00XX (encoding/json writes \b and \f), so a
+// backspace or form feed before 60 hex digits made 64 in a row in its
+// line, wherever the value stood: the screen checks the lines slog's own
+// handlers write.
+func TestLogHandlerScreensSlogsOwnEscapes(t *testing.T) {
+	for _, c := range []string{"\b", "\f", "\x01", "\x1f", "\u2028", "\xff"} {
+		v := c + reviewSecret[:60]
+		var buf bytes.Buffer
+		for hname, l := range map[string]*slog.Logger{
+			"json": ScreenLogger(slog.New(slog.NewJSONHandler(&buf, nil)), nil),
+			"text": ScreenLogger(slog.New(slog.NewTextHandler(&buf, nil)), nil),
+		} {
+			buf.Reset()
+			l.WithGroup(v).Info(v, v, v, "err", errors.New(v), "named", textOf(v))
+			if line := buf.String(); lease.SecretShaped(line) {
+				t.Errorf("%s handler, %q before 60 hex digits: %q holds 64 in a row", hname, c, line)
+			}
+		}
+	}
+}
