@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"reflect"
+	"strconv"
 	"strings"
 	"time"
 
@@ -128,21 +129,39 @@ func (h *LogHandler) attr(a slog.Attr) slog.Attr {
 }
 
 // value is v as a log line may show it: its redacted form if v holds
-// credential material, or if the line slog's text or JSON handler writes
-// for it does: their escapes write a byte or rune as hex digits (\x00,
-// \u0008, \u200b, \ufffd), which join the hex digits next to it. The
-// lines are slog's own (quotedBy), not a copy of its escaping rules. A
-// printable ASCII value is written as it is.
+// credential material, or if a line slog's text or JSON handler writes
+// for it does: their escapes write a byte or rune as up to eight hex
+// digits (\x7f, \u0008, \ufffd, \U000e0001), which join the hex digits
+// after it.
+// The lines are slog's own (quotedBy), not a copy of its escaping rules,
+// and v quoted whole (strconv.Quote), as the text handler quotes a key
+// together with a group prefix that needs quoting. Only a value that is
+// not printable ASCII and holds 56 hex digits in a row can be made one by
+// escaping.
 func (h *LogHandler) value(v string) string {
-	if screened := h.r.Value(v); screened != v || printableASCII(v) {
+	if screened := h.r.Value(v); screened != v || printableASCII(v) || longestHexRun(v) < 64-8 {
 		return screened
 	}
-	for _, quoted := range quotedBy(v) {
+	for _, quoted := range append(quotedBy(v), strconv.Quote(v)) {
 		if lease.SecretShaped(quoted) {
 			return h.r.redact(v)
 		}
 	}
 	return v
+}
+
+// longestHexRun is the length of v's longest run of hex digits.
+func longestHexRun(v string) int {
+	longest, run := 0, 0
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F' {
+			run++
+			longest = max(longest, run)
+		} else {
+			run = 0
+		}
+	}
+	return longest
 }
 
 // quotedBy are the lines slog's text and JSON handlers write for a record

@@ -259,3 +259,18 @@ func TestLogHandlerScreensSlogsOwnEscapes(t *testing.T) {
 		}
 	}
 }
+
+// The text handler quotes a key together with a group prefix that needs
+// quoting, and quoting writes DEL as \x7f, which a key alone does not
+// need; strconv.Quote writes a non-printable rune above U+FFFF as eight
+// hex digits (\U000e0001). Either joined the key's own hex digits into 64
+// in a row.
+func TestLogHandlerScreensKeysQuotedWithTheirGroup(t *testing.T) {
+	for _, k := range []string{"\x7f" + reviewSecret[:62], "\U000e0001" + reviewSecret[:56]} {
+		var buf bytes.Buffer
+		ScreenLogger(slog.New(slog.NewTextHandler(&buf, nil)), nil).WithGroup("a b").Info("m", k, 1, slog.Group("g=", k, 2))
+		if line := buf.String(); lease.SecretShaped(line) {
+			t.Errorf("key %q: %q holds 64 hex digits in a row", k[:4], line)
+		}
+	}
+}
