@@ -5,7 +5,6 @@ import (
 	"encoding"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"reflect"
 	"strconv"
@@ -130,14 +129,13 @@ func (h *LogHandler) attr(a slog.Attr) slog.Attr {
 
 // value is v as a log line may show it: its redacted form if v holds
 // credential material, or if a line slog's text or JSON handler writes
-// for it does: their escapes write a byte or rune as up to eight hex
+// for it does. Their escapes write a byte or rune as up to eight hex
 // digits (\x7f, \u0008, \ufffd, \U000e0001), which join the hex digits
-// after it.
-// The lines are slog's own (quotedBy), not a copy of its escaping rules,
-// and v quoted whole (strconv.Quote), as the text handler quotes a key
-// together with a group prefix that needs quoting. Only a value that is
-// not printable ASCII and holds 56 hex digits in a row can be made one by
-// escaping.
+// after it. The lines checked are slog's own (quotedBy), not a copy of
+// its escaping rules, and v quoted whole (strconv.Quote), as the text
+// handler quotes a key together with a group prefix that needs quoting.
+// Only a value that is not printable ASCII and holds 56 hex digits in a
+// row can be made 64 by escaping.
 func (h *LogHandler) value(v string) string {
 	if screened := h.r.Value(v); screened != v || printableASCII(v) || longestHexRun(v) < 64-8 {
 		return screened
@@ -167,18 +165,12 @@ func longestHexRun(v string) int {
 // quotedBy are the lines slog's text and JSON handlers write for a record
 // holding v as its message, an attribute's key and its value.
 func quotedBy(v string) []string {
-	lines := make([]string, 0, 2)
-	for _, newHandler := range []func(io.Writer, *slog.HandlerOptions) slog.Handler{
-		func(w io.Writer, o *slog.HandlerOptions) slog.Handler { return slog.NewTextHandler(w, o) },
-		func(w io.Writer, o *slog.HandlerOptions) slog.Handler { return slog.NewJSONHandler(w, o) },
-	} {
-		var b strings.Builder
-		rec := slog.NewRecord(time.Time{}, slog.LevelInfo, v, 0)
-		rec.AddAttrs(slog.String(v, v))
-		_ = newHandler(&b, nil).Handle(context.Background(), rec)
-		lines = append(lines, b.String())
-	}
-	return lines
+	var txt, js strings.Builder
+	rec := slog.NewRecord(time.Time{}, slog.LevelInfo, v, 0)
+	rec.AddAttrs(slog.String(v, v))
+	_ = slog.NewTextHandler(&txt, nil).Handle(context.Background(), rec)
+	_ = slog.NewJSONHandler(&js, nil).Handle(context.Background(), rec)
+	return []string{txt.String(), js.String()}
 }
 
 // printableASCII reports whether every byte of v is printable ASCII,
