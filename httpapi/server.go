@@ -39,7 +39,6 @@ type Server struct {
 	svc     *service.Service
 	authn   *auth.Authenticator
 	mux     *http.ServeMux
-	log     *slog.Logger
 	now     func() time.Time
 	metrics *metrics
 	comps   map[string]func(context.Context) ComponentHealth
@@ -52,7 +51,10 @@ type Server struct {
 type Options struct {
 	// Registry receives the metrics; nil uses a private registry.
 	Registry *prometheus.Registry
-	Logger   *slog.Logger
+	// Logger is not used: the server logs nothing of its own (the
+	// service logs, through the logger it was given). It stays for the
+	// callers that set it.
+	Logger *slog.Logger
 	// Components report the health of parts of the server besides the
 	// lease backend (the outbox relay) on /readyz, by name. A backend
 	// with a bounded outbox (lease.OutboxMeter) adds "outbox" itself.
@@ -74,7 +76,7 @@ type ComponentHealth struct {
 // included (service.Service.AuditAuthFailure); it stays for the callers of
 // this signature.
 func New(svc *service.Service, authn *auth.Authenticator, _ audit.Sink, o Options) *Server {
-	s := &Server{svc: svc, authn: authn, mux: http.NewServeMux(), log: o.Logger, now: time.Now,
+	s := &Server{svc: svc, authn: authn, mux: http.NewServeMux(), now: time.Now,
 		comps: maps.Clone(o.Components)}
 	if meter, ok := svc.Store().(lease.OutboxMeter); ok && s.comps["outbox"] == nil {
 		if s.comps == nil {
@@ -82,7 +84,6 @@ func New(svc *service.Service, authn *auth.Authenticator, _ audit.Sink, o Option
 		}
 		s.comps["outbox"] = outboxHealth(meter)
 	}
-	s.log = audit.ScreenLogger(s.log, nil)
 	reg := o.Registry
 	if reg == nil {
 		reg = prometheus.NewRegistry()
