@@ -23,28 +23,35 @@ import (
 )
 
 // BenchmarkScale measures how cost grows with the work, on bolt and on
-// Valkey (a fresh redis-server per N, AOF with appendfsync always;
-// STARLEASE_SCALE_BACKENDS=bolt or valkey keeps one of them): a
-// store preloaded with N active leases (STARLEASE_SCALE_NS, default
-// 0,10000,100000; distinct identities over 10 owners and 10 programs,
-// which never expire during the run) then runs acquire+release pairs on
-// other identities at 1 and 16 goroutines for STARLEASE_BENCH_ROW each
-// (default 2s). It reports pairs/s, the ratio to N = 0, and the storage
-// each active lease costs: the bolt file's growth (its size, and the disk
-// blocks it holds: bbolt grows the file ahead of its pages, up to 16 MiB
-// that hold no blocks), Valkey's used_memory and AOF growth, per
-// preloaded lease; then, once they are all released, what each ended
-// lease leaves behind for its retention (history, the evidence of both
-// operations, lookups, the counter), and for Valkey what the AOF holds of
-// it once rewritten (BGREWRITEAOF: the steady-state disk, since the AOF
-// grows by what is written and is compacted by its rewrite). Then 10,000 leases with a 5 s TTL
-// expire at about the same time with the reaper running every second,
-// while one writer keeps acquiring and releasing: it reports how long the
-// active count takes to come back (expiries/s) and the writer's longest
-// pair from the first expiry until then, beside the same writer's
-// longest pair over 5 s on the same store just before, with the reaper
-// running and nothing due: what the disk and the machine give a pair
-// anyway, so that what the reaping adds can be told from it.
+// Valkey (a fresh redis-server per N, AOF with appendfsync always), the
+// Valkey namespace in format 6 ("valkey") and, as the baseline its bytes
+// are compared with in the same run, one left in version 1 ("valkey-v1",
+// no format switch); STARLEASE_SCALE_BACKENDS, comma-separated, keeps
+// some of them. A store preloaded with N active leases
+// (STARLEASE_SCALE_NS, default 0,10000,100000; distinct identities over
+// 10 owners and 10 programs, which never expire during the run) then runs
+// acquire+release pairs on other identities at 1 and 16 goroutines for
+// STARLEASE_BENCH_ROW each (default 2s). It reports pairs/s, the ratio to
+// N = 0, and the storage each active lease costs: the bolt file's growth
+// (its size, and the disk blocks it holds: bbolt grows the file ahead of
+// its pages, up to 16 MiB that hold no blocks), Valkey's used_memory and
+// AOF growth, per preloaded lease; then, once they are all released, what
+// each of them leaves behind for its retention (history, the evidence of
+// both operations, lookups, the counter): its acquisition's share plus
+// its release's, so the measured pairs, which run on identities of their
+// own and end many leases each, are not counted in it. For Valkey it also
+// reports what the AOF holds of an ended lease once rewritten
+// (BGREWRITEAOF: the steady-state disk, since the AOF grows by what is
+// written and is compacted by its rewrite). Then 10,000 leases with a 5 s
+// TTL expire at about the same time with the reaper running every second,
+// while one writer keeps acquiring and releasing (bolt and format 6): it
+// reports how long the active count takes to come back (expiries/s) and
+// the writer's longest pair from the first expiry until then, beside the
+// same writer's longest pair over 5 s on the same store just before, with
+// the reaper running and nothing due: what the disk and the machine give a
+// pair anyway, so that what the reaping adds can be told from it. Last,
+// the scale goals, each from this run: throughput at the largest
+// N over N = 0, reaping, and format 6's bytes over version 1's.
 //
 // The benchmark ignores b.N: run it with -benchtime 1x.
 func BenchmarkScale(b *testing.B) {
@@ -76,38 +83,43 @@ func BenchmarkScale(b *testing.B) {
 		control   time.Duration
 	}
 	var reaps []reapLine
-	backends := []string{"bolt", "valkey"}
+	backends := []string{"bolt", "valkey", valkeyV1}
 	if v := os.Getenv("STARLEASE_SCALE_BACKENDS"); v != "" {
 		backends = strings.Split(v, ",")
 		for _, be := range backends {
-			if be != "bolt" && be != "valkey" {
-				b.Fatalf("STARLEASE_SCALE_BACKENDS=%q: want bolt, valkey or both, comma-separated", v)
+			if be != "bolt" && be != "valkey" && be != valkeyV1 {
+				b.Fatalf("STARLEASE_SCALE_BACKENDS=%q: want some of bolt, valkey and %s, comma-separated", v, valkeyV1)
 			}
 		}
 	}
 	for _, backend := range backends {
 		for _, n := range ns {
 			s, size, rewrite := openScaleStore(b, backend, time.Minute)
-			var empty int64
-			if rewrite != nil {
-				empty = rewrite()
+			// Valkey's AOF is rewritten at each step the rewritten figure
+			// is taken between (zero for bolt, which keeps only what it
+			// retains); every AOF growth is taken between rewrites.
+			rewritten := func() int64 {
+				if rewrite == nil {
+					return 0
+				}
+				return rewrite()
 			}
+			empty := rewritten()
 			before := size()
 			held := preload(b, s, n)
 			after := size()
+			activeRewritten := rewritten() - empty
 			l := line{backend: backend, n: n}
 			if n > 0 {
 				l.bytesPerLease = float64(after.mem-before.mem) / float64(n)
 				l.diskPerLease = float64(after.disk-before.disk) / float64(n)
 				l.aofPerLease = float64(after.aof-before.aof) / float64(n)
 			}
-			pairs := 0
 			for _, conc := range []int{1, 16} {
 				m, err := measure(storeRows(backend, s, false)[0], conc, rowTime)
 				if err != nil {
 					b.Fatalf("%s N=%d at %d goroutines: %v", backend, n, conc, err)
 				}
-				pairs += m.ops
 				if conc == 1 {
 					l.pairs1 = m.opsPerSec
 				} else {
@@ -115,21 +127,24 @@ func BenchmarkScale(b *testing.B) {
 				}
 			}
 			if n > 0 {
-				// What one ended lease leaves behind for its retention:
-				// history, both operations' evidence, the lease-id
-				// lookup and the counter.
+				// What one preloaded lease leaves behind for its
+				// retention (history, both operations' evidence, the
+				// lease-id lookup and the counter): its acquisition's
+				// growth plus its release's.
+				pairedRewritten := rewritten()
+				paired := size()
 				releaseAll(b, s, held)
 				ended := size()
-				// Every measured pair ended a lease too.
-				l.endedBytes = float64(ended.mem-before.mem) / float64(n+pairs)
-				l.endedDisk = float64(ended.disk-before.disk) / float64(n+pairs)
-				l.endedAOF = float64(ended.aof-before.aof) / float64(n+pairs)
-				if rewrite != nil {
-					l.endedRewritten = float64(rewrite()-empty) / float64(n+pairs)
-				}
+				l.endedBytes = float64(after.mem-before.mem+ended.mem-paired.mem) / float64(n)
+				l.endedDisk = float64(after.disk-before.disk+ended.disk-paired.disk) / float64(n)
+				l.endedAOF = float64(after.aof-before.aof+ended.aof-paired.aof) / float64(n)
+				l.endedRewritten = float64(activeRewritten+rewritten()-pairedRewritten) / float64(n)
 			}
 			lines = append(lines, l)
 			s.Close()
+		}
+		if backend == valkeyV1 {
+			continue // the bytes' baseline only
 		}
 		s, _, _ := openScaleStore(b, backend, time.Second)
 		per, wait, control := reapBacklog(b, s, 10000)
@@ -156,6 +171,89 @@ func BenchmarkScale(b *testing.B) {
 			float64(r.control.Microseconds())/1000)
 	}
 	w.Flush()
+
+	// The goals, each from this run's figures.
+	var goals []scaleGoal
+	top := ns[len(ns)-1]
+	at := func(backend string, n int) (line, bool) {
+		for _, l := range lines {
+			if l.backend == backend && l.n == n {
+				return l, true
+			}
+		}
+		return line{}, false
+	}
+	for _, backend := range []string{"bolt", "valkey"} {
+		l, ok := at(backend, top)
+		b0, ok0 := at(backend, ns[0])
+		if !ok || !ok0 || top == ns[0] || l.pairs1 == 0 {
+			continue
+		}
+		goals = append(goals,
+			scaleGoal{fmt.Sprintf("%s pairs/s at N=%d / N=%d, 1 goroutine", backend, top, ns[0]), l.pairs1 / b0.pairs1, 0.8, true},
+			scaleGoal{fmt.Sprintf("%s pairs/s at N=%d / N=%d, 16 goroutines", backend, top, ns[0]), l.pairs16 / b0.pairs16, 0.8, true})
+	}
+	for _, r := range reaps {
+		goals = append(goals,
+			scaleGoal{r.backend + " expiries/s, 10,000 expiring", r.perSec, 1000, true},
+			scaleGoal{r.backend + " longest writer pair while reaping (ms)", float64(r.maxWriter.Microseconds()) / 1000, 50, false})
+	}
+	for _, n := range ns {
+		l, ok := at("valkey", n)
+		v1, ok1 := at(valkeyV1, n)
+		if n == 0 || !ok || !ok1 {
+			continue
+		}
+		for _, g := range []struct {
+			what      string
+			got, base float64
+		}{
+			{"memory per active lease", l.bytesPerLease, v1.bytesPerLease},
+			{"AOF written per active lease", l.aofPerLease, v1.aofPerLease},
+			{"memory per ended lease", l.endedBytes, v1.endedBytes},
+			{"AOF written per ended lease", l.endedAOF, v1.endedAOF},
+			{"AOF rewritten per ended lease", l.endedRewritten, v1.endedRewritten},
+		} {
+			goals = append(goals, scaleGoal{fmt.Sprintf("valkey format 6 / version 1 at N=%d: %s", n, g.what), g.got / g.base, 0.5, false})
+		}
+	}
+	if len(goals) == 0 {
+		return
+	}
+	fmt.Println()
+	w = tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(w, "goal\tmeasured\tgoal\tmet\t\n")
+	for _, g := range goals {
+		fmt.Fprintf(w, "%s\t%.2f\t%s\t%s\t\n", g.name, g.got, g.bound(), g.met())
+	}
+	w.Flush()
+}
+
+// valkeyV1 is the scale benchmark's Valkey namespace left in version 1,
+// the baseline of format 6's bytes.
+const valkeyV1 = "valkey-v1"
+
+// scaleGoal is one of the scale goals: got against limit, a
+// least value if atLeast, else a most value.
+type scaleGoal struct {
+	name    string
+	got     float64
+	limit   float64
+	atLeast bool
+}
+
+func (g scaleGoal) bound() string {
+	if g.atLeast {
+		return fmt.Sprintf("≥ %g", g.limit)
+	}
+	return fmt.Sprintf("≤ %g", g.limit)
+}
+
+func (g scaleGoal) met() string {
+	if g.atLeast && g.got >= g.limit || !g.atLeast && g.got <= g.limit {
+		return "yes"
+	}
+	return "no"
 }
 
 // storeSize is the storage a store holds: bytes (the bolt file's size,
@@ -194,7 +292,8 @@ func openScaleStore(b *testing.B, backend string, reap time.Duration) (scaleStor
 		}, nil
 	default:
 		r := testenv.StartRedis(b)
-		s, err := valkey.Open(bg, valkey.Options{Addr: r.Addr(), StoreOptions: storeOptions(), ReapInterval: reap, LeanRecords: true})
+		// Format 6, or (valkeyV1) no format switch: version 1.
+		s, err := valkey.Open(bg, valkey.Options{Addr: r.Addr(), StoreOptions: storeOptions(), ReapInterval: reap, LeanRecords: backend == "valkey"})
 		if err != nil {
 			b.Fatal(err)
 		}
