@@ -263,9 +263,12 @@ var (
 	seq   atomic.Int64
 )
 
-// uid is unique within the run and across runs on one server.
+// uid is unique within the run and across runs on one server, and of
+// one length for the run (its sequence padded to 6 base-36 digits), so
+// rows measured later do not store longer ids.
 func uid(prefix string) string {
-	return prefix + strconv.FormatInt(time.Now().UnixNano(), 36) + "_" + strconv.FormatInt(seq.Add(1), 36)
+	n := strconv.FormatInt(seq.Add(1), 36)
+	return prefix + strconv.FormatInt(time.Now().UnixNano(), 36) + "_" + strings.Repeat("0", max(0, 6-len(n))) + n
 }
 
 func storeOptions() lease.StoreOptions {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,12 +38,13 @@ import (
 // its pages, up to 16 MiB that hold no blocks), Valkey's used_memory and
 // AOF growth, per preloaded lease; then, once they are all released, what
 // each of them leaves behind for its retention (history, the evidence of
-// both operations, lookups, the counter): its acquisition's share plus
-// its release's, so the measured pairs, which run on identities of their
-// own and end many leases each, are not counted in it. For Valkey it also
-// reports what the AOF holds of an ended lease once rewritten
-// (BGREWRITEAOF: the steady-state disk, since the AOF grows by what is
-// written and is compacted by its rewrite). Then 10,000 leases with a 5 s
+// both operations, lookups, the counter), one lease per identity: its
+// acquisition's share plus its release's. The measured pairs run on 17
+// identities of their own, each ending thousands of leases, so past
+// HistoryPerIdentity every release trims an entry: what such a "hot" pair
+// leaves behind is reported apart. For Valkey it also reports what the AOF
+// holds once rewritten (BGREWRITEAOF: the steady-state disk, since the AOF
+// grows by what is written and is compacted by its rewrite). Then 10,000 leases with a 5 s
 // TTL expire at about the same time with the reaper running every second,
 // while one writer keeps acquiring and releasing (bolt and format 6): it
 // reports how long the active count takes to come back (expiries/s) and
@@ -51,7 +53,8 @@ import (
 // the reaper running and nothing due: what the disk and the machine give a
 // pair anyway, so that what the reaping adds can be told from it. Last,
 // the scale goals, each from this run: throughput at the largest
-// N over N = 0, reaping, and format 6's bytes over version 1's.
+// N over N = 0, reaping, and format 6's bytes over version 1's, for an
+// ended lease and for a hot pair.
 //
 // The benchmark ignores b.N: run it with -benchtime 1x.
 func BenchmarkScale(b *testing.B) {
@@ -73,7 +76,9 @@ func BenchmarkScale(b *testing.B) {
 		pairs1, pairs16                          float64
 		bytesPerLease, diskPerLease, aofPerLease float64
 		endedBytes, endedDisk, endedAOF          float64
-		endedRewritten                           float64 // Valkey only; else 0
+		pairBytes, pairDisk, pairAOF             float64
+		// Valkey only; else 0.
+		activeRewritten, endedRewritten, pairRewritten float64
 	}
 	var lines []line
 	type reapLine struct {
@@ -86,7 +91,9 @@ func BenchmarkScale(b *testing.B) {
 	backends := []string{"bolt", "valkey", valkeyV1}
 	if v := os.Getenv("STARLEASE_SCALE_BACKENDS"); v != "" {
 		backends = strings.Split(v, ",")
-		for _, be := range backends {
+		for i, be := range backends {
+			be = strings.TrimSpace(be)
+			backends[i] = be
 			if be != "bolt" && be != "valkey" && be != valkeyV1 {
 				b.Fatalf("STARLEASE_SCALE_BACKENDS=%q: want some of bolt, valkey and %s, comma-separated", v, valkeyV1)
 			}
@@ -108,37 +115,51 @@ func BenchmarkScale(b *testing.B) {
 			before := size()
 			held := preload(b, s, n)
 			after := size()
-			activeRewritten := rewritten() - empty
 			l := line{backend: backend, n: n}
+			rewrittenAfter := rewritten()
 			if n > 0 {
 				l.bytesPerLease = float64(after.mem-before.mem) / float64(n)
 				l.diskPerLease = float64(after.disk-before.disk) / float64(n)
 				l.aofPerLease = float64(after.aof-before.aof) / float64(n)
+				l.activeRewritten = float64(rewrittenAfter-empty) / float64(n)
 			}
+			unpaired := size()
+			pairs := 0
 			for _, conc := range []int{1, 16} {
 				m, err := measure(storeRows(backend, s, false)[0], conc, rowTime)
 				if err != nil {
 					b.Fatalf("%s N=%d at %d goroutines: %v", backend, n, conc, err)
 				}
+				pairs += m.ops
 				if conc == 1 {
 					l.pairs1 = m.opsPerSec
 				} else {
 					l.pairs16 = m.opsPerSec
 				}
 			}
+			// What a measured pair leaves behind: each goroutine keeps its
+			// identity, so past HistoryPerIdentity every release trims
+			// that identity's oldest entry (a hot identity).
+			paired := size()
+			rewrittenPaired := rewritten()
+			if pairs > 0 {
+				l.pairBytes = float64(paired.mem-unpaired.mem) / float64(pairs)
+				l.pairDisk = float64(paired.disk-unpaired.disk) / float64(pairs)
+				l.pairAOF = float64(paired.aof-unpaired.aof) / float64(pairs)
+				l.pairRewritten = float64(rewrittenPaired-rewrittenAfter) / float64(pairs)
+			}
 			if n > 0 {
 				// What one preloaded lease leaves behind for its
 				// retention (history, both operations' evidence, the
-				// lease-id lookup and the counter): its acquisition's
-				// growth plus its release's.
-				pairedRewritten := rewritten()
-				paired := size()
+				// lease-id lookup and the counter), one lease per
+				// identity: its acquisition's growth plus its release's.
+				unreleased := size()
 				releaseAll(b, s, held)
 				ended := size()
-				l.endedBytes = float64(after.mem-before.mem+ended.mem-paired.mem) / float64(n)
-				l.endedDisk = float64(after.disk-before.disk+ended.disk-paired.disk) / float64(n)
-				l.endedAOF = float64(after.aof-before.aof+ended.aof-paired.aof) / float64(n)
-				l.endedRewritten = float64(activeRewritten+rewritten()-pairedRewritten) / float64(n)
+				l.endedBytes = float64(after.mem-before.mem+ended.mem-unreleased.mem) / float64(n)
+				l.endedDisk = float64(after.disk-before.disk+ended.disk-unreleased.disk) / float64(n)
+				l.endedAOF = float64(after.aof-before.aof+ended.aof-unreleased.aof) / float64(n)
+				l.endedRewritten = float64(rewrittenAfter-empty+rewritten()-rewrittenPaired) / float64(n)
 			}
 			lines = append(lines, l)
 			s.Close()
@@ -151,16 +172,29 @@ func BenchmarkScale(b *testing.B) {
 		reaps = append(reaps, reapLine{backend, per, wait, control})
 		s.Close()
 	}
-	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(w, "backend\tN active\tpairs/s 1 g\tx N=0\tpairs/s 16 g\tx N=0\tbytes/active lease\tallocated/active lease\tAOF/active lease\tbytes/ended lease\tallocated/ended lease\tAOF/ended lease\tAOF rewritten/ended lease\t\n")
-	base := map[string]line{}
-	for _, l := range lines {
-		if l.n == ns[0] {
-			base[l.backend] = l
+	least, most := slices.Min(ns), slices.Max(ns)
+	at := func(backend string, n int) (line, bool) {
+		for _, l := range lines {
+			if l.backend == backend && l.n == n {
+				return l, true
+			}
 		}
-		b0 := base[l.backend]
-		fmt.Fprintf(w, "%s\t%d\t%.0f\t%.2f\t%.0f\t%.2f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t\n", l.backend, l.n, l.pairs1, l.pairs1/b0.pairs1,
-			l.pairs16, l.pairs16/b0.pairs16, l.bytesPerLease, l.diskPerLease, l.aofPerLease, l.endedBytes, l.endedDisk, l.endedAOF, l.endedRewritten)
+		return line{}, false
+	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(w, "backend\tN active\tpairs/s 1 g\tx N=%d\tpairs/s 16 g\tx N=%d\tbytes/active lease\tallocated/active lease\tAOF/active lease\tAOF rewritten/active lease\t\n", least, least)
+	for _, l := range lines {
+		b0, _ := at(l.backend, least)
+		fmt.Fprintf(w, "%s\t%d\t%.0f\t%.2f\t%.0f\t%.2f\t%.0f\t%.0f\t%.0f\t%.0f\t\n", l.backend, l.n, l.pairs1, l.pairs1/b0.pairs1,
+			l.pairs16, l.pairs16/b0.pairs16, l.bytesPerLease, l.diskPerLease, l.aofPerLease, l.activeRewritten)
+	}
+	w.Flush()
+	fmt.Println()
+	w = tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(w, "backend\tN active\tbytes/ended lease\tallocated/ended lease\tAOF/ended lease\tAOF rewritten/ended lease\tbytes/hot pair\tallocated/hot pair\tAOF/hot pair\tAOF rewritten/hot pair\t\n")
+	for _, l := range lines {
+		fmt.Fprintf(w, "%s\t%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t\n", l.backend, l.n, l.endedBytes, l.endedDisk, l.endedAOF,
+			l.endedRewritten, l.pairBytes, l.pairDisk, l.pairAOF, l.pairRewritten)
 	}
 	w.Flush()
 	fmt.Println()
@@ -174,47 +208,49 @@ func BenchmarkScale(b *testing.B) {
 
 	// The goals, each from this run's figures.
 	var goals []scaleGoal
-	top := ns[len(ns)-1]
-	at := func(backend string, n int) (line, bool) {
-		for _, l := range lines {
-			if l.backend == backend && l.n == n {
-				return l, true
-			}
-		}
-		return line{}, false
-	}
 	for _, backend := range []string{"bolt", "valkey"} {
-		l, ok := at(backend, top)
-		b0, ok0 := at(backend, ns[0])
-		if !ok || !ok0 || top == ns[0] || l.pairs1 == 0 {
+		l, ok := at(backend, most)
+		b0, ok0 := at(backend, 0)
+		if !ok || !ok0 || most == 0 {
 			continue
 		}
 		goals = append(goals,
-			scaleGoal{fmt.Sprintf("%s pairs/s at N=%d / N=%d, 1 goroutine", backend, top, ns[0]), l.pairs1 / b0.pairs1, 0.8, true},
-			scaleGoal{fmt.Sprintf("%s pairs/s at N=%d / N=%d, 16 goroutines", backend, top, ns[0]), l.pairs16 / b0.pairs16, 0.8, true})
+			ratioGoal(fmt.Sprintf("%s pairs/s at N=%d / N=0, 1 goroutine", backend, most), l.pairs1, b0.pairs1, 0.8, true),
+			ratioGoal(fmt.Sprintf("%s pairs/s at N=%d / N=0, 16 goroutines", backend, most), l.pairs16, b0.pairs16, 0.8, true))
 	}
 	for _, r := range reaps {
 		goals = append(goals,
-			scaleGoal{r.backend + " expiries/s, 10,000 expiring", r.perSec, 1000, true},
-			scaleGoal{r.backend + " longest writer pair while reaping (ms)", float64(r.maxWriter.Microseconds()) / 1000, 50, false})
+			scaleGoal{r.backend + " expiries/s, 10,000 expiring", r.perSec, true, 1000, true},
+			scaleGoal{r.backend + " longest writer pair while reaping (ms)", float64(r.maxWriter.Microseconds()) / 1000, true, 50, false})
 	}
 	for _, n := range ns {
 		l, ok := at("valkey", n)
 		v1, ok1 := at(valkeyV1, n)
-		if n == 0 || !ok || !ok1 {
+		if !ok || !ok1 {
 			continue
 		}
-		for _, g := range []struct {
+		type figure struct {
 			what      string
 			got, base float64
-		}{
-			{"memory per active lease", l.bytesPerLease, v1.bytesPerLease},
-			{"AOF written per active lease", l.aofPerLease, v1.aofPerLease},
-			{"memory per ended lease", l.endedBytes, v1.endedBytes},
-			{"AOF written per ended lease", l.endedAOF, v1.endedAOF},
-			{"AOF rewritten per ended lease", l.endedRewritten, v1.endedRewritten},
-		} {
-			goals = append(goals, scaleGoal{fmt.Sprintf("valkey format 6 / version 1 at N=%d: %s", n, g.what), g.got / g.base, 0.5, false})
+		}
+		var figures []figure
+		if n > 0 {
+			figures = append(figures,
+				figure{"memory per active lease", l.bytesPerLease, v1.bytesPerLease},
+				figure{"AOF written per active lease", l.aofPerLease, v1.aofPerLease},
+				figure{"memory per ended lease", l.endedBytes, v1.endedBytes},
+				figure{"AOF written per ended lease", l.endedAOF, v1.endedAOF},
+				figure{"AOF rewritten per ended lease", l.endedRewritten, v1.endedRewritten})
+		}
+		if n == least {
+			// The hot identities' pairs are alike at every N: once.
+			figures = append(figures,
+				figure{"memory per hot pair", l.pairBytes, v1.pairBytes},
+				figure{"AOF written per hot pair", l.pairAOF, v1.pairAOF},
+				figure{"AOF rewritten per hot pair", l.pairRewritten, v1.pairRewritten})
+		}
+		for _, f := range figures {
+			goals = append(goals, ratioGoal(fmt.Sprintf("valkey format 6 / version 1 at N=%d: %s", n, f.what), f.got, f.base, 0.5, false))
 		}
 	}
 	if len(goals) == 0 {
@@ -224,7 +260,7 @@ func BenchmarkScale(b *testing.B) {
 	w = tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(w, "goal\tmeasured\tgoal\tmet\t\n")
 	for _, g := range goals {
-		fmt.Fprintf(w, "%s\t%.2f\t%s\t%s\t\n", g.name, g.got, g.bound(), g.met())
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t\n", g.name, g.measured(), g.bound(), g.met())
 	}
 	w.Flush()
 }
@@ -234,12 +270,26 @@ func BenchmarkScale(b *testing.B) {
 const valkeyV1 = "valkey-v1"
 
 // scaleGoal is one of the scale goals: got against limit, a
-// least value if atLeast, else a most value.
+// least value if atLeast, else a most value; a figure that is not valid
+// (a ratio over nothing, or below zero: noise) is not met.
 type scaleGoal struct {
 	name    string
 	got     float64
+	valid   bool
 	limit   float64
 	atLeast bool
+}
+
+// ratioGoal is the goal that got / base meet limit.
+func ratioGoal(name string, got, base, limit float64, atLeast bool) scaleGoal {
+	return scaleGoal{name, got / base, base > 0 && got >= 0, limit, atLeast}
+}
+
+func (g scaleGoal) measured() string {
+	if !g.valid {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f", g.got)
 }
 
 func (g scaleGoal) bound() string {
@@ -250,7 +300,7 @@ func (g scaleGoal) bound() string {
 }
 
 func (g scaleGoal) met() string {
-	if g.atLeast && g.got >= g.limit || !g.atLeast && g.got <= g.limit {
+	if g.valid && (g.atLeast && g.got >= g.limit || !g.atLeast && g.got <= g.limit) {
 		return "yes"
 	}
 	return "no"
