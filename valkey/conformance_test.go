@@ -64,6 +64,20 @@ func TestConformanceLeanRecords(t *testing.T) {
 	})
 }
 
+// TestConformanceEagerDetach runs the suite on format 6 namespaces whose
+// stores detach eagerly (Options.EagerDetach).
+func TestConformanceEagerDetach(t *testing.T) {
+	r, pw := aclServer(t)
+	leasetest.Run(t, func(t *testing.T) leasetest.Backend {
+		s := open(t, r, Options{Username: "starlease", PasswordFile: pw, KeyPrefix: "starlease:" + randomPrefix(),
+			StoreOptions: leasetest.StoreOptions(), LeanRecords: true, EagerDetach: true})
+		if s.writeFormat() != "lean_records+eager" {
+			t.Fatal("the store does not detach eagerly in format 6")
+		}
+		return leasetest.Backend{Store: s, Faults: faults{s}}
+	})
+}
+
 // TestConformanceEmbeddedEvidence runs the suite on namespaces switched to
 // format 4: acquisition evidence in version 3 records until a lease ends.
 func TestConformanceEmbeddedEvidence(t *testing.T) {

@@ -47,6 +47,12 @@ import (
 // It is one way (raise_format in library.lua never lowers it; an instance
 // of an older build would answer the later data as corrupt). Every build
 // reads every version it knows.
+//
+// Options.EagerDetach is not a format but a choice of each instance in
+// format 5 or 6: an ending whose push drops an entry that ended within the
+// idempotency retention writes format 4's forms (evidence and history
+// version 2), which every build since format 3 reads, instead of writing
+// by reference what the next trims would rewrite.
 const (
 	compactFormat     = "2"
 	compactRecords    = "3"
@@ -64,11 +70,16 @@ var formatLevels = map[string]int32{compactFormat: 2, compactRecords: 3, embedde
 func (s *Store) writes(f string) bool { return s.format.Load() >= formatLevels[f] }
 
 // writeFormat is the last ARGV of each call that keeps evidence, history
-// or an active record (library.lua's context).
+// or an active record (library.lua's context), with "+eager" in format 5
+// or 6 for a store that detaches eagerly (Options.EagerDetach).
 func (s *Store) writeFormat() string {
 	switch {
+	case s.writes(leanRecords) && s.eagerDetach:
+		return "lean_records+eager"
 	case s.writes(leanRecords):
 		return "lean_records"
+	case s.writes(referringEvidence) && s.eagerDetach:
+		return "referring_evidence+eager"
 	case s.writes(referringEvidence):
 		return "referring_evidence"
 	case s.writes(embeddedEvidence):

@@ -862,7 +862,10 @@ local function expiry_member(r, tag) return tag .. '\0' .. r.lease_id .. '\0' ..
 --   5 evidence (idempotency or accepted commit), 6 quarantine, 7 the
 --   namespace gate; operation-specific keys follow.
 local function context(keys, args)
-  local format = args[#args]
+  local format, eager = args[#args], false
+  -- '+eager' after format 5 or 6: the instance detaches eagerly (see
+  -- refers_at).
+  if string.find(format, '+eager', 1, true) then format, eager = string.sub(format, 1, -7), true end
   return {
     deadline = tonumber(args[1]), lock_key = args[2], tag = args[3], args = args,
     grace = tonumber(args[11]), hist_cap = tonumber(args[12]), hist_ret = tonumber(args[13]),
@@ -890,6 +893,7 @@ local function context(keys, args)
     -- 'lean_records' (format 6) stores a record carrying its acquisition's
     -- evidence in version 4 (encode_rv4) instead of 3.
     rv4 = format == 'lean_records',
+    eager = eager,
   }
 end
 
@@ -997,6 +1001,31 @@ end
 -- the entry it refers to is there as long as it is.
 local function refers(c) return c.refs and c.hist_ret >= c.idem_ret end
 
+-- trims_live reports whether pushing an entry of a lease ended at ended
+-- trims one whose evidence may still be live: the list's entry at the
+-- cap (the newest one the push drops) ended less than the idempotency
+-- retention before. An identity that ends its cap of leases that fast
+-- would have every entry it writes by reference trimmed while its
+-- evidence lives, and that evidence rewritten whole then (detach). An
+-- entry it cannot read the end of says nothing (false).
+local function trims_live(c, ended)
+  -- (LRANGE of one entry: the documented ACL has it, not LINDEX.)
+  local oldest = redis.call('LRANGE', c.k_hist, c.hist_cap - 1, c.hist_cap - 1)[1]
+  if not oldest then return false end
+  local at = string.match(oldest, '^hv2\n(%d+)\n') or string.match(oldest, '^hv4\n[%w_%-]*\n[%w_%-]*\n(%d+)\n')
+  return at ~= nil and #at <= 16 and ended - tonumber(at) < c.idem_ret
+end
+
+-- refers_at reports whether an ending at ended writes its evidence by
+-- reference (refers): not, for an instance that detaches eagerly
+-- (Options.EagerDetach), where the push trims live evidence (trims_live).
+-- The ending then writes what detach would have written later, evidence
+-- version 2 and an entry of version 2 that names none: the same answers,
+-- without the rewrite when the entry goes.
+local function refers_at(c, ended)
+  return refers(c) and not (c.eager and trims_live(c, ended))
+end
+
 -- REF_CODES is the code of the evidence version 3 holds, by operation.
 local REF_CODES = { acquire = 'lease_acquired', release = 'lease_released' }
 
@@ -1060,8 +1089,8 @@ end
 -- JSON, from it; see expandHistory in evidence.go): its facts one per
 -- line, in place of a second copy of the record JSON. Returns the ended
 -- record's JSON if it built it (version 1 history; see ended_record).
-local function archive(c, r, state, ended, by, request_id, reason, incident, release_scope)
-  local refs = refers(c)
+local function archive(c, r, state, ended, by, request_id, reason, incident, release_scope, refs)
+  if refs == nil then refs = refers_at(c, ended) end
   if r.idem_scope then write_out(c, r, refs) end
   local raw, entry
   if not c.compact then
@@ -1386,9 +1415,10 @@ local function finish(keys, args)
   if not cur then return reply end
   -- Format 5: a release's evidence refers to the entry, which names it by
   -- its scope (the evidence key's).
-  local release_scope = args[23] == 'release' and refers(c) and string.match(c.k_ev, ':idem:([%w_%-]+)$')
+  local refs = refers_at(c, now)
+  local release_scope = args[23] == 'release' and refs and string.match(c.k_ev, ':idem:([%w_%-]+)$')
   if not is_scope(release_scope) then release_scope = nil end
-  local raw = archive(c, cur, e.state, now, args[17], args[20], args[21], args[22], release_scope)
+  local raw = archive(c, cur, e.state, now, args[17], args[20], args[21], args[22], release_scope, refs)
   remember(c, now, args[23], args[19], e.code, cur, e.state, raw, release_scope ~= nil)
   return { 'ok', int(now), ended_record(raw, cur, e.state) }
 end

@@ -67,6 +67,15 @@ type Options struct {
 	// ReferringEvidence's, and a record carrying its acquisition's evidence
 	// stored in version 4, without what its own lines say (format.go).
 	LeanRecords bool
+	// EagerDetach, in format 5 or 6, has an ending on an identity that
+	// ends its HistoryPerIdentity leases within the idempotency retention
+	// (so that its push trims an entry whose evidence may still be live)
+	// write its evidence and history entry in version 2, as the trim of an
+	// entry written by reference would rewrite them later (format.go).
+	// The answers are the same; such an identity pays less per ending, a
+	// slower one pays as without it. Every build since format 3 reads what
+	// it writes, so instances may differ in it.
+	EagerDetach bool
 	// DialTimeout bounds connecting; zero means 5 s.
 	DialTimeout time.Duration
 	// ReplyGrace is how long past a request's deadline the adapter waits
@@ -123,6 +132,8 @@ type Store struct {
 	// wantFormat is the format the options ask for, raised to at Open and
 	// at each reaper pass (raiseWanted).
 	wantFormat string
+	// eagerDetach is Options.EagerDetach.
+	eagerDetach bool
 }
 
 var _ lease.Store = (*Store)(nil)
@@ -227,6 +238,7 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 		return nil, lease.Errorf(lease.CodeBackendUnavailable, "cannot load the function library: %s", classify(err))
 	}
 	s.loadFormat(ctx)
+	s.eagerDetach = o.EagerDetach
 	switch {
 	case o.LeanRecords:
 		s.wantFormat = leanRecords
