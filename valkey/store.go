@@ -72,9 +72,10 @@ type Options struct {
 	// (so that its push trims an entry whose evidence may still be live)
 	// write its evidence and history entry in version 2, as the trim of an
 	// entry written by reference would rewrite them later (format.go).
-	// The answers are the same; such an identity pays less per ending, a
-	// slower one pays as without it. Every build since format 3 reads what
-	// it writes, so instances may differ in it.
+	// The answers are the same; such an identity pays less per ending, and
+	// every ending in format 5 or 6 one more read (the entry at the cap).
+	// Every build since format 3 reads what it writes, so instances may
+	// differ in it.
 	EagerDetach bool
 	// DialTimeout bounds connecting; zero means 5 s.
 	DialTimeout time.Duration
