@@ -25,10 +25,10 @@ import (
 
 // BenchmarkScale measures how cost grows with the work, on bolt and on
 // Valkey (a fresh redis-server per N, AOF with appendfsync always), the
-// Valkey namespace in format 6 ("valkey") and, as the baseline its bytes
-// are compared with in the same run, one left in version 1 ("valkey-v1",
-// no format switch); STARLEASE_SCALE_BACKENDS, comma-separated, keeps
-// some of them. A store preloaded with N active leases
+// Valkey namespace in format 6 with EagerDetach ("valkey") and, as the
+// baseline its bytes are compared with in the same run, one left in
+// version 1 ("valkey-v1", no format switch); STARLEASE_SCALE_BACKENDS,
+// comma-separated, keeps some of them. A store preloaded with N active leases
 // (STARLEASE_SCALE_NS, default 0,10000,100000; distinct identities over
 // 10 owners and 10 programs, which never expire during the run) then runs
 // acquire+release pairs on other identities at 1 and 16 goroutines for
@@ -342,8 +342,10 @@ func openScaleStore(b *testing.B, backend string, reap time.Duration) (scaleStor
 		}, nil
 	default:
 		r := testenv.StartRedis(b)
-		// Format 6, or (valkeyV1) no format switch: version 1.
-		s, err := valkey.Open(bg, valkey.Options{Addr: r.Addr(), StoreOptions: storeOptions(), ReapInterval: reap, LeanRecords: backend == "valkey"})
+		// Format 6 detaching eagerly (the hot pairs' identities trim live
+		// evidence), or (valkeyV1) no format switch: version 1.
+		lean := backend == "valkey"
+		s, err := valkey.Open(bg, valkey.Options{Addr: r.Addr(), StoreOptions: storeOptions(), ReapInterval: reap, LeanRecords: lean, EagerDetach: lean})
 		if err != nil {
 			b.Fatal(err)
 		}
