@@ -71,12 +71,10 @@ func BenchmarkScale(b *testing.B) {
 		}
 	}
 	type line struct {
-		backend                                  string
-		n                                        int
-		pairs1, pairs16                          float64
-		bytesPerLease, diskPerLease, aofPerLease float64
-		endedBytes, endedDisk, endedAOF          float64
-		pairBytes, pairDisk, pairAOF             float64
+		backend               string
+		n                     int
+		pairs1, pairs16       float64
+		active, ended, paired perOne
 		// Valkey only; else 0.
 		activeRewritten, endedRewritten, pairRewritten float64
 	}
@@ -118,9 +116,7 @@ func BenchmarkScale(b *testing.B) {
 			l := line{backend: backend, n: n}
 			rewrittenAfter := rewritten()
 			if n > 0 {
-				l.bytesPerLease = float64(after.mem-before.mem) / float64(n)
-				l.diskPerLease = float64(after.disk-before.disk) / float64(n)
-				l.aofPerLease = float64(after.aof-before.aof) / float64(n)
+				l.active = growth(before, after, n)
 				l.activeRewritten = float64(rewrittenAfter-empty) / float64(n)
 			}
 			unpaired := size()
@@ -143,9 +139,7 @@ func BenchmarkScale(b *testing.B) {
 			paired := size()
 			rewrittenPaired := rewritten()
 			if pairs > 0 {
-				l.pairBytes = float64(paired.mem-unpaired.mem) / float64(pairs)
-				l.pairDisk = float64(paired.disk-unpaired.disk) / float64(pairs)
-				l.pairAOF = float64(paired.aof-unpaired.aof) / float64(pairs)
+				l.paired = growth(unpaired, paired, pairs)
 				l.pairRewritten = float64(rewrittenPaired-rewrittenAfter) / float64(pairs)
 			}
 			if n > 0 {
@@ -156,9 +150,7 @@ func BenchmarkScale(b *testing.B) {
 				unreleased := size()
 				releaseAll(b, s, held)
 				ended := size()
-				l.endedBytes = float64(after.mem-before.mem+ended.mem-unreleased.mem) / float64(n)
-				l.endedDisk = float64(after.disk-before.disk+ended.disk-unreleased.disk) / float64(n)
-				l.endedAOF = float64(after.aof-before.aof+ended.aof-unreleased.aof) / float64(n)
+				l.ended = l.active.plus(growth(unreleased, ended, n))
 				l.endedRewritten = float64(rewrittenAfter-empty+rewritten()-rewrittenPaired) / float64(n)
 			}
 			lines = append(lines, l)
@@ -186,15 +178,15 @@ func BenchmarkScale(b *testing.B) {
 	for _, l := range lines {
 		b0, _ := at(l.backend, least)
 		fmt.Fprintf(w, "%s\t%d\t%.0f\t%.2f\t%.0f\t%.2f\t%.0f\t%.0f\t%.0f\t%.0f\t\n", l.backend, l.n, l.pairs1, l.pairs1/b0.pairs1,
-			l.pairs16, l.pairs16/b0.pairs16, l.bytesPerLease, l.diskPerLease, l.aofPerLease, l.activeRewritten)
+			l.pairs16, l.pairs16/b0.pairs16, l.active.mem, l.active.disk, l.active.aof, l.activeRewritten)
 	}
 	w.Flush()
 	fmt.Println()
 	w = tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(w, "backend\tN active\tbytes/ended lease\tallocated/ended lease\tAOF/ended lease\tAOF rewritten/ended lease\tbytes/hot pair\tallocated/hot pair\tAOF/hot pair\tAOF rewritten/hot pair\t\n")
 	for _, l := range lines {
-		fmt.Fprintf(w, "%s\t%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t\n", l.backend, l.n, l.endedBytes, l.endedDisk, l.endedAOF,
-			l.endedRewritten, l.pairBytes, l.pairDisk, l.pairAOF, l.pairRewritten)
+		fmt.Fprintf(w, "%s\t%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t\n", l.backend, l.n, l.ended.mem, l.ended.disk, l.ended.aof,
+			l.endedRewritten, l.paired.mem, l.paired.disk, l.paired.aof, l.pairRewritten)
 	}
 	w.Flush()
 	fmt.Println()
@@ -236,17 +228,17 @@ func BenchmarkScale(b *testing.B) {
 		var figures []figure
 		if n > 0 {
 			figures = append(figures,
-				figure{"memory per active lease", l.bytesPerLease, v1.bytesPerLease},
-				figure{"AOF written per active lease", l.aofPerLease, v1.aofPerLease},
-				figure{"memory per ended lease", l.endedBytes, v1.endedBytes},
-				figure{"AOF written per ended lease", l.endedAOF, v1.endedAOF},
+				figure{"memory per active lease", l.active.mem, v1.active.mem},
+				figure{"AOF written per active lease", l.active.aof, v1.active.aof},
+				figure{"memory per ended lease", l.ended.mem, v1.ended.mem},
+				figure{"AOF written per ended lease", l.ended.aof, v1.ended.aof},
 				figure{"AOF rewritten per ended lease", l.endedRewritten, v1.endedRewritten})
 		}
 		if n == least {
 			// The hot identities' pairs are alike at every N: once.
 			figures = append(figures,
-				figure{"memory per hot pair", l.pairBytes, v1.pairBytes},
-				figure{"AOF written per hot pair", l.pairAOF, v1.pairAOF},
+				figure{"memory per hot pair", l.paired.mem, v1.paired.mem},
+				figure{"AOF written per hot pair", l.paired.aof, v1.paired.aof},
 				figure{"AOF rewritten per hot pair", l.pairRewritten, v1.pairRewritten})
 		}
 		for _, f := range figures {
@@ -310,6 +302,16 @@ func (g scaleGoal) met() string {
 // or Valkey's used_memory), the bolt file's allocated bytes, and Valkey's
 // AOF bytes.
 type storeSize struct{ mem, disk, aof int64 }
+
+// perOne is storage per lease or per pair (storeSize's figures).
+type perOne struct{ mem, disk, aof float64 }
+
+// growth is the storage from a to b, per one of n.
+func growth(a, b storeSize, n int) perOne {
+	return perOne{float64(b.mem-a.mem) / float64(n), float64(b.disk-a.disk) / float64(n), float64(b.aof-a.aof) / float64(n)}
+}
+
+func (p perOne) plus(q perOne) perOne { return perOne{p.mem + q.mem, p.disk + q.disk, p.aof + q.aof} }
 
 type scaleStore interface {
 	operations
