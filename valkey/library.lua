@@ -1045,30 +1045,38 @@ local function canonical(v) return #v <= 16 and (v == '0' or string.find(v, '^[1
 local function detach(c, entry)
   local acq_scope, rel_scope, at = string.match(entry, '^hv4\n([%w_%-]*)\n([%w_%-]*)\n()')
   if not acq_scope then return end
+  -- The evidence it names is read before the entry is decoded: an entry
+  -- trimmed after its evidence expired (an identity that ends its cap of
+  -- leases more slowly than the idempotency retention), or whose evidence
+  -- is version 2 already, costs two reads.
+  local found, any = {}, false
+  for op, scope in pairs({ acquire = acq_scope, release = rel_scope }) do
+    local k = is_scope(scope) and idem_key(c, scope)
+    local ev = k and get(k)
+    if ev and string.sub(ev, 1, 4) == 'ev3\n' then found[op], any = { k, ev }, true end
+  end
+  if not any then return end
   local rec_at = string.match(entry, '^%d+\n[^\n]*\n[^\n]*\n[^\n]*\n[^\n]*\n()', at)
   if not rec_at then return end
   local r = decode_rv2('rv2\n' .. c.tag .. '\n' .. string.sub(entry, rec_at), c.lock_key)
   if not r then return end
-  for op, scope in pairs({ acquire = acq_scope, release = rel_scope }) do
-    local k = is_scope(scope) and idem_key(c, scope)
-    local ev = k and get(k)
-    if ev then
-      local e_op, digest, code, backend, id, token, expires, ttl = string.match(ev,
-        '^ev3\n(%l+)\n(%x+)\n([%l_]+)\n(%d+)\n([^\n]+)\n(%d+)\n(%d+)\n(%d+)$')
-      -- Only evidence exactly as encode_ev3 writes it (canonical numbers, a
-      -- lowercase digest, the operation's code): damage is left for its
-      -- reader to refuse, never rewritten into evidence that reads.
-      if e_op == op and code == REF_CODES[op] and #digest == 64 and not string.find(digest, '%u')
-          and id == r.lease_id and canonical(token) and tonumber(token) == r.fencing_token
-          and canonical(backend) and canonical(expires) and canonical(ttl) then
-        local out
-        if op == 'acquire' then
-          out = encode_ev2(op, digest, code, tonumber(backend), c.tag, r, r.acquired_at, tonumber(expires), tonumber(ttl), 'active')
-        elseif r.state == 'released' and tonumber(expires) == r.expires_at and tonumber(ttl) == r.ttl_ms then
-          out = encode_ev2(op, digest, code, tonumber(backend), c.tag, r, r.renewed_at, r.expires_at, r.ttl_ms, r.state)
-        end
-        if out then redis.call('SET', k, out, 'KEEPTTL') end
+  for op, kev in pairs(found) do
+    local k, ev = kev[1], kev[2]
+    local e_op, digest, code, backend, id, token, expires, ttl = string.match(ev,
+      '^ev3\n(%l+)\n(%x+)\n([%l_]+)\n(%d+)\n([^\n]+)\n(%d+)\n(%d+)\n(%d+)$')
+    -- Only evidence exactly as encode_ev3 writes it (canonical numbers, a
+    -- lowercase digest, the operation's code): damage is left for its
+    -- reader to refuse, never rewritten into evidence that reads.
+    if e_op == op and code == REF_CODES[op] and #digest == 64 and not string.find(digest, '%u')
+        and id == r.lease_id and canonical(token) and tonumber(token) == r.fencing_token
+        and canonical(backend) and canonical(expires) and canonical(ttl) then
+      local out
+      if op == 'acquire' then
+        out = encode_ev2(op, digest, code, tonumber(backend), c.tag, r, r.acquired_at, tonumber(expires), tonumber(ttl), 'active')
+      elseif r.state == 'released' and tonumber(expires) == r.expires_at and tonumber(ttl) == r.ttl_ms then
+        out = encode_ev2(op, digest, code, tonumber(backend), c.tag, r, r.renewed_at, r.expires_at, r.ttl_ms, r.state)
       end
+      if out then redis.call('SET', k, out, 'KEEPTTL') end
     end
   end
 end
