@@ -1040,8 +1040,9 @@ local function canonical(v) return #v <= 16 and (v == '0' or string.find(v, '^[1
 -- names the entry's lease id and token becomes what remember or write_out
 -- would have written in format 4 (lease.DetachedEvidence's splice), with
 -- its TTL kept. The entry's record is read strictly (decode_rv2, under
--- the call's lock key) first: an entry that does not read, or evidence
--- that is not its lease's, is left as it is (its reader answers corrupt).
+-- the call's lock key) before anything is rewritten: an entry that does
+-- not read, or evidence that is not its lease's, is left as it is (its
+-- reader answers corrupt).
 local function detach(c, entry)
   local acq_scope, rel_scope, at = string.match(entry, '^hv4\n([%w_%-]*)\n([%w_%-]*)\n()')
   if not acq_scope then return end
