@@ -34,19 +34,21 @@ func openEager(t *testing.T, histCap int, lean bool) *Store {
 }
 
 // eagerLife is one lease of an identity: its acquisition, the first
-// answer, and its release (none if it was revoked).
+// answer, its release (none if it did not end by one) and the state it
+// ended in.
 type eagerLife struct {
 	acq   lease.AcquireRequest
 	first lease.Result
 	rel   lease.ReleaseRequest
 	ended lease.Result
+	state lease.State
 }
 
 // endLife acquires on id and ends the lease: released if release, else
 // revoked.
 func endLife(t *testing.T, s *Store, id lease.Identity, release bool) eagerLife {
 	t.Helper()
-	l := eagerLife{acq: acquireReq(id)}
+	l := eagerLife{acq: acquireReq(id), state: lease.StateReleased}
 	var err error
 	if l.first, err = s.Acquire(bg, l.acq); err != nil {
 		t.Fatal(err)
@@ -58,6 +60,8 @@ func endLife(t *testing.T, s *Store, id lease.Identity, release bool) eagerLife 
 		}
 	} else if _, err := s.Revoke(bg, adminReq(l.first.Lease)); err != nil {
 		t.Fatal(err)
+	} else {
+		l.state = lease.StateRevoked
 	}
 	return l
 }
@@ -85,13 +89,6 @@ func (l eagerLife) mustAnswer(t *testing.T, s *Store, want lease.State) {
 	if l.rel.RequestID != "" {
 		mustReleaseReplays(t, s, l.rel, l.ended)
 	}
-}
-
-func endedState(release bool) lease.State {
-	if release {
-		return lease.StateReleased
-	}
-	return lease.StateRevoked
 }
 
 // A hot identity (cap 2, every lease ended at once): the first two
@@ -131,7 +128,7 @@ func TestEagerDetachHotIdentity(t *testing.T) {
 				if at, want := pexpireTime(t, s, evidenceKey(t, s, l.acq)), l.first.Lease.AcquiredAt.UnixMilli()+s.opts.IdempotencyRetention.Milliseconds(); at != want {
 					t.Fatalf("life %d: acquisition evidence PXAT %d, want %d", i, at, want)
 				}
-				state := endedState(i%2 == 0)
+				state := l.state
 				if i < 4 {
 					state = lease.StateExpired // its entry was trimmed (lease.CurrentOf)
 				}

@@ -15,18 +15,10 @@ import (
 // agree: version 3 evidence named by a version 4 entry, or version 2
 // evidence with an entry that names none; and every answer is the first.
 
-type revLife struct {
-	acq   lease.AcquireRequest
-	first lease.Result
-	rel   lease.ReleaseRequest
-	ended lease.Result
-	state lease.State
-}
-
 // revFormsAgree checks the ended lease's history entry (if still listed)
 // and its evidence are either hv4 naming ev3 evidence, or hv2 with ev2
 // evidence; it returns the entry's version prefix ("" if trimmed).
-func revFormsAgree(t *testing.T, s *Store, l revLife, where string) string {
+func revFormsAgree(t *testing.T, s *Store, l eagerLife, where string) string {
 	t.Helper()
 	var entry string
 	for _, e := range historyEntries(t, s, l.first.Lease.LockKey) {
@@ -61,20 +53,18 @@ func revFormsAgree(t *testing.T, s *Store, l revLife, where string) string {
 	return entry[:min(3, len(entry))]
 }
 
-func revAnswers(t *testing.T, s *Store, lives []revLife) {
+// revAnswers checks every life answers as first, with the state it ended
+// in if its entry is still listed, else expired (lease.CurrentOf).
+func revAnswers(t *testing.T, s *Store, lives []eagerLife) {
 	t.Helper()
 	for _, l := range lives {
-		// The state now: from the entry if still listed, else expired.
 		want := lease.StateExpired
 		for _, e := range historyEntries(t, s, l.first.Lease.LockKey) {
 			if strings.Contains(e, "\n"+l.first.Lease.LeaseID+"\n") {
 				want = l.state
 			}
 		}
-		mustReplay(t, s, l.acq, l.first, want)
-		if l.rel.RequestID != "" {
-			mustReleaseReplays(t, s, l.rel, l.ended)
-		}
+		l.mustAnswer(t, s, want)
 	}
 }
 
@@ -87,13 +77,13 @@ func TestReviewEagerEveryEndingPath(t *testing.T) {
 		so.HistoryPerIdentity = 2
 		s := open(t, sharedServer(t), Options{StoreOptions: so, EagerDetach: true, ReferringEvidence: !lean, LeanRecords: lean})
 		id := newIdentity()
-		var lives []revLife
+		var lives []eagerLife
 		seen := map[string]bool{}
-		var pending *revLife // expired, to be archived by the next acquire
+		var pending *eagerLife // expired, to be archived by the next acquire
 		paths := []string{"release", "revoke", "force", "reap", "renew", "commit", "acquire", "release", "reap", "release",
 			"acquire", "renew", "release", "release", "commit", "release", "force", "acquire", "release"}
 		for i, p := range paths {
-			l := revLife{acq: acquireReq(id)}
+			l := eagerLife{acq: acquireReq(id)}
 			if p == "reap" || p == "renew" || p == "commit" || p == "acquire" {
 				l.acq.TTL = 100 * time.Millisecond
 			}
@@ -168,19 +158,9 @@ func TestReviewEagerMixedInstances(t *testing.T) {
 		b := open(t, r, Options{KeyPrefix: prefix, StoreOptions: soB, ReferringEvidence: true})
 		b.loadFormat(bg)
 		id := newIdentity()
-		var lives []revLife
+		var lives []eagerLife
 		for i := 0; i < 14; i++ {
-			s := []*Store{a, b}[(i*7/3)%2]
-			l := revLife{acq: acquireReq(id), state: lease.StateReleased}
-			var err error
-			if l.first, err = s.Acquire(bg, l.acq); err != nil {
-				t.Fatal(err)
-			}
-			l.rel = releaseReq(l.first.Lease)
-			if l.ended, err = s.Release(bg, l.rel); err != nil {
-				t.Fatal(err)
-			}
-			lives = append(lives, l)
+			lives = append(lives, endLife(t, []*Store{a, b}[(i*7/3)%2], id, true))
 			for _, x := range lives {
 				revFormsAgree(t, a, x, "mixed")
 			}
@@ -207,12 +187,9 @@ func TestReviewEagerBelowFormat5(t *testing.T) {
 		t.Fatalf("format %q", got)
 	}
 	id := newIdentity()
-	var lives []revLife
+	var lives []eagerLife
 	for i := 0; i < 4; i++ {
-		l := revLife{acq: acquireReq(id), state: lease.StateReleased}
-		l.first, _ = s.Acquire(bg, l.acq)
-		l.rel = releaseReq(l.first.Lease)
-		l.ended, _ = s.Release(bg, l.rel)
+		l := endLife(t, s, id, true)
 		revFormsAgree(t, s, l, "cap1")
 		lives = append(lives, l)
 	}
@@ -227,12 +204,9 @@ func TestReviewEagerShortHistoryRetention(t *testing.T) {
 	so.HistoryRetention = time.Hour
 	s := open(t, sharedServer(t), Options{StoreOptions: so, EagerDetach: true, LeanRecords: true})
 	id := newIdentity()
-	var lives []revLife
+	var lives []eagerLife
 	for i := 0; i < 4; i++ {
-		l := revLife{acq: acquireReq(id), state: lease.StateReleased}
-		l.first, _ = s.Acquire(bg, l.acq)
-		l.rel = releaseReq(l.first.Lease)
-		l.ended, _ = s.Release(bg, l.rel)
+		l := endLife(t, s, id, true)
 		if v, _ := get(t, s, evidenceKey(t, s, l.acq)); !strings.HasPrefix(v, lease.EvidenceV2Prefix) {
 			t.Fatalf("evidence %.5q", v)
 		}
@@ -249,18 +223,18 @@ func TestReviewEagerRecovery(t *testing.T) {
 	o := Options{Addr: r.Addr(), KeyPrefix: randomPrefix(), ReapInterval: -1, StoreOptions: so, EagerDetach: true, LeanRecords: true}
 	s := open(t, r, o)
 	id, id2 := newIdentity(), newIdentity()
-	var lives []revLife
+	var lives []eagerLife
 	for _, x := range []lease.Identity{id, id, id2, id2} {
-		l := revLife{acq: acquireReq(x), state: lease.StateReleased}
-		l.first, _ = s.Acquire(bg, l.acq)
-		l.rel = releaseReq(l.first.Lease)
-		l.ended, _ = s.Release(bg, l.rel)
-		lives = append(lives, l)
+		lives = append(lives, endLife(t, s, x, true))
 	}
-	live := revLife{acq: acquireReq(id), state: lease.StateRevoked}
-	live.first, _ = s.Acquire(bg, live.acq)
-	gone := revLife{acq: shortReq(id2), state: lease.StateExpired}
-	gone.first, _ = s.Acquire(bg, gone.acq)
+	live := eagerLife{acq: acquireReq(id), state: lease.StateRevoked}
+	gone := eagerLife{acq: shortReq(id2), state: lease.StateExpired}
+	for _, l := range []*eagerLife{&live, &gone} {
+		var err error
+		if l.first, err = s.Acquire(bg, l.acq); err != nil {
+			t.Fatal(err)
+		}
+	}
 	waitExpired(t, s, gone.first.Lease)
 	if _, err := s.Seal(bg); err != nil {
 		t.Fatal(err)
