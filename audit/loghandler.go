@@ -137,7 +137,7 @@ func (h *LogHandler) attr(a slog.Attr) slog.Attr {
 // Only a value that is not printable ASCII and holds 56 hex digits in a
 // row can be made 64 by escaping.
 func (h *LogHandler) value(v string) string {
-	if screened := h.r.Value(v); screened != v || printableASCII(v) || longestHexRun(v) < 64-8 {
+	if screened := h.r.Value(v); screened != v || printableASCII(v) || !lease.HexRun(v, 64-8) {
 		return screened
 	}
 	for _, quoted := range append(quotedBy(v), strconv.Quote(v)) {
@@ -146,20 +146,6 @@ func (h *LogHandler) value(v string) string {
 		}
 	}
 	return v
-}
-
-// longestHexRun is the length of v's longest run of hex digits.
-func longestHexRun(v string) int {
-	longest, run := 0, 0
-	for i := 0; i < len(v); i++ {
-		if c := v[i]; c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F' {
-			run++
-			longest = max(longest, run)
-		} else {
-			run = 0
-		}
-	}
-	return longest
 }
 
 // quotedBy are the lines slog's text and JSON handlers write for a record

@@ -15,14 +15,16 @@ import (
 // metadata holding such a value is refused (ValidateMetadata), and an audit
 // event replaces such a value by a keyed hash (package audit).
 func SecretShaped(v string) bool {
-	if containsLower(v, "star_sk_") || containsLower(v, "bearer ") {
-		return true
-	}
+	return containsLower(v, "star_sk_") || containsLower(v, "bearer ") || HexRun(v, 64)
+}
+
+// HexRun reports whether v holds n or more hex digits in a row.
+func HexRun(v string, n int) bool {
 	run := 0
 	for i := 0; i < len(v); i++ {
 		c := v[i]
 		if c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F' {
-			if run++; run >= 64 {
+			if run++; run >= n {
 				return true
 			}
 		} else {
