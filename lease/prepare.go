@@ -265,6 +265,13 @@ func PrepareAdmin(op Op, req AdminRequest, o StoreOptions) (AdminRequest, Prepar
 	return req, prepared(op, id, key, req.Mutation, h), nil
 }
 
+// IsControlOrFormat reports whether r is a control or format character or
+// a line or paragraph separator: text that can forge lines in a log, or
+// move and reorder what a terminal shows, as control characters can.
+func IsControlOrFormat(r rune) bool {
+	return unicode.IsControl(r) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp)
+}
+
 // CheckReason bounds an administrator reason: printable UTF-8, no control
 // characters, at most 512 bytes. Empty is allowed when an incident id is given.
 func CheckReason(reason string) error {
@@ -275,9 +282,7 @@ func CheckReason(reason string) error {
 		return Invalid("reason", "must be valid UTF-8")
 	}
 	for _, r := range reason {
-		// Format and line/paragraph separators can forge lines or reorder
-		// text in audit logs, like control characters.
-		if unicode.IsControl(r) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp) {
+		if IsControlOrFormat(r) {
 			return Invalid("reason", "must not contain control or format characters")
 		}
 	}
@@ -404,7 +409,7 @@ func CheckCommitTarget(t string) error {
 		return Invalid("target", "must be valid UTF-8")
 	}
 	for _, r := range t {
-		if unicode.IsControl(r) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp) {
+		if IsControlOrFormat(r) {
 			return Invalid("target", "must not contain control or format characters")
 		}
 	}

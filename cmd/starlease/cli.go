@@ -214,8 +214,12 @@ func (e *env) explain(err error) error {
 		return err
 	}
 	out := *le
-	out.Reason = fmt.Sprintf("the request was sent to %s but no answer decided it before the deadline (%d attempts with the same request); "+
-		"rerun the same command with %s to resolve it", e.remote.server, e.remote.store.attempts, strings.Join(e.rerun, " "))
+	why := " before the deadline"
+	if c := e.remote.store.refusedRetry; c != "" {
+		why = fmt.Sprintf(": a retry was refused with %s, which says nothing of the first attempt,", c)
+	}
+	out.Reason = fmt.Sprintf("the request was sent to %s but no answer decided it%s (%d attempts with the same request); "+
+		"rerun the same command with %s to resolve it", e.remote.server, why, e.remote.store.attempts, strings.Join(e.rerun, " "))
 	return &out
 }
 

@@ -72,7 +72,7 @@ func setupAcquire(fs *flag.FlagSet) build {
 		}
 		return func(ctx context.Context, s lease.Store) (any, error) {
 			r, err := s.Acquire(ctx, req)
-			return leaseOutput(r, req.RequestID), err
+			return heldOutput(r, req.RequestID, err)
 		}, nil
 	}
 }
@@ -109,7 +109,7 @@ func setupRenew(fs *flag.FlagSet) build {
 		}
 		return func(ctx context.Context, s lease.Store) (any, error) {
 			r, err := s.Renew(ctx, req)
-			return leaseOutput(r, req.RequestID), err
+			return heldOutput(r, req.RequestID, err)
 		}, nil
 	}
 }

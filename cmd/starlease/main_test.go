@@ -256,10 +256,17 @@ func TestIdempotentAcquireAndLookup(t *testing.T) {
 		t.Fatalf("lookup: %+v", p)
 	}
 	f.do(t, "release", held(rec)...).ok(t, &p)
-	// The replay of a now-terminal acquire returns the original plus the current state.
-	f.do(t, "acquire", "--request-id", "req-1", "--job", "job-1", "--execution", "exec-1").ok(t, &p)
-	if !p.Replayed || p.Lease.State != lease.StateActive || p.Current == nil || p.Current.State != lease.StateReleased {
-		t.Fatalf("replay after release: %+v", p)
+	// The replay of a now-terminal acquire returns the original plus the
+	// current state (lookup prints it); the caller holds nothing, so the
+	// rerun acquire exits 3 with lease_lost, naming the lease and its state.
+	e := f.do(t, "acquire", "--request-id", "req-1", "--job", "job-1", "--execution", "exec-1").
+		refused(t, exitRefused, lease.CodeLost)
+	if !strings.Contains(e.Reason, "lease_acquired of lease "+rec.LeaseID) || !strings.Contains(e.Reason, "that lease is released now") {
+		t.Fatalf("replay after release: %+v", e)
+	}
+	f.do(t, "lookup", "--op", "acquire", "--request-id", "req-1").ok(t, &p)
+	if p.Lease.LeaseID != rec.LeaseID || p.Lease.State != lease.StateActive || p.Current == nil || p.Current.State != lease.StateReleased {
+		t.Fatalf("lookup after release: %+v", p)
 	}
 	f.do(t, "lookup", "--op", "acquire", "--request-id", "nope").refused(t, exitRefused, lease.CodeNotFound)
 }

@@ -7,6 +7,8 @@ import (
 	"io"
 	"strings"
 	"time"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/starintel/starlease/lease"
 )
@@ -47,6 +49,18 @@ type leaseResult struct {
 func leaseOutput(r lease.Result, requestID string) leaseResult {
 	return leaseResult{Code: r.Code, Op: r.Op, Replayed: r.Replayed, RequestID: requestID,
 		Lease: printable(r.Lease), Current: printable(r.Current), BackendTime: r.BackendTime}
+}
+
+// heldOutput is the printed result of an acquisition or a renewal, whose
+// success says that the caller holds the lease. The replay of one whose
+// lease has ended since (current in another state) holds nothing: it is
+// lease_lost, so that `starlease acquire ... && work` does not go on.
+func heldOutput(r lease.Result, requestID string, err error) (any, error) {
+	if err == nil && r.Replayed && r.Lease != nil && r.Current != nil && r.Current.State != lease.StateActive {
+		return nil, lease.Errorf(lease.CodeLost, "this request was answered before (%s of lease %s, token %d), and that lease is %s now; "+
+			"acquire again with a new request id", r.Code, r.Lease.LeaseID, r.Lease.FencingToken, r.Current.State)
+	}
+	return leaseOutput(r, requestID), err
 }
 
 // listResult is the printed form of a lease.ListResult.
@@ -121,13 +135,46 @@ type errorEnvelope struct {
 
 // succeed prints v as indented JSON on stdout.
 func succeed(stdout, stderr io.Writer, v any) int {
-	enc := json.NewEncoder(stdout)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(v); err != nil {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err == nil {
+		_, err = stdout.Write(append(escapeControls(b), '\n'))
+	}
+	if err != nil {
 		fmt.Fprintf(stderr, "starlease: cannot write the result: %v\n", err)
 		return exitOther
 	}
 	return exitOK
+}
+
+// escapeControls returns JSON text b with every control or format
+// character (lease.IsControlOrFormat) that encoding/json leaves as it is
+// (DEL, C1 controls, bidi and other format characters) written as a \u
+// escape, which means the same in JSON: a terminal would act on them. Past
+// ASCII, and DEL, they can only stand in strings; the ASCII controls
+// encoding/json writes raw are the indentation's line breaks.
+func escapeControls(b []byte) []byte {
+	var out []byte
+	for i := 0; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
+		if r != 0x7f && (r < utf8.RuneSelf || !lease.IsControlOrFormat(r)) {
+			if out != nil {
+				out = append(out, b[i:i+n]...)
+			}
+			i += n
+			continue
+		}
+		if out == nil {
+			out = append(make([]byte, 0, len(b)+16), b[:i]...)
+		}
+		for _, u := range utf16.Encode([]rune{r}) {
+			out = fmt.Appendf(out, `\u%04x`, u)
+		}
+		i += n
+	}
+	if out == nil {
+		return b
+	}
+	return out
 }
 
 // fail prints err's envelope as one line on stderr and returns its exit
@@ -140,7 +187,7 @@ func fail(stderr io.Writer, err error, requestID string) int {
 		env.RetryAfterMs = int64((le.RetryAfter + time.Millisecond - 1) / time.Millisecond)
 	}
 	b, _ := json.Marshal(env)
-	fmt.Fprintf(stderr, "%s\n", b)
+	fmt.Fprintf(stderr, "%s\n", escapeControls(b))
 	return exitCode(le.Code)
 }
 

@@ -74,8 +74,11 @@ func newRemoteClient(server, key string) (*client.Client, *http.Transport, error
 type remoteStore struct {
 	ls *client.LeaseStore
 	tr *http.Transport
-	// attempts counts the requests of the last mutation (for tests).
+	// attempts counts the requests of the last mutation.
 	attempts int
+	// refusedRetry is the code a retry of the last mutation was refused
+	// with, if that ended its retries (see resolve).
+	refusedRetry lease.Code
 }
 
 func newRemoteStore(c *client.Client, tr *http.Transport) *remoteStore {
@@ -107,8 +110,13 @@ func stillUnknown(c lease.Code) bool {
 // committed, else the outcome of this one. If none came, the error is
 // lease_outcome_unknown, whatever the last attempt's failure was (a server
 // that is down, and so answers nothing, leaves the first attempt unknown).
+//
+// A retry refused for the caller (invalid_credential, access_denied: the
+// key was revoked, expired or lost its grant meanwhile) decides nothing
+// of the first attempt, which may have committed: the outcome stays
+// unknown, and retrying with the same key is no use.
 func resolve[T any](ctx context.Context, r *remoteStore, do func(context.Context) (T, error)) (T, error) {
-	r.attempts = 1
+	r.attempts, r.refusedRetry = 1, ""
 	res, err := do(ctx)
 	if lease.CodeOf(err) != lease.CodeOutcomeUnknown {
 		return res, err
@@ -130,6 +138,10 @@ func resolve[T any](ctx context.Context, r *remoteStore, do func(context.Context
 		}
 		r.attempts++
 		res, err = do(ctx)
+		if c := lease.CodeOf(err); c == lease.CodeInvalidCredential || c == lease.CodeAccessDenied {
+			r.refusedRetry = c
+			break
+		}
 		if err == nil || !stillUnknown(lease.CodeOf(err)) {
 			return res, err
 		}
