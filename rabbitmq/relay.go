@@ -49,7 +49,7 @@ type RelayOptions struct {
 	// MinBackoff and MaxBackoff bound the delay before a retry after a
 	// failure (connect, publish, nack, return, store error). It doubles
 	// from MinBackoff up to MaxBackoff, with jitter, and resets after a
-	// round without failure.
+	// round without failure or one that removed or dead-lettered an entry.
 	MinBackoff, MaxBackoff time.Duration
 	// DialTimeout bounds opening a connection (TCP, TLS, AMQP handshake).
 	DialTimeout time.Duration
@@ -201,6 +201,8 @@ type Relay struct {
 	// an entry and before OutboxDone; an error ends Run with that error,
 	// as a crash at that point would.
 	beforeDone func(lease.OutboxEntry) error
+	// onBackoff, if set (tests only), is told each backoff Run waits.
+	onBackoff func(time.Duration)
 }
 
 // NewRelay returns a relay from outbox to the broker at amqpURL
@@ -259,6 +261,13 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 	}()
 	bo := backoff{min: r.o.MinBackoff, max: r.o.MaxBackoff}
+	wait := func() {
+		d := bo.next()
+		if r.onBackoff != nil {
+			r.onBackoff(d)
+		}
+		sleep(ctx, d)
+	}
 	for {
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
@@ -268,7 +277,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			if s, err = r.connect(); err != nil {
 				s = nil
 				r.log.Warn("relay cannot reach the broker; retrying", "err", err)
-				sleep(ctx, bo.next())
+				wait()
 				continue
 			}
 			r.stats.connects.Add(1)
@@ -282,7 +291,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if err != nil {
 			if ctx.Err() == nil {
 				r.log.Error("relay cannot read the outbox; retrying", "code", lease.CodeOf(err), "err", err)
-				sleep(ctx, bo.next())
+				wait()
 			}
 			continue
 		}
@@ -301,6 +310,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			t.Stop()
 			continue
 		}
+		settled := r.settled()
 		fatal, err := r.relayBatch(ctx, s, entries)
 		if fatal != nil {
 			return fatal
@@ -311,7 +321,15 @@ func (r *Relay) Run(ctx context.Context) error {
 				s.close()
 				s = nil
 			}
-			sleep(ctx, bo.next())
+			// A round that removed or dead-lettered an entry moved the
+			// head of the outbox: what fails next is a new failure. So a
+			// run of poison entries (one caller's, say) costs one round
+			// each at the least backoff, not ever longer waits for every
+			// publication behind them.
+			if r.settled() != settled {
+				bo.reset()
+			}
+			wait()
 			continue
 		}
 		bo.reset()
@@ -441,6 +459,10 @@ func (r *Relay) relayBatch(ctx context.Context, s *session, entries []lease.Outb
 	}
 	return nil, nil
 }
+
+// settled counts the entries this relay took out of the pending outbox:
+// removed after the broker's confirm, or dead-lettered.
+func (r *Relay) settled() uint64 { return r.stats.removed.Load() + r.stats.dead.Load() }
 
 // strike counts a nack or return of e; the PoisonAttempts-th in a row
 // dead-letters it.
