@@ -55,12 +55,12 @@ const auditOnceTTL = 7 * 24 * time.Hour
 // is one XADD to the capped stream ns:audit, its entry holding a single
 // field "e" with exactly the bytes of audit.Marshal. Write returns nil only
 // after the server acknowledged the entry, and on a server verified
-// durable (appendonly yes, appendfsync always — the same check that gates
-// lease mutations; otherwise Write fails), so an acknowledged event
-// survives a crash. A failed Write means the event may or may not be
-// stored: force-release and revoke then report failure, and a retried
-// event may appear twice (same event id). Several servers sharing one
-// Valkey write one stream. Safe for concurrent use.
+// durable (appendonly yes, appendfsync always, maxmemory-policy noeviction
+// — the same check that gates lease mutations; otherwise Write fails), so
+// an acknowledged event survives a crash. A failed Write means the event
+// may or may not be stored: force-release and revoke then report failure,
+// and a retried event may appear twice (same event id). Several servers
+// sharing one Valkey write one stream. Safe for concurrent use.
 type AuditSink struct {
 	s      *Store
 	maxLen int64

@@ -42,11 +42,11 @@ type Options struct {
 	KeyPrefix string
 	// StoreOptions is the behaviour every backend shares.
 	StoreOptions lease.StoreOptions
-	// AllowUnverifiedDurability accepts a server whose appendonly and
-	// appendfsync cannot be read (managed services that hide CONFIG). Set
-	// it only when the service guarantees that an acknowledged write
-	// survives a crash; it does not accept a server that reports a weaker
-	// setting.
+	// AllowUnverifiedDurability accepts a server whose appendonly,
+	// appendfsync and maxmemory-policy cannot be read (managed services
+	// that hide CONFIG). Set it only when the service guarantees that an
+	// acknowledged write survives a crash and is never evicted; it does not
+	// accept a server that reports a weaker setting.
 	AllowUnverifiedDurability bool
 	// CompactFormat switches the namespace, for good, to the compact stored
 	// formats when the store opens (format.go).
@@ -307,8 +307,8 @@ func (s *Store) Close() error {
 }
 
 // Health reports whether the backend can give safe answers now: reachable,
-// the library callable, durable (appendonly yes, appendfsync always) and a
-// single-node primary.
+// the library callable, durable (appendonly yes, appendfsync always,
+// maxmemory-policy noeviction) and a single-node primary.
 func (s *Store) Health(ctx context.Context) lease.Health {
 	if s.closed.Load() {
 		return lease.Health{Status: lease.HealthUnavailable, Reason: "store is closed"}
@@ -351,7 +351,11 @@ func (s *Store) durability(ctx context.Context) lease.Health {
 	case !s.allowUnknown:
 		return unsuitable("cannot read the server's topology (INFO: " + classify(err) + ")")
 	}
-	for _, c := range []struct{ name, want string }{{"appendonly", "yes"}, {"appendfsync", "always"}} {
+	// noeviction: under memory pressure any other policy deletes keys
+	// (active records, lookups, evidence; with an allkeys policy the
+	// fencing counters too), and a lease or an accepted commit is lost
+	// with no error.
+	for _, c := range []struct{ name, want string }{{"appendonly", "yes"}, {"appendfsync", "always"}, {"maxmemory-policy", "noeviction"}} {
 		m, err := s.client.Do(ctx, s.client.B().ConfigGet().Parameter(c.name).Build()).AsStrMap()
 		if err != nil {
 			if s.allowUnknown {
@@ -396,7 +400,7 @@ func (s *Store) writable(ctx context.Context) error {
 			return nil
 		}
 	}
-	return lease.Errorf(lease.CodeBackendUnavailable, "backend durability is not verified: appendonly yes and appendfsync always are required")
+	return lease.Errorf(lease.CodeBackendUnavailable, "backend durability is not verified: appendonly yes, appendfsync always and maxmemory-policy noeviction are required")
 }
 
 // classify names an error's class without its text, which may carry

@@ -568,7 +568,10 @@ func snapshot(t *testing.T, s *Store, skip string) map[string]string {
 // A server that may lose acknowledged writes is unsuitable: Health says so
 // and every mutation is refused, reads still work.
 func TestDurabilityCheck(t *testing.T) {
-	for _, cfg := range []testenv.RedisConfig{{AppendFsync: "everysec"}, {NoAppendOnly: true}} {
+	// An evicting server loses keys with no error: a lease, a lookup,
+	// evidence (volatile policies) or a fencing counter (allkeys).
+	for _, cfg := range []testenv.RedisConfig{{AppendFsync: "everysec"}, {NoAppendOnly: true},
+		{Extra: []string{"maxmemory-policy volatile-lru"}}, {Extra: []string{"maxmemory 64mb", "maxmemory-policy allkeys-lru"}}} {
 		r := testenv.StartRedisWith(t, cfg)
 		for _, allow := range []bool{false, true} {
 			s := open(t, r, Options{StoreOptions: leasetest.StoreOptions(), AllowUnverifiedDurability: allow})
