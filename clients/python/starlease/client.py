@@ -92,8 +92,9 @@ _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 def new_request_id() -> str:
     """A fresh request id: ``req_`` and a ULID (time-ordered, random).
 
-    Never 64 hex digits or ``star_sk_``-prefixed: ids that look like
-    secrets are refused by the server."""
+    Never secret-shaped: the server refuses an id holding ``star_sk_``,
+    and writes one holding 64 hex digits in a row to audit events and logs
+    only in its redacted form."""
     n = (int(time.time() * 1000) << 80) | secrets.randbits(80)
     return "req_" + "".join(_CROCKFORD[(n >> s) & 31] for s in range(125, -1, -5))
 
