@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -146,5 +148,132 @@ func TestOperatorReplayedAcquireOfEndedLeaseIsLost(t *testing.T) {
 	// Nothing new was acquired: the identity is free, and the next token is 2.
 	if next := f.acquire(t); next.FencingToken != 2 {
 		t.Fatalf("token %d, want 2", next.FencingToken)
+	}
+}
+
+// rawCall sends one API request with key and returns status and envelope
+// (without the correlation id, which differs per request).
+func rawCall(t *testing.T, base, key, method, path, body string) (int, string) {
+	t.Helper()
+	var rd *strings.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	} else {
+		rd = strings.NewReader("")
+	}
+	req, _ := http.NewRequest(method, base+"/api/v1/target-leases"+path, rd)
+	req.Header.Set("Authorization", "Bearer "+key)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var m map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&m)
+	delete(m, "correlation_id")
+	b, _ := json.Marshal(m)
+	return resp.StatusCode, string(b)
+}
+
+// A key scoped to tenant a probes lease ids of tenant b: every answer must
+// be the one a lease id that does not exist gets, or the API is an oracle
+// for other tenants' lease ids (and their state).
+func TestOperatorAttackOutOfScopeLeaseIDOracle(t *testing.T) {
+	f := newRemote(t)
+	base := f.srv.URL()
+	victimKey, _ := f.srv.CreateKey("victim", "service_instance", "targets:lease", "tenant:b,program:p1")
+	vf := writeKeyFile(t, victimKey, 0o600)
+	var p printedLease
+	runCLI(t, "acquire", "--server", base, "--api-key-file", vf, "--tenant", "b", "--program", "p1", "--namespace", "web",
+		"--target", "t.example", "--actor", "scanner", "--ttl", "60s").ok(t, &p)
+	victim := p.Lease
+	// An ended lease of tenant b too.
+	runCLI(t, "acquire", "--server", base, "--api-key-file", vf, "--tenant", "b", "--program", "p1", "--namespace", "web",
+		"--target", "t2.example", "--actor", "scanner", "--ttl", "60s").ok(t, &p)
+	ended := p.Lease
+	runCLI(t, append([]string{"release", "--server", base, "--api-key-file", vf, "--tenant", "b", "--program", "p1", "--namespace", "web",
+		"--target", "t2.example", "--actor", "scanner"}, leaseFlags(ended)...)...).ok(t, &p)
+
+	ghost := "lease_01ARZ3NDEKTSV4RRFFQ69G5FAV"
+	for _, k := range []struct{ name, caps, class string }{
+		{"reader", "targets:read,audit:read", "api_client"},
+		{"holder", "targets:lease", "api_client"},
+		{"admin", "targets:lease,targets:read,targets:force-release,audit:read", "administrator"},
+	} {
+		key, _ := f.srv.CreateKey("probe-"+k.name, k.class, k.caps, "tenant:a,program:p1")
+		for _, c := range []struct{ method, suffix, body string }{
+			{"GET", "", ""},
+			{"GET", "/history", ""},
+			{"DELETE", "", `{"lock_identity":{"tenant_id":"a","program_id":"p1","target_namespace":"web","target_id":"t.example","actor_name":"scanner"},"fencing_token":1,"request_id":"probe-del-1","service_instance_id":"x"}`},
+			{"POST", "/renew", `{"lock_identity":{"tenant_id":"a","program_id":"p1","target_namespace":"web","target_id":"t.example","actor_name":"scanner"},"fencing_token":1,"request_id":"probe-renew-1","service_instance_id":"x"}`},
+			{"POST", "/force-release", `{"lock_identity":{"tenant_id":"a","program_id":"p1","target_namespace":"web","target_id":"t.example","actor_name":"scanner"},"fencing_token":1,"request_id":"probe-fr-1","reason":"probe"}`},
+		} {
+			answers := map[string]string{}
+			for name, id := range map[string]string{"victim": victim.LeaseID, "ended": ended.LeaseID, "ghost": ghost} {
+				body := strings.ReplaceAll(c.body, "probe-", "probe-"+name+"-")
+				st, env := rawCall(t, base, key, c.method, "/"+id+c.suffix, body)
+				answers[name] = fmt.Sprintf("%d %s", st, env)
+			}
+			if answers["victim"] != answers["ghost"] || answers["ended"] != answers["ghost"] {
+				t.Errorf("%s %s%s: out-of-scope ids answer differently from a missing one:\n victim %s\n ended  %s\n ghost  %s",
+					k.name, c.method, c.suffix, answers["victim"], answers["ended"], answers["ghost"])
+			} else {
+				t.Logf("%s %s%s: %s", k.name, c.method, c.suffix, answers["ghost"])
+			}
+		}
+	}
+}
+
+// Every way a key fails is the same 401 (body, WWW-Authenticate,
+// Cache-Control), on the console's sign-in probe and on an admin route.
+func TestOperatorAttackUniform401(t *testing.T) {
+	f := newRemote(t)
+	base := f.srv.URL()
+	revoked, revokedID := f.srv.CreateKey("gone", "api_client", "targets:lease", "tenant:*,program:*")
+	f.srv.RevokeKey(revokedID)
+	expiring, _ := f.srv.CreateKey("short", "api_client", "targets:lease", "tenant:*,program:*", "--ttl", "1s")
+	time.Sleep(1500 * time.Millisecond)
+	good := testenv.APIKeyRE.FindStringSubmatch(f.key)
+	wrongSecret := "star_sk_v1_" + good[1] + "_" + strings.Repeat("0", 64)
+	unknownID := "star_sk_v1_01ARZ3NDEKTSV4RRFFQ69G5FAV_" + good[2]
+	upper := "star_sk_v1_" + good[1] + "_" + strings.ToUpper(good[2])
+	cases := map[string][]string{
+		"revoked": {"Bearer " + revoked}, "expired": {"Bearer " + expiring}, "wrong-secret": {"Bearer " + wrongSecret},
+		"unknown-id": {"Bearer " + unknownID}, "garbage": {"Bearer x"}, "none": nil, "two-headers": {"Bearer " + f.key, "Bearer " + f.key},
+		"comma-joined": {"Bearer " + f.key + ", Bearer " + f.key}, "upper-hex": {"Bearer " + upper}, "no-scheme": {f.key},
+		"v2": {"Bearer " + strings.Replace(f.key, "_v1_", "_v2_", 1)}, "extra-suffix": {"Bearer " + f.key + "_x"},
+	}
+	for _, path := range []string{"", "/lease_x/force-release"} {
+		method := "GET"
+		if path != "" {
+			method = "POST"
+		}
+		first := ""
+		for name, vals := range cases {
+			req, _ := http.NewRequest(method, base+"/api/v1/target-leases"+path, nil)
+			for _, v := range vals {
+				req.Header.Add("Authorization", v)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var m map[string]any
+			_ = json.NewDecoder(resp.Body).Decode(&m)
+			resp.Body.Close()
+			delete(m, "correlation_id")
+			b, _ := json.Marshal(m)
+			got := fmt.Sprintf("%d %s www=%q cc=%q", resp.StatusCode, b, resp.Header.Values("WWW-Authenticate"), resp.Header.Values("Cache-Control"))
+			t.Logf("%s %s %s: %s", method, path, name, got)
+			if first == "" {
+				first = got
+			}
+			if got != first || resp.StatusCode != 401 {
+				t.Errorf("%s %s %s: %s, differs from %s", method, path, name, got, first)
+			}
+		}
 	}
 }
