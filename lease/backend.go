@@ -152,14 +152,16 @@ func CurrentOf(orig, active *Record, now Timestamp, ended func() *HistoryEntry) 
 
 // Replay answers mutation p from its stored idempotency evidence ev at
 // backend time now: the original result, or idempotency_conflict if the
-// request id was used with other inputs. A replayed acquire also reports
-// the lease's state now where it has changed; current finds it.
+// request id was used with other inputs. A replayed acquire or renewal,
+// whose first answer said the caller holds the lease, also reports the
+// lease's state now where it has changed (current finds it): a caller
+// resolving an unknown outcome learns that it holds nothing any more.
 func (p Prepared) Replay(ev *IdempotencyRecord, now Timestamp, current func(orig *Record) (*Record, error)) (Result, error) {
 	if ev.Op != p.Op || ev.Digest != p.Digest || ev.Lease.LockKey != p.LockKey {
 		return Result{}, IdempotencyConflict(now)
 	}
 	r := ev.Result()
-	if p.Op == OpAcquire {
+	if p.Op == OpAcquire || p.Op == OpRenew {
 		cur, err := current(ev.Lease)
 		if err != nil {
 			return Result{}, err

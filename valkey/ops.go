@@ -231,7 +231,8 @@ func (s *Store) closedNamespace(rep reply) *lease.Error {
 
 // replay answers a mutation from its stored idempotency evidence: the
 // original result, or idempotency_conflict if the request id was used with
-// other inputs. A replayed acquire also reports the lease's state now.
+// other inputs. A replayed acquire or renewal also reports the lease's
+// state now.
 func (s *Store) replay(p lease.Prepared, rep reply) (lease.Result, error) {
 	raw, ok := evidenceBytes(p, rep)
 	if !ok {

@@ -236,6 +236,21 @@ func (s *suite) acquireResponseLost(t *testing.T) {
 		e.noActive(e.id)
 		e.wantCounter(e.key, 1)
 	})
+	// A renewal's answer says the caller holds the lease too: its replay
+	// after the lease ended reports the state now, as an acquire's does.
+	s.leaf(t, "renew_retry_after_lease_ended_returns_original_plus_current", func(e *env) {
+		rec := e.mustAcquire(e.acquireReq())
+		r := e.renewReq(rec)
+		renewed := e.mustRenew(r)
+		released := e.mustRelease(e.releaseReq(renewed))
+		res, err := e.st.Renew(bg, r)
+		e.replayed("renew", res, err, lease.CodeRenewed, renewed)
+		if res.Current == nil {
+			e.t.Fatalf("replay of a renewal of an ended lease without its current state")
+		}
+		sameRecord(e.t, "current state", res.Current, released)
+		e.noActive(e.id)
+	})
 	s.leaf(t, "retry_concurrent_with_first_attempt_allocates_once", func(e *env) {
 		r := e.acquireReq()
 		fns := make([]func() (lease.Result, error), 8)
