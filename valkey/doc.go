@@ -185,7 +185,8 @@
 // The fencing counter and idempotency evidence must survive a crash, so the
 // server must run with appendonly yes and appendfsync always, and must
 // never evict them, so with maxmemory-policy noeviction (the server's
-// default: a full server refuses writes instead). Open and
+// default: a full server refuses writes instead; required even with
+// maxmemory 0, which a CONFIG SET can change without a restart). Open and
 // Health check this with CONFIG GET; otherwise Health reports
 // lease.HealthUnsuitable and every mutation (including AuthorizeCommit)
 // returns lease_backend_unavailable. Managed services that hide CONFIG can

@@ -177,7 +177,7 @@ func openCredentials(ctx context.Context, bf backendFlags, dataDir string, stder
 
 func keysPrint(stdout io.Writer, v any) int {
 	b, _ := json.MarshalIndent(v, "", "  ")
-	fmt.Fprintln(stdout, string(b))
+	fmt.Fprintln(stdout, string(escapeControls(b)))
 	return exitOK
 }
 

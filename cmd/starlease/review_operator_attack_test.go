@@ -5,10 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/starintel/starlease/client"
 	"github.com/starintel/starlease/internal/testenv"
@@ -125,6 +129,90 @@ func jsonEqual(a, b any) bool {
 	x, _ := json.Marshal(a)
 	y, _ := json.Marshal(b)
 	return bytes.Equal(x, y)
+}
+
+// A renewal's answer says the caller holds the lease too: rerun with its
+// request id after the lease ended (released locally, force-released on a
+// server), it is lease_lost, not "renewed".
+func TestOperatorReplayedRenewOfEndedLeaseIsLost(t *testing.T) {
+	f := newFixture(t)
+	rec := f.acquire(t)
+	var p printedLease
+	f.do(t, "renew", append(held(rec), "--request-id", "ren-1")...).ok(t, &p)
+	f.do(t, "release", held(rec)...).ok(t, &printedLease{})
+	e := f.do(t, "renew", append(held(rec), "--request-id", "ren-1")...).refused(t, exitRefused, lease.CodeLost)
+	if !strings.Contains(e.Reason, "lease_renewed of lease "+rec.LeaseID) || !strings.Contains(e.Reason, "that lease is released now") {
+		t.Fatalf("reason %q", e.Reason)
+	}
+
+	r := newRemote(t)
+	held := r.acquire(t)
+	r.do(t, "renew", append(leaseFlags(held), "--request-id", "ren-r1")...).ok(t, &p)
+	r.do(t, "force-release", append(leaseFlags(held), "--reason", "stuck")...).ok(t, &printedLease{})
+	e = r.do(t, "renew", append(leaseFlags(held), "--request-id", "ren-r1")...).refused(t, exitRefused, lease.CodeLost)
+	if !strings.Contains(e.Reason, "lease_renewed of lease "+held.LeaseID) {
+		t.Fatalf("remote reason %q", e.Reason)
+	}
+}
+
+// A credential's label is the operator's text, but the store that holds it
+// may be shared (Valkey, etcd): `keys` prints it escaped like every result.
+func TestOperatorKeysOutputEscapesFormatCharacters(t *testing.T) {
+	f := newFixture(t)
+	pepper := filepath.Join(t.TempDir(), "pepper")
+	if err := os.WriteFile(pepper, []byte("0123456789abcdef0123456789abcdef-label-test\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	label := "ops\u202eevil\u2066x"
+	var created, listed bytes.Buffer
+	if code := run([]string{"keys", "create", "--data-dir", f.dir, "--pepper-file", pepper, "--principal", "prn-worker",
+		"--class", "api_client", "--capabilities", "targets:lease", "--scope", "tenant:*,program:*", "--label", label},
+		&created, &bytes.Buffer{}); code != 0 {
+		t.Fatalf("keys create: exit %d", code)
+	}
+	if code := run([]string{"keys", "list", "--data-dir", f.dir}, &listed, &bytes.Buffer{}); code != 0 {
+		t.Fatalf("keys list: exit %d", code)
+	}
+	for _, out := range []string{created.String(), listed.String()} {
+		if strings.ContainsRune(out, 0x202e) || strings.ContainsRune(out, 0x2066) || !strings.Contains(out, `ops\u202eevil\u2066x`) {
+			t.Fatalf("label not escaped:\n%q", out)
+		}
+	}
+}
+
+// Random strings of every class escapeControls handles, invalid UTF-8 and
+// text that already reads as an escape: the output is valid JSON of the
+// same meaning, with no control or format character left raw but the
+// indentation's line breaks.
+func TestEscapeControlsRoundTrip(t *testing.T) {
+	rng := rand.New(rand.NewSource(1))
+	pool := []rune{0, 1, '\n', '\t', '"', '\\', 0x7f, 0x80, 0x85, 0x9b, 0x9f, 0xa0, 0xad, 0x200b, 0x200e, 0x202e, 0x2028, 0x2029,
+		0x2066, 0xfeff, 0xfff9, 0x1d173, 0xe0001, 0xe007f, 'a', 'é', '<', '&', 0x10ffff, 0xfffd, 0x61c, 0x180e}
+	for i := 0; i < 20000; i++ {
+		var sb strings.Builder
+		for j := rng.Intn(12); j > 0; j-- {
+			if rng.Intn(10) == 0 {
+				sb.WriteByte(byte(rng.Intn(256)))
+			} else {
+				sb.WriteRune(pool[rng.Intn(len(pool))])
+			}
+		}
+		s := sb.String()
+		b, err := json.MarshalIndent(map[string]any{"k": s, "n": []string{s, `\u009b` + s}}, "", "  ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := escapeControls(b)
+		var a, c any
+		if err := json.Unmarshal(out, &c); err != nil || json.Unmarshal(b, &a) != nil || !jsonEqual(a, c) || !utf8.Valid(out) {
+			t.Fatalf("%q: escaped %q does not decode to the same value (%v)", s, out, err)
+		}
+		for _, r := range string(out) {
+			if r != '\n' && lease.IsControlOrFormat(r) {
+				t.Fatalf("%U left raw in %q", r, out)
+			}
+		}
+	}
 }
 
 // Rerunning an acquisition with its request id (how an unknown outcome is
