@@ -155,7 +155,10 @@ func CurrentOf(orig, active *Record, now Timestamp, ended func() *HistoryEntry) 
 // request id was used with other inputs. A replayed acquire or renewal,
 // whose first answer said the caller holds the lease, also reports the
 // lease's state now where it has changed (current finds it): a caller
-// resolving an unknown outcome learns that it holds nothing any more.
+// resolving an unknown outcome learns that it holds nothing any more. The
+// contract requires it of an acquire, whose replay fails if current
+// fails; a renewal's intact evidence still answers, the state left out,
+// as Lookup leaves it out.
 func (p Prepared) Replay(ev *IdempotencyRecord, now Timestamp, current func(orig *Record) (*Record, error)) (Result, error) {
 	if ev.Op != p.Op || ev.Digest != p.Digest || ev.Lease.LockKey != p.LockKey {
 		return Result{}, IdempotencyConflict(now)
@@ -163,10 +166,10 @@ func (p Prepared) Replay(ev *IdempotencyRecord, now Timestamp, current func(orig
 	r := ev.Result()
 	if p.Op == OpAcquire || p.Op == OpRenew {
 		cur, err := current(ev.Lease)
-		if err != nil {
+		switch {
+		case err != nil && p.Op == OpAcquire:
 			return Result{}, err
-		}
-		if cur.State != ev.Lease.State {
+		case err == nil && cur.State != ev.Lease.State:
 			r.Current = cur
 		}
 	}

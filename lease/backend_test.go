@@ -159,10 +159,24 @@ func TestEvidenceAnswers(t *testing.T) {
 			t.Fatalf("Replay with another %s: %v", name, err)
 		}
 	}
+	// A renewal's answer said the caller holds the lease, as an acquire's
+	// did: its replay reports the state now where it changed. A release's
+	// does not look it up.
 	renewEv := *ev
 	renewEv.Op = OpRenew
-	if r, err := renew.Replay(&renewEv, now, func(*Record) (*Record, error) { t.Fatal("a renewal looked up the state now"); return nil, nil }); err != nil || r.Current != nil {
-		t.Fatalf("Replay of a renewal = %+v, %v", r, err)
+	if r, err := renew.Replay(&renewEv, now, released); err != nil || r.Current != ended {
+		t.Fatalf("Replay of a renewal of an ended lease = %+v, %v", r, err)
+	}
+	if r, err := renew.Replay(&renewEv, now, func(*Record) (*Record, error) { return rec, nil }); err != nil || r.Current != nil {
+		t.Fatalf("Replay of a renewal of an unchanged lease = %+v, %v", r, err)
+	}
+	if r, err := renew.Replay(&renewEv, now, func(*Record) (*Record, error) { return nil, failed }); err != nil || r.Code != CodeAcquired || r.Current != nil {
+		t.Fatalf("Replay of a renewal whose state cannot be read (its own evidence intact) = %+v, %v", r, err)
+	}
+	release, releaseEv := p, *ev
+	release.Op, releaseEv.Op = OpRelease, OpRelease
+	if r, err := release.Replay(&releaseEv, now, func(*Record) (*Record, error) { t.Fatal("a release looked up the state now"); return nil, nil }); err != nil || r.Current != nil {
+		t.Fatalf("Replay of a release = %+v, %v", r, err)
 	}
 
 	if r, ok := p.Lookup(raw, released); !ok || r.Code != CodeAcquired || r.Current != ended {
