@@ -243,27 +243,14 @@ func TestOperatorReplayedAcquireOfEndedLeaseIsLost(t *testing.T) {
 // (without the correlation id, which differs per request).
 func rawCall(t *testing.T, base, key, method, path, body string) (int, string) {
 	t.Helper()
-	var rd *strings.Reader
+	var b any
 	if body != "" {
-		rd = strings.NewReader(body)
-	} else {
-		rd = strings.NewReader("")
+		b = json.RawMessage(body)
 	}
-	req, _ := http.NewRequest(method, base+"/api/v1/target-leases"+path, rd)
-	req.Header.Set("Authorization", "Bearer "+key)
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var m map[string]any
-	_ = json.NewDecoder(resp.Body).Decode(&m)
+	status, m := apiCall(t, base, key, method, "/api/v1/target-leases"+path, b)
 	delete(m, "correlation_id")
-	b, _ := json.Marshal(m)
-	return resp.StatusCode, string(b)
+	out, _ := json.Marshal(m)
+	return status, string(out)
 }
 
 // A key scoped to tenant a probes lease ids of tenant b: every answer must

@@ -115,12 +115,19 @@ func (s *server) stop(t *testing.T) {
 // decoded body.
 func (s *server) do(t *testing.T, key, method, path string, body any) (int, map[string]any) {
 	t.Helper()
+	return apiCall(t, s.base, key, method, path, body)
+}
+
+// apiCall sends one request to the server at base with the key and body
+// (JSON, none if nil) and returns the status and the decoded body.
+func apiCall(t *testing.T, base, key, method, path string, body any) (int, map[string]any) {
+	t.Helper()
 	var rd io.Reader
 	if body != nil {
 		b, _ := json.Marshal(body)
 		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequest(method, s.base+path, rd)
+	req, err := http.NewRequest(method, base+path, rd)
 	if err != nil {
 		t.Fatal(err)
 	}
