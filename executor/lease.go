@@ -290,6 +290,15 @@ func (l *Lease) handleRenewal(rd *round, r renewReply) renewOutcome {
 		l.lose(causeOf(ErrRenewalRejected, &lease.Error{Code: lease.CodeCorrupt, Reason: "renewal returned another lease"}, "renewal reply does not match the lease"))
 		return renewStop
 	}
+	if now := r.res.Current; r.res.Replayed && now != nil && now.State != lease.StateActive {
+		// The replay of a renewal whose reply was lost, and whose lease
+		// has ended since (revoked, released, expired): nothing is held.
+		c := classify(now, ErrRenewalRejected, &lease.Error{Code: lease.CodeLost, Reason: "the renewed lease has ended since"})
+		c.Detail = "replayed renewal of a lease that has ended"
+		l.markGone(c)
+		l.lose(c)
+		return renewStop
+	}
 	expiry := rd.firstSend.Add(granted(rec) - l.tm.skew)
 	if now := l.clk.Now(); now.After(r.deadline) {
 		// A late reply grants nothing by itself: ask the backend.

@@ -157,8 +157,10 @@ func CurrentOf(orig, active *Record, now Timestamp, ended func() *HistoryEntry) 
 // lease's state now where it has changed (current finds it): a caller
 // resolving an unknown outcome learns that it holds nothing any more. The
 // contract requires it of an acquire, whose replay fails if current
-// fails; a renewal's intact evidence still answers, the state left out,
-// as Lookup leaves it out.
+// fails. A renewal's intact evidence still answers when the state cannot
+// be read because a record is corrupt (the state left out, as Lookup
+// leaves it out); any other failure (a read that failed) fails it, so an
+// ended lease is never answered as renewed for want of a read.
 func (p Prepared) Replay(ev *IdempotencyRecord, now Timestamp, current func(orig *Record) (*Record, error)) (Result, error) {
 	if ev.Op != p.Op || ev.Digest != p.Digest || ev.Lease.LockKey != p.LockKey {
 		return Result{}, IdempotencyConflict(now)
@@ -167,7 +169,7 @@ func (p Prepared) Replay(ev *IdempotencyRecord, now Timestamp, current func(orig
 	if p.Op == OpAcquire || p.Op == OpRenew {
 		cur, err := current(ev.Lease)
 		switch {
-		case err != nil && p.Op == OpAcquire:
+		case err != nil && (p.Op == OpAcquire || CodeOf(err) != CodeCorrupt):
 			return Result{}, err
 		case err == nil && cur.State != ev.Lease.State:
 			r.Current = cur

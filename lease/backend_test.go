@@ -170,8 +170,13 @@ func TestEvidenceAnswers(t *testing.T) {
 	if r, err := renew.Replay(&renewEv, now, func(*Record) (*Record, error) { return rec, nil }); err != nil || r.Current != nil {
 		t.Fatalf("Replay of a renewal of an unchanged lease = %+v, %v", r, err)
 	}
-	if r, err := renew.Replay(&renewEv, now, func(*Record) (*Record, error) { return nil, failed }); err != nil || r.Code != CodeAcquired || r.Current != nil {
-		t.Fatalf("Replay of a renewal whose state cannot be read (its own evidence intact) = %+v, %v", r, err)
+	damaged := Errorf(CodeCorrupt, "stored lease state is corrupt")
+	if r, err := renew.Replay(&renewEv, now, func(*Record) (*Record, error) { return nil, damaged }); err != nil || r.Code != CodeAcquired || r.Current != nil {
+		t.Fatalf("Replay of a renewal whose record is corrupt (its own evidence intact) = %+v, %v", r, err)
+	}
+	unread := Errorf(CodeBackendUnavailable, "read failed")
+	if _, err := renew.Replay(&renewEv, now, func(*Record) (*Record, error) { return nil, unread }); err != unread {
+		t.Fatalf("Replay of a renewal whose state could not be read: %v, want the read's error", err)
 	}
 	release, releaseEv := p, *ev
 	release.Op, releaseEv.Op = OpRelease, OpRelease
