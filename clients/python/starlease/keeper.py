@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 from . import errors as E
 from .client import Client, OutboxMessage, new_request_id, payload_sha256
 from .couch import Body, CouchDB, check_doc_id, encode_body
-from .model import Commit, CouchWrite, Lease, LockIdentity, Publication
+from .model import Commit, CouchWrite, Lease, LeaseResult, LockIdentity, Publication
 
 EXPIRED = "expired"
 REVOKED = "revoked"
@@ -226,6 +226,12 @@ class HeldLease:
             self.error = err
         elif err is not None:
             self._lose(REJECTED, err)
+        elif _replay_of_ended(out["res"]):
+            # The replay of a renewal whose answer was lost, and whose
+            # lease has ended since: nothing is held.
+            state = out["res"].current.state
+            cause = _CAUSE_OF_STATE.get(state, REJECTED)
+            self._lose(cause, E.LeaseLost("the renewed lease is %s now" % state, cause=cause))
         else:
             res = out["res"]
             with self._mu:
@@ -242,7 +248,7 @@ class HeldLease:
         cause = default
         try:
             state = self.client.get(self.lease.lease_id, timeout=2.0).lease.state
-            cause = {"revoked": REVOKED, "released": FORCE_RELEASED, "expired": EXPIRED}.get(state, cause)
+            cause = _CAUSE_OF_STATE.get(state, cause)
         except E.StarleaseError:
             pass
         self._lose(cause, err)
@@ -255,6 +261,16 @@ class HeldLease:
             self.lost.set()
         if self._on_lost is not None:
             self._on_lost(self)
+
+
+# The cause of a loss by the state the lease is found in.
+_CAUSE_OF_STATE = {"revoked": REVOKED, "released": FORCE_RELEASED, "expired": EXPIRED}
+
+
+def _replay_of_ended(res: LeaseResult) -> bool:
+    """Whether res is a replay whose lease has ended since (its state now
+    is another than active)."""
+    return res.replayed and res.current is not None and res.current.state != "active"
 
 
 def _grant(lease: Lease) -> float:
@@ -292,6 +308,11 @@ def lease(client: Client, identity: LockIdentity, *, ttl: float, service_instanc
     sent = time.monotonic()
     res = client.acquire(identity, ttl=ttl, service_instance_id=service_instance_id, execution_id=execution_id,
                          job_id=job_id, trace_id=trace_id, metadata=metadata, wait=wait)
+    if _replay_of_ended(res):
+        # The client's retry of an acquire whose answer was lost, replayed
+        # after the lease ended: nothing is held.
+        state = res.current.state
+        raise E.LeaseLost("the acquired lease is %s already" % state, cause=_CAUSE_OF_STATE.get(state, REJECTED))
     lease_now = res.lease
     if time.monotonic() - sent > _grant(lease_now) / 4:
         # The lease began somewhere between sending and the answer (an

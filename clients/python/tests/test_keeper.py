@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import threading
 import time
@@ -119,3 +120,57 @@ def test_server_down_past_the_margin(own_server: Server) -> None:
         assert dt.datetime.now(dt.timezone.utc) < expires
         with pytest.raises(starlease.LeaseLost):
             h.publish("q", b"never")
+
+
+# Found by review: a renewal (or acquire) whose answer was lost is retried by
+# the client with the same request id; if the lease ended in between, the
+# replay says so in ``current``. The keeper must take that as the loss it
+# is, not as a renewal extending the lease's assumed end by a grant.
+class _ReplaysEnded:
+    """A client whose renew and acquire answer a replay of a lease that an
+    administrator has revoked since."""
+
+    def __init__(self, lease: starlease.Lease) -> None:
+        self.held, self.now = lease, dataclasses.replace(lease, state="revoked")
+
+    def renew(self, *a, **kw) -> starlease.LeaseResult:
+        return starlease.LeaseResult("lease_renewed", "corr", self.held, "req", self.now, True)
+
+    def acquire(self, *a, **kw) -> starlease.LeaseResult:
+        return starlease.LeaseResult("lease_acquired", "corr", self.held, "req", self.now, True)
+
+    def get(self, *a, **kw) -> starlease.LeaseResult:
+        return starlease.LeaseResult("lease_inspected", "corr", self.now)
+
+
+def _active_lease(ttl: float) -> starlease.Lease:
+    now = dt.datetime.now(dt.timezone.utc)
+
+    def ts(d: dt.datetime) -> str:
+        return d.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+    return starlease.Lease.from_wire({
+        "lock_identity": {"tenant_id": "tenant-a", "program_id": "program-a", "target_namespace": "ns", "target_id": "t1",
+                          "actor_name": "a", "workflow_name": "", "operation_class": "exclusive_mutation"},
+        "lease_id": "lease_x", "fencing_token": 1, "acquired_at": ts(now), "renewed_at": ts(now),
+        "expires_at": ts(now + dt.timedelta(seconds=ttl)), "ttl_ms": int(ttl * 1000), "state": "active"})
+
+
+def test_replayed_renewal_of_an_ended_lease_is_lost() -> None:
+    fake = _ReplaysEnded(_active_lease(10))
+    h = starlease.HeldLease(fake, fake.held, service_instance_id=INST, execution_id="e", job_id="j", sent_at=time.monotonic() - 5)
+    before = h._valid_until
+    h._renew_once(fake.held, time.monotonic() + 5)
+    assert h.lost.is_set() and h.cause == starlease.REVOKED
+    assert h._valid_until == before, "the replay extended the lease's assumed end"
+    with pytest.raises(starlease.LeaseLost) as e:
+        h.check()
+    assert e.value.cause == starlease.REVOKED
+
+
+def test_replayed_acquire_of_an_ended_lease_is_lost() -> None:
+    fake = _ReplaysEnded(_active_lease(10))
+    with pytest.raises(starlease.LeaseLost) as e:
+        with starlease.lease(fake, identity(), ttl=10, service_instance_id=INST, job_id="j"):
+            pytest.fail("the work ran on a lease that had already ended")
+    assert e.value.cause == starlease.REVOKED
