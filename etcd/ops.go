@@ -215,11 +215,18 @@ func (s *Store) currentOf(t *txn, orig *lease.Record, now lease.Timestamp) (*lea
 	if err != nil {
 		return nil, err
 	}
-	h, err := s.findHistory(t, orig.LockKey, orig.LeaseID)
-	if err != nil {
-		return nil, err
+	// The history is read only when CurrentOf asks for it: the active
+	// record is not this lease's.
+	var readErr error
+	state := lease.CurrentOf(orig, cur, now, func() *lease.HistoryEntry {
+		var h *lease.HistoryEntry
+		h, readErr = s.findHistory(t, orig.LockKey, orig.LeaseID)
+		return h
+	})
+	if readErr != nil {
+		return nil, readErr
 	}
-	return lease.CurrentOf(orig, cur, now, func() *lease.HistoryEntry { return h }), nil
+	return state, nil
 }
 
 // held returns the active lease matching every ownership field and
