@@ -1,6 +1,7 @@
 package bolt
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -10,9 +11,9 @@ import (
 )
 
 var (
-	_ lease.Outbox            = (*Store)(nil)
-	_ lease.OutboxDeadLetters = (*Store)(nil)
-	_ lease.OutboxMeter       = (*Store)(nil)
+	_ lease.Outbox                = (*Store)(nil)
+	_ lease.OutboxDeadLetterAdmin = (*Store)(nil)
+	_ lease.OutboxMeter           = (*Store)(nil)
 )
 
 // The pending outbox's usage is kept in the meta bucket, updated in the
@@ -214,6 +215,77 @@ func (s *Store) deadLetter(tx *layered.View, messageID, reason string) error {
 		return err
 	}
 	return ids.Delete([]byte(messageID))
+}
+
+// OutboxRequeueDeadLetter moves dead letter messageID back into the
+// pending outbox, after every pending entry, in one transaction.
+func (s *Store) OutboxRequeueDeadLetter(ctx context.Context, messageID string) (lease.DeadLetter, error) {
+	return s.takeDeadLetter(ctx, messageID, true)
+}
+
+// OutboxDiscardDeadLetter removes dead letter messageID, in one
+// transaction.
+func (s *Store) OutboxDiscardDeadLetter(ctx context.Context, messageID string) (lease.DeadLetter, error) {
+	return s.takeDeadLetter(ctx, messageID, false)
+}
+
+// takeDeadLetter removes dead letter messageID, and with requeue appends
+// its entry to the pending outbox as a commit does (putOutbox), after the
+// same room check. Every refusal comes before the first write.
+func (s *Store) takeDeadLetter(ctx context.Context, messageID string, requeue bool) (lease.DeadLetter, error) {
+	if err := lease.CheckOpaqueID("message_id", messageID); err != nil {
+		return lease.DeadLetter{}, err
+	}
+	return change(s, ctx, func(tx *layered.View) (lease.DeadLetter, error) {
+		dead := tx.Bucket(bucketOutboxDead)
+		key, d, err := findDeadLetter(dead, messageID)
+		switch {
+		case err != nil:
+			return lease.DeadLetter{}, refuse(err)
+		case key == nil:
+			return lease.DeadLetter{}, refuse(lease.NoDeadLetter())
+		}
+		if requeue {
+			if seq := tx.Bucket(bucketOutboxIDs).Get([]byte(messageID)); seq != nil {
+				if raw := tx.Bucket(bucketOutbox).Get(seq); raw != nil && !lease.OutboxEntryOfAnother(raw, messageID) {
+					return lease.DeadLetter{}, refuse(lease.DeadLetterPending())
+				}
+			}
+			pending, used := outboxUsage(tx)
+			if full := s.opts.OutboxRoom(pending, used, d.Entry.Message.Size()); full != nil {
+				full.BackendTime = s.now()
+				return lease.DeadLetter{}, refuse(full)
+			}
+			if err := putOutbox(tx, d.Entry); err != nil {
+				return lease.DeadLetter{}, err
+			}
+		}
+		return d, dead.Delete(key)
+	})
+}
+
+// findDeadLetter is the oldest dead letter of messageID and its key (nil
+// if there is none). It walks the dead letters, at most
+// lease.MaxOutboxDeadLetters, decoding only those whose bytes hold the id;
+// a corrupt one among those fails closed.
+func findDeadLetter(dead *layered.Bucket, messageID string) ([]byte, lease.DeadLetter, error) {
+	// Opaque ids need no JSON escaping, so this is how the id is spelled
+	// in a dead letter that holds it.
+	needle := []byte(`"message_id":"` + messageID + `"`)
+	c := dead.Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if !bytes.Contains(v, needle) {
+			continue
+		}
+		var d lease.DeadLetter
+		if err := json.Unmarshal(v, &d); err != nil {
+			return nil, d, &lease.Error{Code: lease.CodeCorrupt, Reason: "outbox dead letter is corrupt; failing closed"}
+		}
+		if d.Entry.MessageID == messageID {
+			return k, d, nil
+		}
+	}
+	return nil, lease.DeadLetter{}, nil
 }
 
 // OutboxDeadLetters returns up to limit dead letters, oldest first.

@@ -99,6 +99,40 @@ type OutboxDeadLetters interface {
 	OutboxDeadLen(ctx context.Context) (int64, error)
 }
 
+// OutboxDeadLetterAdmin is an operator's hand on the dead letters (the
+// `starlease outbox` command): once the cause is cured (the exchange
+// declared, the permission granted) a dead letter goes back to the
+// relay, or it is discarded; either frees room below
+// MaxOutboxDeadLetters. Every backend with dead letters implements it.
+type OutboxDeadLetterAdmin interface {
+	OutboxDeadLetters
+	// OutboxRequeueDeadLetter moves dead letter messageID back into the
+	// pending outbox, after every entry pending, with its message id,
+	// acceptance time and message unchanged, and returns it. Refused,
+	// changing nothing: no such dead letter (CodeNotFound); an entry of
+	// that id pending (CodeInvalidRequest); the pending outbox at one of
+	// its bounds (OutboxFull), which bound accepted publications as they
+	// bound this one.
+	OutboxRequeueDeadLetter(ctx context.Context, messageID string) (DeadLetter, error)
+	// OutboxDiscardDeadLetter removes dead letter messageID for good and
+	// returns it; CodeNotFound if there is none.
+	OutboxDiscardDeadLetter(ctx context.Context, messageID string) (DeadLetter, error)
+}
+
+// NoDeadLetter is the refusal of a requeue or discard of a message id that
+// names no dead letter.
+func NoDeadLetter() *Error {
+	return &Error{Code: CodeNotFound, Reason: "no dead letter has this message id", PublicReason: true}
+}
+
+// DeadLetterPending is the refusal of a requeue whose message id names an
+// entry still pending (the same publication accepted again after its
+// commit evidence expired): two entries of one message id would be
+// published twice, and removing one would remove both.
+func DeadLetterPending() *Error {
+	return &Error{Code: CodeInvalidRequest, Reason: "an entry with this message id is pending; discard the dead letter instead", PublicReason: true}
+}
+
 // DeadLetter is an outbox entry set aside as undeliverable.
 type DeadLetter struct {
 	Entry  OutboxEntry `json:"entry"`

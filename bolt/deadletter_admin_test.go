@@ -1,0 +1,155 @@
+package bolt
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	bbolt "go.etcd.io/bbolt"
+
+	"github.com/starintel/starlease/internal/layered"
+	"github.com/starintel/starlease/lease"
+)
+
+// deadLetterStore is a store holding one pending publication, whose entry
+// it returns.
+func deadLetterStore(t *testing.T) (*Store, lease.OutboxEntry) {
+	t.Helper()
+	ctx := context.Background()
+	s, err := Open(filepath.Join(t.TempDir(), "starlease.db"), Options{ReapInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	far := time.Now().Add(time.Minute)
+	a, err := s.Acquire(ctx, acquireReq("req-1", 30*time.Second, far))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := lease.OutboxMessage{RoutingKey: "q", Body: []byte("x")}
+	if _, err := s.AuthorizeCommit(ctx, lease.CommitRequest{Identity: testIdentity, LeaseID: a.Lease.LeaseID,
+		FencingToken: a.Lease.FencingToken, ServiceInstanceID: "instance-1", Sink: "rabbitmq", CommitID: "commit-a",
+		ExecutionID: "execution-1", JobID: "job-1", Outbox: &m, DeadlineAt: far, Caller: lease.Caller{PrincipalID: "prn-actor"}}); err != nil {
+		t.Fatal(err)
+	}
+	pending, err := s.OutboxPending(ctx, 10)
+	if err != nil || len(pending) != 1 {
+		t.Fatalf("pending %v, %v", pending, err)
+	}
+	return s, pending[0]
+}
+
+// TestDeadLetterBoundClearedByDiscard: with lease.MaxOutboxDeadLetters
+// held a poison entry stays pending; discarding one dead letter (the
+// newest, the last the walk finds) lets the relay set it aside, and the
+// operator can requeue it.
+func TestDeadLetterBoundClearedByDiscard(t *testing.T) {
+	ctx := context.Background()
+	s, entry := deadLetterStore(t)
+	if err := s.db.Update(func(tx *bbolt.Tx) error {
+		dead := tx.Bucket(bucketOutboxDead)
+		for i := range lease.MaxOutboxDeadLetters {
+			other := entry
+			other.MessageID = fmt.Sprintf("msg_old_%05d", i)
+			b, err := json.Marshal(lease.DeadLetter{Entry: other, Reason: "old", DeadAt: lease.At(time.Now())})
+			if err != nil {
+				return err
+			}
+			if err := dead.Put(u64(uint64(i+1)), b); err != nil {
+				return err
+			}
+		}
+		return dead.SetSequence(lease.MaxOutboxDeadLetters) // as NextSequence would have left it
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if le := lease.AsError(s.OutboxDeadLetter(ctx, entry.MessageID, "poison")); le.Code != lease.CodeBackendUnavailable {
+		t.Fatalf("dead-lettering past the bound: %+v", le)
+	}
+	last := fmt.Sprintf("msg_old_%05d", lease.MaxOutboxDeadLetters-1)
+	d, err := s.OutboxDiscardDeadLetter(ctx, last)
+	if err != nil || d.Entry.MessageID != last || d.Reason != "old" {
+		t.Fatalf("discard: %+v, %v", d, err)
+	}
+	if err := s.OutboxDeadLetter(ctx, entry.MessageID, "poison"); err != nil {
+		t.Fatalf("dead-lettering with room: %v", err)
+	}
+	if n, err := s.OutboxDeadLen(ctx); err != nil || n != lease.MaxOutboxDeadLetters {
+		t.Fatalf("dead letters %d, %v", n, err)
+	}
+	back, err := s.OutboxRequeueDeadLetter(ctx, entry.MessageID)
+	if err != nil || back.Entry.MessageID != entry.MessageID || back.Reason != "poison" {
+		t.Fatalf("requeue: %+v, %v", back, err)
+	}
+	if p, err := s.OutboxPending(ctx, 10); err != nil || len(p) != 1 || p[0].MessageID != entry.MessageID || p[0].AcceptedAt != entry.AcceptedAt {
+		t.Fatalf("pending after requeue %+v, %v", p, err)
+	}
+	if u, err := s.OutboxUsage(ctx); err != nil || u.Pending != 1 || u.Bytes != entry.Message.Size() {
+		t.Fatalf("usage after requeue %+v, %v", u, err)
+	}
+}
+
+// TestRequeueRefusedWhileTheSameIDIsPending: the same publication
+// accepted again (its commit evidence expired while it lay dead) is
+// pending under the dead letter's id; a requeue would publish it twice and
+// a removal of one would remove both, so it is refused and nothing
+// changes. Discarding the dead letter leaves the pending entry alone.
+func TestRequeueRefusedWhileTheSameIDIsPending(t *testing.T) {
+	ctx := context.Background()
+	s, entry := deadLetterStore(t)
+	if err := s.OutboxDeadLetter(ctx, entry.MessageID, "poison"); err != nil {
+		t.Fatal(err)
+	}
+	again := entry
+	again.AcceptedAt = lease.At(time.Now().Add(time.Second))
+	if _, err := change(s, ctx, func(tx *layered.View) (struct{}, error) { return struct{}{}, putOutbox(tx, again) }); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.OutboxRequeueDeadLetter(ctx, entry.MessageID)
+	if le := lease.AsError(err); le.Code != lease.CodeInvalidRequest || le.Reason != lease.DeadLetterPending().Reason {
+		t.Fatalf("requeue over a pending entry of the same id: %v", err)
+	}
+	p, err := s.OutboxPending(ctx, 10)
+	if err != nil || len(p) != 1 || p[0].AcceptedAt != again.AcceptedAt {
+		t.Fatalf("pending %+v, %v", p, err)
+	}
+	if n, err := s.OutboxDeadLen(ctx); err != nil || n != 1 {
+		t.Fatalf("dead letters %d, %v", n, err)
+	}
+	if _, err := s.OutboxDiscardDeadLetter(ctx, entry.MessageID); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := s.OutboxPending(ctx, 10); err != nil || len(p) != 1 || p[0].AcceptedAt != again.AcceptedAt {
+		t.Fatalf("pending after the discard %+v, %v", p, err)
+	}
+	if u, err := s.OutboxUsage(ctx); err != nil || u.Pending != 1 || u.Bytes != entry.Message.Size() {
+		t.Fatalf("usage %+v, %v", u, err)
+	}
+}
+
+// TestCorruptDeadLetterFailsClosed: a damaged dead letter whose bytes name
+// the id is not skipped past to an older or newer one.
+func TestCorruptDeadLetterFailsClosed(t *testing.T) {
+	ctx := context.Background()
+	s, entry := deadLetterStore(t)
+	if err := s.OutboxDeadLetter(ctx, entry.MessageID, "poison"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.db.Update(func(tx *bbolt.Tx) error {
+		return tx.Bucket(bucketOutboxDead).Put(u64(1), []byte(`{"entry":{"message_id":"`+entry.MessageID+`",`))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, requeue := range []bool{true, false} {
+		_, err := s.takeDeadLetter(ctx, entry.MessageID, requeue)
+		if le := lease.AsError(err); le.Code != lease.CodeCorrupt {
+			t.Fatalf("requeue %v of a corrupt dead letter: %v", requeue, err)
+		}
+	}
+	if p, err := s.OutboxPending(ctx, 10); err != nil || len(p) != 0 {
+		t.Fatalf("pending %+v, %v", p, err)
+	}
+}
