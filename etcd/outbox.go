@@ -1,6 +1,7 @@
 package etcd
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -14,6 +15,8 @@ var (
 	_ lease.Outbox            = (*Store)(nil)
 	_ lease.OutboxDeadLetters = (*Store)(nil)
 	_ lease.OutboxMeter       = (*Store)(nil)
+
+	_ lease.OutboxDeadLetterAdmin = (*Store)(nil)
 )
 
 // The pending outbox's usage (entries, bytes) is one key, meta/outbox_usage,
@@ -314,4 +317,169 @@ func (s *Store) OutboxDeadLen(ctx context.Context) (int64, error) {
 	v, err := s.getOne(ctx, s.keys.deadCount())
 	n, _ := readU64(v)
 	return int64(n), err
+}
+
+// deadLetterPage bounds the dead letters one read of a scan holds: one is
+// up to about 110 KiB (a 64 KiB body in base64 and 16 KiB of headers).
+const deadLetterPage = 64
+
+// foundDead is the dead letter of a message id found in an attempt.
+type foundDead struct {
+	key   string
+	d     lease.DeadLetter
+	count uint64 // the dead letters held, this one included
+}
+
+// findDeadLetter finds the dead letter of messageID in attempt t, whose
+// first fetch read the dead-letter count: nil if there is none. Dead
+// letters are keyed by sequence, not message id, so it scans od/ at the
+// attempt's revision, oldest first, a page at a time. Should one message
+// id have two dead letters (only damage makes two: a requeue removes the
+// first before the entry can be set aside again), the oldest is acted
+// on, the one set aside first: the scan stops at it. Only its key joins
+// the compare; the rest of the scan is as current as the count, which
+// every change to the dead letters writes and the attempt compares.
+func (s *Store) findDeadLetter(t *txn, messageID string) (*foundDead, error) {
+	n, ok := readU64(t.seen[s.keys.deadCount()].val)
+	prefix := s.keys.deadPrefix()
+	from := prefix
+	for first := true; ; first = false {
+		ctx, cancel := s.bound(t.ctx)
+		r, err := s.cli.Get(ctx, from, clientv3.WithRange(clientv3.GetPrefixRangeEnd(prefix)),
+			clientv3.WithRev(t.rev), clientv3.WithLimit(deadLetterPage))
+		cancel()
+		if err != nil {
+			return nil, errRead{err}
+		}
+		if first && (!ok || n == 0) {
+			// A count that is missing or malformed while dead letters
+			// exist: the range's own count is exact at this revision.
+			n = uint64(r.Count)
+		}
+		for _, kv := range r.Kvs {
+			mine, err := deadLetterOf(kv.Value, messageID)
+			if err != nil {
+				return nil, refuse(lease.CorruptState(s.log, lease.Identity{}, "outbox dead letter is corrupt"))
+			}
+			if !mine {
+				continue
+			}
+			var d lease.DeadLetter
+			if err := json.Unmarshal(kv.Value, &d); err != nil || d.Entry.MessageID != messageID {
+				return nil, refuse(lease.CorruptState(s.log, lease.Identity{}, "outbox dead letter is corrupt"))
+			}
+			key := string(kv.Key)
+			t.seen[key] = seenKey{val: kv.Value, mod: kv.ModRevision} // compared at commit, as if fetched
+			return &foundDead{key: key, d: d, count: max(n, 1)}, nil
+		}
+		if !r.More || len(r.Kvs) == 0 {
+			return nil, nil
+		}
+		from = string(r.Kvs[len(r.Kvs)-1].Key) + "\x00"
+	}
+}
+
+// deadLetterOf reports whether stored dead letter raw is messageID's. One
+// that begins with its message id as json.Marshal writes it (the entry's
+// first member; message ids need no escaping) is read in place, so a scan
+// does not decode every 64 KiB body; anything else is decoded, and one
+// that does not decode is an error: it may be messageID's, older than any
+// found after it.
+func deadLetterOf(raw []byte, messageID string) (bool, error) {
+	if rest, ok := bytes.CutPrefix(raw, []byte(`{"entry":{"message_id":"`)); ok {
+		if id, _, ok := bytes.Cut(rest, []byte(`"`)); ok && bytes.IndexByte(id, '\\') < 0 {
+			return string(id) == messageID, nil
+		}
+	}
+	var d lease.DeadLetter
+	if err := json.Unmarshal(raw, &d); err != nil {
+		return false, err
+	}
+	return d.Entry.MessageID == messageID, nil
+}
+
+// openDeadLetters begins an attempt on the dead letters: one read of the
+// keys it decides on, at the attempt's revision, and the namespace's gate.
+func (s *Store) openDeadLetters(t *txn, more ...string) error {
+	if err := t.fetch(append([]string{s.keys.gate(), s.keys.deadCount()}, more...)...); err != nil {
+		return err
+	}
+	if gate := t.seen[s.keys.gate()].val; gate != nil {
+		return lease.Errorf(lease.CodeBackendUnavailable, "namespace is closed: %s", gate)
+	}
+	return nil
+}
+
+// OutboxRequeueDeadLetter moves dead letter messageID back into the
+// pending outbox, after every entry pending, in one transaction: the
+// entry is appended as the commit appends a publication (sequence, id
+// entry, usage), within the same bounds.
+func (s *Store) OutboxRequeueDeadLetter(ctx context.Context, messageID string) (lease.DeadLetter, error) {
+	if err := lease.CheckOpaqueID("message_id", messageID); err != nil {
+		return lease.DeadLetter{}, err
+	}
+	return change(s, ctx, func(t *txn) (lease.DeadLetter, error) {
+		if err := s.openDeadLetters(t, s.keys.outboxSeq(), s.keys.outboxUsage(), s.keys.outboxID(messageID)); err != nil {
+			return lease.DeadLetter{}, err
+		}
+		f, err := s.findDeadLetter(t, messageID)
+		switch {
+		case err != nil:
+			return lease.DeadLetter{}, err
+		case f == nil:
+			return lease.DeadLetter{}, refuse(lease.NoDeadLetter())
+		}
+		// The entry re-enters the pending outbox, which the relay reads
+		// strictly: one that would not decode there fails here.
+		if b, err := lease.EncodeOutboxEntry(f.d.Entry); err != nil {
+			return lease.DeadLetter{}, refuse(lease.CorruptState(s.log, lease.Identity{}, "outbox dead letter is corrupt"))
+		} else if _, err := lease.DecodeOutboxEntry(b); err != nil {
+			return lease.DeadLetter{}, refuse(lease.CorruptState(s.log, lease.Identity{}, "outbox dead letter is corrupt"))
+		}
+		_, _, pending, err := s.pendingEntry(t, messageID)
+		switch {
+		case err != nil:
+			return lease.DeadLetter{}, err
+		case pending != "":
+			return lease.DeadLetter{}, refuse(lease.DeadLetterPending())
+		}
+		room, err := s.outboxRoomFor(t, &f.d.Entry.Message, lease.UnixMilli(s.clock()))
+		if err != nil {
+			// Not committed as a refusal: a stale id entry pendingEntry
+			// dropped stays, so a refusal changes nothing.
+			if r, ok := err.(refusal); ok {
+				return lease.DeadLetter{}, r.err
+			}
+			return lease.DeadLetter{}, err
+		}
+		if err := s.putOutbox(t, room, f.d.Entry); err != nil {
+			return lease.DeadLetter{}, err
+		}
+		t.del(f.key)
+		t.put(s.keys.deadCount(), u64(f.count-1))
+		return f.d, nil
+	})
+}
+
+// OutboxDiscardDeadLetter removes dead letter messageID for good, in one
+// transaction; the pending outbox is not read or written.
+func (s *Store) OutboxDiscardDeadLetter(ctx context.Context, messageID string) (lease.DeadLetter, error) {
+	if err := lease.CheckOpaqueID("message_id", messageID); err != nil {
+		return lease.DeadLetter{}, err
+	}
+	return change(s, ctx, func(t *txn) (lease.DeadLetter, error) {
+		if err := s.openDeadLetters(t); err != nil {
+			return lease.DeadLetter{}, err
+		}
+		f, err := s.findDeadLetter(t, messageID)
+		switch {
+		case err != nil:
+			return lease.DeadLetter{}, err
+		case f == nil:
+			return lease.DeadLetter{}, refuse(lease.NoDeadLetter())
+		}
+		t.del(f.key)
+		t.put(s.keys.deadCount(), u64(f.count-1))
+		return f.d, nil
+	})
 }
