@@ -88,21 +88,27 @@
 //	ns:outbox               fenced outbox schedule: score the entry's outbox sequence
 //	                        (ns:outbox_seq), member message id: exact acceptance order
 //	ns:outbox_seq           the last outbox sequence given, incremented by the commit
-//	                        function in the lease check's step; no TTL, never deleted
+//	                        function in the lease check's step (and by a dead letter's
+//	                        requeue, which goes after every entry); no TTL, never deleted
 //	ns:outbox:<message id>  an accepted publication (lease.EncodeOutboxEntry's bytes),
 //	                        written by the commit function in the lease check's step,
 //	                        removed by the relay after the broker's confirm
-//	                        (or, if dead-lettered, kept until an operator removes it)
+//	                        (or, if dead-lettered, kept until an operator discards it or
+//	                        requeues it: pending again, the same bytes; the same
+//	                        publication accepted again meanwhile rewrites it, pending)
 //	ns:outbox:bytes         the pending publications' lease.OutboxMessage.Size in all,
 //	                        kept by the functions that add and remove them (commit,
-//	                        outbox_done, outbox_dead); the commit function refuses a
-//	                        publication past lease.StoreOptions.OutboxMaxBytes (or,
+//	                        outbox_done, outbox_dead, outbox_requeue); the commit
+//	                        function refuses a publication (and outbox_requeue a dead
+//	                        letter) past lease.StoreOptions.OutboxMaxBytes (or,
 //	                        by ZCARD of ns:outbox, OutboxMaxPending). Absent in a
 //	                        namespace written before it: a store counts it when it opens
 //	                        (message ids start with "msg_", so none is "bytes")
 //	ns:outbox_dead          dead letters: poison publications the relay set aside
 //	                        (score backend time, member message id; at most
-//	                        lease.MaxOutboxDeadLetters, never expired or trimmed)
+//	                        lease.MaxOutboxDeadLetters, never expired or trimmed; an
+//	                        operator requeues or discards them: outbox_requeue,
+//	                        outbox_discard)
 //	ns:outbox_dead:<message id>  a dead letter's {"reason","dead_at"} (JSON)
 //	ns:cred:<credential id> an API-key credential: exactly auth.EncodeCredential's
 //	                        bytes, no TTL (CredentialStore)

@@ -1432,6 +1432,34 @@ local function finish(keys, args)
   return { 'ok', int(now), ended_record(raw, cur, e.state) }
 end
 
+-- outbox_room is what the pending outbox needs before an entry of size
+-- bytes joins it (a commit's publication, a requeued dead letter): the
+-- next outbox sequence (KEY k_oseq holds the last given), the byte
+-- counter, and the bound the entry would pass (lease.StoreOptions.
+-- OutboxRoom's comparisons, against max_pending entries and max_bytes),
+-- or nil. A malformed or exhausted counter answers nil and why.
+local function outbox_room(now, k_outbox, k_oseq, k_obytes, size, max_pending, max_bytes)
+  -- Absent, the first entry under sequence scoring starts at backend time
+  -- in ms, above every score an older version gave (it scored by
+  -- accepted_at), so the order never goes backwards.
+  local oseq = now
+  local v = redis.call('GET', k_oseq)
+  if v then
+    oseq = counter_value(v)
+    if not oseq then return nil, 'outbox sequence is malformed' end
+  end
+  if oseq >= MAX_TOKEN then return nil, 'outbox sequence is exhausted' end
+  local obytes = counter_value(redis.call('GET', k_obytes) or nil)
+  if not obytes then return nil, 'outbox byte counter is malformed' end
+  local full
+  if redis.call('ZCARD', k_outbox) >= tonumber(max_pending) then
+    full = 'pending'
+  elseif obytes + size > tonumber(max_bytes) then
+    full = 'bytes'
+  end
+  return oseq + 1, obytes, full
+end
+
 -- commit authorizes a fenced write. ARGV 15 lease id, 16 token, 17 owner,
 -- 18 instance, 19 sink, 20 accepted-commit JSON before accepted_at,
 -- 21 the JSON after it; with a publication, 22 and 23 the outbox entry
@@ -1482,24 +1510,11 @@ local function commit(keys, args)
   if seq >= MAX_TOKEN then return corrupt(c, now, 'commit sequence is exhausted') end
   local oseq, obytes, osize, replaced
   if args[22] ~= '' then
-    local v = redis.call('GET', k_oseq)
-    if v then
-      oseq = counter_value(v)
-      if not oseq then return corrupt(c, now, 'outbox sequence is malformed') end
-    else
-      -- First publication under sequence scoring: start at backend time
-      -- in ms, above every score an older version gave (it scored by
-      -- accepted_at), so the order never goes backwards.
-      oseq = now
-    end
-    if oseq >= MAX_TOKEN then return corrupt(c, now, 'outbox sequence is exhausted') end
-    oseq = oseq + 1
-    obytes = counter_value(redis.call('GET', k_obytes) or nil)
-    if not obytes then return corrupt(c, now, 'outbox byte counter is malformed') end
+    local full
     osize = tonumber(args[27])
-    -- The same comparisons as lease.StoreOptions.OutboxRoom.
-    if redis.call('ZCARD', k_outbox) >= tonumber(args[28]) then return { 'full', int(now), 'pending' } end
-    if obytes + osize > tonumber(args[29]) then return { 'full', int(now), 'bytes' } end
+    oseq, obytes, full = outbox_room(now, k_outbox, k_oseq, k_obytes, osize, args[28], args[29])
+    if not oseq then return corrupt(c, now, obytes) end
+    if full then return { 'full', int(now), full } end
     -- The size of an entry this one replaces, if its id is pending (see
     -- the write below).
     replaced = entry_size(redis.call('GET', k_msg) or nil)
@@ -1571,6 +1586,73 @@ local function outbox_dead(keys, args)
   redis.call('ZADD', keys[3], int(now), args[1])
   redis.call('SET', keys[4], '{"reason":' .. args[2] .. ',"dead_at":"' .. ts(now) .. '"}')
   return { 'ok', int(now) }
+end
+
+-- in_zset reports whether id is a member of sorted set k (checked to be
+-- one): ZADD XX INCR 0 answers its score or nil and changes nothing.
+-- ZSCORE would need a command the documented ACL does not grant.
+local function in_zset(k, id) return redis.call('ZADD', k, 'XX', 'INCR', 0, id) ~= false end
+
+-- outbox_requeue moves dead letter ARGV 1 back into the pending outbox
+-- after every pending entry (the next outbox sequence), its entry key
+-- untouched, counted and bounded (ARGV 3 and 4, entries and bytes) as a
+-- commit counts and bounds a publication. ARGV 2 is the SHA-1 of the entry
+-- the caller decoded strictly: any other entry is answered 'unverified'
+-- with its bytes, changing nothing, so a corrupt one never becomes pending
+-- (the relay's reads would fail closed on it). Refused, changing nothing:
+-- 'none' (no such dead letter), 'pending' (an entry of its id is pending:
+-- the same publication accepted again, which rewrote the entry key they
+-- share), 'noentry' (its entry is gone: relayed under that id), 'full'.
+-- KEYS 1 the outbox schedule, 2 the entry's key, 3 the dead-letter
+-- schedule, 4 its reason key, 5 the gate, 6 the byte counter, 7 the outbox
+-- sequence. 'ok' carries the entry and the reason key's value as read.
+local function outbox_requeue(keys, args)
+  local now = now_ms()
+  local shut = closed(keys[5], now)
+  if shut then return shut end
+  if wrong_type(keys[1], 'zset') or wrong_type(keys[2], 'string') or wrong_type(keys[3], 'zset')
+      or wrong_type(keys[4], 'string') or wrong_type(keys[6], 'string') or wrong_type(keys[7], 'string') then
+    return { 'wrongtype', int(now) }
+  end
+  if not in_zset(keys[3], args[1]) then return { 'none', int(now) } end
+  if in_zset(keys[1], args[1]) then return { 'pending', int(now) } end
+  local raw = redis.call('GET', keys[2])
+  if not raw then return { 'noentry', int(now) } end
+  if redis.sha1hex(raw) ~= args[2] then return { 'unverified', int(now), raw } end
+  local size = entry_size(raw)
+  local oseq, obytes, full = outbox_room(now, keys[1], keys[7], keys[6], size, args[3], args[4])
+  if not oseq then return { 'corrupt', int(now), obytes } end
+  if full then return { 'full', int(now), full } end
+  local why = redis.call('GET', keys[4]) or ''
+  redis.call('SET', keys[7], int(oseq))
+  redis.call('ZADD', keys[1], int(oseq), args[1])
+  redis.call('SET', keys[6], int(obytes + size))
+  redis.call('ZREM', keys[3], args[1])
+  redis.call('DEL', keys[4])
+  return { 'ok', int(now), raw, why }
+end
+
+-- outbox_discard removes dead letter ARGV 1 for good: its member of the
+-- dead-letter schedule, its reason and its entry, unless an entry of its
+-- id is pending (which the entry key is then: see outbox_requeue). KEYS
+-- 1 the outbox schedule, 2 the entry's key, 3 the dead-letter schedule, 4
+-- its reason key, 5 the gate. 'ok' carries the entry ('' if gone) and the
+-- reason key's value as read; 'none' if there is no such dead letter.
+local function outbox_discard(keys, args)
+  local now = now_ms()
+  local shut = closed(keys[5], now)
+  if shut then return shut end
+  if wrong_type(keys[1], 'zset') or wrong_type(keys[2], 'string') or wrong_type(keys[3], 'zset')
+      or wrong_type(keys[4], 'string') then
+    return { 'wrongtype', int(now) }
+  end
+  if not in_zset(keys[3], args[1]) then return { 'none', int(now) } end
+  local raw = redis.call('GET', keys[2]) or ''
+  local why = redis.call('GET', keys[4]) or ''
+  redis.call('ZREM', keys[3], args[1])
+  redis.call('DEL', keys[4])
+  if not in_zset(keys[1], args[1]) then redis.call('DEL', keys[2]) end
+  return { 'ok', int(now), raw, why }
 end
 
 -- outbox_recount sets the byte counter of a namespace whose pending
@@ -1871,6 +1953,8 @@ redis.register_function(FN .. 'raise_format', raise_format)
 redis.register_function(FN .. 'outbox_done', outbox_done)
 redis.register_function(FN .. 'outbox_dead', outbox_dead)
 redis.register_function(FN .. 'outbox_recount', outbox_recount)
+redis.register_function(FN .. 'outbox_requeue', outbox_requeue)
+redis.register_function(FN .. 'outbox_discard', outbox_discard)
 redis.register_function(FN .. 'recover_raise', recover_raise)
 redis.register_function(FN .. 'recover_end', recover_end)
 redis.register_function(FN .. 'reopen', reopen)

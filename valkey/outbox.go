@@ -2,6 +2,8 @@ package valkey
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"encoding/json"
 	"strconv"
 
@@ -11,9 +13,10 @@ import (
 )
 
 var (
-	_ lease.Outbox            = (*Store)(nil)
-	_ lease.OutboxDeadLetters = (*Store)(nil)
-	_ lease.OutboxMeter       = (*Store)(nil)
+	_ lease.Outbox                = (*Store)(nil)
+	_ lease.OutboxDeadLetters     = (*Store)(nil)
+	_ lease.OutboxMeter           = (*Store)(nil)
+	_ lease.OutboxDeadLetterAdmin = (*Store)(nil)
 )
 
 // OutboxPending returns up to limit publications, oldest accepted first.
@@ -266,4 +269,127 @@ func (s *Store) OutboxDeadLen(ctx context.Context) (int64, error) {
 		return 0, s.failure(call{fn: "outbox_dead_len"}, err)
 	}
 	return n, nil
+}
+
+// OutboxRequeueDeadLetter moves a dead letter back into the pending outbox,
+// after every pending entry, in one function call (outbox_requeue): its
+// entry key is kept as it is, its size counted and bounded as a commit's
+// publication. The entry is decoded strictly first and the function moves
+// it only if it still has those bytes (their SHA-1): a corrupt entry made
+// pending would fail the relay's reads closed, so it is refused (corrupt;
+// discard it) and stays a dead letter.
+func (s *Store) OutboxRequeueDeadLetter(ctx context.Context, messageID string) (lease.DeadLetter, error) {
+	if err := lease.CheckOpaqueID("message_id", messageID); err != nil {
+		return lease.DeadLetter{}, err
+	}
+	if err := s.writable(ctx); err != nil {
+		return lease.DeadLetter{}, err
+	}
+	c := call{fn: "outbox_requeue", mutation: true,
+		keys: []string{s.keys.outbox(), s.keys.outboxMsg(messageID), s.keys.outboxDead(), s.keys.outboxDeadWhy(messageID), s.keys.gate(),
+			s.keys.outboxBytes(), s.keys.outboxSeq()}}
+	// Best effort: whatever this read misses, the function answers
+	// "unverified" with the entry it found.
+	want := ""
+	if raw, err := s.client.Do(ctx, s.client.B().Get().Key(c.keys[1]).Build()).ToString(); err == nil {
+		want, _ = entryDigest(raw, messageID)
+	}
+	for range 3 {
+		c.args = []string{messageID, want, itoa(s.opts.OutboxMaxPending), itoa(s.opts.OutboxMaxBytes)}
+		rep, err := s.fcall(ctx, c)
+		if err != nil {
+			return lease.DeadLetter{}, err
+		}
+		switch rep.status {
+		case "ok":
+			return s.deadLetterRead(c.fn, messageID, rep), nil
+		case "unverified":
+			var ok bool
+			if want, ok = entryDigest(rep.at(0), messageID); !ok {
+				return lease.DeadLetter{}, &lease.Error{Code: lease.CodeCorrupt,
+					Reason: "the dead letter's entry is corrupt; it was not requeued (discard it)", PublicReason: true}
+			}
+			continue // it changed since it was read: move the entry just read
+		case "closed":
+			return lease.DeadLetter{}, s.closedNamespace(rep)
+		case "none":
+			return lease.DeadLetter{}, lease.NoDeadLetter()
+		case "pending":
+			return lease.DeadLetter{}, lease.DeadLetterPending()
+		case "noentry":
+			return lease.DeadLetter{}, &lease.Error{Code: lease.CodeNotFound,
+				Reason: "the dead letter has no entry left (one of its message id was relayed); discard it", PublicReason: true}
+		case "full":
+			full := lease.OutboxFull(rep.at(0))
+			full.BackendTime = rep.now.Time()
+			return lease.DeadLetter{}, full
+		case "wrongtype", "corrupt":
+			return lease.DeadLetter{}, &lease.Error{Code: lease.CodeCorrupt, Reason: "outbox keys hold the wrong type or a malformed counter; failing closed"}
+		default:
+			return lease.DeadLetter{}, s.malformed(c)
+		}
+	}
+	return lease.DeadLetter{}, lease.Errorf(lease.CodeBackendUnavailable, "the dead letter kept changing while it was requeued")
+}
+
+// OutboxDiscardDeadLetter removes a dead letter for good in one function
+// call (outbox_discard), never a pending entry of its message id. A
+// corrupt dead letter is discarded too (that is how an operator clears
+// it): what of it decodes is returned.
+func (s *Store) OutboxDiscardDeadLetter(ctx context.Context, messageID string) (lease.DeadLetter, error) {
+	if err := lease.CheckOpaqueID("message_id", messageID); err != nil {
+		return lease.DeadLetter{}, err
+	}
+	if err := s.writable(ctx); err != nil {
+		return lease.DeadLetter{}, err
+	}
+	c := call{fn: "outbox_discard", mutation: true,
+		keys: []string{s.keys.outbox(), s.keys.outboxMsg(messageID), s.keys.outboxDead(), s.keys.outboxDeadWhy(messageID), s.keys.gate()},
+		args: []string{messageID}}
+	rep, err := s.fcall(ctx, c)
+	if err != nil {
+		return lease.DeadLetter{}, err
+	}
+	switch rep.status {
+	case "ok":
+		return s.deadLetterRead(c.fn, messageID, rep), nil
+	case "closed":
+		return lease.DeadLetter{}, s.closedNamespace(rep)
+	case "none":
+		return lease.DeadLetter{}, lease.NoDeadLetter()
+	case "wrongtype":
+		return lease.DeadLetter{}, &lease.Error{Code: lease.CodeCorrupt, Reason: "outbox dead-letter keys hold the wrong type; failing closed"}
+	default:
+		return lease.DeadLetter{}, s.malformed(c)
+	}
+}
+
+// entryDigest is the SHA-1 (hex, as Lua's redis.sha1hex) of raw if it is
+// messageID's outbox entry, strictly decoded.
+func entryDigest(raw, messageID string) (string, bool) {
+	e, err := lease.DecodeOutboxEntry([]byte(raw))
+	if err != nil || e.MessageID != messageID {
+		return "", false
+	}
+	sum := sha1.Sum([]byte(raw))
+	return hex.EncodeToString(sum[:]), true
+}
+
+// deadLetterRead is the dead letter an "ok" reply read (fields 0, the
+// entry, and 1, its reason key's value). The change is made, so a part
+// that does not decode (a discarded corrupt dead letter) is left out,
+// and logged, rather than failing the call.
+func (s *Store) deadLetterRead(fn, messageID string, rep reply) lease.DeadLetter {
+	var d lease.DeadLetter
+	if why := rep.at(1); why != "" && json.Unmarshal([]byte(why), &d) != nil {
+		d = lease.DeadLetter{}
+		s.log.Warn("a dead letter's reason was corrupt", "function", fn)
+	}
+	e, err := lease.DecodeOutboxEntry([]byte(rep.at(0)))
+	if err != nil || e.MessageID != messageID {
+		s.log.Warn("a dead letter's entry was missing or corrupt", "function", fn)
+		e = lease.OutboxEntry{MessageID: messageID}
+	}
+	d.Entry = e
+	return d
 }
