@@ -116,6 +116,7 @@ func Run(t *testing.T, newBackend Factory) {
 		{"stale_holder_write_paths", s.staleHolderWritePaths},
 		{"fenced_outbox", s.fencedOutbox},
 		{"bounded_outbox", s.boundedOutbox},
+		{"outbox_dead_letter_admin", s.deadLetterAdminLeaves},
 		{"service_crash_after_backend_commit", s.crashAfterCommit},
 		{"service_crash_before_backend_commit", s.crashBeforeCommit},
 		{"backend_unavailable_before_submission", s.backendUnavailable},

@@ -32,6 +32,7 @@ type memStore struct {
 	highWater map[string]uint64       // lock key ‖ sink → highest accepted token
 	commitSeq map[string]uint64       // lock key → last commit seq
 	outbox    []lease.OutboxEntry     // accepted publications, in order
+	dead      []lease.DeadLetter      // publications set aside, in order
 }
 
 // stored is a raw active record and its decoding (done once, when stored).
@@ -514,6 +515,70 @@ func (m *memStore) OutboxDone(ctx context.Context, id string) error {
 		}
 	}
 	return nil
+}
+
+func (m *memStore) OutboxDeadLetter(ctx context.Context, id, reason string) error {
+	if err := lease.CheckOpaqueID("message_id", id); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i, e := range m.outbox {
+		if e.MessageID == id {
+			m.outbox = append(m.outbox[:i], m.outbox[i+1:]...)
+			m.dead = append(m.dead, lease.DeadLetter{Entry: e, Reason: lease.CutDeadLetterReason(reason), DeadAt: m.now()})
+			break
+		}
+	}
+	return nil
+}
+
+func (m *memStore) OutboxDeadLetters(ctx context.Context, limit int) ([]lease.DeadLetter, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if limit <= 0 || limit > len(m.dead) {
+		limit = len(m.dead)
+	}
+	return append([]lease.DeadLetter(nil), m.dead[:limit]...), nil
+}
+
+func (m *memStore) OutboxDeadLen(ctx context.Context) (int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return int64(len(m.dead)), nil
+}
+
+func (m *memStore) OutboxRequeueDeadLetter(ctx context.Context, id string) (lease.DeadLetter, error) {
+	return m.takeDeadLetter(id, true)
+}
+
+func (m *memStore) OutboxDiscardDeadLetter(ctx context.Context, id string) (lease.DeadLetter, error) {
+	return m.takeDeadLetter(id, false)
+}
+
+func (m *memStore) takeDeadLetter(id string, requeue bool) (lease.DeadLetter, error) {
+	if err := lease.CheckOpaqueID("message_id", id); err != nil {
+		return lease.DeadLetter{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	i := slices.IndexFunc(m.dead, func(d lease.DeadLetter) bool { return d.Entry.MessageID == id })
+	if i < 0 {
+		return lease.DeadLetter{}, lease.NoDeadLetter()
+	}
+	d := m.dead[i]
+	if requeue {
+		if slices.ContainsFunc(m.outbox, func(e lease.OutboxEntry) bool { return e.MessageID == id }) {
+			return lease.DeadLetter{}, lease.DeadLetterPending()
+		}
+		u := m.outboxUsage()
+		if full := m.opts.OutboxRoom(u.Pending, u.Bytes, d.Entry.Message.Size()); full != nil {
+			return lease.DeadLetter{}, full
+		}
+		m.outbox = append(m.outbox, d.Entry)
+	}
+	m.dead = slices.Delete(m.dead, i, i+1)
+	return d, nil
 }
 
 // outboxUsage sums the pending outbox (the reference store needs no
