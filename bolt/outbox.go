@@ -191,7 +191,7 @@ func (s *Store) deadLetter(tx *layered.View, messageID, reason string) error {
 		return ids.Delete([]byte(messageID))
 	}
 	if keyN(dead) >= lease.MaxOutboxDeadLetters {
-		return refuse(lease.Errorf(lease.CodeBackendUnavailable, "the outbox holds %d dead letters (the bound); an operator must clear them", lease.MaxOutboxDeadLetters))
+		return refuse(lease.DeadLettersFull())
 	}
 	e, err := lease.DecodeOutboxEntry(raw)
 	if err != nil {

@@ -272,7 +272,7 @@ func (s *Store) OutboxDeadLetter(ctx context.Context, messageID, reason string) 
 		}
 		n, _ := readU64(t.seen[s.keys.deadCount()].val)
 		if n >= lease.MaxOutboxDeadLetters {
-			return struct{}{}, refuse(lease.Errorf(lease.CodeBackendUnavailable, "the outbox holds %d dead letters (the bound); an operator must clear them", lease.MaxOutboxDeadLetters))
+			return struct{}{}, refuse(lease.DeadLettersFull())
 		}
 		e, err := lease.DecodeOutboxEntry(raw)
 		if err != nil {

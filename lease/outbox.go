@@ -119,6 +119,12 @@ type OutboxDeadLetterAdmin interface {
 	OutboxDiscardDeadLetter(ctx context.Context, messageID string) (DeadLetter, error)
 }
 
+// DeadLettersFull is the refusal of a dead-lettering with
+// MaxOutboxDeadLetters held: the entry stays pending.
+func DeadLettersFull() *Error {
+	return Errorf(CodeBackendUnavailable, "the outbox holds %d dead letters (the bound); an operator must requeue or discard some (starlease outbox)", MaxOutboxDeadLetters)
+}
+
 // NoDeadLetter is the refusal of a requeue or discard of a message id that
 // names no dead letter.
 func NoDeadLetter() *Error {

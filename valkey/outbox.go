@@ -231,7 +231,7 @@ func (s *Store) OutboxDeadLetter(ctx context.Context, messageID, reason string) 
 	case "closed":
 		return s.closedNamespace(rep)
 	case "full":
-		return lease.Errorf(lease.CodeBackendUnavailable, "the outbox holds %d dead letters (the bound); an operator must clear them", lease.MaxOutboxDeadLetters)
+		return lease.DeadLettersFull()
 	default:
 		return &lease.Error{Code: lease.CodeCorrupt, Reason: "outbox dead-letter keys hold the wrong type; failing closed"}
 	}
