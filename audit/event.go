@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/oklog/ulid/v2"
 
@@ -49,6 +50,12 @@ const (
 	EventRecoveryVerify EventType = "recovery_verify"
 	EventRecoveryRevoke EventType = "recovery_lease_revoked"
 	EventRecoveryReopen EventType = "recovery_reopened"
+
+	// An operator's requeue or discard of an outbox dead letter (the
+	// `starlease outbox` command): like recovery steps, high priority
+	// with the details in reason.
+	EventOutboxRequeue EventType = "outbox_dead_letter_requeued"
+	EventOutboxDiscard EventType = "outbox_dead_letter_discarded"
 )
 
 // EventDropped is the one event type the audit package writes itself: the
@@ -73,6 +80,7 @@ var eventTypes = map[EventType]bool{
 	EventCredentialRotate: true, EventDropped: true,
 	EventRecoveryBackup: true, EventRecoveryRestore: true, EventRecoveryVerify: true,
 	EventRecoveryRevoke: true, EventRecoveryReopen: true,
+	EventOutboxRequeue: true, EventOutboxDiscard: true,
 }
 
 // EventTypes returns every member of the closed set, EventDropped included.
@@ -101,6 +109,26 @@ func (t EventType) credential() bool { return strings.HasPrefix(string(t), "cred
 // details in reason and no lease result code of its own.
 func (t EventType) Recovery() bool { return strings.HasPrefix(string(t), "recovery_") }
 
+// OperatorStep reports an event an operator's command writes: a recovery
+// step or a change to the outbox's dead letters. Such events are high
+// priority, carry their details in reason and no lease result code.
+func (t EventType) OperatorStep() bool {
+	return t.Recovery() || strings.HasPrefix(string(t), "outbox_dead_letter_")
+}
+
+// CutReason keeps a reason within the audit schema's bound
+// (lease.MaxReasonBytes), cutting at a rune boundary.
+func CutReason(r string) string {
+	if len(r) <= lease.MaxReasonBytes {
+		return r
+	}
+	r = r[:lease.MaxReasonBytes-3]
+	for len(r) > 0 && !utf8.ValidString(r) {
+		r = r[:len(r)-1]
+	}
+	return r + "..."
+}
+
 // Decision is the authorization outcome of a request.
 type Decision string
 
@@ -122,10 +150,10 @@ const (
 )
 
 // PriorityOf is the priority an event type requires: high for
-// force-release, revoke and recovery steps, normal otherwise. A caller may raise any event
+// force-release, revoke and operators' steps, normal otherwise. A caller may raise any event
 // to high; Validate refuses force-release or revoke at normal.
 func PriorityOf(t EventType) Priority {
-	if t.Admin() || t.Recovery() {
+	if t.Admin() || t.OperatorStep() {
 		return PriorityHigh
 	}
 	return PriorityNormal
@@ -443,7 +471,7 @@ func (e *Event) validateDecision() error {
 		return invalid("decision", "must be allow or deny")
 	}
 	switch {
-	case e.ResultCode == "" && (e.EventType.credential() || e.EventType.Recovery()):
+	case e.ResultCode == "" && (e.EventType.credential() || e.EventType.OperatorStep()):
 		// Credential management has no lease result code of its own;
 		// decision alone records the outcome.
 	case !e.ResultCode.Known():
@@ -468,12 +496,12 @@ func (e *Event) validateDecision() error {
 }
 
 func (e *Event) validateAdmin() error {
-	if e.EventType.Recovery() {
+	if e.EventType.OperatorStep() {
 		if e.Priority != PriorityHigh {
-			return invalid("priority", "recovery events are high priority")
+			return invalid("priority", "recovery and outbox events are high priority")
 		}
 		if e.Reason == "" || lease.CheckReason(e.Reason) != nil {
-			return invalid("reason", "a recovery event needs a printable reason of at most 512 bytes")
+			return invalid("reason", "a recovery or outbox event needs a printable reason of at most 512 bytes")
 		}
 		return nil
 	}

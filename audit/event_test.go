@@ -158,8 +158,8 @@ func TestValidate(t *testing.T) {
 }
 
 func TestEveryTypeValidates(t *testing.T) {
-	if got := len(EventTypes()); got != 21 {
-		t.Fatalf("%d event types, want 15 request/credential types, 5 recovery types and audit_dropped", got)
+	if got := len(EventTypes()); got != 23 {
+		t.Fatalf("%d event types, want 15 request/credential types, 5 recovery types, 2 outbox types and audit_dropped", got)
 	}
 	for _, typ := range EventTypes() {
 		var e Event
@@ -169,7 +169,7 @@ func TestEveryTypeValidates(t *testing.T) {
 		case typ.Admin():
 			e = revokeEvent(t0)
 			e.EventType = typ
-		case typ.Recovery():
+		case typ.OperatorStep():
 			e = NewEvent(typ, t0)
 			e.Decision, e.Reason = DecisionAllow, "epoch path: counters raised to 1000042"
 		case typ == EventAuthFailed:
@@ -188,7 +188,8 @@ func TestEveryTypeValidates(t *testing.T) {
 		}
 	}
 	if PriorityOf(EventForceRelease) != PriorityHigh || PriorityOf(EventRevoke) != PriorityHigh ||
-		PriorityOf(EventAcquire) != PriorityNormal || PriorityOf(EventRecoveryVerify) != PriorityHigh {
+		PriorityOf(EventAcquire) != PriorityNormal || PriorityOf(EventRecoveryVerify) != PriorityHigh ||
+		PriorityOf(EventOutboxRequeue) != PriorityHigh || PriorityOf(EventOutboxDiscard) != PriorityHigh {
 		t.Fatal("PriorityOf")
 	}
 	// A recovery event without its reason, or at normal priority, is refused.
@@ -200,6 +201,18 @@ func TestEveryTypeValidates(t *testing.T) {
 	e.Reason, e.Priority = "reopened", PriorityNormal
 	if err := e.Validate(); err == nil {
 		t.Fatal("a normal-priority recovery event validated")
+	}
+	// Likewise an operator's outbox step.
+	for _, typ := range []EventType{EventOutboxRequeue, EventOutboxDiscard} {
+		e := NewEvent(typ, t0)
+		e.Decision = DecisionAllow
+		if err := e.Validate(); err == nil {
+			t.Fatalf("%s without a reason validated", typ)
+		}
+		e.Reason, e.Priority = "dead letter msg_1 requeued: exchange declared", PriorityNormal
+		if err := e.Validate(); err == nil {
+			t.Fatalf("%s at normal priority validated", typ)
+		}
 	}
 }
 

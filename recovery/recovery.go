@@ -41,7 +41,6 @@ import (
 	"slices"
 	"sort"
 	"time"
-	"unicode/utf8"
 
 	"github.com/starintel/starlease/audit"
 	"github.com/starintel/starlease/backupfile"
@@ -118,7 +117,7 @@ func Step(ctx context.Context, sink audit.Sink, log *slog.Logger, typ audit.Even
 	log = audit.ScreenLogger(log, nil)
 	level := slog.LevelInfo
 	e := audit.NewEvent(typ, time.Now())
-	e.Decision, e.Reason, e.PrincipalID = audit.DecisionAllow, truncateReason(reason), lease.RecoveryPrincipal
+	e.Decision, e.Reason, e.PrincipalID = audit.DecisionAllow, audit.CutReason(reason), lease.RecoveryPrincipal
 	if !allowed {
 		e.Decision, level = audit.DecisionDeny, slog.LevelError
 	}
@@ -131,19 +130,6 @@ func Step(ctx context.Context, sink audit.Sink, log *slog.Logger, typ audit.Even
 		return lease.Errorf(lease.CodeBackendUnavailable, "recovery audit event not written: %v", err)
 	}
 	return nil
-}
-
-// truncateReason keeps a reason within the audit schema's bound
-// (lease.MaxReasonBytes), cutting at a rune boundary.
-func truncateReason(r string) string {
-	if len(r) <= lease.MaxReasonBytes {
-		return r
-	}
-	r = r[:lease.MaxReasonBytes-3]
-	for len(r) > 0 && !utf8.ValidString(r) {
-		r = r[:len(r)-1]
-	}
-	return r + "..."
 }
 
 // Verify runs recovery for a closed namespace (a restored bolt store, a

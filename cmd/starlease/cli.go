@@ -71,6 +71,7 @@ func usage(w io.Writer) {
 	fmt.Fprintf(&b, "  %-17s %s\n", "restore", "restore a backup into an empty target; it stays closed until verify-restore")
 	fmt.Fprintf(&b, "  %-17s %s\n", "seal", "close a promoted Valkey namespace after a failover until verify-restore")
 	fmt.Fprintf(&b, "  %-17s %s\n", "verify-restore", "prove the downstream high-water marks and reopen a restored namespace")
+	fmt.Fprintf(&b, "  %-17s %s\n", "outbox", "list, requeue or discard the publications the relay set aside (dead letters)")
 	for _, c := range commands {
 		fmt.Fprintf(&b, "  %-17s %s\n", c.name, c.summary)
 	}
@@ -103,6 +104,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runSeal(rest, stdout, stderr)
 	case "verify-restore":
 		return runVerifyRestore(rest, stdout, stderr)
+	case "outbox":
+		return runOutbox(rest, stdout, stderr)
 	}
 	for _, c := range commands {
 		if c.name == name {
