@@ -144,6 +144,35 @@ type DeadLetter struct {
 	Entry  OutboxEntry `json:"entry"`
 	Reason string      `json:"reason"`
 	DeadAt Timestamp   `json:"dead_at"`
+	// Damaged, set only by a listing (OutboxDeadLetters) or a discard,
+	// says why the dead letter is known only in part: its stored value
+	// does not decode, or its entry is missing. Entry then holds at most
+	// the message id, read from what is stored. It is listed rather than
+	// failing the listing, so an operator can discard it and free its
+	// place below MaxOutboxDeadLetters; it is never requeued.
+	Damaged string `json:"damaged,omitempty"`
+}
+
+// Why a dead letter is Damaged.
+const (
+	DeadLetterCorrupt      = "corrupt"       // its stored value does not decode
+	DeadLetterEntryMissing = "entry_missing" // its entry is gone (Valkey's older layout)
+)
+
+// DeadLetterID reads the message id at the start of a dead letter stored
+// as json.Marshal writes lease.DeadLetter (its entry's first member;
+// message ids need no escaping), without decoding the rest: a scan need
+// not decode every body, and a damaged value can still be named.
+func DeadLetterID(raw []byte) (string, bool) {
+	rest, ok := bytes.CutPrefix(raw, []byte(`{"entry":{"message_id":"`))
+	if !ok {
+		return "", false
+	}
+	id, _, ok := bytes.Cut(rest, []byte(`"`))
+	if !ok || CheckOpaqueID("message_id", string(id)) != nil {
+		return "", false
+	}
+	return string(id), true
 }
 
 // CutDeadLetterReason bounds a dead letter's reason to MaxDeadLetterReason
