@@ -130,26 +130,49 @@ func TestRequeueRefusedWhileTheSameIDIsPending(t *testing.T) {
 	}
 }
 
-// TestCorruptDeadLetterFailsClosed: a damaged dead letter whose bytes name
-// the id is not skipped past to an older or newer one.
-func TestCorruptDeadLetterFailsClosed(t *testing.T) {
+// TestDamagedDeadLetterIsListedAndDiscarded: a damaged dead letter whose
+// bytes still name its id is listed as damaged rather than failing the
+// listing, is never requeued (nothing of it can be trusted), and can be
+// discarded, freeing its place below the bound.
+func TestDamagedDeadLetterIsListedAndDiscarded(t *testing.T) {
 	ctx := context.Background()
 	s, entry := deadLetterStore(t)
 	if err := s.OutboxDeadLetter(ctx, entry.MessageID, "poison"); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.db.Update(func(tx *bbolt.Tx) error {
-		return tx.Bucket(bucketOutboxDead).Put(u64(1), []byte(`{"entry":{"message_id":"`+entry.MessageID+`",`))
+		dead := tx.Bucket(bucketOutboxDead)
+		if err := dead.Put(u64(1), []byte(`{"entry":{"message_id":"`+entry.MessageID+`",`)); err != nil {
+			return err
+		}
+		// Garbage naming nothing, newer: listed, never matched.
+		if err := dead.Put(u64(2), []byte("\x00garbage")); err != nil {
+			return err
+		}
+		return dead.SetSequence(2)
 	}); err != nil {
 		t.Fatal(err)
 	}
-	for _, requeue := range []bool{true, false} {
-		_, err := s.takeDeadLetter(ctx, entry.MessageID, requeue)
-		if le := lease.AsError(err); le.Code != lease.CodeCorrupt {
-			t.Fatalf("requeue %v of a corrupt dead letter: %v", requeue, err)
-		}
+	listed, err := s.OutboxDeadLetters(ctx, 0)
+	if err != nil || len(listed) != 2 || listed[0].Damaged != lease.DeadLetterCorrupt || listed[0].Entry.MessageID != entry.MessageID ||
+		listed[1].Damaged != lease.DeadLetterCorrupt || listed[1].Entry.MessageID != "" {
+		t.Fatalf("listed %+v, %v", listed, err)
+	}
+	_, err = s.OutboxRequeueDeadLetter(ctx, entry.MessageID)
+	if le := lease.AsError(err); le.Code != lease.CodeCorrupt {
+		t.Fatalf("requeue of a damaged dead letter: %v", err)
 	}
 	if p, err := s.OutboxPending(ctx, 10); err != nil || len(p) != 0 {
 		t.Fatalf("pending %+v, %v", p, err)
+	}
+	d, err := s.OutboxDiscardDeadLetter(ctx, entry.MessageID)
+	if err != nil || d.Damaged != lease.DeadLetterCorrupt || d.Entry.MessageID != entry.MessageID {
+		t.Fatalf("discard of a damaged dead letter: %+v, %v", d, err)
+	}
+	if n, err := s.OutboxDeadLen(ctx); err != nil || n != 1 {
+		t.Fatalf("dead letters %d, %v", n, err)
+	}
+	if _, err := s.OutboxDiscardDeadLetter(ctx, entry.MessageID); lease.AsError(err).Code != lease.CodeNotFound {
+		t.Fatalf("a second discard: %v", err)
 	}
 }

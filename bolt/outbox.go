@@ -238,12 +238,14 @@ func (s *Store) takeDeadLetter(ctx context.Context, messageID string, requeue bo
 	}
 	return change(s, ctx, func(tx *layered.View) (lease.DeadLetter, error) {
 		dead := tx.Bucket(bucketOutboxDead)
-		key, d, err := findDeadLetter(dead, messageID)
+		key, d := findDeadLetter(dead, messageID)
 		switch {
-		case err != nil:
-			return lease.DeadLetter{}, refuse(err)
 		case key == nil:
 			return lease.DeadLetter{}, refuse(lease.NoDeadLetter())
+		case requeue && d.Damaged != "":
+			// Discarded, not published: nothing of it can be trusted.
+			return lease.DeadLetter{}, refuse(&lease.Error{Code: lease.CodeCorrupt,
+				Reason: "the dead letter is damaged (its value does not decode); discard it", PublicReason: true})
 		}
 		if requeue {
 			if seq := tx.Bucket(bucketOutboxIDs).Get([]byte(messageID)); seq != nil {
@@ -266,26 +268,35 @@ func (s *Store) takeDeadLetter(ctx context.Context, messageID string, requeue bo
 
 // findDeadLetter is the oldest dead letter of messageID and its key (nil
 // if there is none). It walks the dead letters, at most
-// lease.MaxOutboxDeadLetters, decoding only those whose bytes hold the id;
-// a corrupt one among those fails closed.
-func findDeadLetter(dead *layered.Bucket, messageID string) ([]byte, lease.DeadLetter, error) {
-	// Opaque ids need no JSON escaping, so this is how the id is spelled
-	// in a dead letter that holds it.
+// lease.MaxOutboxDeadLetters, decoding only those whose bytes name the id;
+// one among those that does not decode is returned Damaged.
+func findDeadLetter(dead *layered.Bucket, messageID string) ([]byte, lease.DeadLetter) {
+	// Opaque ids need no JSON escaping, and a quote inside a JSON string
+	// is escaped: only a dead letter's own message id spells this.
 	needle := []byte(`"message_id":"` + messageID + `"`)
 	c := dead.Cursor()
 	for k, v := c.First(); k != nil; k, v = c.Next() {
 		if !bytes.Contains(v, needle) {
 			continue
 		}
-		var d lease.DeadLetter
-		if err := json.Unmarshal(v, &d); err != nil {
-			return nil, d, &lease.Error{Code: lease.CodeCorrupt, Reason: "outbox dead letter is corrupt; failing closed"}
-		}
-		if d.Entry.MessageID == messageID {
-			return k, d, nil
+		if d, ok := decodeDeadLetter(v); !ok || d.Entry.MessageID == messageID {
+			d.Entry.MessageID = messageID
+			return k, d
 		}
 	}
-	return nil, lease.DeadLetter{}, nil
+	return nil, lease.DeadLetter{}
+}
+
+// decodeDeadLetter decodes a stored dead letter; one that does not decode
+// is returned Damaged (ok false), named by what of its message id can be
+// read.
+func decodeDeadLetter(v []byte) (lease.DeadLetter, bool) {
+	var d lease.DeadLetter
+	if err := json.Unmarshal(v, &d); err != nil || d.Damaged != "" {
+		id, _ := lease.DeadLetterID(v)
+		return lease.DeadLetter{Entry: lease.OutboxEntry{MessageID: id}, Damaged: lease.DeadLetterCorrupt}, false
+	}
+	return d, true
 }
 
 // OutboxDeadLetters returns up to limit dead letters, oldest first.
@@ -298,10 +309,9 @@ func (s *Store) OutboxDeadLetters(ctx context.Context, limit int) ([]lease.DeadL
 		out = out[:0]
 		c := tx.Bucket(bucketOutboxDead).Cursor()
 		for k, v := c.First(); k != nil && len(out) < limit; k, v = c.Next() {
-			var d lease.DeadLetter
-			if err := json.Unmarshal(v, &d); err != nil {
-				return &lease.Error{Code: lease.CodeCorrupt, Reason: "outbox dead letter is corrupt; failing closed"}
-			}
+			// A damaged one is listed as such rather than failing the
+			// listing: the operator must see it to discard it.
+			d, _ := decodeDeadLetter(v)
 			out = append(out, d)
 		}
 		return nil

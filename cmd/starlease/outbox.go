@@ -42,7 +42,9 @@ and the message (its body as bytes and SHA-256 unless --bodies).
 requeue, once the cause is cured (the exchange declared, the permission
 granted), moves a dead letter back to the relay, after every pending
 publication, unchanged; it is refused while the pending outbox is full.
-discard removes one for good. Each prints the dead letter it acted on and
+discard removes one for good; a damaged dead letter (its stored value does
+not decode, or its entry is gone) is listed as such and can only be
+discarded. Each prints the dead letter it acted on and
 is a durable, high-priority audit event (outbox_dead_letter_requeued,
 outbox_dead_letter_discarded) in the server's audit store, written before
 success is reported, with --reason.
@@ -121,13 +123,17 @@ func runOutbox(args []string, stdout, stderr io.Writer) int {
 		act, typ, code = st.OutboxRequeueDeadLetter, audit.EventOutboxRequeue, "dead_letter_requeued"
 	}
 	d, err := act(ctx, *messageID)
+	// The event is written even when the command's deadline has passed (an
+	// undecided outcome is most often just that), within a bound of its own.
+	actx, acancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer acancel()
 	if err != nil {
 		// Refused (nothing changed) or undecided: recorded either way, so
 		// an outcome the command cannot tell still leaves a trace.
-		_ = writeOutboxEvent(ctx, sink, typ, d, *messageID, *reason, lease.AsError(err))
+		_ = writeOutboxEvent(actx, sink, typ, d, *messageID, *reason, lease.AsError(err))
 		return fail(stderr, err, "")
 	}
-	if err := writeOutboxEvent(ctx, sink, typ, d, *messageID, *reason, nil); err != nil {
+	if err := writeOutboxEvent(actx, sink, typ, d, *messageID, *reason, nil); err != nil {
 		return fail(stderr, lease.Errorf(lease.CodeBackendUnavailable,
 			"the dead letter was %s but its audit event was not written: %v", strings.TrimPrefix(code, "dead_letter_"), err), "")
 	}
@@ -208,15 +214,22 @@ func writeOutboxEvent(ctx context.Context, sink audit.Sink, typ audit.EventType,
 		what = "discarded"
 	}
 	detail := fmt.Sprintf("dead letter %s %s: %s", id, what, reason)
-	if refused != nil {
+	switch {
+	case refused != nil && refused.Code == lease.CodeOutcomeUnknown:
+		e.Decision = audit.DecisionDeny
+		detail = fmt.Sprintf("dead letter %s maybe %s (%s: the outcome is unknown; list the dead letters): %s", id, what, refused.Code, reason)
+	case refused != nil:
 		e.Decision = audit.DecisionDeny
 		detail = fmt.Sprintf("dead letter %s not %s (%s): %s", id, what, refused.Code, reason)
-	} else {
+	case d.Damaged != "":
+		detail = fmt.Sprintf("dead letter %s (%s) %s: %s", id, d.Damaged, what, reason)
+	default:
 		en := d.Entry
 		e.SetScope(en.Identity)
 		e.LeaseID, e.ExecutionID, e.TraceID = en.LeaseID, en.ExecutionID, en.TraceID
-		token := en.FencingToken
-		e.FencingToken = &token
+		if token := en.FencingToken; token > 0 {
+			e.FencingToken = &token
+		}
 	}
 	e.Reason = audit.CutReason(detail)
 	return sink.Write(ctx, e)
@@ -226,8 +239,8 @@ func writeOutboxEvent(ctx context.Context, sink audit.Sink, typ audit.EventType,
 type deadLetterView struct {
 	MessageID    string            `json:"message_id"`
 	Reason       string            `json:"reason"`
-	DeadAt       lease.Timestamp   `json:"dead_at"`
-	AcceptedAt   lease.Timestamp   `json:"accepted_at"`
+	DeadAt       *lease.Timestamp  `json:"dead_at,omitempty"`
+	AcceptedAt   *lease.Timestamp  `json:"accepted_at,omitempty"`
 	Identity     lease.Identity    `json:"lock_identity"`
 	LeaseID      string            `json:"lease_id"`
 	FencingToken uint64            `json:"fencing_token"`
@@ -238,17 +251,31 @@ type deadLetterView struct {
 	ContentType  string            `json:"content_type,omitempty"`
 	Headers      map[string]string `json:"headers,omitempty"`
 	BodyBytes    int               `json:"body_bytes"`
-	BodySHA256   string            `json:"body_sha256"`
+	BodySHA256   string            `json:"body_sha256,omitempty"`
 	Body         []byte            `json:"body,omitempty"`
+	// Damaged: only the message id (if readable) and what is printed
+	// beside it are known; it can be discarded, not requeued.
+	Damaged string `json:"damaged,omitempty"`
 }
 
 func viewDeadLetter(d lease.DeadLetter, body bool) deadLetterView {
 	en, m := d.Entry, d.Entry.Message
 	sum := sha256.Sum256(m.Body)
-	v := deadLetterView{MessageID: en.MessageID, Reason: d.Reason, DeadAt: d.DeadAt, AcceptedAt: en.AcceptedAt,
+	v := deadLetterView{MessageID: en.MessageID, Reason: d.Reason,
 		Identity: en.Identity, LeaseID: en.LeaseID, FencingToken: en.FencingToken, ExecutionID: en.ExecutionID,
 		CommitID: en.CommitID, Exchange: m.Exchange, RoutingKey: m.RoutingKey, ContentType: m.ContentType,
-		Headers: m.Headers, BodyBytes: len(m.Body), BodySHA256: hex.EncodeToString(sum[:])}
+		Headers: m.Headers, BodyBytes: len(m.Body), BodySHA256: hex.EncodeToString(sum[:]), Damaged: d.Damaged}
+	if d.Damaged != "" {
+		v.BodySHA256 = "" // of nothing known
+	}
+	// A damaged dead letter may lack either (a time that is not one does
+	// not encode).
+	if !d.DeadAt.IsZero() {
+		v.DeadAt = &d.DeadAt
+	}
+	if !en.AcceptedAt.IsZero() {
+		v.AcceptedAt = &en.AcceptedAt
+	}
 	if body {
 		v.Body = m.Body
 	}
