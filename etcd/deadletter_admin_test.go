@@ -351,41 +351,192 @@ func TestDeadLetterRequeueFindsTheOldestPastAPage(t *testing.T) {
 	}
 }
 
-// A corrupt dead letter fails closed (lease_corrupt) and nothing changes:
-// one of the message id that does not decode; one whose message id cannot
-// be read, older than the one asked for (it may be the message's own); and
-// for a requeue, one whose entry the pending outbox would not take. A
-// damaged dead letter that names another message id is not the one asked
-// for and blocks nothing.
-func TestDeadLetterCorruptFailsClosed(t *testing.T) {
+// dlListed is the listing read back, oldest first: each dead letter's
+// message id, reason and damage.
+func dlListed(t *testing.T, s *Store) string {
+	t.Helper()
+	dead, err := s.OutboxDeadLetters(bg, 0)
+	if err != nil {
+		t.Fatalf("dead letters: %v", err)
+	}
+	var out []string
+	for _, d := range dead {
+		out = append(out, fmt.Sprintf("%q(%s)%s", d.Entry.MessageID, d.Reason, d.Damaged))
+	}
+	return strings.Join(out, " ")
+}
+
+// A damaged dead letter (a value that does not decode, or names no valid
+// message id) is listed as damaged, named when its message id can be read,
+// instead of failing the listing. A discard of the id it names removes
+// it; a requeue of it is refused (lease_corrupt) and changes nothing.
+// Damaged values naming another id, or none, are passed over by both.
+func TestDeadLetterDamaged(t *testing.T) {
 	c := testenv.StartEtcdCluster(t, 1)
-	both := func(t *testing.T, s *Store, id string) {
+	unchanged := func(t *testing.T, s *Store, before map[string]string) {
 		t.Helper()
-		before := keysOf(t, s)
-		_, err := s.OutboxRequeueDeadLetter(bg, id)
-		mustCode(t, "requeue", err, lease.CodeCorrupt)
-		_, err = s.OutboxDiscardDeadLetter(bg, id)
-		mustCode(t, "discard", err, lease.CodeCorrupt)
 		if after := keysOf(t, s); !maps.Equal(before, after) {
 			t.Fatalf("a refusal changed the prefix:\nbefore %q\nafter  %q", before, after)
+		}
+	}
+	put := func(t *testing.T, s *Store, key, v string) {
+		t.Helper()
+		if _, err := s.cli.Put(bg, key, v); err != nil {
+			t.Fatal(err)
 		}
 	}
 	t.Run("its own value", func(t *testing.T) {
 		s := dlStore(t, c)
 		id := dlSetAside(t, s, "tenant-own", "poison")
 		keys, _ := dlKeys(t, s)
-		if _, err := s.cli.Put(bg, keys[0], `{"entry":{"message_id":"`+id+`","lock_identity":`); err != nil {
-			t.Fatal(err)
+		put(t, s, keys[0], `{"entry":{"message_id":"`+id+`","lock_identity":`)
+		if got, want := dlListed(t, s), fmt.Sprintf("%q()corrupt", id); got != want {
+			t.Fatalf("listed %s; want %s", got, want)
 		}
-		both(t, s, id)
+		before := keysOf(t, s)
+		_, err := s.OutboxRequeueDeadLetter(bg, id)
+		mustCode(t, "requeue", err, lease.CodeCorrupt)
+		unchanged(t, s, before)
+		got, err := s.OutboxDiscardDeadLetter(bg, id)
+		if err != nil || got.Entry.MessageID != id || got.Damaged != lease.DeadLetterCorrupt || got.Reason != "" {
+			t.Fatalf("discard: %+v, %v", got, err)
+		}
+		if got := dlState(t, s); got != "pending [] usage (0, 0) dead [] count 0" {
+			t.Fatalf("after discard: %s", got)
+		}
+		_, err = s.OutboxDiscardDeadLetter(bg, id)
+		mustCode(t, "second discard", err, lease.CodeNotFound)
 	})
-	t.Run("an older unreadable value", func(t *testing.T) {
+	t.Run("an older damaged copy of its own", func(t *testing.T) {
+		s := dlStore(t, c)
+		id := dlSetAside(t, s, "tenant-copy", "poison")
+		put(t, s, s.keys.dead(0), `{"entry":{"message_id":"`+id+`","lock_`)
+		put(t, s, s.keys.deadCount(), string(u64(2)))
+		if got, want := dlListed(t, s), fmt.Sprintf("%q()corrupt %q(poison)", id, id); got != want {
+			t.Fatalf("listed %s; want %s", got, want)
+		}
+		// The oldest is acted on: the damaged one.
+		before := keysOf(t, s)
+		_, err := s.OutboxRequeueDeadLetter(bg, id)
+		mustCode(t, "requeue", err, lease.CodeCorrupt)
+		unchanged(t, s, before)
+		got, err := s.OutboxDiscardDeadLetter(bg, id)
+		if err != nil || got.Entry.MessageID != id || got.Damaged != lease.DeadLetterCorrupt {
+			t.Fatalf("discard: %+v, %v", got, err)
+		}
+		if keys, _ := dlKeys(t, s); !slices.Equal(keys, []string{s.keys.dead(1)}) {
+			t.Fatalf("dead letters after the discard: %q", keys)
+		}
+		got, err = s.OutboxRequeueDeadLetter(bg, id)
+		if err != nil || got.Entry.MessageID != id || got.Reason != "poison" || got.Damaged != "" {
+			t.Fatalf("requeue: %+v, %v", got, err)
+		}
+		want := fmt.Sprintf("pending [%s] usage (1, %d) dead [] count 0", id, got.Entry.Message.Size())
+		if got := dlState(t, s); got != want {
+			t.Fatalf("after the requeue: %s; want %s", got, want)
+		}
+	})
+	t.Run("older values naming no id", func(t *testing.T) {
 		s := dlStore(t, c)
 		id := dlSetAside(t, s, "tenant-after", "poison")
-		if _, err := s.cli.Put(bg, s.keys.dead(0), "\x00garbage"); err != nil {
+		keys, vals := dlKeys(t, s)
+		// Its dead letter moves past three damaged ones naming no valid id
+		// (the first in its place).
+		if keys[0] != s.keys.dead(1) {
+			t.Fatalf("dead letters: %q", keys)
+		}
+		if _, err := s.cli.Txn(bg).Then(clientv3.OpPut(s.keys.dead(10), string(vals[0])),
+			clientv3.OpPut(s.keys.deadSeq(), string(u64(10))), clientv3.OpPut(s.keys.deadCount(), string(u64(4))),
+			clientv3.OpPut(s.keys.dead(1), "\x00garbage"), clientv3.OpPut(s.keys.dead(2), `{}`),
+			clientv3.OpPut(s.keys.dead(3), `{"entry":{"message_id":"bad id"}}`)).Commit(); err != nil {
 			t.Fatal(err)
 		}
-		both(t, s, id)
+		damaged := `""()corrupt ""()corrupt ""()corrupt`
+		if got, want := dlListed(t, s), damaged+fmt.Sprintf(" %q(poison)", id); got != want {
+			t.Fatalf("listed %s; want %s", got, want)
+		}
+		got, err := s.OutboxRequeueDeadLetter(bg, id)
+		if err != nil || got.Entry.MessageID != id || got.Reason != "poison" {
+			t.Fatalf("requeue: %+v, %v", got, err)
+		}
+		want := fmt.Sprintf("pending [%s] usage (1, %d) dead [<corrupt> () bad id()] count 3", id, got.Entry.Message.Size())
+		if got := dlState(t, s); got != want {
+			t.Fatalf("after the requeue: %s; want %s", got, want)
+		}
+		keys, vals = dlKeys(t, s)
+		if !slices.Equal(keys, []string{s.keys.dead(1), s.keys.dead(2), s.keys.dead(3)}) || string(vals[0]) != "\x00garbage" {
+			t.Fatalf("dead letters after the requeue: %q %q", keys, vals)
+		}
+		before := keysOf(t, s)
+		_, err = s.OutboxDiscardDeadLetter(bg, id)
+		mustCode(t, "discard of a requeued id", err, lease.CodeNotFound)
+		unchanged(t, s, before)
+		// Set aside again (at sequence 11), it is discarded past them.
+		if err := s.OutboxDeadLetter(bg, id, "again"); err != nil {
+			t.Fatal(err)
+		}
+		got, err = s.OutboxDiscardDeadLetter(bg, id)
+		if err != nil || got.Entry.MessageID != id || got.Reason != "again" || got.Damaged != "" {
+			t.Fatalf("discard: %+v, %v", got, err)
+		}
+		if got := dlListed(t, s); got != damaged {
+			t.Fatalf("listed %s; want %s", got, damaged)
+		}
+		if n, err := s.OutboxDeadLen(bg); err != nil || n != 3 {
+			t.Fatalf("dead-letter count %d, %v; want 3", n, err)
+		}
+	})
+	t.Run("another message's damaged value", func(t *testing.T) {
+		s := dlStore(t, c)
+		id := dlSetAside(t, s, "tenant-fine", "poison")
+		put(t, s, s.keys.dead(0), `{"entry":{"message_id":"msg_another","lock_`)
+		got, err := s.OutboxRequeueDeadLetter(bg, id)
+		if err != nil || got.Entry.MessageID != id {
+			t.Fatalf("requeue: %+v, %v", got, err)
+		}
+		size := got.Entry.Message.Size()
+		keys, _ := dlKeys(t, s)
+		if !slices.Equal(keys, []string{s.keys.dead(0)}) {
+			t.Fatalf("dead letters after the requeue: %q", keys)
+		}
+		if got := dlListed(t, s); got != `"msg_another"()corrupt` {
+			t.Fatalf("listed %s", got)
+		}
+		got, err = s.OutboxDiscardDeadLetter(bg, "msg_another")
+		if err != nil || got.Entry.MessageID != "msg_another" || got.Damaged != lease.DeadLetterCorrupt {
+			t.Fatalf("discard: %+v, %v", got, err)
+		}
+		want := fmt.Sprintf("pending [%s] usage (1, %d) dead [] count 0", id, size)
+		if got := dlState(t, s); got != want {
+			t.Fatalf("after the discard: %s; want %s", got, want)
+		}
+	})
+	t.Run("a value in another layout", func(t *testing.T) {
+		s := dlStore(t, c)
+		id := dlSetAside(t, s, "tenant-layout", "poison")
+		keys, vals := dlKeys(t, s)
+		var d lease.DeadLetter
+		if err := json.Unmarshal(vals[0], &d); err != nil {
+			t.Fatal(err)
+		}
+		b, err := json.MarshalIndent(d, "", "  ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := lease.DeadLetterID(b); ok {
+			t.Fatal("the indented value is read in place")
+		}
+		put(t, s, keys[0], string(b))
+		if got, want := dlListed(t, s), fmt.Sprintf("%q(poison)", id); got != want {
+			t.Fatalf("listed %s; want %s", got, want)
+		}
+		got, err := s.OutboxDiscardDeadLetter(bg, id)
+		if err != nil || got.Entry.MessageID != id || got.Reason != "poison" || got.Damaged != "" {
+			t.Fatalf("discard: %+v, %v", got, err)
+		}
+		if got := dlState(t, s); got != "pending [] usage (0, 0) dead [] count 0" {
+			t.Fatalf("after discard: %s", got)
+		}
 	})
 	t.Run("an entry the outbox would not take", func(t *testing.T) {
 		s := dlStore(t, c)
@@ -400,15 +551,11 @@ func TestDeadLetterCorruptFailsClosed(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.cli.Put(bg, keys[0], string(b)); err != nil {
-			t.Fatal(err)
-		}
+		put(t, s, keys[0], string(b))
 		before := keysOf(t, s)
 		_, err = s.OutboxRequeueDeadLetter(bg, id)
 		mustCode(t, "requeue", err, lease.CodeCorrupt)
-		if after := keysOf(t, s); !maps.Equal(before, after) {
-			t.Fatalf("the refused requeue changed the prefix:\nbefore %q\nafter  %q", before, after)
-		}
+		unchanged(t, s, before)
 		// Listed as it is, so it can be discarded as it is.
 		got, err := s.OutboxDiscardDeadLetter(bg, id)
 		if err != nil || got.Entry.LockKey != d.Entry.LockKey {
@@ -418,19 +565,70 @@ func TestDeadLetterCorruptFailsClosed(t *testing.T) {
 			t.Fatalf("after discard: %s", got)
 		}
 	})
-	t.Run("another message's damaged value", func(t *testing.T) {
-		s := dlStore(t, c)
-		id := dlSetAside(t, s, "tenant-fine", "poison")
-		if _, err := s.cli.Put(bg, s.keys.dead(0), `{"entry":{"message_id":"msg_another","lock_`); err != nil {
+}
+
+// The oldest dead letter of a message id is found once: a later attempt
+// reads only the key found (a copy planted before it by hand, which no
+// operation writes, is not seen), and once that key is gone the scan goes
+// on past it, to a younger copy or to none.
+func TestDeadLetterSeekReadsOnlyItsKey(t *testing.T) {
+	s := dlStore(t, testenv.StartEtcdCluster(t, 1))
+	id := dlSetAside(t, s, "tenant-seek", "first")
+	keys, vals := dlKeys(t, s)
+	var d lease.DeadLetter
+	if err := json.Unmarshal(vals[0], &d); err != nil {
+		t.Fatal(err)
+	}
+	put := func(seq uint64, msgID, reason string) {
+		t.Helper()
+		c := d
+		c.Entry.MessageID, c.Reason = msgID, reason
+		b, err := json.Marshal(c)
+		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := s.OutboxRequeueDeadLetter(bg, id)
-		if err != nil || got.Entry.MessageID != id {
-			t.Fatalf("requeue: %+v, %v", got, err)
+		if _, err := s.cli.Put(bg, s.keys.dead(seq), string(b)); err != nil {
+			t.Fatal(err)
 		}
-		keys, _ := dlKeys(t, s)
-		if !slices.Equal(keys, []string{s.keys.dead(0)}) {
-			t.Fatalf("dead letters after the requeue: %q", keys)
+	}
+	if _, err := s.cli.Delete(bg, keys[0]); err != nil {
+		t.Fatal(err)
+	}
+	put(10, "msg_other", "other")
+	put(500, id, "oldest")
+	put(501, id, "younger")
+	f := s.seekDeadLetter(id)
+	attempt := func() string {
+		t.Helper()
+		tx := s.newTxn(bg)
+		if err := s.openDeadLetters(tx, f.keys()...); err != nil {
+			t.Fatal(err)
 		}
-	})
+		key, raw, err := s.findDeadLetter(tx, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if key != "" && (deadLetterName(raw) != id || tx.seen[key].mod == 0) {
+			t.Fatalf("found %s holding %q, mod %d", key, raw, tx.seen[key].mod)
+		}
+		return key
+	}
+	for i, want := range []string{s.keys.dead(500), s.keys.dead(500)} {
+		if got := attempt(); got != want {
+			t.Fatalf("attempt %d found %q; want %q", i, got, want)
+		}
+		put(5, id, "planted")
+	}
+	if _, err := s.cli.Delete(bg, s.keys.dead(500)); err != nil {
+		t.Fatal(err)
+	}
+	if got := attempt(); got != s.keys.dead(501) {
+		t.Fatalf("after the oldest went, found %q; want %q", got, s.keys.dead(501))
+	}
+	if _, err := s.cli.Delete(bg, s.keys.dead(501)); err != nil {
+		t.Fatal(err)
+	}
+	if got := attempt(); got != "" {
+		t.Fatalf("after both went, found %q; want none", got)
+	}
 }

@@ -1,7 +1,6 @@
 package etcd
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -292,7 +291,10 @@ func (s *Store) OutboxDeadLetter(ctx context.Context, messageID, reason string) 
 	return err
 }
 
-// OutboxDeadLetters returns up to limit dead letters, oldest first.
+// OutboxDeadLetters returns up to limit dead letters, oldest first. One
+// whose value does not decode is listed as damaged (named if its message
+// id can be read) instead of failing the listing: the operator needs it
+// listed to discard it.
 func (s *Store) OutboxDeadLetters(ctx context.Context, limit int) ([]lease.DeadLetter, error) {
 	if limit <= 0 || limit > s.opts.MaxPageSize {
 		limit = s.opts.MaxPageSize
@@ -303,11 +305,7 @@ func (s *Store) OutboxDeadLetters(ctx context.Context, limit int) ([]lease.DeadL
 	}
 	out := make([]lease.DeadLetter, 0, len(r.Kvs))
 	for _, kv := range r.Kvs {
-		var d lease.DeadLetter
-		if err := json.Unmarshal(kv.Value, &d); err != nil {
-			return nil, &lease.Error{Code: lease.CodeCorrupt, Reason: "outbox dead letter is corrupt; failing closed"}
-		}
-		out = append(out, d)
+		out = append(out, readDeadLetter(kv.Value))
 	}
 	return out, nil
 }
@@ -319,83 +317,128 @@ func (s *Store) OutboxDeadLen(ctx context.Context) (int64, error) {
 	return int64(n), err
 }
 
+// deadLetterName is the message id stored dead letter raw names: the one
+// lease.DeadLetterID reads in place (a scan need not decode every 64 KiB
+// body), else the one it decodes to; "" if none can be read.
+func deadLetterName(raw []byte) string {
+	if id, ok := lease.DeadLetterID(raw); ok {
+		return id
+	}
+	var d lease.DeadLetter
+	if json.Unmarshal(raw, &d) != nil || lease.CheckOpaqueID("message_id", d.Entry.MessageID) != nil {
+		return ""
+	}
+	return d.Entry.MessageID
+}
+
+// readDeadLetter decodes stored dead letter raw. One that does not decode
+// to a dead letter of the id it names (a stored one never carries
+// Damaged) is damaged: only that id, possibly "", is known of it.
+func readDeadLetter(raw []byte) lease.DeadLetter {
+	id := deadLetterName(raw)
+	var d lease.DeadLetter
+	if err := json.Unmarshal(raw, &d); err == nil && id != "" && d.Entry.MessageID == id && d.Damaged == "" {
+		return d
+	}
+	return lease.DeadLetter{Entry: lease.OutboxEntry{MessageID: id}, Damaged: lease.DeadLetterCorrupt}
+}
+
 // deadLetterPage bounds the dead letters one read of a scan holds: one is
 // up to about 110 KiB (a 64 KiB body in base64 and 16 KiB of headers).
 const deadLetterPage = 64
 
-// foundDead is the dead letter of a message id found in an attempt.
-type foundDead struct {
-	key   string
-	d     lease.DeadLetter
-	count uint64 // the dead letters held, this one included
+// deadLetterSeek finds the oldest dead letter of one message id across
+// the attempts of one transaction. Dead letters are keyed by sequence,
+// not message id, so the first attempt scans od/ at its revision, oldest
+// first, and later attempts read only the key it found: rescanning in
+// every attempt lost every compare to publication traffic (each one
+// writes the outbox keys a requeue compares). The key found stays the
+// id's oldest: a dead letter is never rewritten in place, and a new one
+// takes a higher sequence than any held, so none can come before it.
+type deadLetterSeek struct {
+	messageID string
+	from      string // where a scan starts: no key before it names the id
+	key       string // the dead letter found, "" before a scan
 }
 
-// findDeadLetter finds the dead letter of messageID in attempt t, whose
-// first fetch read the dead-letter count: nil if there is none. Dead
-// letters are keyed by sequence, not message id, so it scans od/ at the
-// attempt's revision, oldest first, a page at a time. Should one message
-// id have two dead letters (only damage makes two: a requeue removes the
-// first before the entry can be set aside again), the oldest is acted
-// on, the one set aside first: the scan stops at it. Only its key joins
-// the compare; the rest of the scan is as current as the count, which
-// every change to the dead letters writes and the attempt compares.
-func (s *Store) findDeadLetter(t *txn, messageID string) (*foundDead, error) {
-	n, ok := readU64(t.seen[s.keys.deadCount()].val)
+func (s *Store) seekDeadLetter(messageID string) *deadLetterSeek {
+	return &deadLetterSeek{messageID: messageID, from: s.keys.deadPrefix()}
+}
+
+// keys is what an attempt fetches of the seek (with its other keys, in
+// one round trip).
+func (f *deadLetterSeek) keys() []string {
+	if f.key == "" {
+		return nil
+	}
+	return []string{f.key}
+}
+
+// findDeadLetter returns the key and value of the oldest dead letter of
+// f's message id in attempt t ("", nil: none), entered in the attempt's
+// reads so the commit compares it. Values naming another id are passed
+// over, damaged or not. So are values naming none, by a requeue too:
+// one may be this id's own older dead letter, but it can never be
+// requeued (there is no entry to requeue), so passing over it cannot
+// publish the message twice, while failing closed on it would block
+// every later requeue until someone edits etcd by hand.
+func (s *Store) findDeadLetter(t *txn, f *deadLetterSeek) (string, []byte, error) {
+	if f.key != "" {
+		raw, err := t.get(f.key)
+		if err != nil {
+			return "", nil, err
+		}
+		if raw != nil && deadLetterName(raw) == f.messageID {
+			return f.key, raw, nil
+		}
+		// Requeued or discarded by someone else since. Rather than
+		// answer NoDeadLetter outright, which may be false (damage can
+		// leave a younger dead letter of the id, or the entry was set
+		// aside again), the scan goes on past it at this attempt's
+		// revision. Each such scan starts where the last one stopped,
+		// so together they read od/ once.
+		f.from, f.key = f.key+"\x00", ""
+	}
 	prefix := s.keys.deadPrefix()
-	from := prefix
-	for first := true; ; first = false {
+	for {
 		ctx, cancel := s.bound(t.ctx)
-		r, err := s.cli.Get(ctx, from, clientv3.WithRange(clientv3.GetPrefixRangeEnd(prefix)),
+		r, err := s.cli.Get(ctx, f.from, clientv3.WithRange(clientv3.GetPrefixRangeEnd(prefix)),
 			clientv3.WithRev(t.rev), clientv3.WithLimit(deadLetterPage))
 		cancel()
 		if err != nil {
-			return nil, errRead{err}
-		}
-		if first && (!ok || n == 0) {
-			// A count that is missing or malformed while dead letters
-			// exist: the range's own count is exact at this revision.
-			n = uint64(r.Count)
+			return "", nil, errRead{err}
 		}
 		for _, kv := range r.Kvs {
-			mine, err := deadLetterOf(kv.Value, messageID)
-			if err != nil {
-				return nil, refuse(lease.CorruptState(s.log, lease.Identity{}, "outbox dead letter is corrupt"))
+			if deadLetterName(kv.Value) == f.messageID {
+				f.key = string(kv.Key)
+				t.seen[f.key] = seenKey{val: kv.Value, mod: kv.ModRevision} // compared at commit, as if fetched
+				return f.key, kv.Value, nil
 			}
-			if !mine {
-				continue
-			}
-			var d lease.DeadLetter
-			if err := json.Unmarshal(kv.Value, &d); err != nil || d.Entry.MessageID != messageID {
-				return nil, refuse(lease.CorruptState(s.log, lease.Identity{}, "outbox dead letter is corrupt"))
-			}
-			key := string(kv.Key)
-			t.seen[key] = seenKey{val: kv.Value, mod: kv.ModRevision} // compared at commit, as if fetched
-			return &foundDead{key: key, d: d, count: max(n, 1)}, nil
 		}
 		if !r.More || len(r.Kvs) == 0 {
-			return nil, nil
+			return "", nil, nil
 		}
-		from = string(r.Kvs[len(r.Kvs)-1].Key) + "\x00"
+		f.from = string(r.Kvs[len(r.Kvs)-1].Key) + "\x00"
 	}
 }
 
-// deadLetterOf reports whether stored dead letter raw is messageID's. One
-// that begins with its message id as json.Marshal writes it (the entry's
-// first member; message ids need no escaping) is read in place, so a scan
-// does not decode every 64 KiB body; anything else is decoded, and one
-// that does not decode is an error: it may be messageID's, older than any
-// found after it.
-func deadLetterOf(raw []byte, messageID string) (bool, error) {
-	if rest, ok := bytes.CutPrefix(raw, []byte(`{"entry":{"message_id":"`)); ok {
-		if id, _, ok := bytes.Cut(rest, []byte(`"`)); ok && bytes.IndexByte(id, '\\') < 0 {
-			return string(id) == messageID, nil
-		}
+// deadCountOf is the dead letters held in attempt t, which found one: the
+// count key, or where it is missing, malformed or zero, the range's own
+// count at the attempt's revision, as current as the key would be (every
+// change to the dead letters writes the key, which the attempt compares).
+func (s *Store) deadCountOf(t *txn) (uint64, error) {
+	if n, ok := readU64(t.seen[s.keys.deadCount()].val); ok && n > 0 {
+		return n, nil
 	}
-	var d lease.DeadLetter
-	if err := json.Unmarshal(raw, &d); err != nil {
-		return false, err
+	ctx, cancel := s.bound(t.ctx)
+	defer cancel()
+	prefix := s.keys.deadPrefix()
+	r, err := s.cli.Get(ctx, prefix, clientv3.WithRange(clientv3.GetPrefixRangeEnd(prefix)),
+		clientv3.WithRev(t.rev), clientv3.WithCountOnly())
+	if err != nil {
+		return 0, errRead{err}
 	}
-	return d.Entry.MessageID == messageID, nil
+	return max(uint64(r.Count), 1), nil
 }
 
 // openDeadLetters begins an attempt on the dead letters: one read of the
@@ -410,28 +453,45 @@ func (s *Store) openDeadLetters(t *txn, more ...string) error {
 	return nil
 }
 
+// removeDeadLetter removes the dead letter at key in attempt t.
+func (s *Store) removeDeadLetter(t *txn, key string) error {
+	n, err := s.deadCountOf(t)
+	if err != nil {
+		return err
+	}
+	t.del(key)
+	t.put(s.keys.deadCount(), u64(n-1))
+	return nil
+}
+
 // OutboxRequeueDeadLetter moves dead letter messageID back into the
 // pending outbox, after every entry pending, in one transaction: the
 // entry is appended as the commit appends a publication (sequence, id
-// entry, usage), within the same bounds.
+// entry, usage), within the same bounds. A damaged dead letter is
+// refused: only its message id is known.
 func (s *Store) OutboxRequeueDeadLetter(ctx context.Context, messageID string) (lease.DeadLetter, error) {
 	if err := lease.CheckOpaqueID("message_id", messageID); err != nil {
 		return lease.DeadLetter{}, err
 	}
+	f := s.seekDeadLetter(messageID)
 	return change(s, ctx, func(t *txn) (lease.DeadLetter, error) {
-		if err := s.openDeadLetters(t, s.keys.outboxSeq(), s.keys.outboxUsage(), s.keys.outboxID(messageID)); err != nil {
+		if err := s.openDeadLetters(t, append(f.keys(), s.keys.outboxSeq(), s.keys.outboxUsage(), s.keys.outboxID(messageID))...); err != nil {
 			return lease.DeadLetter{}, err
 		}
-		f, err := s.findDeadLetter(t, messageID)
+		key, raw, err := s.findDeadLetter(t, f)
 		switch {
 		case err != nil:
 			return lease.DeadLetter{}, err
-		case f == nil:
+		case key == "":
 			return lease.DeadLetter{}, refuse(lease.NoDeadLetter())
+		}
+		d := readDeadLetter(raw)
+		if d.Damaged != "" {
+			return lease.DeadLetter{}, refuse(lease.CorruptState(s.log, lease.Identity{}, "outbox dead letter is corrupt"))
 		}
 		// The entry re-enters the pending outbox, which the relay reads
 		// strictly: one that would not decode there fails here.
-		if b, err := lease.EncodeOutboxEntry(f.d.Entry); err != nil {
+		if b, err := lease.EncodeOutboxEntry(d.Entry); err != nil {
 			return lease.DeadLetter{}, refuse(lease.CorruptState(s.log, lease.Identity{}, "outbox dead letter is corrupt"))
 		} else if _, err := lease.DecodeOutboxEntry(b); err != nil {
 			return lease.DeadLetter{}, refuse(lease.CorruptState(s.log, lease.Identity{}, "outbox dead letter is corrupt"))
@@ -443,7 +503,7 @@ func (s *Store) OutboxRequeueDeadLetter(ctx context.Context, messageID string) (
 		case pending != "":
 			return lease.DeadLetter{}, refuse(lease.DeadLetterPending())
 		}
-		room, err := s.outboxRoomFor(t, &f.d.Entry.Message, lease.UnixMilli(s.clock()))
+		room, err := s.outboxRoomFor(t, &d.Entry.Message, lease.UnixMilli(s.clock()))
 		if err != nil {
 			// Not committed as a refusal: a stale id entry pendingEntry
 			// dropped stays, so a refusal changes nothing.
@@ -452,34 +512,33 @@ func (s *Store) OutboxRequeueDeadLetter(ctx context.Context, messageID string) (
 			}
 			return lease.DeadLetter{}, err
 		}
-		if err := s.putOutbox(t, room, f.d.Entry); err != nil {
+		if err := s.putOutbox(t, room, d.Entry); err != nil {
 			return lease.DeadLetter{}, err
 		}
-		t.del(f.key)
-		t.put(s.keys.deadCount(), u64(f.count-1))
-		return f.d, nil
+		return d, s.removeDeadLetter(t, key)
 	})
 }
 
 // OutboxDiscardDeadLetter removes dead letter messageID for good, in one
-// transaction; the pending outbox is not read or written.
+// transaction; the pending outbox is not read or written. A damaged one
+// that names messageID is removed too (returned with Damaged): freeing
+// its place is why an operator discards it.
 func (s *Store) OutboxDiscardDeadLetter(ctx context.Context, messageID string) (lease.DeadLetter, error) {
 	if err := lease.CheckOpaqueID("message_id", messageID); err != nil {
 		return lease.DeadLetter{}, err
 	}
+	f := s.seekDeadLetter(messageID)
 	return change(s, ctx, func(t *txn) (lease.DeadLetter, error) {
-		if err := s.openDeadLetters(t); err != nil {
+		if err := s.openDeadLetters(t, f.keys()...); err != nil {
 			return lease.DeadLetter{}, err
 		}
-		f, err := s.findDeadLetter(t, messageID)
+		key, raw, err := s.findDeadLetter(t, f)
 		switch {
 		case err != nil:
 			return lease.DeadLetter{}, err
-		case f == nil:
+		case key == "":
 			return lease.DeadLetter{}, refuse(lease.NoDeadLetter())
 		}
-		t.del(f.key)
-		t.put(s.keys.deadCount(), u64(f.count-1))
-		return f.d, nil
+		return readDeadLetter(raw), s.removeDeadLetter(t, key)
 	})
 }
