@@ -60,7 +60,7 @@ var keyKinds = []struct {
 	{regexp.MustCompile(`^\{[A-Za-z0-9_-]{43}\}:history$`), "list"},
 	{regexp.MustCompile(`^\{[A-Za-z0-9_-]{43}\}:marks$`), "marks"},
 	{regexp.MustCompile(`^(index|expiry|outbox|outbox_dead|cred:index)$`), "zset"},
-	{regexp.MustCompile(`^(lease|outbox|outbox_dead|cred):[A-Za-z0-9_.:-]+$`), "string"},
+	{regexp.MustCompile(`^(lease|outbox|outbox_dead|outbox_dead_entry|cred):[A-Za-z0-9_.:-]+$`), "string"},
 	{regexp.MustCompile(`^(counter_floor|epoch|outbox_seq)$`), "counter"},
 	{regexp.MustCompile(`^(last_recovery|format)$`), "string"},
 }

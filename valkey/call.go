@@ -83,6 +83,7 @@ func (k layout) outboxSeq() string                 { return k.ns + ":outbox_seq"
 func (k layout) outboxBytes() string               { return k.ns + ":outbox:bytes" }
 func (k layout) outboxDead() string                { return k.ns + ":outbox_dead" }
 func (k layout) outboxDeadWhy(id string) string    { return k.ns + ":outbox_dead:" + id }
+func (k layout) outboxDeadEntry(id string) string  { return k.ns + ":outbox_dead_entry:" + id }
 func (k layout) gate() string                      { return k.ns + ":gate" }
 func (k layout) format() string                    { return k.ns + ":format" }
 func (k layout) counterFloor() string              { return k.ns + ":counter_floor" }

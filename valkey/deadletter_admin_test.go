@@ -101,7 +101,10 @@ func unchanged(t *testing.T, s *Store, before map[string]string, what string) {
 func TestRequeueKeepsTheStoredEntry(t *testing.T) {
 	s := open(t, sharedServer(t), Options{StoreOptions: leasetest.StoreOptions()})
 	id, _ := deadLetterOn(t, s, "abc", "no exchange")
-	raw, _ := get(t, s, s.keys.outboxMsg(id))
+	raw, _ := get(t, s, s.keys.outboxDeadEntry(id))
+	if _, ok := get(t, s, s.keys.outboxMsg(id)); ok || raw == "" {
+		t.Fatalf("dead-lettered: own entry %q, and the entry key stayed %v; want the entry moved to its own key", raw, ok)
+	}
 	later, _ := deadLetterOn(t, s, "de", "later")
 	if err := s.OutboxDone(bg, later); err != nil { // still a dead letter: not pending
 		t.Fatal(err)
@@ -125,6 +128,9 @@ func TestRequeueKeepsTheStoredEntry(t *testing.T) {
 	}
 	if _, ok := get(t, s, s.keys.outboxDeadWhy(id)); ok {
 		t.Fatal("the requeued dead letter's reason key stayed")
+	}
+	if _, ok := get(t, s, s.keys.outboxDeadEntry(id)); ok {
+		t.Fatal("the requeued dead letter's own entry key stayed")
 	}
 	wantOutbox(t, s, []string{other, id}, 4+3, []string{later})
 }
@@ -168,22 +174,26 @@ func TestRequeueRefusedWhileItsIDIsPending(t *testing.T) {
 	wantOutbox(t, s, nil, 0, nil)
 }
 
-// A dead letter whose entry is gone (an entry of its id pending meanwhile
-// was relayed, removing the key they share) cannot be requeued, changing
-// nothing; it can be discarded.
+// An older version's dead letter whose entry is gone (an entry of its id
+// pending meanwhile was relayed, removing the key they shared) cannot be
+// requeued, changing nothing; it is listed, damaged, and can be
+// discarded. (Before the dead letter's own entry key this was every dead
+// letter's fate: see TestDeadLetterKeepsItsEntryWhenItsIDIsRelayed.)
 func TestRequeueOfADeadLetterWithoutEntry(t *testing.T) {
 	s := open(t, sharedServer(t), Options{StoreOptions: leasetest.StoreOptions()})
 	id, req := deadLetterOn(t, s, "abc", "no exchange")
+	olderLayout(t, s, id)
 	acceptAgain(t, s, req)
 	if err := s.OutboxDone(bg, id); err != nil {
 		t.Fatal(err)
 	}
+	wantDamaged(t, s, id, "no exchange", lease.DeadLetterEntryMissing)
 	before := snapshot(t, s, "")
 	_, err := s.OutboxRequeueDeadLetter(bg, id)
 	mustCode(t, err, lease.CodeNotFound)
 	unchanged(t, s, before, "a refused requeue")
 	d, err := s.OutboxDiscardDeadLetter(bg, id)
-	if err != nil || d.Entry.MessageID != id || d.Reason != "no exchange" {
+	if err != nil || d.Entry.MessageID != id || d.Reason != "no exchange" || d.Damaged != lease.DeadLetterEntryMissing {
 		t.Fatalf("discard: %+v %v", d, err)
 	}
 	if n, err := s.OutboxDeadLen(bg); err != nil || n != 0 {
@@ -238,6 +248,7 @@ func TestDeadLetterAdminWrongTypesFailClosed(t *testing.T) {
 		{"entry", func(s *Store, id string) string { return s.keys.outboxMsg(id) }, true, true},
 		{"dead", func(s *Store, _ string) string { return s.keys.outboxDead() }, false, true},
 		{"reason", func(s *Store, id string) string { return s.keys.outboxDeadWhy(id) }, true, true},
+		{"dead_entry", func(s *Store, id string) string { return s.keys.outboxDeadEntry(id) }, true, true},
 		{"gate", func(s *Store, _ string) string { return s.keys.gate() }, true, true},
 		{"bytes", func(s *Store, _ string) string { return s.keys.outboxBytes() }, true, false},
 		{"outbox_seq", func(s *Store, _ string) string { return s.keys.outboxSeq() }, true, false},
@@ -286,7 +297,7 @@ func TestRequeueOfACorruptDeadLetter(t *testing.T) {
 	s := open(t, sharedServer(t), Options{StoreOptions: leasetest.StoreOptions()})
 	id, _ := deadLetterOn(t, s, "abc", "no exchange")
 	broken := `{"message_id":"` + id + `","lock_identity":{}}`
-	if err := s.client.Do(bg, s.client.B().Set().Key(s.keys.outboxMsg(id)).Value(broken).Build()).Error(); err != nil {
+	if err := s.client.Do(bg, s.client.B().Set().Key(s.keys.outboxDeadEntry(id)).Value(broken).Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
 	before := snapshot(t, s, "")
@@ -296,17 +307,17 @@ func TestRequeueOfACorruptDeadLetter(t *testing.T) {
 	// The function itself moves only the entry whose digest it is given.
 	rep, err := s.fcall(bg, call{fn: "outbox_requeue", mutation: true,
 		keys: []string{s.keys.outbox(), s.keys.outboxMsg(id), s.keys.outboxDead(), s.keys.outboxDeadWhy(id), s.keys.gate(),
-			s.keys.outboxBytes(), s.keys.outboxSeq()},
+			s.keys.outboxBytes(), s.keys.outboxSeq(), s.keys.outboxDeadEntry(id)},
 		args: []string{id, strings.Repeat("0", 40), "10", "100000"}})
 	if err != nil || rep.status != "unverified" || rep.at(0) != broken {
 		t.Fatalf("requeue of another digest: %+v %v", rep, err)
 	}
 	unchanged(t, s, before, "an unverified requeue")
 	d, err := s.OutboxDiscardDeadLetter(bg, id)
-	if err != nil || d.Entry.MessageID != id || d.Reason != "no exchange" {
+	if err != nil || d.Entry.MessageID != id || d.Reason != "no exchange" || d.Damaged != lease.DeadLetterCorrupt {
 		t.Fatalf("discard of a corrupt dead letter: %+v %v", d, err)
 	}
-	if _, ok := get(t, s, s.keys.outboxMsg(id)); ok {
+	if _, ok := get(t, s, s.keys.outboxDeadEntry(id)); ok {
 		t.Fatal("the discarded entry stayed")
 	}
 	wantOutbox(t, s, nil, 0, nil)

@@ -90,12 +90,12 @@
 //	ns:outbox_seq           the last outbox sequence given, incremented by the commit
 //	                        function in the lease check's step (and by a dead letter's
 //	                        requeue, which goes after every entry); no TTL, never deleted
-//	ns:outbox:<message id>  an accepted publication (lease.EncodeOutboxEntry's bytes),
-//	                        written by the commit function in the lease check's step,
-//	                        removed by the relay after the broker's confirm
-//	                        (or, if dead-lettered, kept until an operator discards it or
-//	                        requeues it: pending again, the same bytes; the same
-//	                        publication accepted again meanwhile rewrites it, pending)
+//	ns:outbox:<message id>  a pending publication (lease.EncodeOutboxEntry's bytes),
+//	                        written by the commit function in the lease check's step
+//	                        (or by a dead letter's requeue, its bytes), removed by the
+//	                        relay after the broker's confirm, or moved to
+//	                        ns:outbox_dead_entry:<message id> when dead-lettered (an
+//	                        older version left it here: see that key)
 //	ns:outbox:bytes         the pending publications' lease.OutboxMessage.Size in all,
 //	                        kept by the functions that add and remove them (commit,
 //	                        outbox_done, outbox_dead, outbox_requeue); the commit
@@ -109,7 +109,23 @@
 //	                        lease.MaxOutboxDeadLetters, never expired or trimmed; an
 //	                        operator requeues or discards them: outbox_requeue,
 //	                        outbox_discard)
-//	ns:outbox_dead:<message id>  a dead letter's {"reason","dead_at"} (JSON)
+//	ns:outbox_dead:<message id>  a dead letter's {"reason","dead_at","own_entry":true}
+//	                        (JSON; own_entry last, a suffix the functions test)
+//	ns:outbox_dead_entry:<message id>  a dead letter's own entry, moved there by
+//	                        outbox_dead (written back by outbox_requeue), so the same
+//	                        message id accepted again (its commit evidence expired: a
+//	                        message id names no lease) writes ns:outbox:<message id>,
+//	                        never the dead letter's entry. A reason without own_entry
+//	                        is an older version's dead letter: its entry is
+//	                        ns:outbox:<message id>'s unless an entry of that id is
+//	                        pending (the key is then that entry's; the dead letter's is
+//	                        lost, listed and discarded as lease.DeadLetterEntryMissing,
+//	                        never requeued). The mark decides, not this key's
+//	                        existence: an older version's discard leaves the key
+//	                        behind. One dead letter per message id: set aside again
+//	                        while its dead letter waits, the newer replaces the older's
+//	                        entry, reason and time, and a warning names the id (bolt
+//	                        and etcd keep both, keyed by sequence)
 //	ns:cred:<credential id> an API-key credential: exactly auth.EncodeCredential's
 //	                        bytes, no TTL (CredentialStore)
 //	ns:cred:index           credential List index: sorted set, score 0, member the id

@@ -1547,8 +1547,8 @@ local function outbox_less(k, size)
 end
 
 -- outbox_done removes a relayed publication and its size from the byte
--- counter. Only a pending one: an id that is not pending may be a dead
--- letter's, whose entry stays. KEYS 1 the outbox schedule, 2 the entry's
+-- counter. Only a pending one: an id that is not pending may be an older
+-- version's dead letter's, whose entry stays (dead_entry). KEYS 1 the outbox schedule, 2 the entry's
 -- key, 3 the gate, 4 the byte counter; ARGV 1 its message id.
 local function outbox_done(keys, args)
   local now = now_ms()
@@ -1563,50 +1563,44 @@ local function outbox_done(keys, args)
   return { 'ok', int(now) }
 end
 
--- outbox_dead sets a poison publication aside (the broker refuses it for a
--- reason retrying will not cure): its message id moves from the outbox
--- schedule to the dead-letter schedule (score backend time), its entry key
--- stays, and its reason is kept, so the relay goes on with later entries.
--- Nothing is dropped: with ARGV 3 dead letters held it refuses ('full')
--- and the entry stays pending. KEYS 1 the outbox schedule, 2 the entry's
--- key, 3 the dead-letter schedule, 4 the dead letter's reason key, 5 the
--- gate, 6 the pending outbox's byte counter (the entry's size leaves it);
--- ARGV 1 its message id, 2 the reason as a JSON string, 3 the bound.
-local function outbox_dead(keys, args)
-  local now = now_ms()
-  local shut = closed(keys[5], now)
-  if shut then return shut end
-  if wrong_type(keys[1], 'zset') or wrong_type(keys[2], 'string') or wrong_type(keys[3], 'zset')
-      or wrong_type(keys[4], 'string') or wrong_type(keys[6], 'string') then
-    return { 'wrongtype', int(now) }
-  end
-  if redis.call('ZCARD', keys[3]) >= tonumber(args[3]) then return { 'full', int(now) } end
-  if redis.call('ZREM', keys[1], args[1]) == 0 then return { 'ok', int(now) } end
-  outbox_less(keys[6], entry_size(redis.call('GET', keys[2]) or nil))
-  redis.call('ZADD', keys[3], int(now), args[1])
-  redis.call('SET', keys[4], '{"reason":' .. args[2] .. ',"dead_at":"' .. ts(now) .. '"}')
-  return { 'ok', int(now) }
-end
-
 -- in_zset reports whether id is a member of sorted set k (checked to be
 -- one): ZADD XX INCR 0 answers its score or nil and changes nothing.
 -- ZSCORE would need a command the documented ACL does not grant.
 local function in_zset(k, id) return redis.call('ZADD', k, 'XX', 'INCR', 0, id) ~= false end
 
--- outbox_requeue moves dead letter ARGV 1 back into the pending outbox
--- after every pending entry (the next outbox sequence), its entry key
--- untouched, counted and bounded (ARGV 3 and 4, entries and bytes) as a
--- commit counts and bounds a publication. ARGV 2 is the SHA-1 of the entry
--- the caller decoded strictly: any other entry is answered 'unverified'
--- with its bytes, changing nothing, so a corrupt one never becomes pending
--- (the relay's reads would fail closed on it). Refused, changing nothing:
--- 'none' (no such dead letter), 'pending' (an entry of its id is pending:
--- the same publication accepted again, which rewrote the entry key they
--- share), 'noentry' (its entry is gone: relayed under that id), 'full'.
--- KEYS 1 the outbox schedule, 2 the entry's key, 3 the dead-letter
--- schedule, 4 its reason key, 5 the gate, 6 the byte counter, 7 the outbox
--- sequence. 'ok' carries the entry and the reason key's value as read.
-local function outbox_requeue(keys, args)
+-- OWN_ENTRY ends the reason key of a dead letter whose entry is in its own
+-- key (ns:outbox_dead_entry:<id>). An older version's reason lacks it: its
+-- entry is in the entry key it shares with a pending entry of its id.
+-- The mark, not the own key's existence, decides, so a copy left behind
+-- by an older version's discard is never taken for a later dead letter's.
+local OWN_ENTRY = ',"own_entry":true}'
+local function own_entry(why) return why ~= nil and string.sub(why, -#OWN_ENTRY) == OWN_ENTRY end
+
+-- dead_entry is the entry of dead letter id whose reason key holds why
+-- (nil if gone): its own copy (KEY k_own) or, set aside by an older
+-- version, the shared entry key's (k_msg), unless an entry of its id is
+-- pending (k_outbox): that key is then the pending entry's, and the dead
+-- letter's is lost.
+local function dead_entry(why, k_own, k_msg, k_outbox, id)
+  if own_entry(why) then return redis.call('GET', k_own) or nil end
+  if in_zset(k_outbox, id) then return nil end
+  return redis.call('GET', k_msg) or nil
+end
+
+-- outbox_dead sets a poison publication aside (the broker refuses it for a
+-- reason retrying will not cure): its message id moves from the outbox
+-- schedule to the dead-letter schedule (score backend time), its entry
+-- moves to the dead letter's own key (a later acceptance of its id writes
+-- the entry key), and its reason is kept, so the relay goes on with later
+-- entries. Nothing is dropped: with ARGV 3 dead letters held it refuses
+-- ('full') and the entry stays pending. A dead letter of the same id
+-- already held (the same publication accepted again and set aside again)
+-- is replaced, entry and reason, by this newer one: 'replaced'. KEYS 1
+-- the outbox schedule, 2 the entry's key, 3 the dead-letter schedule, 4
+-- the dead letter's reason key, 5 the gate, 6 the pending outbox's byte
+-- counter (the entry's size leaves it), 7 the dead letter's own entry
+-- key; ARGV 1 its message id, 2 the reason as a JSON string, 3 the bound.
+local function outbox_dead(keys, args)
   local now = now_ms()
   local shut = closed(keys[5], now)
   if shut then return shut end
@@ -1614,45 +1608,114 @@ local function outbox_requeue(keys, args)
       or wrong_type(keys[4], 'string') or wrong_type(keys[6], 'string') or wrong_type(keys[7], 'string') then
     return { 'wrongtype', int(now) }
   end
+  if redis.call('ZCARD', keys[3]) >= tonumber(args[3]) then return { 'full', int(now) } end
+  if redis.call('ZREM', keys[1], args[1]) == 0 then return { 'ok', int(now) } end
+  local raw = redis.call('GET', keys[2]) or nil
+  outbox_less(keys[6], entry_size(raw))
+  local status = 'ok'
+  if redis.call('ZADD', keys[3], int(now), args[1]) == 0 then status = 'replaced' end
+  -- An entry key already gone (damage) leaves no copy, not an older one.
+  if raw then redis.call('SET', keys[7], raw) else redis.call('DEL', keys[7]) end
+  redis.call('DEL', keys[2])
+  redis.call('SET', keys[4], '{"reason":' .. args[2] .. ',"dead_at":"' .. ts(now) .. '"' .. OWN_ENTRY)
+  return { status, int(now) }
+end
+
+-- outbox_requeue moves dead letter ARGV 1 back into the pending outbox
+-- after every pending entry (the next outbox sequence), its entry written
+-- back to the entry key byte for byte, counted and bounded (ARGV 3 and 4,
+-- entries and bytes) as a commit counts and bounds a publication. ARGV 2
+-- is the SHA-1 of the entry the caller decoded strictly: any other entry
+-- is answered 'unverified' with its bytes, changing nothing, so a corrupt
+-- one never becomes pending (the relay's reads would fail closed on it).
+-- Refused, changing nothing: 'none' (no such dead letter), 'pending' (an
+-- entry of its id is pending: the same publication accepted again; two
+-- entries of one id would be published twice), 'noentry' (its entry is
+-- gone: an older version's dead letter whose shared entry key was
+-- relayed or is pending), 'full'. KEYS 1 the outbox schedule, 2 the
+-- entry's key, 3 the dead-letter schedule, 4 its reason key, 5 the gate,
+-- 6 the byte counter, 7 the outbox sequence, 8 its own entry key. 'ok'
+-- carries the entry and the reason key's value as read.
+local function outbox_requeue(keys, args)
+  local now = now_ms()
+  local shut = closed(keys[5], now)
+  if shut then return shut end
+  if wrong_type(keys[1], 'zset') or wrong_type(keys[2], 'string') or wrong_type(keys[3], 'zset')
+      or wrong_type(keys[4], 'string') or wrong_type(keys[6], 'string') or wrong_type(keys[7], 'string')
+      or wrong_type(keys[8], 'string') then
+    return { 'wrongtype', int(now) }
+  end
   if not in_zset(keys[3], args[1]) then return { 'none', int(now) } end
   if in_zset(keys[1], args[1]) then return { 'pending', int(now) } end
-  local raw = redis.call('GET', keys[2])
+  local why = redis.call('GET', keys[4]) or nil
+  local raw = dead_entry(why, keys[8], keys[2], keys[1], args[1])
   if not raw then return { 'noentry', int(now) } end
   if redis.sha1hex(raw) ~= args[2] then return { 'unverified', int(now), raw } end
   local size = entry_size(raw)
   local oseq, obytes, full = outbox_room(now, keys[1], keys[7], keys[6], size, args[3], args[4])
   if not oseq then return { 'corrupt', int(now), obytes } end
   if full then return { 'full', int(now), full } end
-  local why = redis.call('GET', keys[4]) or ''
   redis.call('SET', keys[7], int(oseq))
   redis.call('ZADD', keys[1], int(oseq), args[1])
   redis.call('SET', keys[6], int(obytes + size))
+  redis.call('SET', keys[2], raw)
   redis.call('ZREM', keys[3], args[1])
-  redis.call('DEL', keys[4])
-  return { 'ok', int(now), raw, why }
+  redis.call('DEL', keys[4], keys[8])
+  return { 'ok', int(now), raw, why or '' }
 end
 
 -- outbox_discard removes dead letter ARGV 1 for good: its member of the
--- dead-letter schedule, its reason and its entry, unless an entry of its
--- id is pending (which the entry key is then: see outbox_requeue). KEYS
--- 1 the outbox schedule, 2 the entry's key, 3 the dead-letter schedule, 4
--- its reason key, 5 the gate. 'ok' carries the entry ('' if gone) and the
--- reason key's value as read; 'none' if there is no such dead letter.
+-- dead-letter schedule, its reason and its own entry key, and, for an
+-- older version's dead letter, the entry key it shares, unless an entry
+-- of its id is pending (the key is then that entry's). A pending entry is
+-- never touched. KEYS 1 the outbox schedule, 2 the entry's key, 3 the
+-- dead-letter schedule, 4 its reason key, 5 the gate, 6 its own entry
+-- key. 'ok' carries the entry ('' if gone) and the reason key's value as
+-- read; 'none' if there is no such dead letter.
 local function outbox_discard(keys, args)
   local now = now_ms()
   local shut = closed(keys[5], now)
   if shut then return shut end
   if wrong_type(keys[1], 'zset') or wrong_type(keys[2], 'string') or wrong_type(keys[3], 'zset')
-      or wrong_type(keys[4], 'string') then
+      or wrong_type(keys[4], 'string') or wrong_type(keys[6], 'string') then
     return { 'wrongtype', int(now) }
   end
   if not in_zset(keys[3], args[1]) then return { 'none', int(now) } end
-  local raw = redis.call('GET', keys[2]) or ''
-  local why = redis.call('GET', keys[4]) or ''
+  local why = redis.call('GET', keys[4]) or nil
+  local raw = dead_entry(why, keys[6], keys[2], keys[1], args[1])
+  if raw and not own_entry(why) then redis.call('DEL', keys[2]) end
   redis.call('ZREM', keys[3], args[1])
-  redis.call('DEL', keys[4])
-  if not in_zset(keys[1], args[1]) then redis.call('DEL', keys[2]) end
-  return { 'ok', int(now), raw, why }
+  redis.call('DEL', keys[4], keys[6])
+  return { 'ok', int(now), raw or '', why or '' }
+end
+
+-- outbox_dead_read reads, for the listing, dead letters whose reason key
+-- lacks OWN_ENTRY (an older version's, or damaged), which only a function
+-- can read consistently: whether an entry of the id is pending decides
+-- what the entry key holds (dead_entry). ARGV the message ids; KEYS 1 the
+-- outbox schedule, 2 the dead-letter schedule, then for each id its own
+-- entry key, the entry key and its reason key. Per id three fields: '1'
+-- if it is still a dead letter ('' and the rest empty if not), the
+-- reason key's value and the entry ('' if gone). It changes nothing
+-- (in_zset's ZADD is why it is not registered read-only).
+local function outbox_dead_read(keys, args)
+  local now = now_ms()
+  if wrong_type(keys[1], 'zset') or wrong_type(keys[2], 'zset') then return { 'wrongtype', int(now) } end
+  local out = { 'ok', int(now) }
+  for i, id in ipairs(args) do
+    local k = 3 * i
+    if wrong_type(keys[k], 'string') or wrong_type(keys[k + 1], 'string') or wrong_type(keys[k + 2], 'string') then
+      return { 'wrongtype', int(now) }
+    end
+    if in_zset(keys[2], id) then
+      local why = redis.call('GET', keys[k + 2]) or nil
+      local raw = dead_entry(why, keys[k], keys[k + 1], keys[1], id)
+      out[#out + 1], out[#out + 2], out[#out + 3] = '1', why or '', raw or ''
+    else
+      out[#out + 1], out[#out + 2], out[#out + 3] = '', '', ''
+    end
+  end
+  return out
 end
 
 -- outbox_recount sets the byte counter of a namespace whose pending
@@ -1955,6 +2018,7 @@ redis.register_function(FN .. 'outbox_dead', outbox_dead)
 redis.register_function(FN .. 'outbox_recount', outbox_recount)
 redis.register_function(FN .. 'outbox_requeue', outbox_requeue)
 redis.register_function(FN .. 'outbox_discard', outbox_discard)
+redis.register_function(FN .. 'outbox_dead_read', outbox_dead_read)
 redis.register_function(FN .. 'recover_raise', recover_raise)
 redis.register_function(FN .. 'recover_end', recover_end)
 redis.register_function(FN .. 'reopen', reopen)

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"strconv"
+	"strings"
 
 	vk "github.com/valkey-io/valkey-go"
 
@@ -205,8 +206,11 @@ func (s *Store) recountOutboxBytes(ctx context.Context) error {
 }
 
 // OutboxDeadLetter moves a pending entry to the dead letters (ns:outbox_dead)
-// with its reason, in one function call. Nothing is dropped: with
-// MaxOutboxDeadLetters held it refuses and the entry stays pending.
+// with its reason, its entry into the dead letter's own key, in one
+// function call. Nothing is dropped: with MaxOutboxDeadLetters held it
+// refuses and the entry stays pending. A dead letter of the same message
+// id already held is replaced by this newer one (one member per id; see
+// the package documentation), which is logged.
 func (s *Store) OutboxDeadLetter(ctx context.Context, messageID, reason string) error {
 	if err := lease.CheckOpaqueID("message_id", messageID); err != nil {
 		return err
@@ -220,13 +224,17 @@ func (s *Store) OutboxDeadLetter(ctx context.Context, messageID, reason string) 
 	}
 	rep, err := s.fcall(ctx, call{fn: "outbox_dead", mutation: true,
 		keys: []string{s.keys.outbox(), s.keys.outboxMsg(messageID), s.keys.outboxDead(), s.keys.outboxDeadWhy(messageID), s.keys.gate(),
-			s.keys.outboxBytes()},
+			s.keys.outboxBytes(), s.keys.outboxDeadEntry(messageID)},
 		args: []string{messageID, string(why), strconv.Itoa(lease.MaxOutboxDeadLetters)}})
 	if err != nil {
 		return err
 	}
 	switch rep.status {
 	case "ok":
+		return nil
+	case "replaced":
+		s.log.Warn("a dead letter was replaced by a newer one of the same message id (the same publication accepted again and set aside again); the older one's entry and reason are gone",
+			"message_id", messageID)
 		return nil
 	case "closed":
 		return s.closedNamespace(rep)
@@ -237,26 +245,107 @@ func (s *Store) OutboxDeadLetter(ctx context.Context, messageID, reason string) 
 	}
 }
 
-// OutboxDeadLetters returns up to limit dead letters, oldest first.
+// OutboxDeadLetters returns up to limit dead letters, oldest first. Each
+// is listed: one whose entry is gone or does not decode is named by its
+// message id, Damaged set, so an operator can discard it. A dead letter
+// set aside by an older version (its entry in the entry key it shares
+// with a pending entry of its id) is read by a function (outbox_dead_read).
 func (s *Store) OutboxDeadLetters(ctx context.Context, limit int) ([]lease.DeadLetter, error) {
-	rows, err := s.outboxRows(ctx, s.keys.outboxDead(), "outbox_dead_letters", limit, s.keys.outboxMsg, s.keys.outboxDeadWhy)
+	rows, err := s.outboxRows(ctx, s.keys.outboxDead(), "outbox_dead_letters", limit, s.keys.outboxDeadWhy, s.keys.outboxDeadEntry)
+	if err != nil {
+		return nil, err
+	}
+	var older []string
+	for _, r := range rows {
+		if !ownEntry(r.vals[0]) {
+			older = append(older, r.id)
+		}
+	}
+	read, err := s.readOlderDeadLetters(ctx, older)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]lease.DeadLetter, 0, len(rows))
 	for _, r := range rows {
-		if !r.found[0] {
-			continue
+		why, raw := r.vals[0], r.vals[1]
+		if o, ok := read[r.id]; ok {
+			if !o.dead {
+				continue // removed in between
+			}
+			why, raw = o.why, o.raw
 		}
-		var d lease.DeadLetter
-		e, derr := lease.DecodeOutboxEntry([]byte(r.vals[0]))
-		if derr != nil || e.MessageID != r.id || (r.vals[1] != "" && json.Unmarshal([]byte(r.vals[1]), &d) != nil) {
-			return nil, &lease.Error{Code: lease.CodeCorrupt, Reason: "outbox dead letter is corrupt; failing closed"}
-		}
-		d.Entry = e
-		out = append(out, d)
+		out = append(out, deadLetterOf(r.id, why, raw))
 	}
 	return out, nil
+}
+
+// olderDeadLetter is what outbox_dead_read answered for one message id.
+type olderDeadLetter struct {
+	dead     bool
+	why, raw string
+}
+
+// readOlderDeadLetters reads dead letters ids in one function call: which
+// entry an older version's dead letter has depends on whether an entry of
+// its id is pending, which only a function reads with its entry key under
+// the documented ACL (no ZSCORE).
+func (s *Store) readOlderDeadLetters(ctx context.Context, ids []string) (map[string]olderDeadLetter, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	c := call{fn: "outbox_dead_read", keys: []string{s.keys.outbox(), s.keys.outboxDead()}, args: ids}
+	for _, id := range ids {
+		c.keys = append(c.keys, s.keys.outboxDeadEntry(id), s.keys.outboxMsg(id), s.keys.outboxDeadWhy(id))
+	}
+	rep, err := s.fcall(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case rep.status == "wrongtype":
+		return nil, &lease.Error{Code: lease.CodeCorrupt, Reason: "outbox dead-letter keys hold the wrong type; failing closed"}
+	case rep.status != "ok" || len(rep.f) != 3*len(ids):
+		return nil, s.malformed(c)
+	}
+	out := make(map[string]olderDeadLetter, len(ids))
+	for i, id := range ids {
+		out[id] = olderDeadLetter{dead: rep.f[3*i] == "1", why: rep.f[3*i+1], raw: rep.f[3*i+2]}
+	}
+	return out, nil
+}
+
+// ownEntryMark ends the reason key of a dead letter whose entry is in its
+// own key (ns:outbox_dead_entry:<id>); library.lua's OWN_ENTRY.
+const ownEntryMark = `,"own_entry":true}`
+
+func ownEntry(why string) bool { return strings.HasSuffix(why, ownEntryMark) }
+
+// deadLetterOf is dead letter id from its reason key's value and its
+// entry ("" if gone). What is missing or does not decode is named in
+// Damaged (its Entry then only the message id) rather than failing: the
+// operator must see it to discard it.
+func deadLetterOf(id, why, raw string) lease.DeadLetter {
+	d := lease.DeadLetter{Entry: lease.OutboxEntry{MessageID: id}}
+	var r struct {
+		Reason string          `json:"reason"`
+		DeadAt lease.Timestamp `json:"dead_at"`
+	}
+	if why != "" && json.Unmarshal([]byte(why), &r) != nil {
+		d.Damaged = lease.DeadLetterCorrupt
+		return d
+	}
+	d.Reason, d.DeadAt = r.Reason, r.DeadAt
+	if raw == "" {
+		d.Damaged = lease.DeadLetterEntryMissing
+		return d
+	}
+	e, err := lease.DecodeOutboxEntry([]byte(raw))
+	if err != nil || e.MessageID != id {
+		d.Damaged = lease.DeadLetterCorrupt
+		return d
+	}
+	d.Entry = e
+	return d
 }
 
 // OutboxDeadLen counts the dead letters.
@@ -273,11 +362,11 @@ func (s *Store) OutboxDeadLen(ctx context.Context) (int64, error) {
 
 // OutboxRequeueDeadLetter moves a dead letter back into the pending outbox,
 // after every pending entry, in one function call (outbox_requeue): its
-// entry key is kept as it is, its size counted and bounded as a commit's
-// publication. The entry is decoded strictly first and the function moves
-// it only if it still has those bytes (their SHA-1): a corrupt entry made
-// pending would fail the relay's reads closed, so it is refused (corrupt;
-// discard it) and stays a dead letter.
+// entry goes back to the entry key byte for byte, its size counted and
+// bounded as a commit's publication. The entry is decoded strictly first
+// and the function moves it only if it still has those bytes (their
+// SHA-1): a corrupt entry made pending would fail the relay's reads
+// closed, so it is refused (corrupt; discard it) and stays a dead letter.
 func (s *Store) OutboxRequeueDeadLetter(ctx context.Context, messageID string) (lease.DeadLetter, error) {
 	if err := lease.CheckOpaqueID("message_id", messageID); err != nil {
 		return lease.DeadLetter{}, err
@@ -287,11 +376,16 @@ func (s *Store) OutboxRequeueDeadLetter(ctx context.Context, messageID string) (
 	}
 	c := call{fn: "outbox_requeue", mutation: true,
 		keys: []string{s.keys.outbox(), s.keys.outboxMsg(messageID), s.keys.outboxDead(), s.keys.outboxDeadWhy(messageID), s.keys.gate(),
-			s.keys.outboxBytes(), s.keys.outboxSeq()}}
+			s.keys.outboxBytes(), s.keys.outboxSeq(), s.keys.outboxDeadEntry(messageID)}}
 	// Best effort: whatever this read misses, the function answers
 	// "unverified" with the entry it found.
 	want := ""
-	if raw, err := s.client.Do(ctx, s.client.B().Get().Key(c.keys[1]).Build()).ToString(); err == nil {
+	res := s.client.DoMulti(ctx, s.client.B().Get().Key(c.keys[3]).Build(), s.client.B().Get().Key(c.keys[7]).Build(),
+		s.client.B().Get().Key(c.keys[1]).Build())
+	if why, _ := res[0].ToString(); !ownEntry(why) {
+		res[1] = res[2] // an older version's dead letter (see outbox_requeue)
+	}
+	if raw, err := res[1].ToString(); err == nil {
 		want, _ = entryDigest(raw, messageID)
 	}
 	for range 3 {
@@ -302,7 +396,13 @@ func (s *Store) OutboxRequeueDeadLetter(ctx context.Context, messageID string) (
 		}
 		switch rep.status {
 		case "ok":
-			return s.deadLetterRead(c.fn, messageID, rep), nil
+			d := s.deadLetterRead(c.fn, messageID, rep)
+			if d.Damaged != "" {
+				// Only its reason can be: the entry moved was verified.
+				e, _ := lease.DecodeOutboxEntry([]byte(rep.at(0)))
+				d = lease.DeadLetter{Entry: e}
+			}
+			return d, nil
 		case "unverified":
 			var ok bool
 			if want, ok = entryDigest(rep.at(0), messageID); !ok {
@@ -334,8 +434,9 @@ func (s *Store) OutboxRequeueDeadLetter(ctx context.Context, messageID string) (
 
 // OutboxDiscardDeadLetter removes a dead letter for good in one function
 // call (outbox_discard), never a pending entry of its message id. A
-// corrupt dead letter is discarded too (that is how an operator clears
-// it): what of it decodes is returned.
+// damaged dead letter (its entry gone or corrupt) is discarded too (that
+// is how an operator clears it): what is known of it is returned, Damaged
+// set.
 func (s *Store) OutboxDiscardDeadLetter(ctx context.Context, messageID string) (lease.DeadLetter, error) {
 	if err := lease.CheckOpaqueID("message_id", messageID); err != nil {
 		return lease.DeadLetter{}, err
@@ -344,7 +445,8 @@ func (s *Store) OutboxDiscardDeadLetter(ctx context.Context, messageID string) (
 		return lease.DeadLetter{}, err
 	}
 	c := call{fn: "outbox_discard", mutation: true,
-		keys: []string{s.keys.outbox(), s.keys.outboxMsg(messageID), s.keys.outboxDead(), s.keys.outboxDeadWhy(messageID), s.keys.gate()},
+		keys: []string{s.keys.outbox(), s.keys.outboxMsg(messageID), s.keys.outboxDead(), s.keys.outboxDeadWhy(messageID), s.keys.gate(),
+			s.keys.outboxDeadEntry(messageID)},
 		args: []string{messageID}}
 	rep, err := s.fcall(ctx, c)
 	if err != nil {
@@ -376,20 +478,13 @@ func entryDigest(raw, messageID string) (string, bool) {
 }
 
 // deadLetterRead is the dead letter an "ok" reply read (fields 0, the
-// entry, and 1, its reason key's value). The change is made, so a part
-// that does not decode (a discarded corrupt dead letter) is left out,
-// and logged, rather than failing the call.
+// entry, and 1, its reason key's value). The change is made, so what does
+// not decode (a discarded damaged dead letter) is named in Damaged, and
+// logged, rather than failing the call.
 func (s *Store) deadLetterRead(fn, messageID string, rep reply) lease.DeadLetter {
-	var d lease.DeadLetter
-	if why := rep.at(1); why != "" && json.Unmarshal([]byte(why), &d) != nil {
-		d = lease.DeadLetter{}
-		s.log.Warn("a dead letter's reason was corrupt", "function", fn)
+	d := deadLetterOf(messageID, rep.at(1), rep.at(0))
+	if d.Damaged != "" {
+		s.log.Warn("a dead letter was damaged", "function", fn, "message_id", messageID, "damaged", d.Damaged)
 	}
-	e, err := lease.DecodeOutboxEntry([]byte(rep.at(0)))
-	if err != nil || e.MessageID != messageID {
-		s.log.Warn("a dead letter's entry was missing or corrupt", "function", fn)
-		e = lease.OutboxEntry{MessageID: messageID}
-	}
-	d.Entry = e
 	return d
 }

@@ -10,7 +10,8 @@ import (
 // TestOutboxBackupRestoreKeepsSequenceAndDeadLetters: a backup carries the
 // outbox's sequence counter (ns:outbox_seq), its byte counter
 // (ns:outbox:bytes) and its dead letters (ns:outbox_dead,
-// ns:outbox_dead:<id>), and a restore accepts them: the restored outbox
+// ns:outbox_dead:<id>, ns:outbox_dead_entry:<id>), and a restore accepts
+// them: the restored outbox
 // holds the same pending entries in the same order, the same dead letter
 // with its reason, the same sequence, so later publications sort after
 // the restored ones, and the same usage.
@@ -53,7 +54,7 @@ func TestOutboxBackupRestoreKeepsSequenceAndDeadLetters(t *testing.T) {
 	}
 	dead, err := dst.OutboxDeadLetters(bg, 0)
 	if err != nil || len(dead) != 1 || dead[0].Entry.MessageID != ids[0] || dead[0].Reason != "broker closed the channel on its publish: 404 NOT_FOUND" ||
-		dead[0].DeadAt.IsZero() {
+		dead[0].DeadAt.IsZero() || dead[0].Damaged != "" || string(dead[0].Entry.Message.Body) != "a" {
 		t.Fatalf("restored dead letters %+v %v", dead, err)
 	}
 	if n, err := dst.OutboxDeadLen(bg); err != nil || n != 1 {
