@@ -2017,8 +2017,10 @@ redis.register_function(FN .. 'outbox_done', outbox_done)
 redis.register_function(FN .. 'outbox_dead', outbox_dead)
 redis.register_function(FN .. 'outbox_recount', outbox_recount)
 redis.register_function(FN .. 'outbox_requeue', outbox_requeue)
-redis.register_function(FN .. 'outbox_discard', outbox_discard)
-redis.register_function(FN .. 'outbox_dead_read', outbox_dead_read)
+-- allow-oom: a discard only frees memory, and a listing writes nothing; an
+-- operator making room on a server at maxmemory needs both most.
+redis.register_function{ function_name = FN .. 'outbox_discard', callback = outbox_discard, flags = { 'allow-oom' } }
+redis.register_function{ function_name = FN .. 'outbox_dead_read', callback = outbox_dead_read, flags = { 'allow-oom' } }
 redis.register_function(FN .. 'recover_raise', recover_raise)
 redis.register_function(FN .. 'recover_end', recover_end)
 redis.register_function(FN .. 'reopen', reopen)
