@@ -145,7 +145,8 @@ func TestDamagedDeadLetterIsListedAndDiscarded(t *testing.T) {
 		if err := dead.Put(u64(1), []byte(`{"entry":{"message_id":"`+entry.MessageID+`",`)); err != nil {
 			return err
 		}
-		// Garbage naming nothing, newer: listed, never matched.
+		// Garbage naming nothing, newer: listed by its key's name, never
+		// taken for another's.
 		if err := dead.Put(u64(2), []byte("\x00garbage")); err != nil {
 			return err
 		}
@@ -155,7 +156,7 @@ func TestDamagedDeadLetterIsListedAndDiscarded(t *testing.T) {
 	}
 	listed, err := s.OutboxDeadLetters(ctx, 0)
 	if err != nil || len(listed) != 2 || listed[0].Damaged != lease.DeadLetterCorrupt || listed[0].Entry.MessageID != entry.MessageID ||
-		listed[1].Damaged != lease.DeadLetterCorrupt || listed[1].Entry.MessageID != "" {
+		listed[1].Damaged != lease.DeadLetterCorrupt || listed[1].Entry.MessageID != lease.DamagedDeadLetterID("0000000000000002") {
 		t.Fatalf("listed %+v, %v", listed, err)
 	}
 	_, err = s.OutboxRequeueDeadLetter(ctx, entry.MessageID)
@@ -174,5 +175,23 @@ func TestDamagedDeadLetterIsListedAndDiscarded(t *testing.T) {
 	}
 	if _, err := s.OutboxDiscardDeadLetter(ctx, entry.MessageID); lease.AsError(err).Code != lease.CodeNotFound {
 		t.Fatalf("a second discard: %v", err)
+	}
+	// The one naming nothing, by the name the listing gave it.
+	garbage := listed[1].Entry.MessageID
+	if _, err := s.OutboxRequeueDeadLetter(ctx, garbage); lease.AsError(err).Code != lease.CodeCorrupt {
+		t.Fatalf("requeue of garbage: %v", err)
+	}
+	if d, err := s.OutboxDiscardDeadLetter(ctx, garbage); err != nil || d.Entry.MessageID != garbage || d.Damaged == "" {
+		t.Fatalf("discard of garbage: %+v, %v", d, err)
+	}
+	if n, err := s.OutboxDeadLen(ctx); err != nil || n != 0 {
+		t.Fatalf("dead letters %d, %v", n, err)
+	}
+	// A name of a key that holds nothing, or an intact dead letter, is
+	// not found: the name reaches only what stays damaged.
+	for _, name := range []string{lease.DamagedDeadLetterID("0000000000000002"), lease.DamagedDeadLetterID("zz")} {
+		if _, err := s.OutboxDiscardDeadLetter(ctx, name); lease.AsError(err).Code != lease.CodeNotFound {
+			t.Fatalf("discard of %s: %v", name, err)
+		}
 	}
 }

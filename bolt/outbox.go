@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 
 	"github.com/starintel/starlease/internal/layered"
@@ -268,32 +269,49 @@ func (s *Store) takeDeadLetter(ctx context.Context, messageID string, requeue bo
 
 // findDeadLetter is the oldest dead letter of messageID and its key (nil
 // if there is none). It walks the dead letters, at most
-// lease.MaxOutboxDeadLetters, decoding only those whose bytes name the id;
-// one among those that does not decode is returned Damaged.
+// lease.MaxOutboxDeadLetters, decoding only those whose bytes hold the id;
+// one that does not decode is messageID's only if it names messageID at
+// its start (a header may spell "message_id" too), and is returned
+// Damaged. A damaged one that names no id is found by the name the
+// listing gives it (lease.DamagedDeadLetterID of its key).
 func findDeadLetter(dead *layered.Bucket, messageID string) ([]byte, lease.DeadLetter) {
+	if token, ok := lease.DamagedDeadLetterToken(messageID); ok {
+		key, err := hex.DecodeString(token)
+		if err != nil {
+			return nil, lease.DeadLetter{}
+		}
+		if v := dead.Get(key); v != nil {
+			if d, _ := decodeDeadLetter(key, v); d.Entry.MessageID == messageID {
+				return key, d
+			}
+		}
+		return nil, lease.DeadLetter{}
+	}
 	// Opaque ids need no JSON escaping, and a quote inside a JSON string
-	// is escaped: only a dead letter's own message id spells this.
+	// is escaped: a value that lacks this cannot be messageID's.
 	needle := []byte(`"message_id":"` + messageID + `"`)
 	c := dead.Cursor()
 	for k, v := c.First(); k != nil; k, v = c.Next() {
 		if !bytes.Contains(v, needle) {
 			continue
 		}
-		if d, ok := decodeDeadLetter(v); !ok || d.Entry.MessageID == messageID {
-			d.Entry.MessageID = messageID
+		if d, _ := decodeDeadLetter(k, v); d.Entry.MessageID == messageID {
 			return k, d
 		}
 	}
 	return nil, lease.DeadLetter{}
 }
 
-// decodeDeadLetter decodes a stored dead letter; one that does not decode
-// is returned Damaged (ok false), named by what of its message id can be
-// read.
-func decodeDeadLetter(v []byte) (lease.DeadLetter, bool) {
+// decodeDeadLetter decodes the dead letter stored at key; one that does
+// not decode is returned Damaged (ok false), named by the message id at
+// its start, or if none can be read there, by its key.
+func decodeDeadLetter(key, v []byte) (lease.DeadLetter, bool) {
 	var d lease.DeadLetter
-	if err := json.Unmarshal(v, &d); err != nil || d.Damaged != "" {
-		id, _ := lease.DeadLetterID(v)
+	if err := json.Unmarshal(v, &d); err != nil || d.Damaged != "" || lease.CheckOpaqueID("message_id", d.Entry.MessageID) != nil {
+		id, ok := lease.DeadLetterID(v)
+		if !ok {
+			id = lease.DamagedDeadLetterID(hex.EncodeToString(key))
+		}
 		return lease.DeadLetter{Entry: lease.OutboxEntry{MessageID: id}, Damaged: lease.DeadLetterCorrupt}, false
 	}
 	return d, true
@@ -311,7 +329,7 @@ func (s *Store) OutboxDeadLetters(ctx context.Context, limit int) ([]lease.DeadL
 		for k, v := c.First(); k != nil && len(out) < limit; k, v = c.Next() {
 			// A damaged one is listed as such rather than failing the
 			// listing: the operator must see it to discard it.
-			d, _ := decodeDeadLetter(v)
+			d, _ := decodeDeadLetter(k, v)
 			out = append(out, d)
 		}
 		return nil

@@ -451,7 +451,8 @@ func TestDeadLetterDamaged(t *testing.T) {
 			clientv3.OpPut(s.keys.dead(3), `{"entry":{"message_id":"bad id"}}`)).Commit(); err != nil {
 			t.Fatal(err)
 		}
-		damaged := `""()corrupt ""()corrupt ""()corrupt`
+		// Listed by the names of their keys, which a discard takes.
+		damaged := `"damaged_0000000000000001"()corrupt "damaged_0000000000000002"()corrupt "damaged_0000000000000003"()corrupt`
 		if got, want := dlListed(t, s), damaged+fmt.Sprintf(" %q(poison)", id); got != want {
 			t.Fatalf("listed %s; want %s", got, want)
 		}
@@ -484,6 +485,23 @@ func TestDeadLetterDamaged(t *testing.T) {
 		}
 		if n, err := s.OutboxDeadLen(bg); err != nil || n != 3 {
 			t.Fatalf("dead-letter count %d, %v; want 3", n, err)
+		}
+		// Each by its name: requeue refused, discard takes exactly it.
+		for i, name := range []string{"damaged_0000000000000002", "damaged_0000000000000001", "damaged_0000000000000003"} {
+			_, err := s.OutboxRequeueDeadLetter(bg, name)
+			mustCode(t, "requeue of "+name, err, lease.CodeCorrupt)
+			got, err := s.OutboxDiscardDeadLetter(bg, name)
+			if err != nil || got.Entry.MessageID != name || got.Damaged != lease.DeadLetterCorrupt {
+				t.Fatalf("discard of %s: %+v, %v", name, got, err)
+			}
+			if n, err := s.OutboxDeadLen(bg); err != nil || n != int64(2-i) {
+				t.Fatalf("dead-letter count %d, %v; want %d", n, err, 2-i)
+			}
+			_, err = s.OutboxDiscardDeadLetter(bg, name)
+			mustCode(t, "second discard of "+name, err, lease.CodeNotFound)
+		}
+		if keys, _ := dlKeys(t, s); len(keys) != 0 {
+			t.Fatalf("dead letters left: %q", keys)
 		}
 	})
 	t.Run("another message's damaged value", func(t *testing.T) {

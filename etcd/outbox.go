@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -305,7 +306,7 @@ func (s *Store) OutboxDeadLetters(ctx context.Context, limit int) ([]lease.DeadL
 	}
 	out := make([]lease.DeadLetter, 0, len(r.Kvs))
 	for _, kv := range r.Kvs {
-		out = append(out, readDeadLetter(kv.Value))
+		out = append(out, s.readDeadLetter(string(kv.Key), kv.Value))
 	}
 	return out, nil
 }
@@ -315,6 +316,16 @@ func (s *Store) OutboxDeadLen(ctx context.Context) (int64, error) {
 	v, err := s.getOne(ctx, s.keys.deadCount())
 	n, _ := readU64(v)
 	return int64(n), err
+}
+
+// nameAt is the name of the dead letter at key, holding raw: the message
+// id it names, or for one that names none, the name a listing shows and a
+// discard takes (lease.DamagedDeadLetterID of its key's sequence).
+func (s *Store) nameAt(key string, raw []byte) string {
+	if id := deadLetterName(raw); id != "" {
+		return id
+	}
+	return lease.DamagedDeadLetterID(strings.TrimPrefix(key, s.keys.deadPrefix()))
 }
 
 // deadLetterName is the message id stored dead letter raw names: the one
@@ -331,16 +342,16 @@ func deadLetterName(raw []byte) string {
 	return d.Entry.MessageID
 }
 
-// readDeadLetter decodes stored dead letter raw. One that does not decode
-// to a dead letter of the id it names (a stored one never carries
-// Damaged) is damaged: only that id, possibly "", is known of it.
-func readDeadLetter(raw []byte) lease.DeadLetter {
+// readDeadLetter decodes stored dead letter raw, at key. One that does
+// not decode to a dead letter of the id it names (a stored one never
+// carries Damaged) is damaged: only its name (nameAt) is known of it.
+func (s *Store) readDeadLetter(key string, raw []byte) lease.DeadLetter {
 	id := deadLetterName(raw)
 	var d lease.DeadLetter
 	if err := json.Unmarshal(raw, &d); err == nil && id != "" && d.Entry.MessageID == id && d.Damaged == "" {
 		return d
 	}
-	return lease.DeadLetter{Entry: lease.OutboxEntry{MessageID: id}, Damaged: lease.DeadLetterCorrupt}
+	return lease.DeadLetter{Entry: lease.OutboxEntry{MessageID: s.nameAt(key, raw)}, Damaged: lease.DeadLetterCorrupt}
 }
 
 // deadLetterPage bounds the dead letters one read of a scan holds: one is
@@ -362,7 +373,12 @@ type deadLetterSeek struct {
 }
 
 func (s *Store) seekDeadLetter(messageID string) *deadLetterSeek {
-	return &deadLetterSeek{messageID: messageID, from: s.keys.deadPrefix()}
+	f := &deadLetterSeek{messageID: messageID, from: s.keys.deadPrefix()}
+	if token, ok := lease.DamagedDeadLetterToken(messageID); ok {
+		// Named by its key: read there, and nowhere else.
+		f.key, f.from = s.keys.deadPrefix()+token, s.keys.deadPrefix()+"\xff"
+	}
+	return f
 }
 
 // keys is what an attempt fetches of the seek (with its other keys, in
@@ -388,7 +404,7 @@ func (s *Store) findDeadLetter(t *txn, f *deadLetterSeek) (string, []byte, error
 		if err != nil {
 			return "", nil, err
 		}
-		if raw != nil && deadLetterName(raw) == f.messageID {
+		if raw != nil && s.nameAt(f.key, raw) == f.messageID {
 			return f.key, raw, nil
 		}
 		// Requeued or discarded by someone else since. Rather than
@@ -409,7 +425,7 @@ func (s *Store) findDeadLetter(t *txn, f *deadLetterSeek) (string, []byte, error
 			return "", nil, errRead{err}
 		}
 		for _, kv := range r.Kvs {
-			if deadLetterName(kv.Value) == f.messageID {
+			if s.nameAt(string(kv.Key), kv.Value) == f.messageID {
 				f.key = string(kv.Key)
 				t.seen[f.key] = seenKey{val: kv.Value, mod: kv.ModRevision} // compared at commit, as if fetched
 				return f.key, kv.Value, nil
@@ -485,7 +501,7 @@ func (s *Store) OutboxRequeueDeadLetter(ctx context.Context, messageID string) (
 		case key == "":
 			return lease.DeadLetter{}, refuse(lease.NoDeadLetter())
 		}
-		d := readDeadLetter(raw)
+		d := s.readDeadLetter(key, raw)
 		if d.Damaged != "" {
 			return lease.DeadLetter{}, refuse(lease.CorruptState(s.log, lease.Identity{}, "outbox dead letter is corrupt"))
 		}
@@ -539,6 +555,6 @@ func (s *Store) OutboxDiscardDeadLetter(ctx context.Context, messageID string) (
 		case key == "":
 			return lease.DeadLetter{}, refuse(lease.NoDeadLetter())
 		}
-		return readDeadLetter(raw), s.removeDeadLetter(t, key)
+		return s.readDeadLetter(key, raw), s.removeDeadLetter(t, key)
 	})
 }

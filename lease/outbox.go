@@ -159,6 +159,19 @@ const (
 	DeadLetterEntryMissing = "entry_missing" // its entry is gone (Valkey's older layout)
 )
 
+// damagedPrefix starts the name of a damaged dead letter whose message id
+// cannot be read. Message ids start "msg_" (OutboxMessageID), so no
+// publication has such a name.
+const damagedPrefix = "damaged_"
+
+// DamagedDeadLetterID names a damaged dead letter whose message id cannot
+// be read by its place in the store (token: the backend's key for it, in
+// hex), so a listing can show it and a discard can name it.
+func DamagedDeadLetterID(token string) string { return damagedPrefix + token }
+
+// DamagedDeadLetterToken is the token of a DamagedDeadLetterID name.
+func DamagedDeadLetterToken(id string) (string, bool) { return strings.CutPrefix(id, damagedPrefix) }
+
 // DeadLetterID reads the message id at the start of a dead letter stored
 // as json.Marshal writes lease.DeadLetter (its entry's first member;
 // message ids need no escaping), without decoding the rest: a scan need

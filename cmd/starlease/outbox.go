@@ -43,8 +43,8 @@ requeue, once the cause is cured (the exchange declared, the permission
 granted), moves a dead letter back to the relay, after every pending
 publication, unchanged; it is refused while the pending outbox is full.
 discard removes one for good; a damaged dead letter (its stored value does
-not decode, or its entry is gone) is listed as such and can only be
-discarded. Each prints the dead letter it acted on and
+not decode, or its entry is gone) is listed as such, named damaged_<key>
+if its message id cannot be read, and can only be discarded. Each prints the dead letter it acted on and
 is a durable, high-priority audit event (outbox_dead_letter_requeued,
 outbox_dead_letter_discarded) in the server's audit store, written before
 success is reported, with --reason.
