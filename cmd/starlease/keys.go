@@ -46,9 +46,7 @@ func runKeys(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	sub, rest := args[0], args[1:]
-	fs := flag.NewFlagSet("starlease keys "+sub, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(fs.Output(), keysUsage) }
+	fs := usageFlagSet("starlease keys "+sub, keysUsage, stderr)
 	dataDir := fs.String("data-dir", "", "data directory of the server (required with --backend bolt)")
 	var bf backendFlags
 	bf.register(fs)

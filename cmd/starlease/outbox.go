@@ -66,9 +66,7 @@ func runOutbox(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	sub, rest := args[0], args[1:]
-	fs := flag.NewFlagSet("starlease outbox "+sub, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(fs.Output(), outboxUsage) }
+	fs := usageFlagSet("starlease outbox "+sub, outboxUsage, stderr)
 	dataDir := fs.String("data-dir", "", "data directory of the server (required with --backend bolt)")
 	var bf backendFlags
 	bf.register(fs)

@@ -69,9 +69,15 @@ and a log record on stderr. Flags can also be set as STARLEASE_<FLAG>.
 
 // recoveryFlagSet is the flag set of one recovery command.
 func recoveryFlagSet(name string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("starlease "+name, flag.ContinueOnError)
+	return usageFlagSet("starlease "+name, recoveryUsage, stderr)
+}
+
+// usageFlagSet is a command's flag set, whose errors and -h print usage to
+// stderr.
+func usageFlagSet(name, usage string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(fs.Output(), recoveryUsage) }
+	fs.Usage = func() { fmt.Fprint(fs.Output(), usage) }
 	return fs
 }
 
