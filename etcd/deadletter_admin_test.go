@@ -650,3 +650,50 @@ func TestDeadLetterSeekReadsOnlyItsKey(t *testing.T) {
 		t.Fatalf("after both went, found %q; want none", got)
 	}
 }
+
+// TestDeadLetterMetaDamageOverwritesNothing: the dead-letter sequence and
+// count keys damaged (missing, malformed, behind the last dead letter, a
+// count of 0) neither restart the sequence over a held dead letter nor
+// lift the bound: a new dead letter goes after the last key, and the
+// count written is the dead letters held.
+func TestDeadLetterMetaDamageOverwritesNothing(t *testing.T) {
+	c := testenv.StartEtcdCluster(t, 1)
+	for _, damage := range []struct {
+		name     string
+		seq, cnt []byte // nil: deleted
+	}{
+		{"missing", nil, nil},
+		{"malformed", []byte("x"), []byte("y")},
+		{"behind", u64(1), u64(0)},
+	} {
+		t.Run(damage.name, func(t *testing.T) {
+			s := dlStore(t, c)
+			first := dlSetAside(t, s, "tenant-meta-a", "first")
+			second := dlSetAside(t, s, "tenant-meta-b", "second")
+			ops := []clientv3.Op{}
+			for k, v := range map[string][]byte{s.keys.deadSeq(): damage.seq, s.keys.deadCount(): damage.cnt} {
+				if v == nil {
+					ops = append(ops, clientv3.OpDelete(k))
+				} else {
+					ops = append(ops, clientv3.OpPut(k, string(v)))
+				}
+			}
+			if _, err := s.cli.Txn(bg).Then(ops...).Commit(); err != nil {
+				t.Fatal(err)
+			}
+			third := dlSetAside(t, s, "tenant-meta-c", "third")
+			keys, _ := dlKeys(t, s)
+			if !slices.Equal(keys, []string{s.keys.dead(1), s.keys.dead(2), s.keys.dead(3)}) {
+				t.Fatalf("dead-letter keys %q", keys)
+			}
+			listed, err := s.OutboxDeadLetters(bg, 0)
+			if err != nil || len(listed) != 3 || listed[0].Entry.MessageID != first || listed[1].Entry.MessageID != second ||
+				listed[2].Entry.MessageID != third {
+				t.Fatalf("listed %+v, %v", listed, err)
+			}
+			if n, err := s.OutboxDeadLen(bg); err != nil || n != 3 {
+				t.Fatalf("count %d, %v; want 3", n, err)
+			}
+		})
+	}
+}

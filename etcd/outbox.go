@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"strconv"
 	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -270,7 +271,10 @@ func (s *Store) OutboxDeadLetter(ctx context.Context, messageID, reason string) 
 		if err := t.fetch(s.keys.deadSeq(), s.keys.deadCount()); err != nil {
 			return struct{}{}, err
 		}
-		n, _ := readU64(t.seen[s.keys.deadCount()].val)
+		dseq, n, err := s.deadMeta(t)
+		if err != nil {
+			return struct{}{}, err
+		}
 		if n >= lease.MaxOutboxDeadLetters {
 			return struct{}{}, refuse(lease.DeadLettersFull())
 		}
@@ -282,7 +286,6 @@ func (s *Store) OutboxDeadLetter(ctx context.Context, messageID, reason string) 
 		if err != nil {
 			return struct{}{}, err
 		}
-		dseq, _ := readU64(t.seen[s.keys.deadSeq()].val)
 		dseq++
 		t.put(s.keys.deadSeq(), u64(dseq))
 		t.put(s.keys.deadCount(), u64(n+1))
@@ -290,6 +293,33 @@ func (s *Store) OutboxDeadLetter(ctx context.Context, messageID, reason string) 
 		return struct{}{}, s.leaveOutbox(t, messageID, key, e.Message.Size())
 	})
 	return err
+}
+
+// deadMeta is the last dead-letter sequence given and the dead letters
+// held, for a new dead letter in attempt t, which fetched both keys (so a
+// concurrent change, which writes them, fails its compare). They are read
+// from the dead letters themselves, at the attempt's revision: the last
+// key's sequence if the sequence key is behind it (missing, malformed or
+// damaged, its restart would overwrite a dead letter), and the range's
+// own count (a damaged count would lift the bound).
+func (s *Store) deadMeta(t *txn) (seq, n uint64, err error) {
+	prefix := s.keys.deadPrefix()
+	ctx, cancel := s.bound(t.ctx)
+	defer cancel()
+	r, err := s.cli.Get(ctx, prefix, clientv3.WithRange(clientv3.GetPrefixRangeEnd(prefix)), clientv3.WithRev(t.rev),
+		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(1))
+	if err != nil {
+		return 0, 0, errRead{err}
+	}
+	seq, _ = readU64(t.seen[s.keys.deadSeq()].val)
+	if len(r.Kvs) == 1 {
+		last, err := strconv.ParseUint(strings.TrimPrefix(string(r.Kvs[0].Key), prefix), 16, 64)
+		if err != nil {
+			return 0, 0, refuse(lease.CorruptState(s.log, lease.Identity{}, "outbox dead-letter key is malformed"))
+		}
+		seq = max(seq, last)
+	}
+	return seq, uint64(r.Count), nil
 }
 
 // OutboxDeadLetters returns up to limit dead letters, oldest first. One
