@@ -195,3 +195,34 @@ func TestDamagedDeadLetterIsListedAndDiscarded(t *testing.T) {
 		}
 	}
 }
+
+// TestRequeueRefusesAnEntryTheRelayWouldRefuse: a dead letter that decodes
+// but whose entry the relay's strict read of the pending outbox would
+// refuse (here its lock key no longer the identity's) is not requeued:
+// made pending, it would fail the relay's reads closed.
+func TestRequeueRefusesAnEntryTheRelayWouldRefuse(t *testing.T) {
+	ctx := context.Background()
+	s, entry := deadLetterStore(t)
+	if err := s.OutboxDeadLetter(ctx, entry.MessageID, "poison"); err != nil {
+		t.Fatal(err)
+	}
+	bad := entry
+	bad.LockKey = "not the identity's"
+	b, err := json.Marshal(lease.DeadLetter{Entry: bad, Reason: "poison", DeadAt: entry.AcceptedAt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.db.Update(func(tx *bbolt.Tx) error { return tx.Bucket(bucketOutboxDead).Put(u64(1), b) }); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.OutboxRequeueDeadLetter(ctx, entry.MessageID)
+	if le := lease.AsError(err); le.Code != lease.CodeCorrupt {
+		t.Fatalf("requeue of an entry the relay would refuse: %v", err)
+	}
+	if p, err := s.OutboxPending(ctx, 10); err != nil || len(p) != 0 {
+		t.Fatalf("pending %+v, %v", p, err)
+	}
+	if d, err := s.OutboxDiscardDeadLetter(ctx, entry.MessageID); err != nil || d.Entry.LockKey != bad.LockKey {
+		t.Fatalf("discard: %+v, %v", d, err)
+	}
+}

@@ -240,15 +240,13 @@ func (s *Store) takeDeadLetter(ctx context.Context, messageID string, requeue bo
 	return change(s, ctx, func(tx *layered.View) (lease.DeadLetter, error) {
 		dead := tx.Bucket(bucketOutboxDead)
 		key, d := findDeadLetter(dead, messageID)
-		switch {
-		case key == nil:
+		if key == nil {
 			return lease.DeadLetter{}, refuse(lease.NoDeadLetter())
-		case requeue && d.Damaged != "":
-			// Discarded, not published: nothing of it can be trusted.
-			return lease.DeadLetter{}, refuse(&lease.Error{Code: lease.CodeCorrupt,
-				Reason: "the dead letter is damaged (its value does not decode); discard it", PublicReason: true})
 		}
 		if requeue {
+			if err := lease.CheckRequeue(d); err != nil {
+				return lease.DeadLetter{}, refuse(err)
+			}
 			if seq := tx.Bucket(bucketOutboxIDs).Get([]byte(messageID)); seq != nil {
 				if raw := tx.Bucket(bucketOutbox).Get(seq); raw != nil && !lease.OutboxEntryOfAnother(raw, messageID) {
 					return lease.DeadLetter{}, refuse(lease.DeadLetterPending())
@@ -281,7 +279,7 @@ func findDeadLetter(dead *layered.Bucket, messageID string) ([]byte, lease.DeadL
 			return nil, lease.DeadLetter{}
 		}
 		if v := dead.Get(key); v != nil {
-			if d, _ := decodeDeadLetter(key, v); d.Entry.MessageID == messageID {
+			if d := decodeDeadLetter(key, v); d.Entry.MessageID == messageID {
 				return key, d
 			}
 		}
@@ -295,26 +293,17 @@ func findDeadLetter(dead *layered.Bucket, messageID string) ([]byte, lease.DeadL
 		if !bytes.Contains(v, needle) {
 			continue
 		}
-		if d, _ := decodeDeadLetter(k, v); d.Entry.MessageID == messageID {
+		if d := decodeDeadLetter(k, v); d.Entry.MessageID == messageID {
 			return k, d
 		}
 	}
 	return nil, lease.DeadLetter{}
 }
 
-// decodeDeadLetter decodes the dead letter stored at key; one that does
-// not decode is returned Damaged (ok false), named by the message id at
-// its start, or if none can be read there, by its key.
-func decodeDeadLetter(key, v []byte) (lease.DeadLetter, bool) {
-	var d lease.DeadLetter
-	if err := json.Unmarshal(v, &d); err != nil || d.Damaged != "" || lease.CheckOpaqueID("message_id", d.Entry.MessageID) != nil {
-		id, ok := lease.DeadLetterID(v)
-		if !ok {
-			id = lease.DamagedDeadLetterID(hex.EncodeToString(key))
-		}
-		return lease.DeadLetter{Entry: lease.OutboxEntry{MessageID: id}, Damaged: lease.DeadLetterCorrupt}, false
-	}
-	return d, true
+// decodeDeadLetter is the dead letter stored at key (lease.DecodeDeadLetter:
+// one that is damaged is named by the id at its start, else by its key).
+func decodeDeadLetter(key, v []byte) lease.DeadLetter {
+	return lease.DecodeDeadLetter(v, hex.EncodeToString(key))
 }
 
 // OutboxDeadLetters returns up to limit dead letters, oldest first.
@@ -329,8 +318,7 @@ func (s *Store) OutboxDeadLetters(ctx context.Context, limit int) ([]lease.DeadL
 		for k, v := c.First(); k != nil && len(out) < limit; k, v = c.Next() {
 			// A damaged one is listed as such rather than failing the
 			// listing: the operator must see it to discard it.
-			d, _ := decodeDeadLetter(k, v)
-			out = append(out, d)
+			out = append(out, decodeDeadLetter(k, v))
 		}
 		return nil
 	})

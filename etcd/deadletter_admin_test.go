@@ -626,7 +626,7 @@ func TestDeadLetterSeekReadsOnlyItsKey(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if key != "" && (deadLetterName(raw) != id || tx.seen[key].mod == 0) {
+		if key != "" && (s.nameAt(key, raw) != id || tx.seen[key].mod == 0) {
 			t.Fatalf("found %s holding %q, mod %d", key, raw, tx.seen[key].mod)
 		}
 		return key

@@ -348,40 +348,21 @@ func (s *Store) OutboxDeadLen(ctx context.Context) (int64, error) {
 	return int64(n), err
 }
 
-// nameAt is the name of the dead letter at key, holding raw: the message
-// id it names, or for one that names none, the name a listing shows and a
-// discard takes (lease.DamagedDeadLetterID of its key's sequence).
-func (s *Store) nameAt(key string, raw []byte) string {
-	if id := deadLetterName(raw); id != "" {
-		return id
-	}
-	return lease.DamagedDeadLetterID(strings.TrimPrefix(key, s.keys.deadPrefix()))
+// readDeadLetter is the dead letter at key, holding raw
+// (lease.DecodeDeadLetter): a damaged one is named by the message id at
+// its start, else by its key's sequence, the name a discard takes.
+func (s *Store) readDeadLetter(key string, raw []byte) lease.DeadLetter {
+	return lease.DecodeDeadLetter(raw, strings.TrimPrefix(key, s.keys.deadPrefix()))
 }
 
-// deadLetterName is the message id stored dead letter raw names: the one
-// lease.DeadLetterID reads in place (a scan need not decode every 64 KiB
-// body), else the one it decodes to; "" if none can be read.
-func deadLetterName(raw []byte) string {
+// nameAt is the name readDeadLetter gives the dead letter at key, read in
+// place where the value starts as json.Marshal writes it, so a scan need
+// not decode every 64 KiB body.
+func (s *Store) nameAt(key string, raw []byte) string {
 	if id, ok := lease.DeadLetterID(raw); ok {
 		return id
 	}
-	var d lease.DeadLetter
-	if json.Unmarshal(raw, &d) != nil || lease.CheckOpaqueID("message_id", d.Entry.MessageID) != nil {
-		return ""
-	}
-	return d.Entry.MessageID
-}
-
-// readDeadLetter decodes stored dead letter raw, at key. One that does
-// not decode to a dead letter of the id it names (a stored one never
-// carries Damaged) is damaged: only its name (nameAt) is known of it.
-func (s *Store) readDeadLetter(key string, raw []byte) lease.DeadLetter {
-	id := deadLetterName(raw)
-	var d lease.DeadLetter
-	if err := json.Unmarshal(raw, &d); err == nil && id != "" && d.Entry.MessageID == id && d.Damaged == "" {
-		return d
-	}
-	return lease.DeadLetter{Entry: lease.OutboxEntry{MessageID: s.nameAt(key, raw)}, Damaged: lease.DeadLetterCorrupt}
+	return s.readDeadLetter(key, raw).Entry.MessageID
 }
 
 // deadLetterPage bounds the dead letters one read of a scan holds: one is
@@ -499,6 +480,19 @@ func (s *Store) openDeadLetters(t *txn, more ...string) error {
 	return nil
 }
 
+// foundDeadLetter opens attempt t on the dead letters, fetching the keys
+// more too, and finds f's: its key and value, or the refusal NoDeadLetter.
+func (s *Store) foundDeadLetter(t *txn, f *deadLetterSeek, more ...string) (string, []byte, error) {
+	if err := s.openDeadLetters(t, append(f.keys(), more...)...); err != nil {
+		return "", nil, err
+	}
+	key, raw, err := s.findDeadLetter(t, f)
+	if err == nil && key == "" {
+		err = refuse(lease.NoDeadLetter())
+	}
+	return key, raw, err
+}
+
 // removeDeadLetter removes the dead letter at key in attempt t.
 func (s *Store) removeDeadLetter(t *txn, key string) error {
 	n, err := s.deadCountOf(t)
@@ -521,26 +515,13 @@ func (s *Store) OutboxRequeueDeadLetter(ctx context.Context, messageID string) (
 	}
 	f := s.seekDeadLetter(messageID)
 	return change(s, ctx, func(t *txn) (lease.DeadLetter, error) {
-		if err := s.openDeadLetters(t, append(f.keys(), s.keys.outboxSeq(), s.keys.outboxUsage(), s.keys.outboxID(messageID))...); err != nil {
+		key, raw, err := s.foundDeadLetter(t, f, s.keys.outboxSeq(), s.keys.outboxUsage(), s.keys.outboxID(messageID))
+		if err != nil {
 			return lease.DeadLetter{}, err
-		}
-		key, raw, err := s.findDeadLetter(t, f)
-		switch {
-		case err != nil:
-			return lease.DeadLetter{}, err
-		case key == "":
-			return lease.DeadLetter{}, refuse(lease.NoDeadLetter())
 		}
 		d := s.readDeadLetter(key, raw)
-		if d.Damaged != "" {
-			return lease.DeadLetter{}, refuse(lease.CorruptState(s.log, lease.Identity{}, "outbox dead letter is corrupt"))
-		}
-		// The entry re-enters the pending outbox, which the relay reads
-		// strictly: one that would not decode there fails here.
-		if b, err := lease.EncodeOutboxEntry(d.Entry); err != nil {
-			return lease.DeadLetter{}, refuse(lease.CorruptState(s.log, lease.Identity{}, "outbox dead letter is corrupt"))
-		} else if _, err := lease.DecodeOutboxEntry(b); err != nil {
-			return lease.DeadLetter{}, refuse(lease.CorruptState(s.log, lease.Identity{}, "outbox dead letter is corrupt"))
+		if err := lease.CheckRequeue(d); err != nil {
+			return lease.DeadLetter{}, refuse(err)
 		}
 		_, _, pending, err := s.pendingEntry(t, messageID)
 		switch {
@@ -575,15 +556,9 @@ func (s *Store) OutboxDiscardDeadLetter(ctx context.Context, messageID string) (
 	}
 	f := s.seekDeadLetter(messageID)
 	return change(s, ctx, func(t *txn) (lease.DeadLetter, error) {
-		if err := s.openDeadLetters(t, f.keys()...); err != nil {
+		key, raw, err := s.foundDeadLetter(t, f)
+		if err != nil {
 			return lease.DeadLetter{}, err
-		}
-		key, raw, err := s.findDeadLetter(t, f)
-		switch {
-		case err != nil:
-			return lease.DeadLetter{}, err
-		case key == "":
-			return lease.DeadLetter{}, refuse(lease.NoDeadLetter())
 		}
 		return s.readDeadLetter(key, raw), s.removeDeadLetter(t, key)
 	})

@@ -164,6 +164,46 @@ const (
 // publication has such a name.
 const damagedPrefix = "damaged_"
 
+// DeadLetterDamaged is the refusal of a requeue of a damaged dead letter:
+// nothing of it can be trusted to publish, so it can only be discarded.
+func DeadLetterDamaged() *Error {
+	return &Error{Code: CodeCorrupt, Reason: "the dead letter is damaged (it, or its entry, does not decode as stored); it was not requeued: discard it", PublicReason: true}
+}
+
+// CheckRequeue refuses (DeadLetterDamaged) to requeue d if it is damaged
+// or its entry is one the pending outbox would not take back as it is:
+// the relay reads pending entries strictly and would fail closed on it.
+func CheckRequeue(d DeadLetter) error {
+	if d.Damaged != "" {
+		return DeadLetterDamaged()
+	}
+	b, err := EncodeOutboxEntry(d.Entry)
+	if err == nil {
+		_, err = DecodeOutboxEntry(b)
+	}
+	if err != nil {
+		return DeadLetterDamaged()
+	}
+	return nil
+}
+
+// DecodeDeadLetter decodes a dead letter stored as json.Marshal writes a
+// DeadLetter. One that does not decode or names no valid message id is
+// returned Damaged, named by the message id at its start (DeadLetterID),
+// else DamagedDeadLetterID(unnamed), unnamed being the backend's key for
+// it.
+func DecodeDeadLetter(raw []byte, unnamed string) DeadLetter {
+	var d DeadLetter
+	if json.Unmarshal(raw, &d) == nil && d.Damaged == "" && CheckOpaqueID("message_id", d.Entry.MessageID) == nil {
+		return d
+	}
+	id, ok := DeadLetterID(raw)
+	if !ok {
+		id = DamagedDeadLetterID(unnamed)
+	}
+	return DeadLetter{Entry: OutboxEntry{MessageID: id}, Damaged: DeadLetterCorrupt}
+}
+
 // DamagedDeadLetterID names a damaged dead letter whose message id cannot
 // be read by its place in the store (token: the backend's key for it, in
 // hex), so a listing can show it and a discard can name it.

@@ -241,8 +241,14 @@ func (s *Store) OutboxDeadLetter(ctx context.Context, messageID, reason string) 
 	case "full":
 		return lease.DeadLettersFull()
 	default:
-		return &lease.Error{Code: lease.CodeCorrupt, Reason: "outbox dead-letter keys hold the wrong type; failing closed"}
+		return deadLetterKeysWrongType()
 	}
+}
+
+// deadLetterKeysWrongType is the answer when a dead letter's keys hold the
+// wrong type.
+func deadLetterKeysWrongType() *lease.Error {
+	return &lease.Error{Code: lease.CodeCorrupt, Reason: "outbox dead-letter keys hold the wrong type; failing closed"}
 }
 
 // OutboxDeadLetters returns up to limit dead letters, oldest first. Each
@@ -303,7 +309,7 @@ func (s *Store) readOlderDeadLetters(ctx context.Context, ids []string) (map[str
 	}
 	switch {
 	case rep.status == "wrongtype":
-		return nil, &lease.Error{Code: lease.CodeCorrupt, Reason: "outbox dead-letter keys hold the wrong type; failing closed"}
+		return nil, deadLetterKeysWrongType()
 	case rep.status != "ok" || len(rep.f) != 3*len(ids):
 		return nil, s.malformed(c)
 	}
@@ -406,8 +412,7 @@ func (s *Store) OutboxRequeueDeadLetter(ctx context.Context, messageID string) (
 		case "unverified":
 			var ok bool
 			if want, ok = entryDigest(rep.at(0), messageID); !ok {
-				return lease.DeadLetter{}, &lease.Error{Code: lease.CodeCorrupt,
-					Reason: "the dead letter's entry is corrupt; it was not requeued (discard it)", PublicReason: true}
+				return lease.DeadLetter{}, lease.DeadLetterDamaged()
 			}
 			continue // it changed since it was read: move the entry just read
 		case "closed":
@@ -460,7 +465,7 @@ func (s *Store) OutboxDiscardDeadLetter(ctx context.Context, messageID string) (
 	case "none":
 		return lease.DeadLetter{}, lease.NoDeadLetter()
 	case "wrongtype":
-		return lease.DeadLetter{}, &lease.Error{Code: lease.CodeCorrupt, Reason: "outbox dead-letter keys hold the wrong type; failing closed"}
+		return lease.DeadLetter{}, deadLetterKeysWrongType()
 	default:
 		return lease.DeadLetter{}, s.malformed(c)
 	}
