@@ -116,9 +116,9 @@ func runOutbox(args []string, stdout, stderr io.Writer) int {
 		}
 		return succeed(stdout, stderr, map[string]any{"code": "outbox_dead_letters", "count": n, "dead_letters": shown})
 	}
-	act, typ, code := st.OutboxDiscardDeadLetter, audit.EventOutboxDiscard, "dead_letter_discarded"
+	act, typ := st.OutboxDiscardDeadLetter, audit.EventOutboxDiscard
 	if sub == "requeue" {
-		act, typ, code = st.OutboxRequeueDeadLetter, audit.EventOutboxRequeue, "dead_letter_requeued"
+		act, typ = st.OutboxRequeueDeadLetter, audit.EventOutboxRequeue
 	}
 	d, err := act(ctx, *messageID)
 	// The event is written even when the command's deadline has passed (an
@@ -133,9 +133,9 @@ func runOutbox(args []string, stdout, stderr io.Writer) int {
 	}
 	if err := writeOutboxEvent(actx, sink, typ, d, *messageID, *reason, nil); err != nil {
 		return fail(stderr, lease.Errorf(lease.CodeBackendUnavailable,
-			"the dead letter was %s but its audit event was not written: %v", strings.TrimPrefix(code, "dead_letter_"), err), "")
+			"the dead letter was %s but its audit event was not written: %v", outboxVerb(typ), err), "")
 	}
-	return succeed(stdout, stderr, map[string]any{"code": code, "dead_letter": viewDeadLetter(d, false)})
+	return succeed(stdout, stderr, map[string]any{"code": "dead_letter_" + outboxVerb(typ), "dead_letter": viewDeadLetter(d, false)})
 }
 
 // openOutbox opens the store f names and, to record an operator's change,
@@ -201,16 +201,22 @@ func openOutbox(ctx context.Context, f backendFlags, dataDir string, log *slog.L
 	return admin, sink, closeAll, nil
 }
 
+// outboxVerb is what an outbox event's change did to the dead letter, as
+// its audit reason and the command's result code say it.
+func outboxVerb(typ audit.EventType) string {
+	if typ == audit.EventOutboxDiscard {
+		return "discarded"
+	}
+	return "requeued"
+}
+
 // writeOutboxEvent records an operator's requeue or discard of dead letter
 // id: allowed with the dead letter's scope, lease and token, or denied
 // with the refusal's code.
 func writeOutboxEvent(ctx context.Context, sink audit.Sink, typ audit.EventType, d lease.DeadLetter, id, reason string, refused *lease.Error) error {
 	e := audit.NewEvent(typ, time.Now())
 	e.PrincipalID, e.Decision = operatorPrincipal, audit.DecisionAllow
-	what := "requeued"
-	if typ == audit.EventOutboxDiscard {
-		what = "discarded"
-	}
+	what := outboxVerb(typ)
 	detail := fmt.Sprintf("dead letter %s %s: %s", id, what, reason)
 	switch {
 	case refused != nil && refused.Code == lease.CodeOutcomeUnknown:
