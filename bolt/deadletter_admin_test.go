@@ -1,6 +1,7 @@
 package bolt
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -224,5 +225,39 @@ func TestRequeueRefusesAnEntryTheRelayWouldRefuse(t *testing.T) {
 	}
 	if d, err := s.OutboxDiscardDeadLetter(ctx, entry.MessageID); err != nil || d.Entry.LockKey != bad.LockKey {
 		t.Fatalf("discard: %+v, %v", d, err)
+	}
+}
+
+// TestDeadLetterNamingTwoIDsIsDamaged: a value whose start names one
+// message id but which decodes to another (a second message_id member) is
+// damaged, named by the first; it is never requeued as the other's.
+func TestDeadLetterNamingTwoIDsIsDamaged(t *testing.T) {
+	ctx := context.Background()
+	s, entry := deadLetterStore(t)
+	if err := s.OutboxDeadLetter(ctx, entry.MessageID, "poison"); err != nil {
+		t.Fatal(err)
+	}
+	other := entry
+	other.MessageID = "msg_other"
+	b, err := json.Marshal(lease.DeadLetter{Entry: other, Reason: "poison", DeadAt: entry.AcceptedAt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := bytes.Replace(b, []byte(`{"entry":{"message_id":"msg_other"`), []byte(`{"entry":{"message_id":"`+entry.MessageID+`","message_id":"msg_other"`), 1)
+	if err := s.db.Update(func(tx *bbolt.Tx) error { return tx.Bucket(bucketOutboxDead).Put(u64(1), raw) }); err != nil {
+		t.Fatal(err)
+	}
+	listed, err := s.OutboxDeadLetters(ctx, 0)
+	if err != nil || len(listed) != 1 || listed[0].Entry.MessageID != entry.MessageID || listed[0].Damaged != lease.DeadLetterCorrupt {
+		t.Fatalf("listed %+v, %v", listed, err)
+	}
+	if _, err := s.OutboxRequeueDeadLetter(ctx, "msg_other"); lease.AsError(err).Code != lease.CodeNotFound {
+		t.Fatalf("requeue by the decoded id: %v", err)
+	}
+	if _, err := s.OutboxRequeueDeadLetter(ctx, entry.MessageID); lease.AsError(err).Code != lease.CodeCorrupt {
+		t.Fatalf("requeue by the id at its start: %v", err)
+	}
+	if p, err := s.OutboxPending(ctx, 10); err != nil || len(p) != 0 {
+		t.Fatalf("pending %+v, %v", p, err)
 	}
 }

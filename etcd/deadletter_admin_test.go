@@ -697,3 +697,49 @@ func TestDeadLetterMetaDamageOverwritesNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestDeadLetterNamingTwoIDsIsDamaged (from a review of the shared
+// decoder): a value whose start names one message id (A) but which
+// decodes to another (B, a second message_id member) is damaged and
+// named A, as the scan reads it in place: the listing and the scan agree,
+// a discard of B finds nothing, and a requeue of A is refused instead of
+// moving B's entry (and replacing B's pending one).
+func TestDeadLetterNamingTwoIDsIsDamaged(t *testing.T) {
+	s := dlStore(t, testenv.StartEtcdCluster(t, 1))
+	a := dlSetAside(t, s, "tenant-rr-a", "poison")
+	b := scopePublish(t, s, "tenant-rr-b")
+	pend, err := s.OutboxPending(bg, 0)
+	if err != nil || len(pend) != 1 || pend[0].MessageID != b {
+		t.Fatalf("pending %+v, %v", pend, err)
+	}
+	v, err := json.Marshal(lease.DeadLetter{Entry: pend[0], Reason: "poison", DeadAt: pend[0].AcceptedAt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := strings.Replace(string(v), `{"entry":{"message_id":"`+b+`"`, `{"entry":{"message_id":"`+a+`","message_id":"`+b+`"`, 1)
+	keys, _ := dlKeys(t, s)
+	if len(keys) != 1 {
+		t.Fatalf("dead letters %q", keys)
+	}
+	if _, err := s.cli.Put(bg, keys[0], raw); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := dlListed(t, s), fmt.Sprintf("%q()corrupt", a); got != want {
+		t.Fatalf("listed %s; want %s", got, want)
+	}
+	before := keysOf(t, s)
+	_, err = s.OutboxDiscardDeadLetter(bg, b)
+	mustCode(t, "discard by the decoded id", err, lease.CodeNotFound)
+	_, err = s.OutboxRequeueDeadLetter(bg, a)
+	mustCode(t, "requeue by the id at its start", err, lease.CodeCorrupt)
+	if after := keysOf(t, s); !maps.Equal(before, after) {
+		t.Fatalf("a refusal changed the prefix:\nbefore %q\nafter  %q", before, after)
+	}
+	d, err := s.OutboxDiscardDeadLetter(bg, a)
+	if err != nil || d.Entry.MessageID != a || d.Damaged != lease.DeadLetterCorrupt {
+		t.Fatalf("discard: %+v, %v", d, err)
+	}
+	if got := dlState(t, s); got != fmt.Sprintf("pending [%s] usage (1, %d) dead [] count 0", b, pend[0].Message.Size()) {
+		t.Fatalf("after the discard: %s", got)
+	}
+}

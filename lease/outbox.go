@@ -188,16 +188,19 @@ func CheckRequeue(d DeadLetter) error {
 }
 
 // DecodeDeadLetter decodes a dead letter stored as json.Marshal writes a
-// DeadLetter. One that does not decode or names no valid message id is
-// returned Damaged, named by the message id at its start (DeadLetterID),
-// else DamagedDeadLetterID(unnamed), unnamed being the backend's key for
-// it.
+// DeadLetter. One that does not decode, names no valid message id, or
+// decodes to another id than the one at its start (a second message_id
+// member, which json.Marshal never writes: a scan that reads the id in
+// place must name it as the listing does) is returned Damaged, named by
+// the message id at its start (DeadLetterID), else
+// DamagedDeadLetterID(unnamed), unnamed being the backend's key for it.
 func DecodeDeadLetter(raw []byte, unnamed string) DeadLetter {
 	var d DeadLetter
-	if json.Unmarshal(raw, &d) == nil && d.Damaged == "" && CheckOpaqueID("message_id", d.Entry.MessageID) == nil {
+	id, ok := DeadLetterID(raw)
+	if json.Unmarshal(raw, &d) == nil && d.Damaged == "" && CheckOpaqueID("message_id", d.Entry.MessageID) == nil &&
+		(!ok || id == d.Entry.MessageID) {
 		return d
 	}
-	id, ok := DeadLetterID(raw)
 	if !ok {
 		id = DamagedDeadLetterID(unnamed)
 	}
