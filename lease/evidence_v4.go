@@ -66,40 +66,44 @@ const (
 // at e's backend time) into exactly e's version 1 encoding; ok is false
 // otherwise, and the caller stores another version.
 func LeanEvidence(e *IdempotencyRecord) (b []byte, ok bool) {
-	r := e.Lease
-	if r == nil || !isSHA256Hex(e.Digest) {
+	if !leanShaped(e) {
 		return nil, false
-	}
-	var letter byte
-	switch e.Op {
-	case OpAcquire:
-		letter = ev4Acquire[0]
-	case OpRelease:
-		letter = ev4Release[0]
-	default:
-		return nil, false
-	}
-	// The rebuild from r itself differs from e only in what version 4
-	// derives (its code among them): e rebuilds exactly when those facts
-	// are e's. Checked on the struct, so the commit encodes version 1 once
-	// (for the check), not twice.
-	derived, ok := leanFactsOf(e.Op, r.TTLMs, r, e.BackendTime)
-	if !ok || !derived.are(e) || !leanNumber(r.FencingToken) || r.TTLMs < 0 || !leanNumber(uint64(r.TTLMs)) {
-		return nil, false // (a number a reader would refuse)
 	}
 	check, ok := leanCheckOf(e)
 	if !ok {
 		return nil, false
 	}
-	v := make([]byte, 0, len(EvidenceLeanPrefix)+2+43+1+leanCheckChars+1+16+1+16)
-	v = append(append(append(v, EvidenceLeanPrefix...), letter), '\n')
-	v = append(appendLeanDigest(v, e.Digest), '\n') // lower-case hex, checked above
-	v = append(append(v, check...), '\n')
-	v = strconv.AppendUint(v, r.FencingToken, 10)
-	if e.Op == OpAcquire {
-		v = strconv.AppendInt(append(v, '\n'), r.TTLMs, 10)
+	return appendLeanShaped(make([]byte, 0, len(EvidenceLeanPrefix)+2+43+1+leanCheckChars+1+16+1+16), EvidenceLeanPrefix, e, check), true
+}
+
+// leanShaped reports whether e can be stored in version 4's shape: the
+// rebuild from its own record differs from e only in what that shape
+// derives (its code among them), so e rebuilds exactly when those facts
+// are e's. Checked on the struct, so that a commit encodes version 1
+// once (for version 4's check), not twice.
+func leanShaped(e *IdempotencyRecord) bool {
+	r := e.Lease
+	if r == nil || !isSHA256Hex(e.Digest) || opLetter(e.Op) == "" {
+		return false
 	}
-	return v, true
+	derived, ok := leanFactsOf(e.Op, r.TTLMs, r, e.BackendTime)
+	// (A number a reader would refuse, too.)
+	return ok && derived.are(e) && leanNumber(r.FencingToken) && r.TTLMs >= 0 && leanNumber(uint64(r.TTLMs))
+}
+
+// appendLeanShaped appends e in version 4's shape to v: prefix, the
+// operation's letter, the digest in base64url, named (version 4's check,
+// version 5's lease id), the token and an acquisition's TTL. e must be
+// leanShaped.
+func appendLeanShaped(v []byte, prefix string, e *IdempotencyRecord, named string) []byte {
+	v = append(append(append(v, prefix...), opLetter(e.Op)...), '\n')
+	v = append(appendLeanDigest(v, e.Digest), '\n') // lower-case hex, checked by leanShaped
+	v = append(append(v, named...), '\n')
+	v = strconv.AppendUint(v, e.Lease.FencingToken, 10)
+	if e.Op == OpAcquire {
+		v = strconv.AppendInt(append(v, '\n'), e.Lease.TTLMs, 10)
+	}
+	return v
 }
 
 // leanNumber reports a number version 4 spells in at most 16 digits, as a
@@ -143,11 +147,21 @@ func LeanEvidenceToken(raw string) (op Op, token uint64, ok bool) {
 // only) a TTL in canonical decimal; a missing or extra line fails, as the
 // last number then holds a newline.
 func leanLines(raw string) (f [ev4Lines]string, ok bool) {
-	if !strings.HasPrefix(raw, EvidenceLeanPrefix) {
+	return leanShapedLines(raw, EvidenceLeanPrefix, func(check string) bool {
+		c, err := base64.RawURLEncoding.Strict().DecodeString(check)
+		return err == nil && len(c) == leanCheckBytes && len(check) == leanCheckChars
+	})
+}
+
+// leanShapedLines splits evidence of version 4's shape (version 4 itself,
+// or version 5, which has the lease id on the check's line) strictly, as
+// leanLines describes, with prefix and the check's line tested by named.
+func leanShapedLines(raw, prefix string, named func(string) bool) (f [ev4Lines]string, ok bool) {
+	if !strings.HasPrefix(raw, prefix) {
 		return f, false
 	}
 	n := ev4Lines
-	if strings.HasPrefix(raw[len(EvidenceLeanPrefix):], ev4Release+"\n") {
+	if strings.HasPrefix(raw[len(prefix):], ev4Release+"\n") {
 		n = ev4TTL
 	}
 	if !splitLines(raw, f[:n]) || opOfLetter(f[ev4Op]) == "" || !digits(f[ev4Token]) || (n == ev4Lines && !digits(f[ev4TTL])) {
@@ -156,10 +170,7 @@ func leanLines(raw string) (f [ev4Lines]string, ok bool) {
 	if _, ok := leanDigest(f[ev4Digest]); !ok {
 		return f, false
 	}
-	if c, err := base64.RawURLEncoding.Strict().DecodeString(f[ev4Check]); err != nil || len(c) != leanCheckBytes || len(f[ev4Check]) != leanCheckChars {
-		return f, false
-	}
-	return f, true
+	return f, named(f[ev4Check])
 }
 
 // leanCheck is version 4's check of v1, the version 1 bytes it stands
@@ -174,6 +185,18 @@ const (
 	leanCheckBytes = 9
 	leanCheckChars = 12
 )
+
+// opLetter is opOfLetter's inverse: "" for an operation version 4's shape
+// does not store.
+func opLetter(op Op) string {
+	switch op {
+	case OpAcquire:
+		return ev4Acquire
+	case OpRelease:
+		return ev4Release
+	}
+	return ""
+}
 
 func opOfLetter(l string) Op {
 	switch l {
@@ -230,28 +253,43 @@ func ExpandLeanEvidence(raw string, rec *Record, endedAt Timestamp) (string, boo
 // leanRebuilt is LeanReferredEvidence with the version 1 bytes it encodes.
 func leanRebuilt(raw string, rec *Record, endedAt Timestamp) (*IdempotencyRecord, string, bool) {
 	f, ok := leanLines(raw)
-	if !ok || rec == nil {
+	if !ok {
 		return nil, "", false
+	}
+	e, b, ok := leanShapedRebuilt(f, rec, endedAt)
+	if !ok || leanCheck(b) != f[ev4Check] {
+		return nil, "", false
+	}
+	return e, string(b), true
+}
+
+// leanShapedRebuilt rebuilds evidence of version 4's shape, split into f,
+// with rec (its token must be f's) and endedAt, and encodes it: what
+// version 4 and version 5 derive alike. Their own line (the check, the
+// lease id) is the caller's to compare.
+func leanShapedRebuilt(f [ev4Lines]string, rec *Record, endedAt Timestamp) (*IdempotencyRecord, []byte, bool) {
+	if rec == nil {
+		return nil, nil, false
 	}
 	token, _ := strconv.ParseUint(f[ev4Token], 10, 64)
 	digest, _ := leanDigest(f[ev4Digest])
 	if rec.FencingToken != token {
-		return nil, "", false
+		return nil, nil, false
 	}
 	op := opOfLetter(f[ev4Op])
 	ttl, _ := strconv.ParseInt(f[ev4TTL], 10, 64) // 0 for a release, which has none
 	derived, ok := leanFactsOf(op, ttl, rec, endedAt)
 	if !ok {
-		return nil, "", false
+		return nil, nil, false
 	}
 	e := &IdempotencyRecord{Version: IdempotencyVersion, Op: op, Digest: digest, Code: derived.code,
 		Lease: rec.Clone(), BackendTime: derived.backendTime}
 	e.Lease.RenewedAt, e.Lease.ExpiresAt, e.Lease.TTLMs, e.Lease.State = derived.renewedAt, derived.expiresAt, derived.ttlMs, derived.state
 	b, err := e.Encode()
-	if err != nil || leanCheck(b) != f[ev4Check] {
-		return nil, "", false
+	if err != nil {
+		return nil, nil, false
 	}
-	return e, string(b), true
+	return e, b, true
 }
 
 // DetachedLeanEvidence returns version 4 evidence raw in version 2 (the

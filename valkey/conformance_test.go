@@ -64,6 +64,20 @@ func TestConformanceLeanRecords(t *testing.T) {
 	})
 }
 
+// TestConformanceLeanEvidence runs the suite on namespaces switched to
+// format 7: format 6's, evidence by reference in version 5.
+func TestConformanceLeanEvidence(t *testing.T) {
+	r, pw := aclServer(t)
+	leasetest.Run(t, func(t *testing.T) leasetest.Backend {
+		s := open(t, r, Options{Username: "starlease", PasswordFile: pw, KeyPrefix: "starlease:" + randomPrefix(),
+			StoreOptions: leasetest.StoreOptions(), LeanEvidence: true})
+		if s.writeFormat() != "lean_evidence" {
+			t.Fatal("the namespace is not in format 7")
+		}
+		return leasetest.Backend{Store: s, Faults: faults{s}}
+	})
+}
+
 // TestConformanceEagerDetach runs the suite on format 6 namespaces whose
 // stores detach eagerly (Options.EagerDetach).
 func TestConformanceEagerDetach(t *testing.T) {

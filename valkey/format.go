@@ -43,13 +43,19 @@ import (
 //	        times that acquire and renew derive left out; about 60 bytes
 //	        less per active lease (EnableLeanRecords;
 //	        `--valkey-lean-records`)
+//	"7"     that, but evidence by reference in version 5
+//	        (lease.LeanIDEvidence): version 3 without what the history
+//	        entry it names derives (its code, backend time, expires_at,
+//	        and a release's ttl_ms), the digest in base64url; about 150
+//	        bytes less per ended lease (EnableLeanEvidence;
+//	        `--valkey-lean-evidence`)
 //
 // It is one way (raise_format in library.lua never lowers it; an instance
 // of an older build would answer the later data as corrupt). Every build
 // reads every version it knows.
 //
 // Options.EagerDetach is not a format but a choice of each instance in
-// format 5 or 6: an ending whose push drops an entry that ended within the
+// format 5, 6 or 7: an ending whose push drops an entry that ended within the
 // idempotency retention writes format 4's forms (evidence and history
 // version 2), which every build since format 3 reads, instead of writing
 // by reference what the next trims would rewrite.
@@ -59,21 +65,26 @@ const (
 	embeddedEvidence  = "4"
 	referringEvidence = "5"
 	leanRecords       = "6"
+	leanEvidence      = "7"
 )
 
 // formatLevels orders the switch's values (library.lua's FORMAT_LEVEL):
 // each format writes what the one below it does, and more.
-var formatLevels = map[string]int32{compactFormat: 2, compactRecords: 3, embeddedEvidence: 4, referringEvidence: 5, leanRecords: 6}
+var formatLevels = map[string]int32{compactFormat: 2, compactRecords: 3, embeddedEvidence: 4, referringEvidence: 5, leanRecords: 6, leanEvidence: 7}
 
 // writes reports whether the store writes format f's forms: its
 // namespace's switch, as last read, is f or a later format.
 func (s *Store) writes(f string) bool { return s.format.Load() >= formatLevels[f] }
 
 // writeFormat is the last ARGV of each call that keeps evidence, history
-// or an active record (library.lua's context), with "+eager" in format 5
-// or 6 for a store that detaches eagerly (Options.EagerDetach).
+// or an active record (library.lua's context), with "+eager" in format 5,
+// 6 or 7 for a store that detaches eagerly (Options.EagerDetach).
 func (s *Store) writeFormat() string {
 	switch {
+	case s.writes(leanEvidence) && s.eagerDetach:
+		return "lean_evidence+eager"
+	case s.writes(leanEvidence):
+		return "lean_evidence"
 	case s.writes(leanRecords) && s.eagerDetach:
 		return "lean_records+eager"
 	case s.writes(leanRecords):
@@ -163,6 +174,16 @@ func (s *Store) EnableLeanRecords(ctx context.Context) error {
 	return s.raiseFormat(ctx, leanRecords)
 }
 
+// EnableLeanEvidence switches the namespace to format 7: format 6's, but
+// evidence by reference is stored in version 5 (lease.LeanIDEvidence).
+// Only once every instance sharing the namespace runs a build that reads
+// evidence version 5 (this one or a later one); older builds answer a
+// replay of such evidence as corrupt. Rolling back: README,
+// "--valkey-lean-evidence".
+func (s *Store) EnableLeanEvidence(ctx context.Context) error {
+	return s.raiseFormat(ctx, leanEvidence)
+}
+
 // errFormatClosed is raiseFormat's answer on a closed namespace, which
 // changes nothing until it reopens.
 var errFormatClosed = lease.Errorf(lease.CodeBackendUnavailable, "the namespace is closed; its stored-format switch is left as it is")
@@ -190,7 +211,7 @@ func (s *Store) raiseFormat(ctx context.Context, want string) error {
 
 // raiseWanted raises the switch to the format the store's options ask for
 // (Options.CompactFormat, CompactRecords, EmbeddedEvidence,
-// ReferringEvidence, LeanRecords), if the namespace is below it.
+// ReferringEvidence, LeanRecords, LeanEvidence), if the namespace is below it.
 // It runs at Open and at every reaper pass, so a namespace that was
 // closed when the store opened is switched once it reopens.
 func (s *Store) raiseWanted(ctx context.Context) error {

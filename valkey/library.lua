@@ -863,7 +863,7 @@ local function expiry_member(r, tag) return tag .. '\0' .. r.lease_id .. '\0' ..
 --   namespace gate; operation-specific keys follow.
 local function context(keys, args)
   local format, eager = args[#args], false
-  -- '+eager' after format 5 or 6: the instance detaches eagerly (see
+  -- '+eager' after format 5, 6 or 7: the instance detaches eagerly (see
   -- refers_at).
   if string.find(format, '+eager', 1, true) then format, eager = string.sub(format, 1, -7), true end
   return {
@@ -877,22 +877,26 @@ local function context(keys, args)
     -- once the namespace has been switched to it, else version 1, which
     -- instances of older builds still sharing the namespace can read.
     compact = format == 'compact' or format == 'compact_records' or format == 'embedded_evidence'
-      or format == 'referring_evidence' or format == 'lean_records',
+      or format == 'referring_evidence' or format == 'lean_records' or format == 'lean_evidence',
     -- 'compact_records' (namespace format 3) also stores active records
     -- in version 2 (encode_rv2); every build since reads both.
     -- 'embedded_evidence' (format 4) stores them in version 3 with the
     -- acquisition's evidence (encode_rv3): no evidence key is written
     -- while a lease is active.
     rv2 = format == 'compact_records' or format == 'embedded_evidence' or format == 'referring_evidence'
-      or format == 'lean_records',
-    rv3 = format == 'embedded_evidence' or format == 'referring_evidence' or format == 'lean_records',
+      or format == 'lean_records' or format == 'lean_evidence',
+    rv3 = format == 'embedded_evidence' or format == 'referring_evidence' or format == 'lean_records'
+      or format == 'lean_evidence',
     -- 'referring_evidence' (format 5) also writes an ending's evidence of
     -- its acquisition and a release's own in version 3, by reference to
     -- the history entry (see refers).
-    refs = format == 'referring_evidence' or format == 'lean_records',
+    refs = format == 'referring_evidence' or format == 'lean_records' or format == 'lean_evidence',
     -- 'lean_records' (format 6) stores a record carrying its acquisition's
     -- evidence in version 4 (encode_rv4) instead of 3.
-    rv4 = format == 'lean_records',
+    rv4 = format == 'lean_records' or format == 'lean_evidence',
+    -- 'lean_evidence' (format 7) writes evidence by reference in version 5
+    -- (encode_ev5) instead of 3.
+    ev5 = format == 'lean_evidence',
     eager = eager,
   }
 end
@@ -960,6 +964,24 @@ local function encode_ev3(op, digest, code, at, r, expires, ttl)
     .. '\n' .. int(r.fencing_token) .. '\n' .. int(expires) .. '\n' .. int(ttl)
 end
 
+-- encode_ev5 is evidence version 5 (lease.LeanIDEvidence's bytes) of op,
+-- 'acquire' or 'release', with digest (lowercase hex): the operation's
+-- letter, the digest in base64url, the lease id and fencing token that
+-- name lease r's history entry, and an acquisition's ttl_ms as granted.
+-- The Go side derives the rest from the entry (its acquired_at, maximum
+-- lifetime, ended_at and record), so a writer stores it only where that
+-- derivation is exact: an acquisition's evidence of the lease as granted
+-- (write_out), a release's at the end its entry records (remember). nil
+-- for a digest hex_b64 refuses: the caller writes version 3.
+local EV5_LETTERS = { acquire = 'a', release = 'r' }
+local function encode_ev5(op, digest, r, ttl)
+  local d = hex_b64(digest)
+  if not d then return nil end
+  local ev = 'ev5\n' .. EV5_LETTERS[op] .. '\n' .. d .. '\n' .. r.lease_id .. '\n' .. int(r.fencing_token)
+  if op == 'acquire' then ev = ev .. '\n' .. int(ttl) end
+  return ev
+end
+
 -- is_scope reports an idempotency scope as stored: 43 base64url
 -- characters (lease.IdempotencyScope's).
 local function is_scope(v) return type(v) == 'string' and #v == 43 and string.find(v, '^[%w_%-]+$') ~= nil end
@@ -988,7 +1010,10 @@ local function write_out(c, r, refs)
   local expires = r.acquired_at + math.min(ttl, r.maximum_lifetime_ms)
   local ev
   if refs then
-    ev = encode_ev3('acquire', r.idem_digest, 'lease_acquired', r.acquired_at, r, expires, ttl)
+    -- Version 5 derives expires as computed here (lease.LeaseExpiry at
+    -- acquired_at) and the backend time as acquired_at.
+    ev = c.ev5 and encode_ev5('acquire', r.idem_digest, r, ttl)
+      or encode_ev3('acquire', r.idem_digest, 'lease_acquired', r.acquired_at, r, expires, ttl)
   else
     ev = encode_ev2('acquire', r.idem_digest, 'lease_acquired', r.acquired_at, c.tag, r, r.acquired_at, expires, ttl, 'active')
   end
@@ -1033,10 +1058,35 @@ local REF_CODES = { acquire = 'lease_acquired', release = 'lease_released' }
 -- 16 digits (every number evidence holds is below 2^53).
 local function canonical(v) return #v <= 16 and (v == '0' or string.find(v, '^[1-9]%d*$') ~= nil) end
 
--- detach rewrites in version 2 the evidence of version 3 that refers to
--- entry, a history entry of version 4 about to be dropped (version 2's
+-- referring_fields are the lines of evidence ev by reference as version 3
+-- spells them (operation, digest in hex, code, backend ms, lease id,
+-- token, expires ms, ttl ms): version 3's own, or version 5's with what
+-- it derives (lease.ExpandLeanIDEvidence) from r, its history entry's
+-- record, and ended, the entry's end as stored: an acquisition's backend
+-- time its acquired_at and expires its granted ttl's (write_out), a
+-- release's backend time ended and expires and ttl r's. nil for any other
+-- value, and for version 5 whose digest or ttl is not spelled as written.
+local function referring_fields(ev, r, ended)
+  if string.sub(ev, 1, 4) == 'ev3\n' then
+    return string.match(ev, '^ev3\n(%l+)\n(%x+)\n([%l_]+)\n(%d+)\n([^\n]+)\n(%d+)\n(%d+)\n(%d+)$')
+  end
+  local d, id, token, ttl = string.match(ev, '^ev5\na\n([%w_%-]+)\n([^\n]+)\n(%d+)\n(%d+)$')
+  if d then
+    local digest = b64_hex(d)
+    if not digest or not canonical(ttl) then return nil end
+    return 'acquire', digest, 'lease_acquired', int(r.acquired_at), id, token,
+      int(r.acquired_at + math.min(tonumber(ttl), r.maximum_lifetime_ms)), ttl
+  end
+  d, id, token = string.match(ev, '^ev5\nr\n([%w_%-]+)\n([^\n]+)\n(%d+)$')
+  local digest = d and b64_hex(d)
+  if not digest or not ended then return nil end
+  return 'release', digest, 'lease_released', ended, id, token, int(r.expires_at), int(r.ttl_ms)
+end
+
+-- detach rewrites in version 2 the evidence of version 3 or 5 that refers
+-- to entry, a history entry of version 4 about to be dropped (version 2's
 -- lines without the hash tag, which c's keys hold): under each
--- scope it names, evidence of version 3 of the scope's operation that
+-- scope it names, evidence by reference of the scope's operation that
 -- names the entry's lease id and token becomes what remember or write_out
 -- would have written in format 4 (lease.DetachedEvidence's splice), with
 -- its TTL kept. The entry's record is read strictly (decode_rv2, under
@@ -1054,20 +1104,21 @@ local function detach(c, entry)
   for op, scope in pairs({ acquire = acq_scope, release = rel_scope }) do
     local k = is_scope(scope) and idem_key(c, scope)
     local ev = k and get(k)
-    if ev and string.sub(ev, 1, 4) == 'ev3\n' then found[op], any = { k, ev }, true end
+    local v = ev and string.sub(ev, 1, 4)
+    if v == 'ev3\n' or v == 'ev5\n' then found[op], any = { k, ev }, true end
   end
   if not any then return end
-  local rec_at = string.match(entry, '^%d+\n[^\n]*\n[^\n]*\n[^\n]*\n[^\n]*\n()', at)
+  local ended, rec_at = string.match(entry, '^(%d+)\n[^\n]*\n[^\n]*\n[^\n]*\n[^\n]*\n()', at)
   if not rec_at then return end
   local r = decode_rv2('rv2\n' .. c.tag .. '\n' .. string.sub(entry, rec_at), c.lock_key)
   if not r then return end
   for op, kev in pairs(found) do
     local k, ev = kev[1], kev[2]
-    local e_op, digest, code, backend, id, token, expires, ttl = string.match(ev,
-      '^ev3\n(%l+)\n(%x+)\n([%l_]+)\n(%d+)\n([^\n]+)\n(%d+)\n(%d+)\n(%d+)$')
-    -- Only evidence exactly as encode_ev3 writes it (canonical numbers, a
-    -- lowercase digest, the operation's code): damage is left for its
-    -- reader to refuse, never rewritten into evidence that reads.
+    local e_op, digest, code, backend, id, token, expires, ttl = referring_fields(ev, r, ended)
+    -- Only evidence exactly as encode_ev3 or encode_ev5 writes it
+    -- (canonical numbers, a lowercase digest, the operation's code): damage
+    -- is left for its reader to refuse, never rewritten into evidence that
+    -- reads.
     if e_op == op and code == REF_CODES[op] and #digest == 64 and not string.find(digest, '%u')
         and id == r.lease_id and canonical(token) and tonumber(token) == r.fencing_token
         and canonical(backend) and canonical(expires) and canonical(ttl) then
@@ -1199,7 +1250,9 @@ local function remember(c, now, op, digest, code, r, state, raw, by_reference)
   end
   local ev
   if by_reference then
-    ev = encode_ev3(op, digest, code, now, r, r.expires_at, r.ttl_ms)
+    -- A release's (finish): its entry ended at now with r's expires_at
+    -- and ttl_ms, what version 5 derives.
+    ev = c.ev5 and encode_ev5(op, digest, r) or encode_ev3(op, digest, code, now, r, r.expires_at, r.ttl_ms)
   else
     ev = encode_ev2(op, digest, code, now, c.tag, r, r.renewed_at, r.expires_at, r.ttl_ms, state or r.state)
   end
@@ -1209,6 +1262,11 @@ end
 -- evidence_lease_id is the lease id stored evidence names (either
 -- version), or nil.
 local function evidence_lease_id(ev)
+  if string.sub(ev, 1, 4) == 'ev5\n' then
+    local id = string.match(ev, '^ev5\n[ar]\n[^\n]*\n([^\n]*)\n')
+    if is_id(id) then return id end
+    return nil
+  end
   if string.sub(ev, 1, 4) == 'ev3\n' then
     local id = string.match(ev, '^ev3\n[^\n]*\n[^\n]*\n[^\n]*\n[^\n]*\n([^\n]*)\n')
     if is_id(id) then return id end
@@ -1984,7 +2042,7 @@ local function clock() return { 'ok', int(now_ms()) } end
 -- an earlier format's option never takes a namespace back. A value it
 -- does not know (a later build's, or damage) is left as it is: 'unknown'.
 -- A closed namespace (KEYS 2, the gate) changes nothing: 'closed'.
-local FORMAT_LEVEL = { ['2'] = 2, ['3'] = 3, ['4'] = 4, ['5'] = 5, ['6'] = 6 }
+local FORMAT_LEVEL = { ['2'] = 2, ['3'] = 3, ['4'] = 4, ['5'] = 5, ['6'] = 6, ['7'] = 7 }
 local function raise_format(keys, args)
   local want = FORMAT_LEVEL[args[1]]
   if not want then return redis.error_reply('unknown format') end

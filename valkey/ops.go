@@ -301,22 +301,30 @@ func (s *Store) currentOf(orig *lease.Record, rep reply, id lease.Identity) (*le
 
 // evidenceBytes is the stored evidence of an "evidence" reply read for p,
 // as version 1 bytes: version 1 as it is, version 2 expanded, version 3
-// (format 5: by reference) rebuilt from the history entry of the lease it
-// names among the reply's; its operation and the entry's own scope for
-// it must be p's (evidence copied under another key is never answered). ok is false if
-// it cannot be; strict decoding of the result is the caller's.
+// (format 5: by reference) or 5 (format 7: lean, by reference) rebuilt
+// from the history entry of the lease it names among the reply's; its
+// operation and the entry's own scope for it must be p's (evidence copied
+// under another key is never answered). ok is false if it cannot be;
+// strict decoding of the result is the caller's.
 func evidenceBytes(p lease.Prepared, rep reply) (string, bool) {
 	raw := rep.at(0)
-	leaseID, ok := lease.ReferredLeaseID(raw)
-	if !ok {
-		return lease.ExpandEvidence(raw, p.Identity)
+	op, leaseID, lean := lease.LeanIDLeaseID(raw)
+	if !lean {
+		var ok bool
+		if leaseID, ok = lease.ReferredLeaseID(raw); !ok {
+			return lease.ExpandEvidence(raw, p.Identity)
+		}
+		if !strings.HasPrefix(raw, lease.EvidenceRefPrefix+string(p.Op)+"\n") {
+			return "", false
+		}
+		op = p.Op
 	}
 	h := findHistory(rep.f[min(3, len(rep.f)):], p.LockKey, leaseID)
-	if h == nil || !strings.HasPrefix(raw, lease.EvidenceRefPrefix+string(p.Op)+"\n") {
+	if h == nil || op != p.Op || h.EvidenceScope(p.Op) != p.Scope {
 		return "", false
 	}
-	if h.EvidenceScope(p.Op) != p.Scope {
-		return "", false
+	if lean {
+		return lease.ExpandLeanIDEvidence(raw, h.Record, h.EndedAt)
 	}
 	return lease.ExpandReferringEvidence(raw, h.Record)
 }

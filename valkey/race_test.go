@@ -40,6 +40,17 @@ func TestRaceLeanRecords(t *testing.T) {
 	race.Run(t, s, race.Options{})
 }
 
+// TestRaceLeanEvidence runs it on a namespace in format 7.
+func TestRaceLeanEvidence(t *testing.T) {
+	r, pw := aclServer(t)
+	s := open(t, r, Options{Username: "starlease", PasswordFile: pw, KeyPrefix: "starlease:" + randomPrefix(),
+		StoreOptions: leasetest.StoreOptions(), ReapInterval: 50 * time.Millisecond, LeanEvidence: true})
+	if !s.writes(leanEvidence) {
+		t.Fatal("the namespace is not in format 7")
+	}
+	race.Run(t, s, race.Options{})
+}
+
 // TestRaceEmbeddedEvidence runs it on a namespace in format 4.
 func TestRaceEmbeddedEvidence(t *testing.T) {
 	r, pw := aclServer(t)

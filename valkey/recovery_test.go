@@ -102,6 +102,11 @@ func TestSealAndRecoverLeanRecords(t *testing.T) {
 	sealAndRecover(t, Options{KeyPrefix: randomPrefix(), LeanRecords: true})
 }
 
+// TestSealAndRecoverLeanEvidence runs it on a namespace in format 7.
+func TestSealAndRecoverLeanEvidence(t *testing.T) {
+	sealAndRecover(t, Options{KeyPrefix: randomPrefix(), LeanEvidence: true})
+}
+
 // TestSealAndRecoverEmbeddedEvidence runs it on a namespace in format 4.
 func TestSealAndRecoverEmbeddedEvidence(t *testing.T) {
 	sealAndRecover(t, Options{KeyPrefix: randomPrefix(), EmbeddedEvidence: true})
@@ -177,6 +182,11 @@ func TestBackupRestoreReferringEvidence(t *testing.T) {
 // TestBackupRestoreLeanRecords runs it on a namespace in format 6.
 func TestBackupRestoreLeanRecords(t *testing.T) {
 	backupRestore(t, Options{LeanRecords: true})
+}
+
+// TestBackupRestoreLeanEvidence runs it on a namespace in format 7.
+func TestBackupRestoreLeanEvidence(t *testing.T) {
+	backupRestore(t, Options{LeanEvidence: true})
 }
 
 // TestBackupRestoreEmbeddedEvidence runs it on a namespace in format 4.
