@@ -63,7 +63,9 @@
 //	                        format "5" that and a release's own in version 3, by
 //	                        reference to the lease's history entry (lease.
 //	                        ReferringEvidence), rewritten in version 2 (TTL kept)
-//	                        before the entry is trimmed
+//	                        before the entry is trimmed; in format "7" by
+//	                        reference in version 5 instead (lease.LeanIDEvidence:
+//	                        what the entry derives left out)
 //	ns:{tag}:history        terminal evidence, newest first, capped at HistoryPerIdentity,
 //	                        in the same version as evidence, read in either version,
 //	                        TTL HistoryRetention refreshed on every push; in format
@@ -144,7 +146,8 @@
 //	                        formats of evidence and history, "3" once active records
 //	                        are compact too, "4" once new records carry their
 //	                        acquisition's evidence, "5" once endings keep evidence
-//	                        by reference, "6" once those records are version 4
+//	                        by reference, "6" once those records are version 4,
+//	                        "7" once evidence by reference is version 5
 //	                        (format.go); absent: version 1.
 //	                        Never lowered or unset.
 //
