@@ -1,0 +1,921 @@
+package valkey
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/starintel/starlease/lease"
+	"github.com/starintel/starlease/lease/leasetest"
+)
+
+// Tests of stored format 7 (format.go): format 6, and evidence by
+// reference (an ending's evidence of the lease's acquisition, a release's
+// own) in evidence version 5 (lease.LeanIDEvidence), which readers
+// rebuild from the lease's history entry and the library's detach
+// rewrites in version 2 before that entry is trimmed.
+
+func open7(t *testing.T, o Options) *Store {
+	t.Helper()
+	if o.StoreOptions.HistoryPerIdentity == 0 {
+		o.StoreOptions = leasetest.StoreOptions()
+	}
+	o.LeanEvidence = true
+	s := open(t, sharedServer(t), o)
+	want := "lean_evidence"
+	if o.EagerDetach {
+		want += "+eager"
+	}
+	if !s.writes(leanEvidence) || s.writeFormat() != want || mustGet(t, s, s.keys.format()) != leanEvidence {
+		t.Fatalf("the namespace is not in format 7: %q", s.writeFormat())
+	}
+	return s
+}
+
+// acquire7 acquires req in a format 6 or 7 namespace and checks what is
+// stored: the record in version 4 exactly as Go writes it, no evidence
+// key.
+func acquire7(t *testing.T, s *Store, req lease.AcquireRequest) lease.Result {
+	t.Helper()
+	res, err := s.Acquire(bg, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustLean(t, s, req, res.Lease, res.Lease.TTLMs)
+	if _, ok := get(t, s, evidenceKey(t, s, req)); ok {
+		t.Fatal("an evidence key was written at acquire")
+	}
+	return res
+}
+
+// acqEvidence is the evidence the Go side expects of req's acquisition,
+// first its answer.
+func acqEvidence(t *testing.T, s *Store, req lease.AcquireRequest, first lease.Result) *lease.IdempotencyRecord {
+	t.Helper()
+	_, p, err := lease.PrepareAcquire(req, s.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &lease.IdempotencyRecord{Version: lease.IdempotencyVersion, Op: lease.OpAcquire, Digest: p.Digest, Code: first.Code,
+		Lease: first.Lease, BackendTime: first.BackendTime}
+}
+
+// relEvidence is the evidence the Go side expects of release rel, ended
+// its answer.
+func relEvidence(t *testing.T, s *Store, rel lease.ReleaseRequest, ended lease.Result) *lease.IdempotencyRecord {
+	t.Helper()
+	_, p, err := lease.PrepareRelease(rel, s.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &lease.IdempotencyRecord{Version: lease.IdempotencyVersion, Op: lease.OpRelease, Digest: p.Digest, Code: ended.Code,
+		Lease: ended.Lease, BackendTime: ended.BackendTime}
+}
+
+// v5Of is e in evidence version 5, as Go writes it.
+func v5Of(t *testing.T, e *lease.IdempotencyRecord) string {
+	t.Helper()
+	b, ok := lease.LeanIDEvidence(e)
+	if !ok {
+		t.Fatalf("the expected %s evidence has no version 5: %+v", e.Op, e)
+	}
+	return string(b)
+}
+
+// v3Of is e in evidence version 3, as Go writes it.
+func v3Of(t *testing.T, e *lease.IdempotencyRecord) string {
+	t.Helper()
+	b, ok := lease.ReferringEvidence(e)
+	if !ok {
+		t.Fatalf("the expected %s evidence has no version 3: %+v", e.Op, e)
+	}
+	return string(b)
+}
+
+// v2Of is e in evidence version 2, as Go writes it (what detach and an
+// eager ending store).
+func v2Of(t *testing.T, e *lease.IdempotencyRecord) string {
+	t.Helper()
+	b, err := lease.CompactEvidence(e, e.Lease.Identity())
+	if err != nil || !strings.HasPrefix(string(b), lease.EvidenceV2Prefix) {
+		t.Fatalf("the expected %s evidence in version 2: %.10q %v", e.Op, b, err)
+	}
+	return string(b)
+}
+
+// entryOf is the stored history entry of rec's lease ("" if none).
+func entryOf(t *testing.T, s *Store, rec *lease.Record) string {
+	t.Helper()
+	for _, h := range historyEntries(t, s, rec.LockKey) {
+		if strings.Contains(h, "\n"+rec.LeaseID+"\n") {
+			return h
+		}
+	}
+	return ""
+}
+
+// mustStored checks key holds exactly want.
+func mustStored(t *testing.T, s *Store, key, want, what string) {
+	t.Helper()
+	if got, ok := get(t, s, key); !ok || got != want {
+		t.Fatalf("%s: stored\n %q\nwant\n %q", what, got, want)
+	}
+}
+
+// mustRebuildsInGo checks version 5 evidence raw rebuilds, on the Go
+// side alone, from the stored history entry of e's lease into exactly
+// e's version 1 bytes, which decode strictly.
+func mustRebuildsInGo(t *testing.T, s *Store, raw string, e *lease.IdempotencyRecord) {
+	t.Helper()
+	entry := entryOf(t, s, e.Lease)
+	h, err := lease.DecodeScopedHistory([]byte(entry), e.Lease.LockKey)
+	if err != nil {
+		t.Fatalf("history entry %.40q: %v", entry, err)
+	}
+	got, ok := lease.ExpandLeanIDEvidence(raw, h.Record, h.EndedAt)
+	want, err := e.Encode()
+	if !ok || err != nil || got != string(want) {
+		t.Fatalf("%s evidence rebuilt from its entry:\n%s\nwant\n%s", e.Op, got, want)
+	}
+	if _, err := lease.DecodeIdempotencyRecord([]byte(got)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Every ending writes the acquisition's evidence in version 5, a release
+// its own too, byte for byte as lease.LeanIDEvidence writes the evidence
+// of the first answers (the acquisition's expiring at acquired_at + the
+// idempotency retention), with a history entry of version 4 naming them;
+// replays and lookups answer the first answers byte for byte with the
+// state now, and another digest conflicts.
+func TestFormat7EveryEndingWritesEV5(t *testing.T) {
+	var rel lease.ReleaseRequest // the release ending's request
+	endings := []struct {
+		name    string
+		short   bool
+		want    lease.State
+		release bool
+		end     func(t *testing.T, s *Store, res lease.Result) lease.Result
+	}{
+		{"release", false, lease.StateReleased, true, func(t *testing.T, s *Store, res lease.Result) lease.Result {
+			rel = releaseReq(res.Lease)
+			r, err := s.Release(bg, rel)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}},
+		{"revoke", false, lease.StateRevoked, false, func(t *testing.T, s *Store, res lease.Result) lease.Result {
+			r, err := s.Revoke(bg, adminReq(res.Lease))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}},
+		{"force_release", false, lease.StateReleased, false, func(t *testing.T, s *Store, res lease.Result) lease.Result {
+			r, err := s.ForceRelease(bg, adminReq(res.Lease))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}},
+		{"reaper", true, lease.StateExpired, false, func(t *testing.T, s *Store, res lease.Result) lease.Result {
+			waitExpired(t, s, res.Lease)
+			if err := s.reap(bg); err != nil {
+				t.Fatal(err)
+			}
+			return lease.Result{}
+		}},
+		{"acquire_over_expired", true, lease.StateExpired, false, func(t *testing.T, s *Store, res lease.Result) lease.Result {
+			waitExpired(t, s, res.Lease)
+			acquire7(t, s, acquireReq(res.Lease.Identity()))
+			return lease.Result{}
+		}},
+		// A call that finds its lease expired ends it too (held).
+		{"renew_over_expired", true, lease.StateExpired, false, func(t *testing.T, s *Store, res lease.Result) lease.Result {
+			waitExpired(t, s, res.Lease)
+			_, err := s.Renew(bg, renewReq(res.Lease))
+			mustCode(t, err, lease.CodeLost)
+			return lease.Result{}
+		}},
+		{"release_over_expired", true, lease.StateExpired, false, func(t *testing.T, s *Store, res lease.Result) lease.Result {
+			waitExpired(t, s, res.Lease)
+			_, err := s.Release(bg, releaseReq(res.Lease))
+			mustCode(t, err, lease.CodeLost)
+			return lease.Result{}
+		}},
+		{"commit_over_expired", true, lease.StateExpired, false, func(t *testing.T, s *Store, res lease.Result) lease.Result {
+			waitExpired(t, s, res.Lease)
+			_, err := s.AuthorizeCommit(bg, commitReq(res.Lease))
+			mustCode(t, err, lease.CodeLost)
+			return lease.Result{}
+		}},
+	}
+	for _, e := range endings {
+		for _, eager := range []bool{false, true} {
+			name := e.name
+			if eager {
+				name += "/eager" // below the cap: refers all the same
+			}
+			t.Run(name, func(t *testing.T) {
+				s := open7(t, Options{EagerDetach: eager})
+				req := acquireReq(newIdentity())
+				if e.short {
+					req = shortReq(req.Identity)
+				}
+				first := acquire7(t, s, req)
+				acq := acqEvidence(t, s, req, first)
+				if !e.short {
+					rr := renewReq(first.Lease)
+					rr.TTL = 45 * time.Second
+					renewed, err := s.Renew(bg, rr)
+					if err != nil || renewed.Lease.TTLMs != 45000 {
+						t.Fatalf("renew: %+v %v", renewed.Lease, err)
+					}
+					mustLean(t, s, req, renewed.Lease, first.Lease.TTLMs)
+				}
+				ended := e.end(t, s, first)
+				key := evidenceKey(t, s, req)
+				want := v5Of(t, acq)
+				if !strings.HasPrefix(want, "ev5\na\n") {
+					t.Fatalf("LeanIDEvidence: %q", want)
+				}
+				mustStored(t, s, key, want, "acquisition evidence after the end")
+				if at, want := pexpireTime(t, s, key), first.Lease.AcquiredAt.UnixMilli()+s.opts.IdempotencyRetention.Milliseconds(); at != want {
+					t.Fatalf("evidence PXAT %d, want acquired_at + retention %d", at, want)
+				}
+				entry := entryOf(t, s, first.Lease)
+				_, p, _ := lease.PrepareAcquire(req, s.opts)
+				if !strings.HasPrefix(entry, lease.HistoryScopedPrefix+p.Scope+"\n") {
+					t.Fatalf("history entry: %.60q, want version 4 naming the acquisition's scope", entry)
+				}
+				mustRebuildsInGo(t, s, want, acq)
+				mustReplay(t, s, req, first, e.want)
+				mustStored(t, s, key, want, "acquisition evidence after the replays")
+				if e.release {
+					if ended.Lease.State != lease.StateReleased {
+						t.Fatalf("release answered %+v", ended.Lease)
+					}
+					re := relEvidence(t, s, rel, ended)
+					rwant := v5Of(t, re)
+					if !strings.HasPrefix(rwant, "ev5\nr\n") {
+						t.Fatalf("LeanIDEvidence of the release: %q", rwant)
+					}
+					rk := releaseEvidenceKey(t, s, rel)
+					mustStored(t, s, rk, rwant, "release evidence")
+					if at, min := pexpireTime(t, s, rk), ended.BackendTime.UnixMilli()+s.opts.IdempotencyRetention.Milliseconds(); at < min || at > min+1000 {
+						t.Fatalf("release evidence expires at %d, want the retention after its end %d", at, min)
+					}
+					_, rp, _ := lease.PrepareRelease(rel, s.opts)
+					if !strings.HasPrefix(entry, lease.HistoryScopedPrefix+p.Scope+"\n"+rp.Scope+"\n") {
+						t.Fatalf("history entry: %.150q, want it to name the release's scope", entry)
+					}
+					mustRebuildsInGo(t, s, rwant, re)
+					mustReleaseReplays(t, s, rel, ended)
+					mustStored(t, s, rk, rwant, "release evidence after the replays")
+				}
+			})
+		}
+	}
+}
+
+// A lease whose id does not start with lease.LeaseIDPrefix (acquired in
+// format 5, its record in version 3, which format 6 and 7 keep for it)
+// still ends with version 5 evidence naming its id, as Go writes it.
+func TestFormat7ForeignLeaseID(t *testing.T) {
+	r := sharedServer(t)
+	o := Options{KeyPrefix: randomPrefix(), StoreOptions: leasetest.StoreOptions(), ReferringEvidence: true}
+	a := open(t, r, o)
+	req := acquireReq(newIdentity())
+	res, err := a.Acquire(bg, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := a.keys.active(tagOf(res.Lease.LockKey))
+	foreign := "lzase_" + strings.TrimPrefix(res.Lease.LeaseID, lease.LeaseIDPrefix)
+	raw := strings.Replace(mustGet(t, a, key), "\n"+res.Lease.LeaseID+"\n", "\n"+foreign+"\n", 1)
+	if !strings.HasPrefix(raw, lease.RecordV3Prefix) || !strings.Contains(raw, "\n"+foreign+"\n") {
+		t.Fatalf("setup: %.60q", raw)
+	}
+	if err := a.client.Do(bg, a.client.B().Set().Key(key).Value(raw).Px(time.Hour).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	o.ReferringEvidence, o.LeanEvidence = false, true
+	s := open(t, r, o)
+	if s.writeFormat() != "lean_evidence" {
+		t.Fatalf("write format %q", s.writeFormat())
+	}
+	// The first answer as the foreign record gives it.
+	first := res
+	first.Lease = res.Lease.Clone()
+	first.Lease.LeaseID = foreign
+	mustReplay(t, s, req, first, "")
+	rn := renewReq(first.Lease)
+	rn.TTL = 45 * time.Second
+	if _, err := s.Renew(bg, rn); err != nil {
+		t.Fatal(err)
+	}
+	if v := mustGet(t, s, key); !strings.HasPrefix(v, lease.RecordV3Prefix) {
+		t.Fatalf("renewed in format 7: %.10q", v)
+	}
+	rel := releaseReq(first.Lease)
+	ended, err := s.Release(bg, rel)
+	if err != nil || ended.Lease.LeaseID != foreign {
+		t.Fatalf("release: %+v %v", ended.Lease, err)
+	}
+	want := v5Of(t, acqEvidence(t, s, req, first))
+	if !strings.Contains(want, "\n"+foreign+"\n") {
+		t.Fatalf("setup: %q", want)
+	}
+	mustStored(t, s, evidenceKey(t, s, req), want, "acquisition evidence")
+	mustStored(t, s, releaseEvidenceKey(t, s, rel), v5Of(t, relEvidence(t, s, rel, ended)), "release evidence")
+	mustReplay(t, s, req, first, lease.StateReleased)
+	mustReleaseReplays(t, s, rel, ended)
+}
+
+// v7Life is one lease of an identity in these tests, with the evidence
+// the Go side expects of it.
+type v7Life struct {
+	eagerLife
+	acqEv, relEv *lease.IdempotencyRecord
+	relPX        int64 // the release evidence's PEXPIRETIME as written
+}
+
+// endLife7 is endLife (a release if release, else a revocation) with
+// the expected evidence.
+func endLife7(t *testing.T, s *Store, id lease.Identity, release bool) v7Life {
+	t.Helper()
+	return endRenewed7(t, s, id, release, 0)
+}
+
+// endRenewed7 is endLife7 with a renewal to ttl before the end (none if
+// 0): the lease's record and history entry then hold that ttl, not the
+// acquisition's.
+func endRenewed7(t *testing.T, s *Store, id lease.Identity, release bool, ttl time.Duration) v7Life {
+	t.Helper()
+	l := v7Life{eagerLife: eagerLife{acq: acquireReq(id), state: lease.StateReleased}}
+	var err error
+	if l.first, err = s.Acquire(bg, l.acq); err != nil {
+		t.Fatal(err)
+	}
+	cur := l.first.Lease
+	if ttl > 0 {
+		rn := renewReq(cur)
+		rn.TTL = ttl
+		renewed, err := s.Renew(bg, rn)
+		if err != nil || renewed.Lease.TTLMs != ttl.Milliseconds() {
+			t.Fatalf("renew: %+v %v", renewed.Lease, err)
+		}
+		cur = renewed.Lease
+	}
+	if release {
+		l.rel = releaseReq(cur)
+		if l.ended, err = s.Release(bg, l.rel); err != nil {
+			t.Fatal(err)
+		}
+	} else if _, err := s.Revoke(bg, adminReq(cur)); err != nil {
+		t.Fatal(err)
+	} else {
+		l.state = lease.StateRevoked
+	}
+	l.acqEv = acqEvidence(t, s, l.acq, l.first)
+	if release {
+		l.relEv = relEvidence(t, s, l.rel, l.ended)
+		l.relPX = pexpireTime(t, s, releaseEvidenceKey(t, s, l.rel))
+	}
+	return l
+}
+
+// mustForms checks the life's evidence is stored exactly as form
+// ("ev5", "ev3" or "ev2") writes the expected evidence, the
+// acquisition's expiring at acquired_at + the retention and the
+// release's as written.
+func (l v7Life) mustForms(t *testing.T, s *Store, form, where string) {
+	t.Helper()
+	of := map[string]func(*testing.T, *lease.IdempotencyRecord) string{"ev5": v5Of, "ev3": v3Of, "ev2": v2Of}[form]
+	key := evidenceKey(t, s, l.acq)
+	mustStored(t, s, key, of(t, l.acqEv), where+": acquisition evidence in "+form)
+	if at, want := pexpireTime(t, s, key), l.first.Lease.AcquiredAt.UnixMilli()+s.opts.IdempotencyRetention.Milliseconds(); at != want {
+		t.Fatalf("%s: acquisition evidence PXAT %d, want %d (kept)", where, at, want)
+	}
+	if l.relEv != nil {
+		rk := releaseEvidenceKey(t, s, l.rel)
+		mustStored(t, s, rk, of(t, l.relEv), where+": release evidence in "+form)
+		if at := pexpireTime(t, s, rk); at != l.relPX {
+			t.Fatalf("%s: release evidence PXAT %d, want %d as written (kept)", where, at, l.relPX)
+		}
+	}
+}
+
+// An identity whose history is at its cap (2) drops its oldest entry with
+// each ending, lives mixing releases and revocations, some renewed to
+// another ttl before they end: the version 5
+// evidence that refers to it is rewritten first in version 2, byte for
+// byte what Go writes of the same evidence, its TTL kept, and still
+// answers byte for byte; the untrimmed lives' stays version 5. With
+// EagerDetach, an ending that trims a live entry writes version 2 at
+// once, the same bytes detach writes.
+func TestFormat7DetachedOnTrim(t *testing.T) {
+	for _, eager := range []bool{false, true} {
+		t.Run(map[bool]string{false: "refer", true: "eager"}[eager], func(t *testing.T) {
+			so := leasetest.StoreOptions()
+			so.HistoryPerIdentity = 2
+			s := open7(t, Options{StoreOptions: so, EagerDetach: eager})
+			id := newIdentity()
+			var lives []v7Life
+			for i := 0; i < 6; i++ {
+				// Releases and revocations, some renewed to another ttl.
+				l := endRenewed7(t, s, id, i%2 == 0 || i == 5, time.Duration(i%3)*25*time.Second)
+				entry := historyEntries(t, s, l.first.Lease.LockKey)[0]
+				if i < 2 || !eager {
+					l.mustForms(t, s, "ev5", "life "+strconv.Itoa(i)+" just ended")
+					if !strings.HasPrefix(entry, lease.HistoryScopedPrefix) {
+						t.Fatalf("life %d: entry %.10q, want version 4", i, entry)
+					}
+				} else {
+					l.mustForms(t, s, "ev2", "life "+strconv.Itoa(i)+" just ended eagerly")
+					if !strings.HasPrefix(entry, lease.HistoryV2Prefix) {
+						t.Fatalf("life %d: entry %.10q, want version 2", i, entry)
+					}
+				}
+				lives = append(lives, l)
+			}
+			if n := len(historyEntries(t, s, lives[0].first.Lease.LockKey)); n != 2 {
+				t.Fatalf("%d history entries, want the cap 2", n)
+			}
+			for i, l := range lives {
+				trimmed := i < 4
+				form := "ev5"
+				if trimmed || eager {
+					form = "ev2"
+				}
+				l.mustForms(t, s, form, "life "+strconv.Itoa(i))
+				if trimmed {
+					if entryOf(t, s, l.first.Lease) != "" {
+						t.Fatalf("life %d: its entry is still listed", i)
+					}
+				} else if !eager {
+					mustRebuildsInGo(t, s, v5Of(t, l.acqEv), l.acqEv)
+				}
+				state := l.state
+				if trimmed {
+					state = lease.StateExpired // its entry was trimmed (lease.CurrentOf)
+				}
+				l.mustAnswer(t, s, state)
+				l.mustForms(t, s, form, "life "+strconv.Itoa(i)+" after its replays")
+			}
+		})
+	}
+}
+
+// keysSnapshot is every key of a damage test's identity that a replay must
+// leave as it is.
+func keysSnapshot(t *testing.T, s *Store, keys []string, lockKey string) string {
+	t.Helper()
+	var b strings.Builder
+	for _, k := range keys {
+		v, ok := get(t, s, k)
+		b.WriteString(k + "=" + strconv.FormatBool(ok) + ":" + v + "\x00")
+	}
+	b.WriteString(strings.Join(historyEntries(t, s, lockKey), "\x01"))
+	v, ok := get(t, s, s.keys.active(tagOf(lockKey)))
+	b.WriteString("\x00active=" + strconv.FormatBool(ok) + ":" + v)
+	return b.String()
+}
+
+// Damaged version 5 evidence fails closed: corrupt, never a result, for
+// the replay and the lookup, and nothing changes. Its entry then trimmed,
+// the library's detach leaves it as it is (it reads it as the Go reader
+// does: not evidence of that entry), so it still answers no result; the
+// lives' undamaged evidence is detached as usual.
+func TestFormat7DamageFailsClosed(t *testing.T) {
+	type damage struct {
+		release bool // the release's evidence, else the acquisition's
+		// bad is the damaged value from a's and b's evidence as stored.
+		bad func(a, b v7Life, av, rv, bav, brv string) string
+		// other, if set, puts the damaged value under another request's
+		// key instead of a's own.
+		other bool
+	}
+	lines := func(v string) []string { return strings.Split(v, "\n") }
+	with := func(v string, i int, s string) string {
+		l := lines(v)
+		l[i] = s
+		return strings.Join(l, "\n")
+	}
+	stray := func(v string) string { // the digest's last character's low bits set
+		l := lines(v)
+		c := strings.IndexByte(b64URL, l[2][42])
+		l[2] = l[2][:42] + string(b64URL[c&^3|((c+1)&3)])
+		return strings.Join(l, "\n")
+	}
+	damages := map[string]damage{
+		"acquisition, token changed": {false, func(a, b v7Life, av, rv, bav, brv string) string {
+			return with(av, 4, utoa(a.first.Lease.FencingToken+1))
+		}, false},
+		"acquisition, token of b": {false, func(a, b v7Life, av, rv, bav, brv string) string {
+			return with(av, 4, utoa(b.first.Lease.FencingToken))
+		}, false},
+		"acquisition, token with a leading zero": {false, func(a, b v7Life, av, rv, bav, brv string) string {
+			return with(av, 4, "0"+utoa(a.first.Lease.FencingToken))
+		}, false},
+		"acquisition, lease id of b": {false, func(a, b v7Life, av, rv, bav, brv string) string {
+			return with(av, 3, b.first.Lease.LeaseID)
+		}, false},
+		"acquisition, b's evidence": {false, func(a, b v7Life, av, rv, bav, brv string) string { return bav }, false},
+		"acquisition, digest re-spelled": {false, func(a, b v7Life, av, rv, bav, brv string) string {
+			return stray(av)
+		}, false},
+		"acquisition, ttl with a leading zero": {false, func(a, b v7Life, av, rv, bav, brv string) string {
+			return with(av, 5, "0"+lines(av)[5])
+		}, false},
+		"acquisition, a line added": {false, func(a, b v7Life, av, rv, bav, brv string) string { return av + "\n1" }, false},
+		"acquisition, ttl removed":  {false, func(a, b v7Life, av, rv, bav, brv string) string { return strings.Join(lines(av)[:5], "\n") }, false},
+		"acquisition, lease id removed": {false, func(a, b v7Life, av, rv, bav, brv string) string {
+			l := lines(av)
+			return strings.Join(append(l[:3:3], l[4:]...), "\n")
+		}, false},
+		"acquisition, as a release": {false, func(a, b v7Life, av, rv, bav, brv string) string {
+			return strings.Join(lines(with(av, 1, "r"))[:5], "\n")
+		}, false},
+		"acquisition, in CRLF":                     {false, func(a, b v7Life, av, rv, bav, brv string) string { return strings.ReplaceAll(av, "\n", "\r\n") }, false},
+		"acquisition, a trailing space":            {false, func(a, b v7Life, av, rv, bav, brv string) string { return av + " " }, false},
+		"acquisition, the release's":               {false, func(a, b v7Life, av, rv, bav, brv string) string { return rv }, false},
+		"acquisition, under another request's key": {false, func(a, b v7Life, av, rv, bav, brv string) string { return av }, true},
+		"release, token changed": {true, func(a, b v7Life, av, rv, bav, brv string) string {
+			return with(rv, 4, utoa(a.first.Lease.FencingToken+1))
+		}, false},
+		"release, lease id of b": {true, func(a, b v7Life, av, rv, bav, brv string) string { return with(rv, 3, b.first.Lease.LeaseID) }, false},
+		"release, b's evidence":  {true, func(a, b v7Life, av, rv, bav, brv string) string { return brv }, false},
+		"release, digest re-spelled": {true, func(a, b v7Life, av, rv, bav, brv string) string {
+			return stray(rv)
+		}, false},
+		"release, carrying a ttl": {true, func(a, b v7Life, av, rv, bav, brv string) string { return rv + "\n30000" }, false},
+		"release, token removed":  {true, func(a, b v7Life, av, rv, bav, brv string) string { return strings.Join(lines(rv)[:4], "\n") }, false},
+		"release, as an acquisition": {true, func(a, b v7Life, av, rv, bav, brv string) string {
+			return with(rv, 1, "a") + "\n30000"
+		}, false},
+		"release, a trailing CR":               {true, func(a, b v7Life, av, rv, bav, brv string) string { return rv + "\r" }, false},
+		"release, the acquisition's":           {true, func(a, b v7Life, av, rv, bav, brv string) string { return av }, false},
+		"release, under another request's key": {true, func(a, b v7Life, av, rv, bav, brv string) string { return rv }, true},
+	}
+	for name, d := range damages {
+		t.Run(name, func(t *testing.T) {
+			so := leasetest.StoreOptions()
+			so.HistoryPerIdentity = 2
+			s := open7(t, Options{StoreOptions: so})
+			id := newIdentity()
+			a := endRenewed7(t, s, id, true, 45*time.Second)
+			b := endLife7(t, s, id, true)
+			a.mustForms(t, s, "ev5", "a")
+			b.mustForms(t, s, "ev5", "b")
+			av, rv := v5Of(t, a.acqEv), v5Of(t, a.relEv)
+			bav, brv := v5Of(t, b.acqEv), v5Of(t, b.relEv)
+			bad := d.bad(a, b, av, rv, bav, brv)
+			if orig := map[bool]string{false: av, true: rv}[d.release]; bad == orig && !d.other {
+				t.Fatalf("setup: not damaged: %q", bad)
+			}
+			// a's evidence left as it was: both with d.other, else the
+			// one not damaged.
+			acqIntact, relIntact := d.release || d.other, !d.release || d.other
+			// The key it goes under, and the request that reads it.
+			acqReq, relReq := a.acq, a.rel
+			if d.other {
+				acqReq.RequestID, relReq.RequestID = uid("req_"), uid("req_")
+			}
+			key := evidenceKey(t, s, acqReq)
+			if d.release {
+				key = releaseEvidenceKey(t, s, relReq)
+			}
+			if d.other {
+				if err := s.client.Do(bg, s.client.B().Set().Key(key).Value(bad).Px(time.Hour).Build()).Error(); err != nil {
+					t.Fatal(err)
+				}
+			} else if err := s.client.Do(bg, s.client.B().Set().Key(key).Value(bad).Keepttl().Build()).Error(); err != nil {
+				t.Fatal(err)
+			}
+			keys := []string{evidenceKey(t, s, a.acq), releaseEvidenceKey(t, s, a.rel), evidenceKey(t, s, b.acq),
+				releaseEvidenceKey(t, s, b.rel), key}
+			before := keysSnapshot(t, s, keys, a.first.Lease.LockKey)
+			probe := func(when string) {
+				t.Helper()
+				var res lease.Result
+				var err error
+				op := lease.OpAcquire
+				if d.release {
+					op = lease.OpRelease
+					res, err = s.Release(bg, relReq)
+				} else {
+					res, err = s.Acquire(bg, acqReq)
+				}
+				if lease.CodeOf(err) != lease.CodeCorrupt {
+					t.Fatalf("%s: the replay answered %+v %v, want corrupt", when, res, err)
+				}
+				reqID := acqReq.RequestID
+				if d.release {
+					reqID = relReq.RequestID
+				}
+				lr, err := s.LookupRequest(bg, lease.LookupRequest{Op: op, Identity: id, PrincipalID: owner.PrincipalID,
+					RequestID: reqID, DeadlineAt: far()})
+				if lease.CodeOf(err) != lease.CodeCorrupt {
+					t.Fatalf("%s: the lookup answered %+v %v, want corrupt", when, lr, err)
+				}
+			}
+			probe("damaged")
+			if after := keysSnapshot(t, s, keys, a.first.Lease.LockKey); after != before {
+				t.Fatalf("a refused replay changed the store:\n%q\nwas\n%q", after, before)
+			}
+			// a's evidence not damaged still answers.
+			if relIntact {
+				mustReleaseReplays(t, s, a.rel, a.ended)
+			}
+			if acqIntact {
+				mustReplay(t, s, a.acq, a.first, lease.StateReleased)
+			}
+
+			// Two more endings trim a's entry, then b's.
+			c := endLife7(t, s, id, true)
+			if entryOf(t, s, a.first.Lease) != "" {
+				t.Fatal("a's entry is still listed")
+			}
+			mustStored(t, s, key, bad, "the damaged evidence, a's entry trimmed")
+			endLife7(t, s, id, false)
+			if entryOf(t, s, b.first.Lease) != "" {
+				t.Fatal("b's entry is still listed")
+			}
+			mustStored(t, s, key, bad, "the damaged evidence, b's entry trimmed")
+			probe("trimmed")
+			// What was not damaged was detached as usual and answers.
+			b.mustForms(t, s, "ev2", "b")
+			b.mustAnswer(t, s, lease.StateExpired)
+			if relIntact {
+				mustStored(t, s, releaseEvidenceKey(t, s, a.rel), v2Of(t, a.relEv), "a's release evidence")
+				mustReleaseReplays(t, s, a.rel, a.ended)
+			}
+			if acqIntact {
+				mustStored(t, s, evidenceKey(t, s, a.acq), v2Of(t, a.acqEv), "a's acquisition evidence")
+				mustReplay(t, s, a.acq, a.first, lease.StateExpired)
+			}
+			c.mustForms(t, s, "ev5", "c")
+		})
+	}
+}
+
+// b64URL is base64url's alphabet: a character's index is its value.
+const b64URL = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+
+// Version 5 evidence whose history entry is gone (the list deleted)
+// answers corrupt, for the acquisition and the release, their replays
+// and lookups, and nothing changes.
+func TestFormat7EntryGone(t *testing.T) {
+	s := open7(t, Options{})
+	id := newIdentity()
+	l := endLife7(t, s, id, true)
+	l.mustForms(t, s, "ev5", "ended")
+	if err := s.client.Do(bg, s.client.B().Del().Key(s.keys.history(tagOf(l.first.Lease.LockKey))).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{evidenceKey(t, s, l.acq), releaseEvidenceKey(t, s, l.rel)}
+	before := keysSnapshot(t, s, keys, l.first.Lease.LockKey)
+	res, err := s.Acquire(bg, l.acq)
+	if lease.CodeOf(err) != lease.CodeCorrupt {
+		t.Fatalf("acquisition replay: %+v %v", res, err)
+	}
+	_, err = s.LookupRequest(bg, lease.LookupRequest{Op: lease.OpAcquire, Identity: id, PrincipalID: owner.PrincipalID,
+		RequestID: l.acq.RequestID, DeadlineAt: far()})
+	mustCode(t, err, lease.CodeCorrupt)
+	res, err = s.Release(bg, l.rel)
+	if lease.CodeOf(err) != lease.CodeCorrupt {
+		t.Fatalf("release replay: %+v %v", res, err)
+	}
+	_, err = s.LookupRequest(bg, lease.LookupRequest{Op: lease.OpRelease, Identity: id, PrincipalID: owner.PrincipalID,
+		RequestID: l.rel.RequestID, DeadlineAt: far()})
+	mustCode(t, err, lease.CodeCorrupt)
+	if after := keysSnapshot(t, s, keys, l.first.Lease.LockKey); after != before {
+		t.Fatalf("a refused replay changed the store:\n%q\nwas\n%q", after, before)
+	}
+	l.mustForms(t, s, "ev5", "after the refusals")
+}
+
+// Instances of one namespace in format 7 where one has not yet read the
+// switch (it still writes format 6: version 3 evidence by reference): each
+// reads what the other wrote, byte for byte; the endings of either trim
+// entries whose evidence is of either version, and each is detached in
+// version 2 as Go writes it.
+func TestFormat7MixedWriters(t *testing.T) {
+	r := sharedServer(t)
+	so := leasetest.StoreOptions()
+	so.HistoryPerIdentity = 2
+	prefix := randomPrefix()
+	a := open(t, r, Options{KeyPrefix: prefix, StoreOptions: so, LeanEvidence: true})
+	b := open(t, r, Options{KeyPrefix: prefix, StoreOptions: so, LeanRecords: true})
+	if v := mustGet(t, a, a.keys.format()); v != leanEvidence || !b.writes(leanEvidence) {
+		t.Fatalf("switch %q", v)
+	}
+	b.setFormat(leanRecords) // has not yet read the switch
+	if a.writeFormat() != "lean_evidence" || b.writeFormat() != "lean_records" {
+		t.Fatalf("write formats %q and %q", a.writeFormat(), b.writeFormat())
+	}
+	id := newIdentity()
+	writers := []*Store{a, b, b, a, a, b, b}
+	var lives []v7Life
+	for i, w := range writers {
+		l := endRenewed7(t, w, id, i != 2 && i != 4, time.Duration(i%2)*40*time.Second)
+		form := "ev5"
+		if w == b {
+			form = "ev3"
+		}
+		l.mustForms(t, w, form, "life "+strconv.Itoa(i)+" just ended")
+		// Either instance answers it.
+		for _, rd := range []*Store{a, b} {
+			l.mustAnswer(t, rd, l.state)
+		}
+		lives = append(lives, l)
+		// This ending trimmed the entry two back, whichever wrote it.
+		if i >= 2 {
+			old := lives[i-2]
+			if entryOf(t, a, old.first.Lease) != "" {
+				t.Fatalf("life %d's entry is still listed", i-2)
+			}
+			old.mustForms(t, a, "ev2", "life "+strconv.Itoa(i-2)+", trimmed by "+map[*Store]string{a: "a", b: "b"}[w])
+		}
+	}
+	for i, l := range lives {
+		state := l.state
+		if i < len(lives)-2 {
+			state = lease.StateExpired
+		}
+		for _, rd := range []*Store{a, b} {
+			l.mustAnswer(t, rd, state)
+		}
+	}
+}
+
+// A build from before format 7 (its library without level 7 and without
+// reading version 5: simulated) refuses to lower the switch and answers a
+// replay of version 5 evidence as corrupt, never a result; its trims
+// leave version 5 evidence as it is, which then answers corrupt here too.
+// This build refuses to raise a switch it does not know ("8") and leaves
+// it.
+func TestFormat7OlderBuildAndGate(t *testing.T) {
+	r := sharedServer(t)
+	so := leasetest.StoreOptions()
+	so.HistoryPerIdentity = 1
+	o := Options{KeyPrefix: randomPrefix(), StoreOptions: so, LeanRecords: true}
+	s := open(t, r, o)
+	if err := s.EnableLeanEvidence(bg); err != nil {
+		t.Fatal(err)
+	}
+	if v := mustGet(t, s, s.keys.format()); v != leanEvidence || s.writeFormat() != "lean_evidence" {
+		t.Fatalf("after EnableLeanEvidence: switch %q, writing %q", v, s.writeFormat())
+	}
+	// An earlier format's switch never takes it back.
+	if err := s.EnableLeanRecords(bg); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.EnableReferringEvidence(bg); err != nil {
+		t.Fatal(err)
+	}
+	if v := mustGet(t, s, s.keys.format()); v != leanEvidence || !s.writes(leanEvidence) {
+		t.Fatalf("an earlier format's switch lowered it to %q", v)
+	}
+	id := newIdentity()
+	l := endLife7(t, s, id, true)
+	l.mustForms(t, s, "ev5", "ended")
+	av, rv := v5Of(t, l.acqEv), v5Of(t, l.relEv)
+
+	old := olderBuild(t, r, o.KeyPrefix, ", ['7'] = 7",
+		"  if string.sub(ev, 1, 4) == 'ev5\\n' then\n    local id = string.match(ev, '^ev5\\n[ar]\\n[^\\n]*\\n([^\\n]*)\\n')\n    if is_id(id) then return id end\n    return nil\n  end\n",
+		" or v == 'ev5\\n'")
+	old.setFormat("") // a switch it does not know: it writes version 1
+	old.opts.HistoryPerIdentity = 1
+	mustCode(t, old.raiseFormat(bg, leanRecords), lease.CodeCorrupt)
+	if v := mustGet(t, old, old.keys.format()); v != leanEvidence {
+		t.Fatalf("an older build changed the switch to %q", v)
+	}
+	res, err := old.Acquire(bg, l.acq)
+	if lease.CodeOf(err) != lease.CodeCorrupt {
+		t.Fatalf("an older build's acquisition replay: %+v %v, want corrupt", res, err)
+	}
+	_, err = old.LookupRequest(bg, lease.LookupRequest{Op: lease.OpAcquire, Identity: id, PrincipalID: owner.PrincipalID,
+		RequestID: l.acq.RequestID, DeadlineAt: far()})
+	mustCode(t, err, lease.CodeCorrupt)
+	res, err = old.Release(bg, l.rel)
+	if lease.CodeOf(err) != lease.CodeCorrupt {
+		t.Fatalf("an older build's release replay: %+v %v, want corrupt", res, err)
+	}
+	// Its Go side too: version 5 is no version it reads.
+	for _, v := range []string{av, rv} {
+		if _, ok := lease.ReferredLeaseID(v); ok {
+			t.Fatalf("%q read as version 3", v)
+		}
+		if v1, ok := lease.ExpandEvidence(v, id); ok {
+			if _, err := lease.DecodeIdempotencyRecord([]byte(v1)); err == nil {
+				t.Fatalf("%q read as version 1", v)
+			}
+		}
+	}
+	l.mustForms(t, s, "ev5", "after the older build's refusals")
+	// This build still answers it.
+	l.mustAnswer(t, s, lease.StateReleased)
+
+	// The older build's ending on the identity trims the entry; its detach
+	// does not know version 5 and leaves it: this build then answers
+	// corrupt, never a result.
+	next, err := old.Acquire(bg, acquireReq(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Release(bg, releaseReq(next.Lease)); err != nil {
+		t.Fatal(err)
+	}
+	if entryOf(t, s, l.first.Lease) != "" {
+		t.Fatal("the entry is still listed")
+	}
+	mustStored(t, s, evidenceKey(t, s, l.acq), av, "acquisition evidence after an older build's trim")
+	mustStored(t, s, releaseEvidenceKey(t, s, l.rel), rv, "release evidence after an older build's trim")
+	res, err = s.Acquire(bg, l.acq)
+	if lease.CodeOf(err) != lease.CodeCorrupt {
+		t.Fatalf("a replay of version 5 whose entry an older build trimmed: %+v %v, want corrupt", res, err)
+	}
+	res, err = s.Release(bg, l.rel)
+	if lease.CodeOf(err) != lease.CodeCorrupt {
+		t.Fatalf("a release replay of version 5 whose entry an older build trimmed: %+v %v, want corrupt", res, err)
+	}
+
+	// A later format's switch: refused, and left as it is.
+	if err := s.client.Do(bg, s.client.B().Set().Key(s.keys.format()).Value("8").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	mustCode(t, s.EnableLeanEvidence(bg), lease.CodeCorrupt)
+	if v := mustGet(t, s, s.keys.format()); v != "8" {
+		t.Fatalf("the unknown switch became %q", v)
+	}
+	if !s.writes(leanEvidence) {
+		t.Fatal("a refused raise changed the store's own format")
+	}
+	s.loadFormat(bg)
+	if s.writes(compactFormat) || s.writeFormat() != "v1" {
+		t.Fatalf("an unknown switch is written as %q, want version 1", s.writeFormat())
+	}
+}
+
+// Evidence refers to a history entry only while the history list outlives
+// it: with a history retention below the idempotency retention, format 7
+// writes version 2 evidence (as Go writes it) and version 2 entries.
+func TestFormat7ShortHistoryRetention(t *testing.T) {
+	so := leasetest.StoreOptions()
+	so.HistoryRetention = time.Hour
+	s := open7(t, Options{StoreOptions: so})
+	l := endLife7(t, s, newIdentity(), true)
+	l.mustForms(t, s, "ev2", "ended")
+	if e := historyEntries(t, s, l.first.Lease.LockKey)[0]; !strings.HasPrefix(e, lease.HistoryV2Prefix) {
+		t.Fatalf("entry %.10q, want version 2", e)
+	}
+	l.mustAnswer(t, s, lease.StateReleased)
+}
+
+// A release's version 5 evidence whose history entry no longer says the
+// lease was released (its state line damaged) answers corrupt, and the
+// entry then trimmed, detach leaves it as it is: the library reads that
+// entry as the Go reader does, not a release's. The acquisition's
+// evidence, which takes nothing from the entry's state, is detached from
+// it into exactly the first answer.
+func TestFormat7DamagedEntryState(t *testing.T) {
+	so := leasetest.StoreOptions()
+	so.HistoryPerIdentity = 2
+	s := open7(t, Options{StoreOptions: so})
+	id := newIdentity()
+	a := endLife7(t, s, id, true)
+	endLife7(t, s, id, true)
+	hk := s.keys.history(tagOf(a.first.Lease.LockKey))
+	entry := entryOf(t, s, a.first.Lease)
+	damaged := strings.Replace(entry, "\nreleased\n", "\nrevoked\n", 1)
+	if damaged == entry || historyEntries(t, s, a.first.Lease.LockKey)[1] != entry {
+		t.Fatalf("setup: entry %q", entry)
+	}
+	if err := s.client.Do(bg, s.client.B().Lset().Key(hk).Index(1).Element(damaged).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lease.DecodeScopedHistory([]byte(damaged), a.first.Lease.LockKey); lease.CodeOf(err) != lease.CodeCorrupt {
+		t.Fatalf("the damaged entry decodes: %v", err)
+	}
+	rv := v5Of(t, a.relEv)
+	rk := releaseEvidenceKey(t, s, a.rel)
+	for _, when := range []string{"damaged", "trimmed"} {
+		if when == "trimmed" {
+			endLife7(t, s, id, true) // trims a's entry
+			if entryOf(t, s, a.first.Lease) != "" {
+				t.Fatal("a's entry is still listed")
+			}
+		}
+		res, err := s.Release(bg, a.rel)
+		if lease.CodeOf(err) != lease.CodeCorrupt {
+			t.Fatalf("%s: release replay %+v %v, want corrupt", when, res, err)
+		}
+		mustStored(t, s, rk, rv, when+": release evidence")
+	}
+	mustStored(t, s, evidenceKey(t, s, a.acq), v2Of(t, a.acqEv), "acquisition evidence detached from the damaged entry")
+	mustReplay(t, s, a.acq, a.first, lease.StateExpired)
+}
