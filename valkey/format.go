@@ -46,9 +46,9 @@ import (
 //	"7"     that, but evidence by reference in version 5
 //	        (lease.LeanIDEvidence): version 3 without what the history
 //	        entry it names derives (its code, backend time, expires_at,
-//	        and a release's ttl_ms), the digest in base64url; about 150
-//	        bytes less per ended lease (EnableLeanEvidence;
-//	        `--valkey-lean-evidence`)
+//	        and a release's ttl_ms), the digest in base64url, and a check
+//	        of the entry's bytes and its own; about 110 bytes less per
+//	        ended lease (EnableLeanEvidence; `--valkey-lean-evidence`)
 //
 // It is one way (raise_format in library.lua never lowers it; an instance
 // of an older build would answer the later data as corrupt). Every build

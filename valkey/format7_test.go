@@ -1,6 +1,8 @@
 package valkey
 
 import (
+	"crypto/sha1"
+	"encoding/hex"
 	"strconv"
 	"strings"
 	"testing"
@@ -73,14 +75,39 @@ func relEvidence(t *testing.T, s *Store, rel lease.ReleaseRequest, ended lease.R
 		Lease: ended.Lease, BackendTime: ended.BackendTime}
 }
 
-// v5Of is e in evidence version 5, as Go writes it.
-func v5Of(t *testing.T, e *lease.IdempotencyRecord) string {
+// v5Of is e in evidence version 5 referring to entry, the bytes of its
+// lease's history entry as stored, as Go writes it.
+func v5Of(t *testing.T, e *lease.IdempotencyRecord, entry string) string {
 	t.Helper()
-	b, ok := lease.LeanIDEvidence(e)
+	if entry == "" {
+		t.Fatalf("no history entry for the expected %s evidence of %s", e.Op, e.Lease.LeaseID)
+	}
+	b, ok := lease.LeanIDEvidence(e, entry)
 	if !ok {
 		t.Fatalf("the expected %s evidence has no version 5: %+v", e.Op, e)
 	}
 	return string(b)
+}
+
+// ev5Check is version 5's check of body (the evidence's lines before the
+// check) referring to entry, computed here as the format says, apart from
+// the code under test: the first 16 lower-case hex digits of the SHA-1 of
+// entry, a newline and body.
+func ev5Check(entry, body string) string {
+	sum := sha1.Sum([]byte(entry + "\n" + body))
+	return hex.EncodeToString(sum[:])[:16]
+}
+
+// ev5Rechecked is v with its last line replaced by the check of the lines
+// before it referring to entry: damage that a check no longer shows (a
+// forged value, or damage that the check misses), so that what refuses
+// it, if anything, is the rest of the reader.
+func ev5Rechecked(v, entry string) string {
+	i := strings.LastIndexByte(v, '\n')
+	if i < 0 {
+		return v + "\n" + ev5Check(entry, v)
+	}
+	return v[:i+1] + ev5Check(entry, v[:i])
 }
 
 // v3Of is e in evidence version 3, as Go writes it.
@@ -133,13 +160,18 @@ func mustRebuildsInGo(t *testing.T, s *Store, raw string, e *lease.IdempotencyRe
 	if err != nil {
 		t.Fatalf("history entry %.40q: %v", entry, err)
 	}
-	got, ok := lease.ExpandLeanIDEvidence(raw, h.Record, h.EndedAt)
+	got, ok := lease.ExpandLeanIDEvidence(raw, entry, h.Record, h.EndedAt)
 	want, err := e.Encode()
 	if !ok || err != nil || got != string(want) {
 		t.Fatalf("%s evidence rebuilt from its entry:\n%s\nwant\n%s", e.Op, got, want)
 	}
 	if _, err := lease.DecodeIdempotencyRecord([]byte(got)); err != nil {
 		t.Fatal(err)
+	}
+	// Its check is of that entry's bytes: one byte more, and nothing
+	// rebuilds.
+	if got, ok := lease.ExpandLeanIDEvidence(raw, entry+" ", h.Record, h.EndedAt); ok {
+		t.Fatalf("%s evidence rebuilt with other entry bytes: %s", e.Op, got)
 	}
 }
 
@@ -237,7 +269,9 @@ func TestFormat7EveryEndingWritesEV5(t *testing.T) {
 				}
 				ended := e.end(t, s, first)
 				key := evidenceKey(t, s, req)
-				want := v5Of(t, acq)
+				// The check refers to the entry as the library stored it.
+				entry := entryOf(t, s, first.Lease)
+				want := v5Of(t, acq, entry)
 				if !strings.HasPrefix(want, "ev5\na\n") {
 					t.Fatalf("LeanIDEvidence: %q", want)
 				}
@@ -245,7 +279,6 @@ func TestFormat7EveryEndingWritesEV5(t *testing.T) {
 				if at, want := pexpireTime(t, s, key), first.Lease.AcquiredAt.UnixMilli()+s.opts.IdempotencyRetention.Milliseconds(); at != want {
 					t.Fatalf("evidence PXAT %d, want acquired_at + retention %d", at, want)
 				}
-				entry := entryOf(t, s, first.Lease)
 				_, p, _ := lease.PrepareAcquire(req, s.opts)
 				if !strings.HasPrefix(entry, lease.HistoryScopedPrefix+p.Scope+"\n") {
 					t.Fatalf("history entry: %.60q, want version 4 naming the acquisition's scope", entry)
@@ -258,7 +291,7 @@ func TestFormat7EveryEndingWritesEV5(t *testing.T) {
 						t.Fatalf("release answered %+v", ended.Lease)
 					}
 					re := relEvidence(t, s, rel, ended)
-					rwant := v5Of(t, re)
+					rwant := v5Of(t, re, entry)
 					if !strings.HasPrefix(rwant, "ev5\nr\n") {
 						t.Fatalf("LeanIDEvidence of the release: %q", rwant)
 					}
@@ -324,12 +357,13 @@ func TestFormat7ForeignLeaseID(t *testing.T) {
 	if err != nil || ended.Lease.LeaseID != foreign {
 		t.Fatalf("release: %+v %v", ended.Lease, err)
 	}
-	want := v5Of(t, acqEvidence(t, s, req, first))
+	entry := entryOf(t, s, first.Lease)
+	want := v5Of(t, acqEvidence(t, s, req, first), entry)
 	if !strings.Contains(want, "\n"+foreign+"\n") {
 		t.Fatalf("setup: %q", want)
 	}
 	mustStored(t, s, evidenceKey(t, s, req), want, "acquisition evidence")
-	mustStored(t, s, releaseEvidenceKey(t, s, rel), v5Of(t, relEvidence(t, s, rel, ended)), "release evidence")
+	mustStored(t, s, releaseEvidenceKey(t, s, rel), v5Of(t, relEvidence(t, s, rel, ended), entry), "release evidence")
 	mustReplay(t, s, req, first, lease.StateReleased)
 	mustReleaseReplays(t, s, rel, ended)
 }
@@ -339,7 +373,8 @@ func TestFormat7ForeignLeaseID(t *testing.T) {
 type v7Life struct {
 	eagerLife
 	acqEv, relEv *lease.IdempotencyRecord
-	relPX        int64 // the release evidence's PEXPIRETIME as written
+	relPX        int64  // the release evidence's PEXPIRETIME as written
+	entry        string // its history entry as stored at its end
 }
 
 // endLife7 is endLife (a release if release, else a revocation) with
@@ -380,6 +415,9 @@ func endRenewed7(t *testing.T, s *Store, id lease.Identity, release bool, ttl ti
 		l.state = lease.StateRevoked
 	}
 	l.acqEv = acqEvidence(t, s, l.acq, l.first)
+	if l.entry = entryOf(t, s, l.first.Lease); l.entry == "" {
+		t.Fatal("the ending wrote no history entry of the lease")
+	}
 	if release {
 		l.relEv = relEvidence(t, s, l.rel, l.ended)
 		l.relPX = pexpireTime(t, s, releaseEvidenceKey(t, s, l.rel))
@@ -388,12 +426,14 @@ func endRenewed7(t *testing.T, s *Store, id lease.Identity, release bool, ttl ti
 }
 
 // mustForms checks the life's evidence is stored exactly as form
-// ("ev5", "ev3" or "ev2") writes the expected evidence, the
-// acquisition's expiring at acquired_at + the retention and the
-// release's as written.
+// ("ev5", "ev3" or "ev2") writes the expected evidence (version 5's
+// referring to the entry stored at its end), the acquisition's expiring
+// at acquired_at + the retention and the release's as written.
 func (l v7Life) mustForms(t *testing.T, s *Store, form, where string) {
 	t.Helper()
-	of := map[string]func(*testing.T, *lease.IdempotencyRecord) string{"ev5": v5Of, "ev3": v3Of, "ev2": v2Of}[form]
+	of := map[string]func(*testing.T, *lease.IdempotencyRecord) string{
+		"ev5": func(t *testing.T, e *lease.IdempotencyRecord) string { t.Helper(); return v5Of(t, e, l.entry) },
+		"ev3": v3Of, "ev2": v2Of}[form]
 	key := evidenceKey(t, s, l.acq)
 	mustStored(t, s, key, of(t, l.acqEv), where+": acquisition evidence in "+form)
 	if at, want := pexpireTime(t, s, key), l.first.Lease.AcquiredAt.UnixMilli()+s.opts.IdempotencyRetention.Milliseconds(); at != want {
@@ -456,7 +496,7 @@ func TestFormat7DetachedOnTrim(t *testing.T) {
 						t.Fatalf("life %d: its entry is still listed", i)
 					}
 				} else if !eager {
-					mustRebuildsInGo(t, s, v5Of(t, l.acqEv), l.acqEv)
+					mustRebuildsInGo(t, s, v5Of(t, l.acqEv, l.entry), l.acqEv)
 				}
 				state := l.state
 				if trimmed {
@@ -488,7 +528,13 @@ func keysSnapshot(t *testing.T, s *Store, keys []string, lockKey string) string 
 // the replay and the lookup, and nothing changes. Its entry then trimmed,
 // the library's detach leaves it as it is (it reads it as the Go reader
 // does: not evidence of that entry), so it still answers no result; the
-// lives' undamaged evidence is detached as usual.
+// lives' undamaged evidence is detached as usual. Each damage is tried as
+// it is (its check, if any, no longer that of its lines) and, where that
+// is other bytes, "rechecked": its check recomputed for its lines and a's
+// entry, so that the lines, not the check, are what is refused. A TTL one
+// millisecond off, which no version before 5 could tell from the TTL
+// granted, is now refused by the check (rechecked, it is a forgery the
+// check cannot tell: see TestAttackEV5DamagedEvidenceReaderAndDetachAgree).
 func TestFormat7DamageFailsClosed(t *testing.T) {
 	type damage struct {
 		release bool // the release's evidence, else the acquisition's
@@ -504,11 +550,31 @@ func TestFormat7DamageFailsClosed(t *testing.T) {
 		l[i] = s
 		return strings.Join(l, "\n")
 	}
-	stray := func(v string) string { // the digest's last character's low bits set
+	without := func(v string, i int) string { // line i removed
+		l := lines(v)
+		return strings.Join(append(l[:i:i], l[i+1:]...), "\n")
+	}
+	insert := func(v string, i int, s string) string { // s as line i
+		l := lines(v)
+		return strings.Join(append(l[:i:i], append([]string{s}, l[i:]...)...), "\n")
+	}
+	last := func(v string) string { return lines(v)[len(lines(v))-1] } // the check
+	stray := func(v string) string {                                   // the digest's last character's low bits set
 		l := lines(v)
 		c := strings.IndexByte(b64URL, l[2][42])
 		l[2] = l[2][:42] + string(b64URL[c&^3|((c+1)&3)])
 		return strings.Join(l, "\n")
+	}
+	ttlPlus := func(v string, d int) string {
+		n, err := strconv.Atoi(lines(v)[5])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return with(v, 5, strconv.Itoa(n+d))
+	}
+	hexPlus := func(c string, i int) string { // hex digit i + 1
+		const h = "0123456789abcdef"
+		return c[:i] + string(h[(strings.IndexByte(h, c[i])+1)%16]) + c[i+1:]
 	}
 	damages := map[string]damage{
 		"acquisition, token changed": {false, func(a, b v7Life, av, rv, bav, brv string) string {
@@ -531,13 +597,36 @@ func TestFormat7DamageFailsClosed(t *testing.T) {
 			return with(av, 5, "0"+lines(av)[5])
 		}, false},
 		"acquisition, a line added": {false, func(a, b v7Life, av, rv, bav, brv string) string { return av + "\n1" }, false},
-		"acquisition, ttl removed":  {false, func(a, b v7Life, av, rv, bav, brv string) string { return strings.Join(lines(av)[:5], "\n") }, false},
+		"acquisition, a line added before the check": {false, func(a, b v7Life, av, rv, bav, brv string) string {
+			return insert(av, 6, "1")
+		}, false},
+		"acquisition, ttl removed": {false, func(a, b v7Life, av, rv, bav, brv string) string { return without(av, 5) }, false},
+		// The TTL one millisecond off: a value every reader takes, which
+		// only the evidence holds (the entry holds the renewal's).
+		"acquisition, ttl 1 ms less": {false, func(a, b v7Life, av, rv, bav, brv string) string { return ttlPlus(av, -1) }, false},
+		"acquisition, ttl 1 ms more": {false, func(a, b v7Life, av, rv, bav, brv string) string { return ttlPlus(av, 1) }, false},
+		// The check line itself.
+		"acquisition, check digit changed": {false, func(a, b v7Life, av, rv, bav, brv string) string {
+			return with(av, 6, hexPlus(last(av), 15))
+		}, false},
+		"acquisition, check of b's entry": {false, func(a, b v7Life, av, rv, bav, brv string) string {
+			return ev5Rechecked(av, b.entry)
+		}, false},
+		"acquisition, check upper-case": {false, func(a, b v7Life, av, rv, bav, brv string) string {
+			return with(av, 6, upperCheck(last(av)))
+		}, false},
+		"acquisition, check of 15 digits": {false, func(a, b v7Life, av, rv, bav, brv string) string { return with(av, 6, last(av)[:15]) }, false},
+		"acquisition, check of 17 digits": {false, func(a, b v7Life, av, rv, bav, brv string) string { return av + "0" }, false},
+		"acquisition, check not hex": {false, func(a, b v7Life, av, rv, bav, brv string) string {
+			return with(av, 6, last(av)[:15]+"g")
+		}, false},
+		"acquisition, check removed": {false, func(a, b v7Life, av, rv, bav, brv string) string { return without(av, 6) }, false},
 		"acquisition, lease id removed": {false, func(a, b v7Life, av, rv, bav, brv string) string {
 			l := lines(av)
 			return strings.Join(append(l[:3:3], l[4:]...), "\n")
 		}, false},
 		"acquisition, as a release": {false, func(a, b v7Life, av, rv, bav, brv string) string {
-			return strings.Join(lines(with(av, 1, "r"))[:5], "\n")
+			return without(with(av, 1, "r"), 5)
 		}, false},
 		"acquisition, in CRLF":                     {false, func(a, b v7Life, av, rv, bav, brv string) string { return strings.ReplaceAll(av, "\n", "\r\n") }, false},
 		"acquisition, a trailing space":            {false, func(a, b v7Life, av, rv, bav, brv string) string { return av + " " }, false},
@@ -551,115 +640,160 @@ func TestFormat7DamageFailsClosed(t *testing.T) {
 		"release, digest re-spelled": {true, func(a, b v7Life, av, rv, bav, brv string) string {
 			return stray(rv)
 		}, false},
-		"release, carrying a ttl": {true, func(a, b v7Life, av, rv, bav, brv string) string { return rv + "\n30000" }, false},
-		"release, token removed":  {true, func(a, b v7Life, av, rv, bav, brv string) string { return strings.Join(lines(rv)[:4], "\n") }, false},
+		"release, carrying a ttl": {true, func(a, b v7Life, av, rv, bav, brv string) string { return insert(rv, 5, "30000") }, false},
+		"release, token removed":  {true, func(a, b v7Life, av, rv, bav, brv string) string { return without(rv, 4) }, false},
 		"release, as an acquisition": {true, func(a, b v7Life, av, rv, bav, brv string) string {
-			return with(rv, 1, "a") + "\n30000"
+			return insert(with(rv, 1, "a"), 5, "30000")
+		}, false},
+		"release, check digit changed": {true, func(a, b v7Life, av, rv, bav, brv string) string {
+			return with(rv, 5, hexPlus(last(rv), 0))
+		}, false},
+		"release, check of b's entry": {true, func(a, b v7Life, av, rv, bav, brv string) string {
+			return ev5Rechecked(rv, b.entry)
+		}, false},
+		"release, check removed": {true, func(a, b v7Life, av, rv, bav, brv string) string { return without(rv, 5) }, false},
+		"release, check upper-case": {true, func(a, b v7Life, av, rv, bav, brv string) string {
+			return with(rv, 5, upperCheck(last(rv)))
 		}, false},
 		"release, a trailing CR":               {true, func(a, b v7Life, av, rv, bav, brv string) string { return rv + "\r" }, false},
 		"release, the acquisition's":           {true, func(a, b v7Life, av, rv, bav, brv string) string { return av }, false},
 		"release, under another request's key": {true, func(a, b v7Life, av, rv, bav, brv string) string { return rv }, true},
 	}
-	for name, d := range damages {
-		t.Run(name, func(t *testing.T) {
-			so := leasetest.StoreOptions()
-			so.HistoryPerIdentity = 2
-			s := open7(t, Options{StoreOptions: so})
-			id := newIdentity()
-			a := endRenewed7(t, s, id, true, 45*time.Second)
-			b := endLife7(t, s, id, true)
-			a.mustForms(t, s, "ev5", "a")
-			b.mustForms(t, s, "ev5", "b")
-			av, rv := v5Of(t, a.acqEv), v5Of(t, a.relEv)
-			bav, brv := v5Of(t, b.acqEv), v5Of(t, b.relEv)
-			bad := d.bad(a, b, av, rv, bav, brv)
-			if orig := map[bool]string{false: av, true: rv}[d.release]; bad == orig && !d.other {
-				t.Fatalf("setup: not damaged: %q", bad)
-			}
-			// a's evidence left as it was: both with d.other, else the
-			// one not damaged.
-			acqIntact, relIntact := d.release || d.other, !d.release || d.other
-			// The key it goes under, and the request that reads it.
-			acqReq, relReq := a.acq, a.rel
-			if d.other {
-				acqReq.RequestID, relReq.RequestID = uid("req_"), uid("req_")
-			}
-			key := evidenceKey(t, s, acqReq)
-			if d.release {
-				key = releaseEvidenceKey(t, s, relReq)
-			}
-			if d.other {
-				if err := s.client.Do(bg, s.client.B().Set().Key(key).Value(bad).Px(time.Hour).Build()).Error(); err != nil {
-					t.Fatal(err)
-				}
-			} else if err := s.client.Do(bg, s.client.B().Set().Key(key).Value(bad).Keepttl().Build()).Error(); err != nil {
-				t.Fatal(err)
-			}
-			keys := []string{evidenceKey(t, s, a.acq), releaseEvidenceKey(t, s, a.rel), evidenceKey(t, s, b.acq),
-				releaseEvidenceKey(t, s, b.rel), key}
-			before := keysSnapshot(t, s, keys, a.first.Lease.LockKey)
-			probe := func(when string) {
-				t.Helper()
-				var res lease.Result
-				var err error
-				op := lease.OpAcquire
-				if d.release {
-					op = lease.OpRelease
-					res, err = s.Release(bg, relReq)
-				} else {
-					res, err = s.Acquire(bg, acqReq)
-				}
-				if lease.CodeOf(err) != lease.CodeCorrupt {
-					t.Fatalf("%s: the replay answered %+v %v, want corrupt", when, res, err)
-				}
-				reqID := acqReq.RequestID
-				if d.release {
-					reqID = relReq.RequestID
-				}
-				lr, err := s.LookupRequest(bg, lease.LookupRequest{Op: op, Identity: id, PrincipalID: owner.PrincipalID,
-					RequestID: reqID, DeadlineAt: far()})
-				if lease.CodeOf(err) != lease.CodeCorrupt {
-					t.Fatalf("%s: the lookup answered %+v %v, want corrupt", when, lr, err)
-				}
-			}
-			probe("damaged")
-			if after := keysSnapshot(t, s, keys, a.first.Lease.LockKey); after != before {
-				t.Fatalf("a refused replay changed the store:\n%q\nwas\n%q", after, before)
-			}
-			// a's evidence not damaged still answers.
-			if relIntact {
-				mustReleaseReplays(t, s, a.rel, a.ended)
-			}
-			if acqIntact {
-				mustReplay(t, s, a.acq, a.first, lease.StateReleased)
-			}
-
-			// Two more endings trim a's entry, then b's.
-			c := endLife7(t, s, id, true)
-			if entryOf(t, s, a.first.Lease) != "" {
-				t.Fatal("a's entry is still listed")
-			}
-			mustStored(t, s, key, bad, "the damaged evidence, a's entry trimmed")
-			endLife7(t, s, id, false)
-			if entryOf(t, s, b.first.Lease) != "" {
-				t.Fatal("b's entry is still listed")
-			}
-			mustStored(t, s, key, bad, "the damaged evidence, b's entry trimmed")
-			probe("trimmed")
-			// What was not damaged was detached as usual and answers.
-			b.mustForms(t, s, "ev2", "b")
-			b.mustAnswer(t, s, lease.StateExpired)
-			if relIntact {
-				mustStored(t, s, releaseEvidenceKey(t, s, a.rel), v2Of(t, a.relEv), "a's release evidence")
-				mustReleaseReplays(t, s, a.rel, a.ended)
-			}
-			if acqIntact {
-				mustStored(t, s, evidenceKey(t, s, a.acq), v2Of(t, a.acqEv), "a's acquisition evidence")
-				mustReplay(t, s, a.acq, a.first, lease.StateExpired)
-			}
-			c.mustForms(t, s, "ev5", "c")
-		})
+	// Damage that, rechecked, is a's evidence as stored (the check line's
+	// own, a trailing space or CR on it) or what the damage already is (a
+	// value with a's check moved as it is); and the TTL one millisecond
+	// off, which rechecked is a forgery the check cannot tell from the TTL
+	// granted.
+	notRechecked := map[string]bool{
+		"acquisition, a trailing space": true, "acquisition, the release's": true, "acquisition, under another request's key": true,
+		"release, a trailing CR": true, "release, the acquisition's": true, "release, under another request's key": true,
+		"acquisition, check digit changed": true, "acquisition, check of b's entry": true, "acquisition, check upper-case": true,
+		"acquisition, check of 15 digits": true, "acquisition, check of 17 digits": true, "acquisition, check not hex": true,
+		"release, check digit changed": true, "release, check of b's entry": true, "release, check upper-case": true,
+		"acquisition, ttl 1 ms less": true, "acquisition, ttl 1 ms more": true,
 	}
+	for name, d := range damages {
+		for _, recheck := range []bool{false, true} {
+			if recheck && notRechecked[name] {
+				continue
+			}
+			sub := name
+			if recheck {
+				sub += "/rechecked"
+			}
+			t.Run(sub, func(t *testing.T) { damageFailsClosed(t, d.release, d.other, recheck, d.bad) })
+		}
+	}
+}
+
+// damageFailsClosed is one case of TestFormat7DamageFailsClosed: the
+// value damage gives (rechecked for a's entry if recheck) replaces a's
+// evidence (of its release if release), or goes under another request's
+// key if other.
+func damageFailsClosed(t *testing.T, release, other, recheck bool, damage func(a, b v7Life, av, rv, bav, brv string) string) {
+	so := leasetest.StoreOptions()
+	so.HistoryPerIdentity = 2
+	s := open7(t, Options{StoreOptions: so})
+	id := newIdentity()
+	a := endRenewed7(t, s, id, true, 45*time.Second)
+	b := endLife7(t, s, id, true)
+	a.mustForms(t, s, "ev5", "a")
+	b.mustForms(t, s, "ev5", "b")
+	av, rv := v5Of(t, a.acqEv, a.entry), v5Of(t, a.relEv, a.entry)
+	bav, brv := v5Of(t, b.acqEv, b.entry), v5Of(t, b.relEv, b.entry)
+	bad := damage(a, b, av, rv, bav, brv)
+	orig := map[bool]string{false: av, true: rv}[release]
+	if recheck {
+		damaged := bad
+		if bad = ev5Rechecked(damaged, a.entry); bad == damaged || bad == orig {
+			t.Fatalf("setup: rechecked, the damage is %q", bad)
+		}
+	}
+	if bad == orig && !other {
+		t.Fatalf("setup: not damaged: %q", bad)
+	}
+	// a's evidence left as it was: both with other, else the
+	// one not damaged.
+	acqIntact, relIntact := release || other, !release || other
+	// The key it goes under, and the request that reads it.
+	acqReq, relReq := a.acq, a.rel
+	if other {
+		acqReq.RequestID, relReq.RequestID = uid("req_"), uid("req_")
+	}
+	key := evidenceKey(t, s, acqReq)
+	if release {
+		key = releaseEvidenceKey(t, s, relReq)
+	}
+	if other {
+		if err := s.client.Do(bg, s.client.B().Set().Key(key).Value(bad).Px(time.Hour).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+	} else if err := s.client.Do(bg, s.client.B().Set().Key(key).Value(bad).Keepttl().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{evidenceKey(t, s, a.acq), releaseEvidenceKey(t, s, a.rel), evidenceKey(t, s, b.acq),
+		releaseEvidenceKey(t, s, b.rel), key}
+	before := keysSnapshot(t, s, keys, a.first.Lease.LockKey)
+	probe := func(when string) {
+		t.Helper()
+		var res lease.Result
+		var err error
+		op := lease.OpAcquire
+		if release {
+			op = lease.OpRelease
+			res, err = s.Release(bg, relReq)
+		} else {
+			res, err = s.Acquire(bg, acqReq)
+		}
+		if lease.CodeOf(err) != lease.CodeCorrupt {
+			t.Fatalf("%s: the replay answered %+v %v, want corrupt", when, res, err)
+		}
+		reqID := acqReq.RequestID
+		if release {
+			reqID = relReq.RequestID
+		}
+		lr, err := s.LookupRequest(bg, lease.LookupRequest{Op: op, Identity: id, PrincipalID: owner.PrincipalID,
+			RequestID: reqID, DeadlineAt: far()})
+		if lease.CodeOf(err) != lease.CodeCorrupt {
+			t.Fatalf("%s: the lookup answered %+v %v, want corrupt", when, lr, err)
+		}
+	}
+	probe("damaged")
+	if after := keysSnapshot(t, s, keys, a.first.Lease.LockKey); after != before {
+		t.Fatalf("a refused replay changed the store:\n%q\nwas\n%q", after, before)
+	}
+	// a's evidence not damaged still answers.
+	if relIntact {
+		mustReleaseReplays(t, s, a.rel, a.ended)
+	}
+	if acqIntact {
+		mustReplay(t, s, a.acq, a.first, lease.StateReleased)
+	}
+
+	// Two more endings trim a's entry, then b's.
+	c := endLife7(t, s, id, true)
+	if entryOf(t, s, a.first.Lease) != "" {
+		t.Fatal("a's entry is still listed")
+	}
+	mustStored(t, s, key, bad, "the damaged evidence, a's entry trimmed")
+	endLife7(t, s, id, false)
+	if entryOf(t, s, b.first.Lease) != "" {
+		t.Fatal("b's entry is still listed")
+	}
+	mustStored(t, s, key, bad, "the damaged evidence, b's entry trimmed")
+	probe("trimmed")
+	// What was not damaged was detached as usual and answers.
+	b.mustForms(t, s, "ev2", "b")
+	b.mustAnswer(t, s, lease.StateExpired)
+	if relIntact {
+		mustStored(t, s, releaseEvidenceKey(t, s, a.rel), v2Of(t, a.relEv), "a's release evidence")
+		mustReleaseReplays(t, s, a.rel, a.ended)
+	}
+	if acqIntact {
+		mustStored(t, s, evidenceKey(t, s, a.acq), v2Of(t, a.acqEv), "a's acquisition evidence")
+		mustReplay(t, s, a.acq, a.first, lease.StateExpired)
+	}
+	c.mustForms(t, s, "ev5", "c")
 }
 
 // b64URL is base64url's alphabet: a character's index is its value.
@@ -783,7 +917,7 @@ func TestFormat7OlderBuildAndGate(t *testing.T) {
 	id := newIdentity()
 	l := endLife7(t, s, id, true)
 	l.mustForms(t, s, "ev5", "ended")
-	av, rv := v5Of(t, l.acqEv), v5Of(t, l.relEv)
+	av, rv := v5Of(t, l.acqEv, l.entry), v5Of(t, l.relEv, l.entry)
 
 	old := olderBuild(t, r, o.KeyPrefix, ", ['7'] = 7",
 		"  if string.sub(ev, 1, 4) == 'ev5\\n' then\n    local id = string.match(ev, '^ev5\\n[ar]\\n[^\\n]*\\n([^\\n]*)\\n')\n    if is_id(id) then return id end\n    return nil\n  end\n",
@@ -880,8 +1014,10 @@ func TestFormat7ShortHistoryRetention(t *testing.T) {
 // lease was released (its state line damaged) answers corrupt, and the
 // entry then trimmed, detach leaves it as it is: the library reads that
 // entry as the Go reader does, not a release's. The acquisition's
-// evidence, which takes nothing from the entry's state, is detached from
-// it into exactly the first answer.
+// evidence, which takes nothing from the entry's state, checks the
+// entry's bytes all the same (version 5's check): it answers corrupt too
+// and is left as it is, where before the check it was detached from the
+// damaged entry into the first answer.
 func TestFormat7DamagedEntryState(t *testing.T) {
 	so := leasetest.StoreOptions()
 	so.HistoryPerIdentity = 2
@@ -901,8 +1037,9 @@ func TestFormat7DamagedEntryState(t *testing.T) {
 	if _, err := lease.DecodeScopedHistory([]byte(damaged), a.first.Lease.LockKey); lease.CodeOf(err) != lease.CodeCorrupt {
 		t.Fatalf("the damaged entry decodes: %v", err)
 	}
-	rv := v5Of(t, a.relEv)
-	rk := releaseEvidenceKey(t, s, a.rel)
+	// The evidence as written, its check of the entry before the damage.
+	av, rv := v5Of(t, a.acqEv, entry), v5Of(t, a.relEv, entry)
+	ak, rk := evidenceKey(t, s, a.acq), releaseEvidenceKey(t, s, a.rel)
 	for _, when := range []string{"damaged", "trimmed"} {
 		if when == "trimmed" {
 			endLife7(t, s, id, true) // trims a's entry
@@ -915,7 +1052,144 @@ func TestFormat7DamagedEntryState(t *testing.T) {
 			t.Fatalf("%s: release replay %+v %v, want corrupt", when, res, err)
 		}
 		mustStored(t, s, rk, rv, when+": release evidence")
+		res, err = s.Acquire(bg, a.acq)
+		if lease.CodeOf(err) != lease.CodeCorrupt {
+			t.Fatalf("%s: acquisition replay %+v %v, want corrupt", when, res, err)
+		}
+		mustStored(t, s, ak, av, when+": acquisition evidence")
 	}
-	mustStored(t, s, evidenceKey(t, s, a.acq), v2Of(t, a.acqEv), "acquisition evidence detached from the damaged entry")
-	mustReplay(t, s, a.acq, a.first, lease.StateExpired)
+}
+
+// oneOff is line with one character changed to another of its kind, so
+// that an entry stays decodable where it can: its last digit or letter,
+// a digit to the next (9 to 8), a letter to the next (z to y, Z to Y). A
+// line with neither has its last character changed to 'x'; an empty line
+// becomes "x".
+func oneOff(line string) string {
+	for j := len(line) - 1; j >= 0; j-- {
+		var d byte
+		switch c := line[j]; {
+		case c >= '0' && c <= '8', c >= 'a' && c <= 'y', c >= 'A' && c <= 'Y':
+			d = c + 1
+		case c == '9', c == 'z', c == 'Z':
+			d = c - 1
+		default:
+			continue
+		}
+		return line[:j] + string(d) + line[j+1:]
+	}
+	if line == "" {
+		return "x"
+	}
+	return line[:len(line)-1] + "x"
+}
+
+// Version 5's check covers its lease's history entry byte for byte: a
+// released lease in format 7 whose version 4 entry is damaged in any one
+// of its lines (one character changed by oneOff, so that the entry still
+// decodes where it can: ended_at, a token, a TTL, a lifetime one more)
+// answers its acquisition's and its release's replays and lookups corrupt
+// or exactly the first answers, never another result; and once that
+// entry is trimmed (a cap of 2, two more leases ended), the library's
+// detach leaves the bytes of each evidence whose reader answered corrupt
+// as they were, and the replays still answer corrupt or the first
+// answers.
+func TestFormat7CheckCoversEntryAndEvidence(t *testing.T) {
+	s := ev5Store(t, sharedServer(t), 2, Options{})
+	shape := ev5End(t, s, newIdentity(), true) // an entry like each case's
+	n := len(strings.Split(entryOf(t, s, shape.first.Lease), "\n"))
+	if n < 30 {
+		t.Fatalf("setup: an entry of %d lines", n)
+	}
+	corrupt := "error " + string(lease.CodeCorrupt)
+	decodable, answered := 0, 0
+	for i := 0; i < n; i++ {
+		t.Run("line_"+strconv.Itoa(i), func(t *testing.T) {
+			id := newIdentity()
+			l := ev5End(t, s, id, true)
+			l.mustEV5Stored(t, s)
+			l.mustFirst(t, s, "undamaged")
+			entry := entryOf(t, s, l.first.Lease)
+			keys := []string{evidenceKey(t, s, l.acq), releaseEvidenceKey(t, s, l.rel)}
+			stored := []string{mustGet(t, s, keys[0]), mustGet(t, s, keys[1])}
+			editEntry(t, s, id, l.first.Lease.LeaseID, func(f []string) { f[i] = oneOff(f[i]) })
+			list := historyEntries(t, s, lockKey(t, id))
+			if len(list) != 1 || list[0] == entry || len(list[0]) != len(entry)+map[bool]int{true: 1}[strings.Split(entry, "\n")[i] == ""] {
+				t.Fatalf("setup: the damaged entry %q, was %q", list, entry)
+			}
+			damaged := list[0]
+			h, err := lease.DecodeScopedHistory([]byte(damaged), l.first.Lease.LockKey)
+			if err == nil {
+				decodable++
+				t.Logf("line %d %q -> %q: the entry still decodes (lease %s)", i, strings.Split(entry, "\n")[i], strings.Split(damaged, "\n")[i], h.Record.LeaseID)
+			}
+			firsts := []lease.Result{l.first, l.ended}
+			// outcomes are the acquisition's and the release's replay and
+			// lookup, each corrupt or exactly the first answer.
+			outcomes := func(when string) []string {
+				t.Helper()
+				var out []string
+				for k, op := range []lease.Op{lease.OpAcquire, lease.OpRelease} {
+					replay := l.acquireOutcome(t, s)
+					reqID, principal := l.acq.RequestID, l.acq.Caller.PrincipalID
+					if op == lease.OpRelease {
+						replay = l.releaseOutcome(t, s)
+						reqID, principal = l.rel.RequestID, l.rel.Caller.PrincipalID
+					}
+					if replay != corrupt && replay != answerOf(t, firsts[k]) {
+						t.Fatalf("%s, line %d damaged: the %s replay answered\n %s\nwant corrupt or the first answer\n %s",
+							when, i, op, replay, answerOf(t, firsts[k]))
+					}
+					lr, err := s.LookupRequest(bg, lease.LookupRequest{Op: op, Identity: id, PrincipalID: principal,
+						RequestID: reqID, DeadlineAt: far()})
+					lookup := corrupt
+					if err != nil {
+						lookup = "error " + string(lease.CodeOf(err))
+					} else if encoded(t, lr.Lease) == encoded(t, firsts[k].Lease) && lr.BackendTime.UnixMilli() == firsts[k].BackendTime.UnixMilli() {
+						lookup = answerOf(t, firsts[k])
+					} else {
+						lookup = "another answer: " + encoded(t, lr.Lease)
+					}
+					if lookup != replay {
+						t.Fatalf("%s, line %d damaged: the %s lookup answered %s, the replay %s", when, i, op, lookup, replay)
+					}
+					out = append(out, replay)
+				}
+				return out
+			}
+			before := outcomes("damaged")
+			for k := range before {
+				if before[k] != corrupt {
+					answered++
+				}
+			}
+			// Two more endings: the damaged entry is trimmed (its detach
+			// runs on it).
+			ev5End(t, s, id, false)
+			ev5End(t, s, id, false)
+			for _, e := range historyEntries(t, s, lockKey(t, id)) {
+				if e == damaged {
+					t.Fatal("the damaged entry is still listed")
+				}
+			}
+			for k, key := range keys {
+				if got := mustGet(t, s, key); before[k] == corrupt && got != stored[k] {
+					t.Fatalf("line %d damaged: detach rewrote the %s evidence the reader refused,\n %q\ninto\n %q",
+						i, []string{"acquisition", "release"}[k], stored[k], got)
+				}
+			}
+			outcomes("trimmed")
+		})
+	}
+	t.Logf("%d of %d damaged entries still decoded; %d replays answered the first answer, the rest corrupt", decodable, n, answered)
+}
+
+// upperCheck is check, 16 lower-case hex digits, in upper case; one with
+// no letter (all digits) gets an upper-case A in place of its first digit,
+// so that it is never left as it was.
+func upperCheck(check string) string {
+	if up := strings.ToUpper(check); up != check {
+		return up
+	}
+	return "A" + check[1:]
 }

@@ -964,22 +964,29 @@ local function encode_ev3(op, digest, code, at, r, expires, ttl)
     .. '\n' .. int(r.fencing_token) .. '\n' .. int(expires) .. '\n' .. int(ttl)
 end
 
+-- ev5_check is evidence version 5's check of body, its lines before the
+-- check, referring to entry, the history entry's bytes as written: the
+-- first 16 hex digits of the SHA-1 of both, a newline between them
+-- (lease.LeanIDEvidence's).
+local function ev5_check(entry, body) return string.sub(redis.sha1hex(entry .. '\n' .. body), 1, 16) end
+
 -- encode_ev5 is evidence version 5 (lease.LeanIDEvidence's bytes) of op,
--- 'acquire' or 'release', with digest (lowercase hex): the operation's
+-- 'acquire' or 'release', with digest (lowercase hex), referring to
+-- entry, the history entry of lease r this call writes: the operation's
 -- letter, the digest in base64url, the lease id and fencing token that
--- name lease r's history entry, and an acquisition's ttl_ms as granted.
--- The Go side derives the rest from the entry (its acquired_at, maximum
+-- name the entry, an acquisition's ttl_ms as granted, and the check. The
+-- Go side derives the rest from the entry (its acquired_at, maximum
 -- lifetime, ended_at and record), so a writer stores it only where that
 -- derivation is exact: an acquisition's evidence of the lease as granted
 -- (write_out), a release's at the end its entry records (remember). nil
 -- for a digest hex_b64 refuses: the caller writes version 3.
 local EV5_LETTERS = { acquire = 'a', release = 'r' }
-local function encode_ev5(op, digest, r, ttl)
+local function encode_ev5(op, digest, r, ttl, entry)
   local d = hex_b64(digest)
   if not d then return nil end
-  local ev = 'ev5\n' .. EV5_LETTERS[op] .. '\n' .. d .. '\n' .. r.lease_id .. '\n' .. int(r.fencing_token)
-  if op == 'acquire' then ev = ev .. '\n' .. int(ttl) end
-  return ev
+  local body = 'ev5\n' .. EV5_LETTERS[op] .. '\n' .. d .. '\n' .. r.lease_id .. '\n' .. int(r.fencing_token)
+  if op == 'acquire' then body = body .. '\n' .. int(ttl) end
+  return body .. '\n' .. ev5_check(entry, body)
 end
 
 -- is_scope reports an idempotency scope as stored: 43 base64url
@@ -1000,7 +1007,7 @@ local function idem_key(c, scope) return string.sub(c.k_active, 1, #c.k_active -
 -- scope, checked as 43 base64url characters first, within the identity's
 -- own hash tag (c.k_active's), so it is in the same slot as every key the
 -- call declares.
-local function write_out(c, r, refs)
+local function write_out(c, r, refs, entry)
   local at = r.acquired_at + c.idem_ret
   if at <= now_ms() then return end
   local scope = r.idem_scope
@@ -1012,7 +1019,7 @@ local function write_out(c, r, refs)
   if refs then
     -- Version 5 derives expires as computed here (lease.LeaseExpiry at
     -- acquired_at) and the backend time as acquired_at.
-    ev = c.ev5 and encode_ev5('acquire', r.idem_digest, r, ttl)
+    ev = c.ev5 and encode_ev5('acquire', r.idem_digest, r, ttl, entry)
       or encode_ev3('acquire', r.idem_digest, 'lease_acquired', r.acquired_at, r, expires, ttl)
   else
     ev = encode_ev2('acquire', r.idem_digest, 'lease_acquired', r.acquired_at, c.tag, r, r.acquired_at, expires, ttl, 'active')
@@ -1062,22 +1069,26 @@ local function canonical(v) return #v <= 16 and (v == '0' or string.find(v, '^[1
 -- spells them (operation, digest in hex, code, backend ms, lease id,
 -- token, expires ms, ttl ms): version 3's own, or version 5's with what
 -- it derives (lease.ExpandLeanIDEvidence) from r, its history entry's
--- record, and ended, the entry's end as stored: an acquisition's backend
--- time its acquired_at and expires its granted ttl's (write_out), a
--- release's backend time ended and expires and ttl r's. nil for any other
--- value, and for version 5 whose digest or ttl is not spelled as written.
-local function referring_fields(ev, r, ended)
+-- record, ended, the entry's end as stored, and entry, its bytes: an
+-- acquisition's backend time its acquired_at and expires its granted
+-- ttl's (write_out), a release's backend time ended and expires and ttl
+-- r's. nil for any other value, and for version 5 whose check is not that
+-- of entry and its lines, or whose digest or ttl is not spelled as
+-- written.
+local function referring_fields(ev, r, ended, entry)
   if string.sub(ev, 1, 4) == 'ev3\n' then
     return string.match(ev, '^ev3\n(%l+)\n(%x+)\n([%l_]+)\n(%d+)\n([^\n]+)\n(%d+)\n(%d+)\n(%d+)$')
   end
-  local d, id, token, ttl = string.match(ev, '^ev5\na\n([%w_%-]+)\n([^\n]+)\n(%d+)\n(%d+)$')
+  local body, check = string.match(ev, '^(ev5\n.*)\n(%x+)$')
+  if not body or #check ~= 16 or string.find(check, '%u') or ev5_check(entry, body) ~= check then return nil end
+  local d, id, token, ttl = string.match(body, '^ev5\na\n([%w_%-]+)\n([^\n]+)\n(%d+)\n(%d+)$')
   if d then
     local digest = b64_hex(d)
     if not digest or not canonical(ttl) then return nil end
     return 'acquire', digest, 'lease_acquired', int(r.acquired_at), id, token,
       int(r.acquired_at + math.min(tonumber(ttl), r.maximum_lifetime_ms)), ttl
   end
-  d, id, token = string.match(ev, '^ev5\nr\n([%w_%-]+)\n([^\n]+)\n(%d+)$')
+  d, id, token = string.match(body, '^ev5\nr\n([%w_%-]+)\n([^\n]+)\n(%d+)$')
   local digest = d and b64_hex(d)
   if not digest or not ended then return nil end
   return 'release', digest, 'lease_released', ended, id, token, int(r.expires_at), int(r.ttl_ms)
@@ -1114,7 +1125,7 @@ local function detach(c, entry)
   if not r then return end
   for op, kev in pairs(found) do
     local k, ev = kev[1], kev[2]
-    local e_op, digest, code, backend, id, token, expires, ttl = referring_fields(ev, r, ended)
+    local e_op, digest, code, backend, id, token, expires, ttl = referring_fields(ev, r, ended, entry)
     -- Only evidence exactly as encode_ev3 or encode_ev5 writes it
     -- (canonical numbers, a lowercase digest, the operation's code): damage
     -- is left for its reader to refuse, never rewritten into evidence that
@@ -1151,7 +1162,6 @@ end
 -- record's JSON if it built it (version 1 history; see ended_record).
 local function archive(c, r, state, ended, by, request_id, reason, incident, release_scope, refs)
   if refs == nil then refs = refers_at(c, ended) end
-  if r.idem_scope then write_out(c, r, refs) end
   local raw, entry
   if not c.compact then
     raw = encode(r, state)
@@ -1182,6 +1192,10 @@ local function archive(c, r, state, ended, by, request_id, reason, incident, rel
     .. '\n' .. int(r.ttl_ms) .. '\n' .. int(r.maximum_lifetime_ms) .. '\n' .. r.execution_id
     .. '\n' .. r.job_id .. '\n' .. r.trace_id .. '\n' .. r.request_id .. '\n' .. state .. '\n' .. r.metadata
   end
+  -- The acquisition's evidence by reference refers to the entry (version
+  -- 5 checks its bytes), as a release's does (remember, c.entry).
+  if r.idem_scope then write_out(c, r, refs, entry) end
+  c.entry = entry
   -- LTRIM only when the push went past the cap: below it, it is a no-op.
   -- Evidence that refers to an entry it drops is rewritten first, in
   -- every format (an instance that has not yet read a raised format
@@ -1250,9 +1264,9 @@ local function remember(c, now, op, digest, code, r, state, raw, by_reference)
   end
   local ev
   if by_reference then
-    -- A release's (finish): its entry ended at now with r's expires_at
-    -- and ttl_ms, what version 5 derives.
-    ev = c.ev5 and encode_ev5(op, digest, r) or encode_ev3(op, digest, code, now, r, r.expires_at, r.ttl_ms)
+    -- A release's (finish): its entry (archive's, c.entry) ended at now
+    -- with r's expires_at and ttl_ms, what version 5 derives.
+    ev = c.ev5 and encode_ev5(op, digest, r, nil, c.entry) or encode_ev3(op, digest, code, now, r, r.expires_at, r.ttl_ms)
   else
     ev = encode_ev2(op, digest, code, now, c.tag, r, r.renewed_at, r.expires_at, r.ttl_ms, state or r.state)
   end

@@ -296,7 +296,10 @@ func (s *Store) currentOf(orig *lease.Record, rep reply, id lease.Identity) (*le
 	if err != nil {
 		return nil, err
 	}
-	return lease.CurrentOf(orig, cur, rep.now, func() *lease.HistoryEntry { return findHistory(rep.f[min(3, len(rep.f)):], orig.LockKey, orig.LeaseID) }), nil
+	return lease.CurrentOf(orig, cur, rep.now, func() *lease.HistoryEntry {
+		h, _ := findHistory(rep.f[min(3, len(rep.f)):], orig.LockKey, orig.LeaseID)
+		return h
+	}), nil
 }
 
 // evidenceBytes is the stored evidence of an "evidence" reply read for p,
@@ -319,25 +322,25 @@ func evidenceBytes(p lease.Prepared, rep reply) (string, bool) {
 		}
 		op = p.Op
 	}
-	h := findHistory(rep.f[min(3, len(rep.f)):], p.LockKey, leaseID)
+	h, entry := findHistory(rep.f[min(3, len(rep.f)):], p.LockKey, leaseID)
 	if h == nil || op != p.Op || h.EvidenceScope(p.Op) != p.Scope {
 		return "", false
 	}
 	if lean {
-		return lease.ExpandLeanIDEvidence(raw, h.Record, h.EndedAt)
+		return lease.ExpandLeanIDEvidence(raw, entry, h.Record, h.EndedAt)
 	}
 	return lease.ExpandReferringEvidence(raw, h.Record)
 }
 
 // findHistory returns the first entry (newest first) that strictly decodes
-// and names leaseID under lockKey.
-func findHistory(entries []string, lockKey, leaseID string) *lease.HistoryEntry {
+// and names leaseID under lockKey, and its bytes.
+func findHistory(entries []string, lockKey, leaseID string) (*lease.HistoryEntry, string) {
 	for _, e := range entries {
 		if h, err := lease.DecodeScopedHistory([]byte(e), lockKey); err == nil && h.Record.LeaseID == leaseID && h.Record.LockKey == lockKey {
-			return h
+			return h, e
 		}
 	}
-	return nil
+	return nil, ""
 }
 
 // decodeRecord strictly decodes a record read under lockKey (version 4

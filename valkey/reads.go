@@ -80,7 +80,7 @@ func (s *Store) Inspect(ctx context.Context, req lease.InspectRequest) (lease.Re
 		}
 		return lease.Result{}, lease.NotFound(rep.now)
 	case "history":
-		if h := findHistory(rep.f, lockKey, req.LeaseID); h != nil {
+		if h, _ := findHistory(rep.f, lockKey, req.LeaseID); h != nil {
 			return lease.Result{Code: lease.CodeInspected, Lease: h.Record, BackendTime: rep.now}, nil
 		}
 		return lease.Result{}, lease.NotFound(rep.now)
