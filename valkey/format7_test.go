@@ -1142,7 +1142,7 @@ func TestFormat7CheckCoversEntryAndEvidence(t *testing.T) {
 					}
 					lr, err := s.LookupRequest(bg, lease.LookupRequest{Op: op, Identity: id, PrincipalID: principal,
 						RequestID: reqID, DeadlineAt: far()})
-					lookup := corrupt
+					var lookup string
 					if err != nil {
 						lookup = "error " + string(lease.CodeOf(err))
 					} else if encoded(t, lr.Lease) == encoded(t, firsts[k].Lease) && lr.BackendTime.UnixMilli() == firsts[k].BackendTime.UnixMilli() {

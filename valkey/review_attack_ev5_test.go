@@ -734,10 +734,7 @@ func TestAttackEV5DetachOfAnEntryTheReaderRefuses(t *testing.T) {
 			keys := []string{evidenceKey(t, s, l.acq), releaseEvidenceKey(t, s, l.rel)}
 			stored := []string{mustGet(t, s, keys[0]), mustGet(t, s, keys[1])}
 			editEntry(t, s, id, l.first.Lease.LeaseID, c.edit)
-			var before []string
-			for _, o := range []string{l.acquireOutcome(t, s), l.releaseOutcome(t, s)} {
-				before = append(before, o)
-			}
+			before := []string{l.acquireOutcome(t, s), l.releaseOutcome(t, s)}
 			trimAway(t, s, id, l.first.Lease.LeaseID)
 			after := []string{l.acquireOutcome(t, s), l.releaseOutcome(t, s)}
 			for i, want := range []string{answerOf(t, l.first), answerOf(t, l.ended)} {
