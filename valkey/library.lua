@@ -1159,7 +1159,8 @@ end
 -- history version 2 (the Go side rebuilds version 1, lease.HistoryEntry's
 -- JSON, from it; see expandHistory in evidence.go): its facts one per
 -- line, in place of a second copy of the record JSON. Returns the ended
--- record's JSON if it built it (version 1 history; see ended_record).
+-- record's JSON if it built it (version 1 history; see ended_record), and
+-- the entry as pushed (what evidence by reference refers to).
 local function archive(c, r, state, ended, by, request_id, reason, incident, release_scope, refs)
   if refs == nil then refs = refers_at(c, ended) end
   local raw, entry
@@ -1193,9 +1194,8 @@ local function archive(c, r, state, ended, by, request_id, reason, incident, rel
     .. '\n' .. r.job_id .. '\n' .. r.trace_id .. '\n' .. r.request_id .. '\n' .. state .. '\n' .. r.metadata
   end
   -- The acquisition's evidence by reference refers to the entry (version
-  -- 5 checks its bytes), as a release's does (remember, c.entry).
+  -- 5 checks its bytes), as a release's does (remember).
   if r.idem_scope then write_out(c, r, refs, entry) end
-  c.entry = entry
   -- LTRIM only when the push went past the cap: below it, it is a no-op.
   -- Evidence that refers to an entry it drops is rewritten first, in
   -- every format (an instance that has not yet read a raised format
@@ -1223,7 +1223,7 @@ local function archive(c, r, state, ended, by, request_id, reason, incident, rel
   redis.call('ZREM', c.k_expiry, expiry_member(r, c.tag))
   rec_drop(c.raw)
   c.raw = nil
-  return raw
+  return raw, entry
 end
 
 -- ended_record is the reply's copy of r ended in state: raw, the version 1
@@ -1248,8 +1248,9 @@ end
 -- ms, hash tag, then r's lease_id .. service_instance_id, fencing_token,
 -- acquired/renewed/expires ms, ttl_ms, maximum_lifetime_ms, execution_id,
 -- job_id, trace_id, request_id, state (state if given), and metadata last
--- (JSON; the only free text).
-local function remember(c, now, op, digest, code, r, state, raw, by_reference)
+-- (JSON; the only free text). With ref_entry, the history entry this call
+-- pushed, a release's evidence refers to it instead (finish).
+local function remember(c, now, op, digest, code, r, state, raw, ref_entry)
   if not c.compact then
     -- raw is the record as stored, but a record carrying its acquisition's
     -- evidence is stored in version 3 whatever the writer's format (a
@@ -1263,10 +1264,10 @@ local function remember(c, now, op, digest, code, r, state, raw, by_reference)
     return
   end
   local ev
-  if by_reference then
-    -- A release's (finish): its entry (archive's, c.entry) ended at now
-    -- with r's expires_at and ttl_ms, what version 5 derives.
-    ev = c.ev5 and encode_ev5(op, digest, r, nil, c.entry) or encode_ev3(op, digest, code, now, r, r.expires_at, r.ttl_ms)
+  if ref_entry then
+    -- A release's (finish): its entry ended at now with r's expires_at
+    -- and ttl_ms, what version 5 derives.
+    ev = c.ev5 and encode_ev5(op, digest, r, nil, ref_entry) or encode_ev3(op, digest, code, now, r, r.expires_at, r.ttl_ms)
   else
     ev = encode_ev2(op, digest, code, now, c.tag, r, r.renewed_at, r.expires_at, r.ttl_ms, state or r.state)
   end
@@ -1499,8 +1500,8 @@ local function finish(keys, args)
   local refs = refers_at(c, now)
   local release_scope = args[23] == 'release' and refs and string.match(c.k_ev, ':idem:([%w_%-]+)$')
   if not is_scope(release_scope) then release_scope = nil end
-  local raw = archive(c, cur, e.state, now, args[17], args[20], args[21], args[22], release_scope, refs)
-  remember(c, now, args[23], args[19], e.code, cur, e.state, raw, release_scope ~= nil)
+  local raw, entry = archive(c, cur, e.state, now, args[17], args[20], args[21], args[22], release_scope, refs)
+  remember(c, now, args[23], args[19], e.code, cur, e.state, raw, release_scope and entry)
   return { 'ok', int(now), ended_record(raw, cur, e.state) }
 end
 
