@@ -239,11 +239,21 @@ func openStore(e *env, stderr io.Writer) (*bolt.Store, error) {
 	opts := e.opts
 	opts.Logger = slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	s, err := bolt.Open(filepath.Join(e.dataDir, storeFile), bolt.Options{StoreOptions: opts, ReapInterval: -1})
-	if le := lease.AsError(err); err != nil && strings.Contains(le.Reason, "locked by another process") {
-		// bbolt admits one process: most likely the server holds the file.
-		out := *le
-		out.Reason += "; if starlease serve runs on this data directory, use remote mode: --server URL --api-key-file F"
-		return nil, &out
+	if err != nil {
+		return nil, withLockedHint(err, "; if starlease serve runs on this data directory, use remote mode: --server URL --api-key-file F")
 	}
-	return s, err
+	return s, nil
+}
+
+// withLockedHint is err with hint added to its reason if bolt refused the
+// store file because another process holds it: bbolt admits one process,
+// most likely the server on the data directory.
+func withLockedHint(err error, hint string) error {
+	le := lease.AsError(err)
+	if !strings.Contains(le.Reason, "locked by another process") {
+		return err
+	}
+	out := *le
+	out.Reason += hint
+	return &out
 }

@@ -59,15 +59,8 @@ func runKeys(args []string, stdout, stderr io.Writer) int {
 	ttl := fs.Duration("ttl", 0, "create: key lifetime (0: no expiry)")
 	label := fs.String("label", "", "create: short note")
 	id := fs.String("id", "", "revoke, rotate: credential id")
-	if err := fs.Parse(rest); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		return exitUsage
-	}
-	if err := envFlags(fs); err != nil || fs.NArg() > 0 || bf.check() != nil || (*dataDir == "" && bf.backend == "bolt") {
-		fmt.Fprint(stderr, keysUsage)
-		return exitUsage
+	if code, ok := parseBackendCommand(fs, rest, &bf, dataDir, keysUsage, stderr); !ok {
+		return code
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -183,4 +176,22 @@ func keysPrint(stdout io.Writer, v any) int {
 func keysFail(stderr io.Writer, err error) int {
 	fmt.Fprintf(stderr, "starlease keys: %v\n", err)
 	return exitOther
+}
+
+// parseBackendCommand parses the arguments and environment of a command
+// that works on a backend's store (keys, outbox): ok is false with the
+// exit status to return, after usage on stderr unless -h asked for it.
+// bolt needs dataDir.
+func parseBackendCommand(fs *flag.FlagSet, args []string, bf *backendFlags, dataDir *string, usage string, stderr io.Writer) (int, bool) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK, false
+		}
+		return exitUsage, false
+	}
+	if err := envFlags(fs); err != nil || fs.NArg() > 0 || bf.check() != nil || (*dataDir == "" && bf.backend == "bolt") {
+		fmt.Fprint(stderr, usage)
+		return exitUsage, false
+	}
+	return 0, true
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -75,15 +73,8 @@ func runOutbox(args []string, stdout, stderr io.Writer) int {
 	messageID := fs.String("message-id", "", "requeue, discard: the dead letter's message id")
 	reason := fs.String("reason", "", "requeue, discard: why, for the audit trail (required)")
 	timeout := fs.Duration("timeout", 30*time.Second, "deadline of the command")
-	if err := fs.Parse(rest); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		return exitUsage
-	}
-	if err := envFlags(fs); err != nil || fs.NArg() > 0 || bf.check() != nil || (*dataDir == "" && bf.backend == "bolt") {
-		fmt.Fprint(stderr, outboxUsage)
-		return exitUsage
+	if code, ok := parseBackendCommand(fs, rest, &bf, dataDir, outboxUsage, stderr); !ok {
+		return code
 	}
 	if sub != "dead-letters" {
 		if err := lease.CheckOpaqueID("message_id", *messageID); err != nil {
@@ -173,13 +164,8 @@ func openOutbox(ctx context.Context, f backendFlags, dataDir string, log *slog.L
 		closers = append(closers, func() { _ = es.Close() })
 	default:
 		bs, err := bolt.Open(filepath.Join(dataDir, storeFile), bolt.Options{StoreOptions: opts, ReapInterval: -1})
-		if le := lease.AsError(err); err != nil && strings.Contains(le.Reason, "locked by another process") {
-			out := *le
-			out.Reason += "; stop starlease serve on this data directory first (bbolt admits one process)"
-			return nil, nil, nil, &out
-		}
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, withLockedHint(err, "; stop starlease serve on this data directory first (bbolt admits one process)")
 		}
 		st = bs
 		closers = append(closers, func() { _ = bs.Close() })
