@@ -78,6 +78,22 @@ func TestConformanceLeanEvidence(t *testing.T) {
 	})
 }
 
+// TestConformanceCheckedEvidence runs the suite on namespaces switched to
+// format 8 (evidence written whole in version 6) whose stores detach
+// eagerly, so that endings on an identity at its history cap write
+// version 6 too.
+func TestConformanceCheckedEvidence(t *testing.T) {
+	r, pw := aclServer(t)
+	leasetest.Run(t, func(t *testing.T) leasetest.Backend {
+		s := open(t, r, Options{Username: "starlease", PasswordFile: pw, KeyPrefix: "starlease:" + randomPrefix(),
+			StoreOptions: leasetest.StoreOptions(), CheckedEvidence: true, EagerDetach: true})
+		if s.writeFormat() != "checked_evidence+eager" {
+			t.Fatal("the namespace is not in format 8")
+		}
+		return leasetest.Backend{Store: s, Faults: faults{s}}
+	})
+}
+
 // TestConformanceEagerDetach runs the suite on format 6 namespaces whose
 // stores detach eagerly (Options.EagerDetach).
 func TestConformanceEagerDetach(t *testing.T) {

@@ -49,16 +49,23 @@ import (
 //	        and a release's ttl_ms), the digest in base64url, and a check
 //	        of the entry's bytes and its own; about 110 bytes less per
 //	        ended lease (EnableLeanEvidence; `--valkey-lean-evidence`)
+//	"8"     that, but evidence written whole (not by reference, and
+//	        what detach rewrites) in version 6 (lease.WholeEvidence):
+//	        version 2 without its hash tag line, the digest in
+//	        base64url, and a check of the tag and its lines; about 50
+//	        bytes less per value (EnableCheckedEvidence;
+//	        `--valkey-checked-evidence`)
 //
 // It is one way (raise_format in library.lua never lowers it; an instance
 // of an older build would answer the later data as corrupt). Every build
 // reads every version it knows.
 //
 // Options.EagerDetach is not a format but a choice of each instance in
-// format 5, 6 or 7: an ending whose push drops an entry that ended within the
+// format 5 or later: an ending whose push drops an entry that ended within the
 // idempotency retention writes format 4's forms (evidence and history
-// version 2), which every build since format 3 reads, instead of writing
-// by reference what the next trims would rewrite.
+// version 2; in format 8 evidence version 6), which every build since
+// format 3 reads (version 6: since format 8), instead of writing by
+// reference what the next trims would rewrite.
 const (
 	compactFormat     = "2"
 	compactRecords    = "3"
@@ -66,21 +73,27 @@ const (
 	referringEvidence = "5"
 	leanRecords       = "6"
 	leanEvidence      = "7"
+	checkedEvidence   = "8"
 )
 
 // formatLevels orders the switch's values (library.lua's FORMAT_LEVEL):
 // each format writes what the one below it does, and more.
-var formatLevels = map[string]int32{compactFormat: 2, compactRecords: 3, embeddedEvidence: 4, referringEvidence: 5, leanRecords: 6, leanEvidence: 7}
+var formatLevels = map[string]int32{compactFormat: 2, compactRecords: 3, embeddedEvidence: 4, referringEvidence: 5, leanRecords: 6, leanEvidence: 7,
+	checkedEvidence: 8}
 
 // writes reports whether the store writes format f's forms: its
 // namespace's switch, as last read, is f or a later format.
 func (s *Store) writes(f string) bool { return s.format.Load() >= formatLevels[f] }
 
 // writeFormat is the last ARGV of each call that keeps evidence, history
-// or an active record (library.lua's context), with "+eager" in format 5,
-// 6 or 7 for a store that detaches eagerly (Options.EagerDetach).
+// or an active record (library.lua's context), with "+eager" in format 5
+// or later for a store that detaches eagerly (Options.EagerDetach).
 func (s *Store) writeFormat() string {
 	switch {
+	case s.writes(checkedEvidence) && s.eagerDetach:
+		return "checked_evidence+eager"
+	case s.writes(checkedEvidence):
+		return "checked_evidence"
 	case s.writes(leanEvidence) && s.eagerDetach:
 		return "lean_evidence+eager"
 	case s.writes(leanEvidence):
@@ -184,6 +197,16 @@ func (s *Store) EnableLeanEvidence(ctx context.Context) error {
 	return s.raiseFormat(ctx, leanEvidence)
 }
 
+// EnableCheckedEvidence switches the namespace to format 8: format 7's,
+// but evidence written whole is stored in version 6 (lease.WholeEvidence).
+// Only once every instance sharing the namespace runs a build that reads
+// evidence version 6 (this one or a later one); older builds answer a
+// replay of such evidence as corrupt. Rolling back: README,
+// "--valkey-checked-evidence".
+func (s *Store) EnableCheckedEvidence(ctx context.Context) error {
+	return s.raiseFormat(ctx, checkedEvidence)
+}
+
 // errFormatClosed is raiseFormat's answer on a closed namespace, which
 // changes nothing until it reopens.
 var errFormatClosed = lease.Errorf(lease.CodeBackendUnavailable, "the namespace is closed; its stored-format switch is left as it is")
@@ -211,7 +234,8 @@ func (s *Store) raiseFormat(ctx context.Context, want string) error {
 
 // raiseWanted raises the switch to the format the store's options ask for
 // (Options.CompactFormat, CompactRecords, EmbeddedEvidence,
-// ReferringEvidence, LeanRecords, LeanEvidence), if the namespace is below it.
+// ReferringEvidence, LeanRecords, LeanEvidence, CheckedEvidence), if the
+// namespace is below it.
 // It runs at Open and at every reaper pass, so a namespace that was
 // closed when the store opened is switched once it reopens.
 func (s *Store) raiseWanted(ctx context.Context) error {

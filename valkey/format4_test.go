@@ -479,7 +479,7 @@ func TestEmbeddedEvidenceGate(t *testing.T) {
 		t.Fatalf("a format 3 Go reader on version 3: %v", err)
 	}
 	// This build refuses a later format the same way.
-	if err := s4.client.Do(bg, s4.client.B().Set().Key(s4.keys.format()).Value("8").Build()).Error(); err != nil {
+	if err := s4.client.Do(bg, s4.client.B().Set().Key(s4.keys.format()).Value("9").Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
 	mustCode(t, s4.EnableEmbeddedEvidence(bg), lease.CodeCorrupt)

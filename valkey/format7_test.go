@@ -426,14 +426,14 @@ func endRenewed7(t *testing.T, s *Store, id lease.Identity, release bool, ttl ti
 }
 
 // mustForms checks the life's evidence is stored exactly as form
-// ("ev5", "ev3" or "ev2") writes the expected evidence (version 5's
+// ("ev5", "ev3", "ev2" or "ev6") writes the expected evidence (version 5's
 // referring to the entry stored at its end), the acquisition's expiring
 // at acquired_at + the retention and the release's as written.
 func (l v7Life) mustForms(t *testing.T, s *Store, form, where string) {
 	t.Helper()
 	of := map[string]func(*testing.T, *lease.IdempotencyRecord) string{
 		"ev5": func(t *testing.T, e *lease.IdempotencyRecord) string { t.Helper(); return v5Of(t, e, l.entry) },
-		"ev3": v3Of, "ev2": v2Of}[form]
+		"ev3": v3Of, "ev2": v2Of, "ev6": v6Of}[form]
 	key := evidenceKey(t, s, l.acq)
 	mustStored(t, s, key, of(t, l.acqEv), where+": acquisition evidence in "+form)
 	if at, want := pexpireTime(t, s, key), l.first.Lease.AcquiredAt.UnixMilli()+s.opts.IdempotencyRetention.Milliseconds(); at != want {
@@ -890,7 +890,7 @@ func TestFormat7MixedWriters(t *testing.T) {
 // reading version 5: simulated) refuses to lower the switch and answers a
 // replay of version 5 evidence as corrupt, never a result; its trims
 // leave version 5 evidence as it is, which then answers corrupt here too.
-// This build refuses to raise a switch it does not know ("8") and leaves
+// This build refuses to raise a switch it does not know ("9") and leaves
 // it.
 func TestFormat7OlderBuildAndGate(t *testing.T) {
 	r := sharedServer(t)
@@ -979,11 +979,11 @@ func TestFormat7OlderBuildAndGate(t *testing.T) {
 	}
 
 	// A later format's switch: refused, and left as it is.
-	if err := s.client.Do(bg, s.client.B().Set().Key(s.keys.format()).Value("8").Build()).Error(); err != nil {
+	if err := s.client.Do(bg, s.client.B().Set().Key(s.keys.format()).Value("9").Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
 	mustCode(t, s.EnableLeanEvidence(bg), lease.CodeCorrupt)
-	if v := mustGet(t, s, s.keys.format()); v != "8" {
+	if v := mustGet(t, s, s.keys.format()); v != "9" {
 		t.Fatalf("the unknown switch became %q", v)
 	}
 	if !s.writes(leanEvidence) {

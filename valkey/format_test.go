@@ -156,13 +156,13 @@ func TestCompactRecordsIsANamespaceSwitch(t *testing.T) {
 		t.Fatalf("after EnableCompactFormat: switch %q, records %v", v, c.writes(compactRecords))
 	}
 	// A value this build does not know stays, and is refused.
-	if err := c.client.Do(bg, c.client.B().Set().Key(c.keys.format()).Value("8").Build()).Error(); err != nil {
+	if err := c.client.Do(bg, c.client.B().Set().Key(c.keys.format()).Value("9").Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.EnableCompactRecords(bg); lease.CodeOf(err) != lease.CodeCorrupt {
 		t.Fatalf("raising an unknown switch: %v, want corrupt", err)
 	}
-	if v, _ := get(t, c, c.keys.format()); v != "8" {
+	if v, _ := get(t, c, c.keys.format()); v != "9" {
 		t.Fatalf("the unknown switch became %q", v)
 	}
 	c.loadFormat(bg)

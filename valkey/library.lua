@@ -853,6 +853,12 @@ end
 -- contract: all cleanup is conditional on lease_id and fencing_token).
 local function expiry_member(r, tag) return tag .. '\0' .. r.lease_id .. '\0' .. int(r.fencing_token) end
 
+-- WRITE_LEVEL is the format level of each write format the Go side names
+-- (format.go's writeFormat; FORMAT_LEVEL's levels): each writes what the
+-- one below it does, and more. Any other name writes version 1.
+local WRITE_LEVEL = { compact = 2, compact_records = 3, embedded_evidence = 4, referring_evidence = 5,
+  lean_records = 6, lean_evidence = 7, checked_evidence = 8 }
+
 -- Common ARGV of lease mutations:
 --   1 deadline ms, 2 lock key, 3 hash tag, 4..10 identity (c.args[4..10]),
 --   11 physical grace ms, 12 history cap, 13 history retention ms,
@@ -863,9 +869,10 @@ local function expiry_member(r, tag) return tag .. '\0' .. r.lease_id .. '\0' ..
 --   namespace gate; operation-specific keys follow.
 local function context(keys, args)
   local format, eager = args[#args], false
-  -- '+eager' after format 5, 6 or 7: the instance detaches eagerly (see
+  -- '+eager' after format 5 or later: the instance detaches eagerly (see
   -- refers_at).
   if string.find(format, '+eager', 1, true) then format, eager = string.sub(format, 1, -7), true end
+  local level = WRITE_LEVEL[format] or 0
   return {
     deadline = tonumber(args[1]), lock_key = args[2], tag = args[3], args = args,
     grace = tonumber(args[11]), hist_cap = tonumber(args[12]), hist_ret = tonumber(args[13]),
@@ -876,27 +883,27 @@ local function context(keys, args)
     -- history with the format to write them in: 'compact' (version 2)
     -- once the namespace has been switched to it, else version 1, which
     -- instances of older builds still sharing the namespace can read.
-    compact = format == 'compact' or format == 'compact_records' or format == 'embedded_evidence'
-      or format == 'referring_evidence' or format == 'lean_records' or format == 'lean_evidence',
+    compact = level >= 2,
     -- 'compact_records' (namespace format 3) also stores active records
     -- in version 2 (encode_rv2); every build since reads both.
+    rv2 = level >= 3,
     -- 'embedded_evidence' (format 4) stores them in version 3 with the
     -- acquisition's evidence (encode_rv3): no evidence key is written
     -- while a lease is active.
-    rv2 = format == 'compact_records' or format == 'embedded_evidence' or format == 'referring_evidence'
-      or format == 'lean_records' or format == 'lean_evidence',
-    rv3 = format == 'embedded_evidence' or format == 'referring_evidence' or format == 'lean_records'
-      or format == 'lean_evidence',
+    rv3 = level >= 4,
     -- 'referring_evidence' (format 5) also writes an ending's evidence of
     -- its acquisition and a release's own in version 3, by reference to
     -- the history entry (see refers).
-    refs = format == 'referring_evidence' or format == 'lean_records' or format == 'lean_evidence',
+    refs = level >= 5,
     -- 'lean_records' (format 6) stores a record carrying its acquisition's
     -- evidence in version 4 (encode_rv4) instead of 3.
-    rv4 = format == 'lean_records' or format == 'lean_evidence',
+    rv4 = level >= 6,
     -- 'lean_evidence' (format 7) writes evidence by reference in version 5
     -- (encode_ev5) instead of 3.
-    ev5 = format == 'lean_evidence',
+    ev5 = level >= 7,
+    -- 'checked_evidence' (format 8) writes whole evidence in version 6
+    -- (encode_whole) instead of 2.
+    ev6 = level >= 8,
     eager = eager,
   }
 end
@@ -940,18 +947,38 @@ local function store_active(c, r, renewed)
   return raw
 end
 
--- encode_ev2 is evidence version 2 (lease.CompactEvidence's bytes): the
--- operation, digest, code and backend time at, then lease r's facts with
--- renewed, expires, ttl and state as the answer gave them (an ending's
--- write_out gives the acquisition's). One concatenation.
-local function encode_ev2(op, digest, code, at, tag, r, renewed, expires, ttl, state)
-  return 'ev2\n' .. op .. '\n' .. digest .. '\n' .. code .. '\n' .. int(at) .. '\n' .. tag
-    .. '\n' .. r.lease_id .. '\n' .. r.owner_principal_id .. '\n' .. r.owner_client_id
+-- ev2_facts are lease r's facts as evidence version 2 (and 6) spells
+-- them after the hash tag, each after a newline, with renewed, expires,
+-- ttl and state as the answer gave them (an ending's write_out gives the
+-- acquisition's). One concatenation.
+local function ev2_facts(r, renewed, expires, ttl, state)
+  return '\n' .. r.lease_id .. '\n' .. r.owner_principal_id .. '\n' .. r.owner_client_id
     .. '\n' .. r.owner_credential_id .. '\n' .. r.service_instance_id .. '\n' .. int(r.fencing_token)
     .. '\n' .. int(r.acquired_at) .. '\n' .. int(renewed) .. '\n' .. int(expires)
     .. '\n' .. int(ttl) .. '\n' .. int(r.maximum_lifetime_ms) .. '\n' .. r.execution_id
     .. '\n' .. r.job_id .. '\n' .. r.trace_id .. '\n' .. r.request_id .. '\n' .. state
     .. '\n' .. r.metadata
+end
+
+-- encode_ev2 is evidence version 2 (lease.CompactEvidence's bytes): the
+-- operation, digest, code and backend time at, the hash tag, then lease
+-- r's facts (ev2_facts).
+local function encode_ev2(op, digest, code, at, tag, r, renewed, expires, ttl, state)
+  return 'ev2\n' .. op .. '\n' .. digest .. '\n' .. code .. '\n' .. int(at) .. '\n' .. tag
+    .. ev2_facts(r, renewed, expires, ttl, state)
+end
+
+-- encode_whole is the evidence c writes whole (not by reference), with
+-- encode_ev2's arguments: version 6 in format 8 (lease.WholeEvidence's
+-- bytes: version 2 without the tag line, the digest in base64url, and a
+-- check of the tag and the lines after it, the first 16 hex digits of
+-- their SHA-1, on the line after the version), else version 2. Version 2
+-- too for a digest hex_b64 refuses.
+local function encode_whole(c, op, digest, code, at, tag, r, renewed, expires, ttl, state)
+  local d = c.ev6 and hex_b64(digest)
+  if not d then return encode_ev2(op, digest, code, at, tag, r, renewed, expires, ttl, state) end
+  local rest = op .. '\n' .. d .. '\n' .. code .. '\n' .. int(at) .. ev2_facts(r, renewed, expires, ttl, state)
+  return 'ev6\n' .. string.sub(redis.sha1hex(tag .. '\n' .. rest), 1, 16) .. '\n' .. rest
 end
 
 -- encode_ev3 is evidence version 3 (lease.ReferringEvidence's bytes): the
@@ -1000,7 +1027,7 @@ local function is_scope(v) return type(v) == 'string' and #v == 43 and string.fi
 local function idem_key(c, scope) return string.sub(c.k_active, 1, #c.k_active - #'active') .. 'idem:' .. scope end
 
 -- write_out writes the acquisition's evidence a version 3 record r carries
--- to its own key, as remember writes it (evidence version 2) and with the
+-- to its own key, as remember writes it (evidence version 2, or 6) and with the
 -- expiry it would have had (acquired_at + the idempotency retention; not
 -- written if that has passed): the lease is ending, and the evidence must
 -- outlive the record. The key is named from stored data (not in KEYS): the
@@ -1022,7 +1049,7 @@ local function write_out(c, r, refs, entry)
     ev = c.ev5 and encode_ev5('acquire', r.idem_digest, r, ttl, entry)
       or encode_ev3('acquire', r.idem_digest, 'lease_acquired', r.acquired_at, r, expires, ttl)
   else
-    ev = encode_ev2('acquire', r.idem_digest, 'lease_acquired', r.acquired_at, c.tag, r, r.acquired_at, expires, ttl, 'active')
+    ev = encode_whole(c, 'acquire', r.idem_digest, 'lease_acquired', r.acquired_at, c.tag, r, r.acquired_at, expires, ttl, 'active')
   end
   redis.call('SET', idem_key(c, scope), ev, 'PXAT', int(at))
 end
@@ -1094,8 +1121,8 @@ local function referring_fields(ev, r, ended, entry)
   return 'release', digest, 'lease_released', ended, id, token, int(r.expires_at), int(r.ttl_ms)
 end
 
--- detach rewrites in version 2 the evidence of version 3 or 5 that refers
--- to entry, a history entry of version 4 about to be dropped (version 2's
+-- detach rewrites whole (encode_whole: version 2, or 6 in format 8) the
+-- evidence of version 3 or 5 that refers to entry, a history entry of version 4 about to be dropped (version 2's
 -- lines without the hash tag, which c's keys hold): under each
 -- scope it names, evidence by reference of the scope's operation that
 -- names the entry's lease id and token becomes what remember or write_out
@@ -1135,9 +1162,9 @@ local function detach(c, entry)
         and canonical(backend) and canonical(expires) and canonical(ttl) then
       local out
       if op == 'acquire' then
-        out = encode_ev2(op, digest, code, tonumber(backend), c.tag, r, r.acquired_at, tonumber(expires), tonumber(ttl), 'active')
+        out = encode_whole(c, op, digest, code, tonumber(backend), c.tag, r, r.acquired_at, tonumber(expires), tonumber(ttl), 'active')
       elseif r.state == 'released' and tonumber(expires) == r.expires_at and tonumber(ttl) == r.ttl_ms then
-        out = encode_ev2(op, digest, code, tonumber(backend), c.tag, r, r.renewed_at, r.expires_at, r.ttl_ms, r.state)
+        out = encode_whole(c, op, digest, code, tonumber(backend), c.tag, r, r.renewed_at, r.expires_at, r.ttl_ms, r.state)
       end
       if out then redis.call('SET', k, out, 'KEEPTTL') end
     end
@@ -1248,7 +1275,8 @@ end
 -- ms, hash tag, then r's lease_id .. service_instance_id, fencing_token,
 -- acquired/renewed/expires ms, ttl_ms, maximum_lifetime_ms, execution_id,
 -- job_id, trace_id, request_id, state (state if given), and metadata last
--- (JSON; the only free text). With ref_entry, the history entry this call
+-- (JSON; the only free text); in format 8 version 6 instead
+-- (encode_whole). With ref_entry, the history entry this call
 -- pushed, a release's evidence refers to it instead (finish).
 local function remember(c, now, op, digest, code, r, state, raw, ref_entry)
   if not c.compact then
@@ -1269,12 +1297,12 @@ local function remember(c, now, op, digest, code, r, state, raw, ref_entry)
     -- and ttl_ms, what version 5 derives.
     ev = c.ev5 and encode_ev5(op, digest, r, nil, ref_entry) or encode_ev3(op, digest, code, now, r, r.expires_at, r.ttl_ms)
   else
-    ev = encode_ev2(op, digest, code, now, c.tag, r, r.renewed_at, r.expires_at, r.ttl_ms, state or r.state)
+    ev = encode_whole(c, op, digest, code, now, c.tag, r, r.renewed_at, r.expires_at, r.ttl_ms, state or r.state)
   end
   redis.call('SET', c.k_ev, ev, 'PX', int(c.ev_ret))
 end
 
--- evidence_lease_id is the lease id stored evidence names (either
+-- evidence_lease_id is the lease id stored evidence names (any
 -- version), or nil.
 local function evidence_lease_id(ev)
   if string.sub(ev, 1, 4) == 'ev5\n' then
@@ -1287,8 +1315,10 @@ local function evidence_lease_id(ev)
     if is_id(id) then return id end
     return nil
   end
-  if string.sub(ev, 1, 4) == 'ev2\n' then
-    local id = string.match(ev, '^ev2\n[^\n]*\n[^\n]*\n[^\n]*\n[^\n]*\n[^\n]*\n([^\n]*)\n')
+  -- Versions 2 and 6 name it on the same line (version 6's check takes
+  -- the place of version 2's tag among the lines before it).
+  if string.sub(ev, 1, 4) == 'ev2\n' or string.sub(ev, 1, 4) == 'ev6\n' then
+    local id = string.match(ev, '^ev[26]\n[^\n]*\n[^\n]*\n[^\n]*\n[^\n]*\n[^\n]*\n([^\n]*)\n')
     if is_id(id) then return id end
     return nil
   end
@@ -2057,7 +2087,7 @@ local function clock() return { 'ok', int(now_ms()) } end
 -- an earlier format's option never takes a namespace back. A value it
 -- does not know (a later build's, or damage) is left as it is: 'unknown'.
 -- A closed namespace (KEYS 2, the gate) changes nothing: 'closed'.
-local FORMAT_LEVEL = { ['2'] = 2, ['3'] = 3, ['4'] = 4, ['5'] = 5, ['6'] = 6, ['7'] = 7 }
+local FORMAT_LEVEL = { ['2'] = 2, ['3'] = 3, ['4'] = 4, ['5'] = 5, ['6'] = 6, ['7'] = 7, ['8'] = 8 }
 local function raise_format(keys, args)
   local want = FORMAT_LEVEL[args[1]]
   if not want then return redis.error_reply('unknown format') end

@@ -303,7 +303,9 @@ func (s *Store) currentOf(orig *lease.Record, rep reply, id lease.Identity) (*le
 }
 
 // evidenceBytes is the stored evidence of an "evidence" reply read for p,
-// as version 1 bytes: version 1 as it is, version 2 expanded, version 3
+// as version 1 bytes: version 1 as it is, version 2 expanded, version 6
+// (format 8: whole, checked) checked against p's lock key and expanded,
+// version 3
 // (format 5: by reference) or 5 (format 7: lean, by reference) rebuilt
 // from the history entry of the lease it names among the reply's; its
 // operation and the entry's own scope for it must be p's (evidence copied
@@ -315,7 +317,7 @@ func evidenceBytes(p lease.Prepared, rep reply) (string, bool) {
 	if !lean {
 		var ok bool
 		if leaseID, ok = lease.ReferredLeaseID(raw); !ok {
-			return lease.ExpandEvidence(raw, p.Identity)
+			return lease.ExpandEvidenceAt(raw, p.Identity, p.LockKey)
 		}
 		if !strings.HasPrefix(raw, lease.EvidenceRefPrefix+string(p.Op)+"\n") {
 			return "", false

@@ -51,6 +51,17 @@ func TestRaceLeanEvidence(t *testing.T) {
 	race.Run(t, s, race.Options{})
 }
 
+// TestRaceCheckedEvidence runs it on a namespace in format 8.
+func TestRaceCheckedEvidence(t *testing.T) {
+	r, pw := aclServer(t)
+	s := open(t, r, Options{Username: "starlease", PasswordFile: pw, KeyPrefix: "starlease:" + randomPrefix(),
+		StoreOptions: leasetest.StoreOptions(), ReapInterval: 50 * time.Millisecond, CheckedEvidence: true})
+	if !s.writes(checkedEvidence) {
+		t.Fatal("the namespace is not in format 8")
+	}
+	race.Run(t, s, race.Options{})
+}
+
 // TestRaceEmbeddedEvidence runs it on a namespace in format 4.
 func TestRaceEmbeddedEvidence(t *testing.T) {
 	r, pw := aclServer(t)

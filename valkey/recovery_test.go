@@ -107,6 +107,11 @@ func TestSealAndRecoverLeanEvidence(t *testing.T) {
 	sealAndRecover(t, Options{KeyPrefix: randomPrefix(), LeanEvidence: true})
 }
 
+// TestSealAndRecoverCheckedEvidence runs it on a namespace in format 8.
+func TestSealAndRecoverCheckedEvidence(t *testing.T) {
+	sealAndRecover(t, Options{KeyPrefix: randomPrefix(), CheckedEvidence: true})
+}
+
 // TestSealAndRecoverEmbeddedEvidence runs it on a namespace in format 4.
 func TestSealAndRecoverEmbeddedEvidence(t *testing.T) {
 	sealAndRecover(t, Options{KeyPrefix: randomPrefix(), EmbeddedEvidence: true})
@@ -187,6 +192,11 @@ func TestBackupRestoreLeanRecords(t *testing.T) {
 // TestBackupRestoreLeanEvidence runs it on a namespace in format 7.
 func TestBackupRestoreLeanEvidence(t *testing.T) {
 	backupRestore(t, Options{LeanEvidence: true})
+}
+
+// TestBackupRestoreCheckedEvidence runs it on a namespace in format 8.
+func TestBackupRestoreCheckedEvidence(t *testing.T) {
+	backupRestore(t, Options{CheckedEvidence: true})
 }
 
 // TestBackupRestoreEmbeddedEvidence runs it on a namespace in format 4.

@@ -71,13 +71,17 @@ type Options struct {
 	// LeanRecords', and evidence by reference stored in version 5, without
 	// what the history entry it refers to derives (format.go).
 	LeanEvidence bool
-	// EagerDetach, in format 5, 6 or 7, has an ending on an identity that
+	// CheckedEvidence switches it, for good, to format 8 when the store
+	// opens: LeanEvidence's, and evidence written whole stored in version
+	// 6, without its hash tag line and with a check (format.go).
+	CheckedEvidence bool
+	// EagerDetach, in format 5 or later, has an ending on an identity that
 	// ends its HistoryPerIdentity leases within the idempotency retention
 	// (so that its push trims an entry whose evidence may still be live)
 	// write its evidence and history entry in version 2, as the trim of an
 	// entry written by reference would rewrite them later (format.go).
 	// The answers are the same; such an identity pays less per ending, and
-	// every ending in format 5, 6 or 7 one more read (the entry at the cap).
+	// every ending in format 5 or later one more read (the entry at the cap).
 	// Every build since format 3 reads what it writes, so instances may
 	// differ in it.
 	EagerDetach bool
@@ -245,6 +249,8 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	s.loadFormat(ctx)
 	s.eagerDetach = o.EagerDetach
 	switch {
+	case o.CheckedEvidence:
+		s.wantFormat = checkedEvidence
 	case o.LeanEvidence:
 		s.wantFormat = leanEvidence
 	case o.LeanRecords:

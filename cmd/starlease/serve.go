@@ -70,6 +70,7 @@ type backendFlags struct {
 	valkeyReferringEvidence                    bool
 	valkeyLeanRecords                          bool
 	valkeyLeanEvidence                         bool
+	valkeyCheckedEvidence                      bool
 	valkeyEagerDetach                          bool
 	etcdEndpoints, etcdUser, etcdPasswordFile  string
 	etcdTLSCAFile, etcdPrefix                  string
@@ -88,9 +89,10 @@ func (f *backendFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.valkeyCompact, "valkey-compact-format", false, "valkey backend: switch the namespace, for good, to the compact stored formats of evidence and history (a third of the bytes); only once every instance sharing it runs this build or a later one")
 	fs.BoolVar(&f.valkeyCompactRecords, "valkey-compact-records", false, "valkey backend: switch the namespace, for good, to format 3: the compact formats, and active records in their compact version too (about half their bytes); only once every instance sharing it runs this build or a later one")
 	fs.BoolVar(&f.valkeyReferringEvidence, "valkey-referring-evidence", false, "valkey backend: switch the namespace, for good, to format 5: format 4, and an ending's evidence of the lease's acquisition and a release's own kept by reference to its history entry (about 400 bytes less per ended lease); only once every instance sharing it runs this build or a later one")
-	fs.BoolVar(&f.valkeyEagerDetach, "valkey-eager-detach", false, "valkey backend, in format 5, 6 or 7: an ending on an identity that ends its history cap of leases within the idempotency retention writes its evidence and history entry whole at once, instead of by reference and rewritten when the entry is trimmed (the same answers; less work for such an identity); this instance only, every build since format 3 reads it")
+	fs.BoolVar(&f.valkeyEagerDetach, "valkey-eager-detach", false, "valkey backend, in format 5 or later: an ending on an identity that ends its history cap of leases within the idempotency retention writes its evidence and history entry whole at once, instead of by reference and rewritten when the entry is trimmed (the same answers; less work for such an identity); this instance only, every build since format 3 reads it")
 	fs.BoolVar(&f.valkeyLeanRecords, "valkey-lean-records", false, "valkey backend: switch the namespace, for good, to format 6: format 5, and an active record without what its own lines say (about 60 bytes less per active lease); only once every instance sharing it runs this build or a later one")
 	fs.BoolVar(&f.valkeyLeanEvidence, "valkey-lean-evidence", false, "valkey backend: switch the namespace, for good, to format 7: format 6, and evidence kept by reference without what its history entry says (about 110 bytes less per ended lease); only once every instance sharing it runs this build or a later one")
+	fs.BoolVar(&f.valkeyCheckedEvidence, "valkey-checked-evidence", false, "valkey backend: switch the namespace, for good, to format 8: format 7, and evidence written whole without its hash tag line and with a check (about 50 bytes less per value); only once every instance sharing it runs this build or a later one")
 	fs.BoolVar(&f.valkeyEmbeddedEvidence, "valkey-embedded-evidence", false, "valkey backend: switch the namespace, for good, to format 4: format 3, and a new lease's acquisition evidence kept in its active record, written to its own key only when the lease ends (about 600 bytes less per active lease); only once every instance sharing it runs this build or a later one")
 	fs.StringVar(&f.etcdEndpoints, "etcd-endpoints", "http://127.0.0.1:2379", "etcd backend: comma-separated client URLs of the cluster's members")
 	fs.StringVar(&f.etcdUser, "etcd-username", "", "etcd backend: user name (with --etcd-password-file)")
@@ -124,7 +126,7 @@ func (f *backendFlags) etcdOptions(opts lease.StoreOptions) etcd.Options {
 func (f *backendFlags) valkeyOptions(opts lease.StoreOptions) valkey.Options {
 	return valkey.Options{Addr: f.valkeyAddr, Username: f.valkeyUser, PasswordFile: f.valkeyPasswordFile,
 		KeyPrefix: f.valkeyPrefix, StoreOptions: opts, AllowUnverifiedDurability: f.valkeyUnverified, CompactFormat: f.valkeyCompact,
-		CompactRecords: f.valkeyCompactRecords, EmbeddedEvidence: f.valkeyEmbeddedEvidence, ReferringEvidence: f.valkeyReferringEvidence, LeanRecords: f.valkeyLeanRecords, LeanEvidence: f.valkeyLeanEvidence, EagerDetach: f.valkeyEagerDetach, TLSCAFile: f.valkeyTLSCAFile, TLSServerName: f.valkeyTLSServerName}
+		CompactRecords: f.valkeyCompactRecords, EmbeddedEvidence: f.valkeyEmbeddedEvidence, ReferringEvidence: f.valkeyReferringEvidence, LeanRecords: f.valkeyLeanRecords, LeanEvidence: f.valkeyLeanEvidence, CheckedEvidence: f.valkeyCheckedEvidence, EagerDetach: f.valkeyEagerDetach, TLSCAFile: f.valkeyTLSCAFile, TLSServerName: f.valkeyTLSServerName}
 }
 
 // keysFlags are the backend flags to repeat in a keys command line so it

@@ -1,0 +1,115 @@
+package valkey
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/starintel/starlease/lease"
+	"github.com/starintel/starlease/lease/leasetest"
+)
+
+// Tests of stored format 8 (format.go): format 7, and evidence written
+// whole (not by reference, and what detach rewrites) in evidence version
+// 6 (lease.WholeEvidence).
+
+func open8(t *testing.T, o Options) *Store {
+	t.Helper()
+	if o.StoreOptions.HistoryPerIdentity == 0 {
+		o.StoreOptions = leasetest.StoreOptions()
+	}
+	o.CheckedEvidence = true
+	s := open(t, sharedServer(t), o)
+	want := "checked_evidence"
+	if o.EagerDetach {
+		want += "+eager"
+	}
+	if !s.writes(checkedEvidence) || s.writeFormat() != want || mustGet(t, s, s.keys.format()) != checkedEvidence {
+		t.Fatalf("the namespace is not in format 8: %q", s.writeFormat())
+	}
+	return s
+}
+
+// v6Of is e in evidence version 6, as Go writes it (what detach, an eager
+// ending and every whole evidence store in format 8).
+func v6Of(t *testing.T, e *lease.IdempotencyRecord) string {
+	t.Helper()
+	b, ok := lease.WholeEvidence(e, e.Lease.Identity())
+	if !ok {
+		t.Fatalf("the expected %s evidence has no version 6: %+v", e.Op, e)
+	}
+	return string(b)
+}
+
+// As TestFormat7DetachedOnTrim, in format 8: evidence by reference is
+// version 5 until its entry is trimmed, then version 6, byte for byte
+// what Go writes; an eager ending writes version 6 at once. Every answer
+// is the first one.
+func TestFormat8DetachedOnTrim(t *testing.T) {
+	for _, eager := range []bool{false, true} {
+		t.Run(map[bool]string{false: "refer", true: "eager"}[eager], func(t *testing.T) {
+			so := leasetest.StoreOptions()
+			so.HistoryPerIdentity = 2
+			s := open8(t, Options{StoreOptions: so, EagerDetach: eager})
+			id := newIdentity()
+			var lives []v7Life
+			for i := 0; i < 6; i++ {
+				l := endRenewed7(t, s, id, i%2 == 0 || i == 5, time.Duration(i%3)*25*time.Second)
+				if i < 2 || !eager {
+					l.mustForms(t, s, "ev5", "life "+strconv.Itoa(i)+" just ended")
+				} else {
+					l.mustForms(t, s, "ev6", "life "+strconv.Itoa(i)+" just ended eagerly")
+				}
+				lives = append(lives, l)
+			}
+			for i, l := range lives {
+				trimmed := i < 4
+				form := "ev5"
+				if trimmed || eager {
+					form = "ev6"
+				}
+				l.mustForms(t, s, form, "life "+strconv.Itoa(i))
+				state := l.state
+				if trimmed {
+					state = lease.StateExpired
+				}
+				l.mustAnswer(t, s, state)
+				l.mustForms(t, s, form, "life "+strconv.Itoa(i)+" after its replays")
+			}
+		})
+	}
+}
+
+// A renewal's evidence is whole: version 6, byte for byte as Go writes
+// it, and its replay answers the first answer.
+func TestFormat8RenewEvidence(t *testing.T) {
+	s := open8(t, Options{})
+	id := newIdentity()
+	first, err := s.Acquire(bg, acquireReq(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rn := renewReq(first.Lease)
+	renewed, err := s.Renew(bg, rn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, p, err := lease.PrepareRenew(rn, s.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &lease.IdempotencyRecord{Version: lease.IdempotencyVersion, Op: lease.OpRenew, Digest: p.Digest, Code: renewed.Code,
+		Lease: renewed.Lease, BackendTime: renewed.BackendTime}
+	key := s.keys.idem(tagOf(first.Lease.LockKey), p.Scope)
+	raw := mustGet(t, s, key)
+	if !strings.HasPrefix(raw, lease.EvidenceWholePrefix) {
+		t.Fatalf("renew evidence %.10q, want version 6", raw)
+	}
+	mustStored(t, s, key, v6Of(t, e), "renew evidence")
+	again, err := s.Renew(bg, rn)
+	if err != nil || !again.Replayed || again.Lease.FencingToken != renewed.Lease.FencingToken ||
+		again.Lease.ExpiresAt != renewed.Lease.ExpiresAt {
+		t.Fatalf("renew replay: %+v %v", again, err)
+	}
+}
