@@ -25,7 +25,7 @@ import (
 
 // BenchmarkScale measures how cost grows with the work, on bolt and on
 // Valkey (a fresh redis-server per N, AOF with appendfsync always), the
-// Valkey namespace in format 7 with EagerDetach ("valkey") and, as the
+// Valkey namespace in format 8 with EagerDetach ("valkey") and, as the
 // baseline its bytes are compared with in the same run, one left in
 // version 1 ("valkey-v1", no format switch); STARLEASE_SCALE_BACKENDS,
 // comma-separated, keeps some of them. A store preloaded with N active leases
@@ -46,14 +46,14 @@ import (
 // holds once rewritten (BGREWRITEAOF: the steady-state disk, since the AOF
 // grows by what is written and is compacted by its rewrite). Then 10,000 leases with a 5 s
 // TTL expire at about the same time with the reaper running every second,
-// while one writer keeps acquiring and releasing (bolt and format 7): it
+// while one writer keeps acquiring and releasing (bolt and format 8): it
 // reports how long the active count takes to come back (expiries/s) and
 // the writer's longest pair from the first expiry until then, beside the
 // same writer's longest pair over 5 s on the same store just before, with
 // the reaper running and nothing due: what the disk and the machine give a
 // pair anyway, so that what the reaping adds can be told from it. Last,
 // the scale goals, each from this run: throughput at the largest
-// N over N = 0, reaping, and format 7's bytes over version 1's, for an
+// N over N = 0, reaping, and format 8's bytes over version 1's, for an
 // ended lease and for a hot pair.
 //
 // The benchmark ignores b.N: run it with -benchtime 1x.
@@ -242,7 +242,7 @@ func BenchmarkScale(b *testing.B) {
 				figure{"AOF rewritten per hot pair", l.pairRewritten, v1.pairRewritten})
 		}
 		for _, f := range figures {
-			goals = append(goals, ratioGoal(fmt.Sprintf("valkey format 7 / version 1 at N=%d: %s", n, f.what), f.got, f.base, 0.5, false))
+			goals = append(goals, ratioGoal(fmt.Sprintf("valkey format 8 / version 1 at N=%d: %s", n, f.what), f.got, f.base, 0.5, false))
 		}
 	}
 	if len(goals) == 0 {
@@ -258,7 +258,7 @@ func BenchmarkScale(b *testing.B) {
 }
 
 // valkeyV1 is the scale benchmark's Valkey namespace left in version 1,
-// the baseline of format 7's bytes.
+// the baseline of format 8's bytes.
 const valkeyV1 = "valkey-v1"
 
 // scaleGoal is one of the scale goals: got against limit, a
@@ -344,10 +344,10 @@ func openScaleStore(b *testing.B, backend string, reap time.Duration) (scaleStor
 		}, nil
 	default:
 		r := testenv.StartRedis(b)
-		// Format 7 detaching eagerly (the hot pairs' identities trim live
+		// Format 8 detaching eagerly (the hot pairs' identities trim live
 		// evidence), or (valkeyV1) no format switch: version 1.
 		lean := backend == "valkey"
-		s, err := valkey.Open(bg, valkey.Options{Addr: r.Addr(), StoreOptions: storeOptions(), ReapInterval: reap, LeanEvidence: lean, EagerDetach: lean})
+		s, err := valkey.Open(bg, valkey.Options{Addr: r.Addr(), StoreOptions: storeOptions(), ReapInterval: reap, CheckedEvidence: lean, EagerDetach: lean})
 		if err != nil {
 			b.Fatal(err)
 		}
