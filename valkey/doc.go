@@ -65,7 +65,10 @@
 //	                        ReferringEvidence), rewritten in version 2 (TTL kept)
 //	                        before the entry is trimmed; in format "7" by
 //	                        reference in version 5 instead (lease.LeanIDEvidence:
-//	                        what the entry derives left out)
+//	                        what the entry derives left out); in format "8" what
+//	                        is written whole (not by reference, or rewritten) is
+//	                        version 6 (lease.WholeEvidence: version 2 without the
+//	                        tag line, with a check of it)
 //	ns:{tag}:history        terminal evidence, newest first, capped at HistoryPerIdentity,
 //	                        in the same version as evidence, read in either version,
 //	                        TTL HistoryRetention refreshed on every push; in format
@@ -147,8 +150,9 @@
 //	                        are compact too, "4" once new records carry their
 //	                        acquisition's evidence, "5" once endings keep evidence
 //	                        by reference, "6" once those records are version 4,
-//	                        "7" once evidence by reference is version 5
-//	                        (format.go); absent: version 1.
+//	                        "7" once evidence by reference is version 5, "8" once
+//	                        whole evidence is version 6 (format.go); absent:
+//	                        version 1.
 //	                        Never lowered or unset.
 //
 // Every operation on an identity archives an expired active record it
