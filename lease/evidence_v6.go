@@ -1,10 +1,6 @@
 package lease
 
-import (
-	"crypto/sha1"
-	"encoding/hex"
-	"strings"
-)
+import "strings"
 
 // Evidence version 6 ("ev6", whole and checked; Valkey from format 8) is
 // version 2 without its hash tag line, with the digest in base64url and
@@ -33,7 +29,7 @@ import (
 // EvidenceWholePrefix starts every version 6 evidence value.
 const EvidenceWholePrefix = "ev6\n"
 
-// Version 6's check is 64 bits in hex, as version 5's.
+// Version 6's check is version 5's: 64 bits in hex.
 const wholeCheckChars = leanIDCheckChars
 
 // WholeEvidence returns e as version 6 evidence, for a request for id
@@ -67,14 +63,9 @@ func wholeOfV2(v2 string) ([]byte, bool) {
 }
 
 // wholeCheck is version 6's check of rest, its lines after the check,
-// stored under the identity whose lock key's hash tag is tag.
-func wholeCheck(tag, rest string) string {
-	h := sha1.New()
-	h.Write([]byte(tag))
-	h.Write([]byte{'\n'})
-	h.Write([]byte(rest))
-	return hex.EncodeToString(h.Sum(nil))[:wholeCheckChars]
-}
+// stored under the identity whose lock key's hash tag is tag: version 5's
+// hash, with the tag where version 5 has its history entry.
+func wholeCheck(tag, rest string) string { return leanIDCheck(tag, rest) }
 
 // ExpandEvidenceAt returns stored evidence read for a request for id,
 // whose lock key is lockKey, as version 1 bytes: version 6 checked

@@ -20,17 +20,25 @@ import (
 
 func open7(t *testing.T, o Options) *Store {
 	t.Helper()
+	o.LeanEvidence = true
+	return openSwitched(t, o, leanEvidence, "lean_evidence")
+}
+
+// openSwitched opens a store with o, which asks for format, on a server
+// of its own (the test's store options if o has none), and checks the
+// namespace's switch is format and the store writes it as written (with
+// "+eager" if o.EagerDetach).
+func openSwitched(t *testing.T, o Options, format, written string) *Store {
+	t.Helper()
 	if o.StoreOptions.HistoryPerIdentity == 0 {
 		o.StoreOptions = leasetest.StoreOptions()
 	}
-	o.LeanEvidence = true
 	s := open(t, sharedServer(t), o)
-	want := "lean_evidence"
 	if o.EagerDetach {
-		want += "+eager"
+		written += "+eager"
 	}
-	if !s.writes(leanEvidence) || s.writeFormat() != want || mustGet(t, s, s.keys.format()) != leanEvidence {
-		t.Fatalf("the namespace is not in format 7: %q", s.writeFormat())
+	if !s.writes(format) || s.writeFormat() != written || mustGet(t, s, s.keys.format()) != format {
+		t.Fatalf("the namespace is not in format %s: %q", format, s.writeFormat())
 	}
 	return s
 }

@@ -16,19 +16,8 @@ import (
 
 func open8(t *testing.T, o Options) *Store {
 	t.Helper()
-	if o.StoreOptions.HistoryPerIdentity == 0 {
-		o.StoreOptions = leasetest.StoreOptions()
-	}
 	o.CheckedEvidence = true
-	s := open(t, sharedServer(t), o)
-	want := "checked_evidence"
-	if o.EagerDetach {
-		want += "+eager"
-	}
-	if !s.writes(checkedEvidence) || s.writeFormat() != want || mustGet(t, s, s.keys.format()) != checkedEvidence {
-		t.Fatalf("the namespace is not in format 8: %q", s.writeFormat())
-	}
-	return s
+	return openSwitched(t, o, checkedEvidence, "checked_evidence")
 }
 
 // v6Of is e in evidence version 6, as Go writes it (what detach, an eager
