@@ -64,3 +64,52 @@ func TestDecodeScopedHistory(t *testing.T) {
 		t.Error("DecodeStoredHistory took a version 4 entry")
 	}
 }
+
+// A version 5 entry decodes as its version 2 lines with the tag of the
+// lock key it is read under put back; under another identity's key, with
+// a line missing or more, or damaged, it is corrupt, and other stores'
+// readers take none.
+func TestDecodeUntaggedHistory(t *testing.T) {
+	r := validRecord()
+	r.State = StateRevoked
+	h := &HistoryEntry{HistoryVersion: HistoryVersion, Record: r, EndedAt: r.RenewedAt.Add(1000), EndedBy: "prn_admin", RequestID: "req_revoke",
+		Reason: "rotated", IncidentID: "inc_1"}
+	v2, err := CompactHistory(h)
+	if err != nil || !strings.HasPrefix(string(v2), HistoryV2Prefix) {
+		t.Fatalf("setup: %q %v", v2, err)
+	}
+	lines := strings.SplitN(strings.TrimPrefix(string(v2), HistoryV2Prefix), "\n", 7)
+	tag, _ := strings.CutPrefix(r.LockKey, KeyPrefix)
+	if lines[5] != tag {
+		t.Fatalf("setup: line 6 %q is not the tag", lines[5])
+	}
+	v5 := HistoryUntaggedPrefix + strings.Join(append(lines[:5:5], lines[6]), "\n")
+	if !strings.Contains(v5, "\n\"rotated\"\n") {
+		t.Fatalf("setup: no reason line in %q", v5)
+	}
+	want, _ := h.Encode()
+	got, err := DecodeScopedHistory([]byte(v5), r.LockKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := got.Encode(); string(b) != string(want) {
+		t.Fatalf("version 5 decodes to\n%s\nwant\n%s", b, want)
+	}
+	other := validRecord()
+	other.TargetID += "-other"
+	for name, c := range map[string]struct{ raw, lockKey string }{
+		"another identity's key":        {v5, other.Identity().lockKeyOfCanonical()},
+		"a lock key without the prefix": {v5, tag},
+		"the tag kept":                  {HistoryUntaggedPrefix + strings.TrimPrefix(string(v2), HistoryV2Prefix), r.LockKey},
+		"an ending line missing":        {strings.Replace(v5, "\n\"rotated\"\n", "\n", 1), r.LockKey},
+		"metadata cut short":            {v5[:len(v5)-1], r.LockKey},
+		"no lines":                      {HistoryUntaggedPrefix, r.LockKey},
+	} {
+		if got, err := DecodeScopedHistory([]byte(c.raw), c.lockKey); CodeOf(err) != CodeCorrupt {
+			t.Errorf("%s: decoded %+v, %v", name, got, err)
+		}
+	}
+	if _, err := DecodeStoredHistory([]byte(v5)); err == nil {
+		t.Error("DecodeStoredHistory took a version 5 entry")
+	}
+}

@@ -73,7 +73,9 @@
 //	                        in the same version as evidence, read in either version,
 //	                        TTL HistoryRetention refreshed on every push; in format
 //	                        "5" an entry that evidence refers to is version 4 (version
-//	                        2 and the scopes of that evidence, lease.HistoryScopedPrefix)
+//	                        2 and the scopes of that evidence, lease.HistoryScopedPrefix);
+//	                        in format "8" one that none refers to is version 5
+//	                        (version 2 without the tag line, lease.HistoryUntaggedPrefix)
 //	ns:{tag}:marks          hash sink → fencing high-water mark; no TTL, never deleted
 //	ns:{tag}:cseq           the last commit seq given (orders a lease's commits for
 //	                        the sinks); no TTL, never deleted

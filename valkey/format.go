@@ -52,8 +52,10 @@ import (
 //	"8"     that, but evidence written whole (not by reference, and
 //	        what detach rewrites) in version 6 (lease.WholeEvidence):
 //	        version 2 without its hash tag line, the digest in
-//	        base64url, and a check of the tag and its lines; about 50
-//	        bytes less per value (EnableCheckedEvidence;
+//	        base64url, and a check of the tag and its lines; and a
+//	        history entry no evidence refers to in version 5
+//	        (lease.HistoryUntaggedPrefix), version 2 without the tag
+//	        line; about 45-50 bytes less per value (EnableCheckedEvidence;
 //	        `--valkey-checked-evidence`)
 //
 // It is one way (raise_format in library.lua never lowers it; an instance
@@ -63,9 +65,9 @@ import (
 // Options.EagerDetach is not a format but a choice of each instance in
 // format 5 or later: an ending whose push drops an entry that ended within the
 // idempotency retention writes format 4's forms (evidence and history
-// version 2; in format 8 evidence version 6), which every build since
-// format 3 reads (version 6: since format 8), instead of writing by
-// reference what the next trims would rewrite.
+// version 2; in format 8 evidence version 6 and history version 5),
+// which every build since format 3 reads (format 8's: since format 8),
+// instead of writing by reference what the next trims would rewrite.
 const (
 	compactFormat     = "2"
 	compactRecords    = "3"
@@ -198,10 +200,11 @@ func (s *Store) EnableLeanEvidence(ctx context.Context) error {
 }
 
 // EnableCheckedEvidence switches the namespace to format 8: format 7's,
-// but evidence written whole is stored in version 6 (lease.WholeEvidence).
-// Only once every instance sharing the namespace runs a build that reads
-// evidence version 6 (this one or a later one); older builds answer a
-// replay of such evidence as corrupt. Rolling back: README,
+// but evidence written whole is stored in version 6 (lease.WholeEvidence)
+// and a history entry no evidence refers to in version 5
+// (lease.HistoryUntaggedPrefix). Only once every instance sharing the
+// namespace runs a build that reads both (this one or a later one); older
+// builds answer a replay of such evidence, and such an entry, as corrupt. Rolling back: README,
 // "--valkey-checked-evidence".
 func (s *Store) EnableCheckedEvidence(ctx context.Context) error {
 	return s.raiseFormat(ctx, checkedEvidence)

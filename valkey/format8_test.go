@@ -12,7 +12,8 @@ import (
 
 // Tests of stored format 8 (format.go): format 7, and evidence written
 // whole (not by reference, and what detach rewrites) in evidence version
-// 6 (lease.WholeEvidence).
+// 6 (lease.WholeEvidence), a history entry no evidence refers to in
+// history version 5 (lease.HistoryUntaggedPrefix).
 
 func open8(t *testing.T, o Options) *Store {
 	t.Helper()
@@ -33,8 +34,9 @@ func v6Of(t *testing.T, e *lease.IdempotencyRecord) string {
 
 // As TestFormat7DetachedOnTrim, in format 8: evidence by reference is
 // version 5 until its entry is trimmed, then version 6, byte for byte
-// what Go writes; an eager ending writes version 6 at once. Every answer
-// is the first one.
+// what Go writes; an eager ending writes version 6 at once, and its
+// history entry, which names no evidence, in version 5. Every answer is
+// the first one, and every entry reads back as its lease ended.
 func TestFormat8DetachedOnTrim(t *testing.T) {
 	for _, eager := range []bool{false, true} {
 		t.Run(map[bool]string{false: "refer", true: "eager"}[eager], func(t *testing.T) {
@@ -45,10 +47,22 @@ func TestFormat8DetachedOnTrim(t *testing.T) {
 			var lives []v7Life
 			for i := 0; i < 6; i++ {
 				l := endRenewed7(t, s, id, i%2 == 0 || i == 5, time.Duration(i%3)*25*time.Second)
+				entry := historyEntries(t, s, l.first.Lease.LockKey)[0]
 				if i < 2 || !eager {
 					l.mustForms(t, s, "ev5", "life "+strconv.Itoa(i)+" just ended")
+					if !strings.HasPrefix(entry, lease.HistoryScopedPrefix) {
+						t.Fatalf("life %d: entry %.10q, want version 4", i, entry)
+					}
 				} else {
 					l.mustForms(t, s, "ev6", "life "+strconv.Itoa(i)+" just ended eagerly")
+					// It names no evidence: version 5, without the tag line.
+					if !strings.HasPrefix(entry, lease.HistoryUntaggedPrefix) || strings.Contains(entry, tagOf(l.first.Lease.LockKey)) {
+						t.Fatalf("life %d: entry %.10q, want version 5 without the tag", i, entry)
+					}
+				}
+				if h, err := lease.DecodeScopedHistory([]byte(entry), l.first.Lease.LockKey); err != nil ||
+					h.Record.LeaseID != l.first.Lease.LeaseID || h.Record.State != l.state {
+					t.Fatalf("life %d: entry decodes to %+v, %v", i, h, err)
 				}
 				lives = append(lives, l)
 			}

@@ -902,7 +902,8 @@ local function context(keys, args)
     -- (encode_ev5) instead of 3.
     ev5 = level >= 7,
     -- 'checked_evidence' (format 8) writes whole evidence in version 6
-    -- (encode_whole) instead of 2.
+    -- (encode_whole) instead of 2, and a history entry no evidence refers
+    -- to in version 5 (archive) instead of 2.
     ev6 = level >= 8,
     eager = eager,
   }
@@ -1071,16 +1072,17 @@ local function trims_live(c, ended)
   -- (LRANGE of one entry: the documented ACL has it, not LINDEX.)
   local oldest = redis.call('LRANGE', c.k_hist, c.hist_cap - 1, c.hist_cap - 1)[1]
   if not oldest then return false end
-  local at = string.match(oldest, '^hv2\n(%d+)\n') or string.match(oldest, '^hv4\n[%w_%-]*\n[%w_%-]*\n(%d+)\n')
+  local at = string.match(oldest, '^hv[25]\n(%d+)\n') or string.match(oldest, '^hv4\n[%w_%-]*\n[%w_%-]*\n(%d+)\n')
   return at ~= nil and #at <= 16 and ended - tonumber(at) < c.idem_ret
 end
 
 -- refers_at reports whether an ending at ended writes its evidence by
 -- reference (refers): not, for an instance that detaches eagerly
 -- (Options.EagerDetach), where the push trims live evidence (trims_live).
--- The ending then writes what detach would have written later, evidence
--- version 2 and an entry of version 2 that names none: the same answers,
--- without the rewrite when the entry goes.
+-- The ending then writes what detach would have written later, whole
+-- evidence (version 2, or 6 in format 8) and an entry that names none
+-- (version 2, or 5 in format 8): the same answers, without the rewrite
+-- when the entry goes.
 local function refers_at(c, ended)
   return refers(c) and not (c.eager and trims_live(c, ended))
 end
@@ -1185,7 +1187,8 @@ end
 -- (JSON-encoded) and incident_id, each only if not ''. The entry is
 -- history version 2 (the Go side rebuilds version 1, lease.HistoryEntry's
 -- JSON, from it; see expandHistory in evidence.go): its facts one per
--- line, in place of a second copy of the record JSON. Returns the ended
+-- line, in place of a second copy of the record JSON; version 4 or 5
+-- without the tag line (see below). Returns the ended
 -- record's JSON if it built it (version 1 history; see ended_record), and
 -- the entry as pushed (what evidence by reference refers to).
 local function archive(c, r, state, ended, by, request_id, reason, incident, release_scope, refs)
@@ -1210,6 +1213,10 @@ local function archive(c, r, state, ended, by, request_id, reason, incident, rel
     if acq_scope or release_scope then
       -- Without the hash tag line: the list's key holds it.
       head, tag_line = 'hv4\n' .. (acq_scope or '') .. '\n' .. (release_scope or '') .. '\n', ''
+    elseif c.ev6 then
+      -- Format 8: version 5, version 2 without the tag line, for an
+      -- entry no evidence refers to.
+      head, tag_line = 'hv5\n', ''
     end
     entry = head .. int(ended) .. '\n' .. (by or '') .. '\n' .. (request_id or '') .. '\n' .. (reason or '')
     .. '\n' .. (incident or '') .. '\n' .. tag_line .. r.tenant_id .. '\n' .. r.program_id
