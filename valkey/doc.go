@@ -68,7 +68,7 @@
 //	                        what the entry derives left out); in format "8" what
 //	                        is written whole (not by reference, or rewritten) is
 //	                        version 6 (lease.WholeEvidence: version 2 without the
-//	                        tag line, with a check of it)
+//	                        tag line, with a check of its key's scope)
 //	ns:{tag}:history        terminal evidence, newest first, capped at HistoryPerIdentity,
 //	                        in the same version as evidence, read in either version,
 //	                        TTL HistoryRetention refreshed on every push; in format

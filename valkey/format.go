@@ -52,7 +52,7 @@ import (
 //	"8"     that, but evidence written whole (not by reference, and
 //	        what detach rewrites) in version 6 (lease.WholeEvidence):
 //	        version 2 without its hash tag line, the digest in
-//	        base64url, and a check of the tag and its lines; and a
+//	        base64url, and a check of its key's scope and its lines; and a
 //	        history entry no evidence refers to in version 5
 //	        (lease.HistoryUntaggedPrefix), version 2 without the tag
 //	        line; about 45-50 bytes less per value (EnableCheckedEvidence;

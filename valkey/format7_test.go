@@ -435,21 +435,34 @@ func endRenewed7(t *testing.T, s *Store, id lease.Identity, release bool, ttl ti
 
 // mustForms checks the life's evidence is stored exactly as form
 // ("ev5", "ev3", "ev2" or "ev6") writes the expected evidence (version 5's
-// referring to the entry stored at its end), the acquisition's expiring
-// at acquired_at + the retention and the release's as written.
+// referring to the entry stored at its end; version 6's checked for the
+// key it is stored under), the acquisition's expiring at acquired_at + the
+// retention and the release's as written.
 func (l v7Life) mustForms(t *testing.T, s *Store, form, where string) {
 	t.Helper()
-	of := map[string]func(*testing.T, *lease.IdempotencyRecord) string{
-		"ev5": func(t *testing.T, e *lease.IdempotencyRecord) string { t.Helper(); return v5Of(t, e, l.entry) },
-		"ev3": v3Of, "ev2": v2Of, "ev6": v6Of}[form]
+	of := func(t *testing.T, e *lease.IdempotencyRecord, key string) string {
+		t.Helper()
+		switch form {
+		case "ev5":
+			return v5Of(t, e, l.entry)
+		case "ev3":
+			return v3Of(t, e)
+		case "ev2":
+			return v2Of(t, e)
+		case "ev6":
+			return v6Of(t, e, key)
+		}
+		t.Fatalf("no evidence form %q", form)
+		return ""
+	}
 	key := evidenceKey(t, s, l.acq)
-	mustStored(t, s, key, of(t, l.acqEv), where+": acquisition evidence in "+form)
+	mustStored(t, s, key, of(t, l.acqEv, key), where+": acquisition evidence in "+form)
 	if at, want := pexpireTime(t, s, key), l.first.Lease.AcquiredAt.UnixMilli()+s.opts.IdempotencyRetention.Milliseconds(); at != want {
 		t.Fatalf("%s: acquisition evidence PXAT %d, want %d (kept)", where, at, want)
 	}
 	if l.relEv != nil {
 		rk := releaseEvidenceKey(t, s, l.rel)
-		mustStored(t, s, rk, of(t, l.relEv), where+": release evidence in "+form)
+		mustStored(t, s, rk, of(t, l.relEv, rk), where+": release evidence in "+form)
 		if at := pexpireTime(t, s, rk); at != l.relPX {
 			t.Fatalf("%s: release evidence PXAT %d, want %d as written (kept)", where, at, l.relPX)
 		}

@@ -21,11 +21,16 @@ func open8(t *testing.T, o Options) *Store {
 	return openSwitched(t, o, checkedEvidence, "checked_evidence")
 }
 
-// v6Of is e in evidence version 6, as Go writes it (what detach, an eager
-// ending and every whole evidence store in format 8).
-func v6Of(t *testing.T, e *lease.IdempotencyRecord) string {
+// v6Of is e in evidence version 6 stored under key, an evidence key, as
+// Go writes it (what detach, an eager ending and every whole evidence
+// store in format 8).
+func v6Of(t *testing.T, e *lease.IdempotencyRecord, key string) string {
 	t.Helper()
-	b, ok := lease.WholeEvidence(e, e.Lease.Identity())
+	_, scope, ok := strings.Cut(key, ":idem:")
+	if !ok {
+		t.Fatalf("%q is no evidence key", key)
+	}
+	b, ok := lease.WholeEvidence(e, e.Lease.Identity(), scope)
 	if !ok {
 		t.Fatalf("the expected %s evidence has no version 6: %+v", e.Op, e)
 	}
@@ -109,10 +114,61 @@ func TestFormat8RenewEvidence(t *testing.T) {
 	if !strings.HasPrefix(raw, lease.EvidenceWholePrefix) {
 		t.Fatalf("renew evidence %.10q, want version 6", raw)
 	}
-	mustStored(t, s, key, v6Of(t, e), "renew evidence")
+	mustStored(t, s, key, v6Of(t, e, key), "renew evidence")
 	again, err := s.Renew(bg, rn)
 	if err != nil || !again.Replayed || again.Lease.FencingToken != renewed.Lease.FencingToken ||
 		again.Lease.ExpiresAt != renewed.Lease.ExpiresAt {
 		t.Fatalf("renew replay: %+v %v", again, err)
+	}
+}
+
+// Version 6's check binds the value to the scope its key is named by:
+// one renewal's evidence copied under the key of another renewal of the
+// same lease with the same body (a renewal loop's, differing only in the
+// request id) answers that renewal's replay and lookup as corrupt, not
+// with the other renewal's expiry; the original still answers.
+func TestFormat8EvidenceUnderAnotherRequestsKey(t *testing.T) {
+	s := open8(t, Options{})
+	first, err := s.Acquire(bg, acquireReq(newIdentity()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rn1, rn2 := renewReq(first.Lease), renewReq(first.Lease)
+	if rn1.RequestID == rn2.RequestID {
+		t.Fatal("setup: one request id for both renewals")
+	}
+	r1, err := s.Renew(bg, rn1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := s.Renew(bg, rn2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyOf := func(rn lease.RenewRequest) string {
+		_, p, err := lease.PrepareRenew(rn, s.opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.keys.idem(tagOf(first.Lease.LockKey), p.Scope)
+	}
+	k1, k2 := keyOf(rn1), keyOf(rn2)
+	v1 := mustGet(t, s, k1)
+	if !strings.HasPrefix(v1, lease.EvidenceWholePrefix) {
+		t.Fatalf("renew evidence %.10q, want version 6", v1)
+	}
+	if err := s.client.Do(bg, s.client.B().Set().Key(k2).Value(v1).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Renew(bg, rn2)
+	if lease.CodeOf(err) != lease.CodeCorrupt {
+		t.Fatalf("renewal 2's replay of renewal 1's evidence: %+v %v, want corrupt (its own answer expired at %v)", res.Lease, err, r2.Lease.ExpiresAt)
+	}
+	_, err = s.LookupRequest(bg, lease.LookupRequest{Op: lease.OpRenew, Identity: first.Lease.Identity(), PrincipalID: owner.PrincipalID,
+		RequestID: rn2.RequestID, DeadlineAt: far()})
+	mustCode(t, err, lease.CodeCorrupt)
+	again, err := s.Renew(bg, rn1)
+	if err != nil || !again.Replayed || again.Lease.ExpiresAt != r1.Lease.ExpiresAt {
+		t.Fatalf("renewal 1's replay: %+v %v", again, err)
 	}
 }

@@ -948,6 +948,10 @@ local function store_active(c, r, renewed)
   return raw
 end
 
+-- is_scope reports an idempotency scope as stored: 43 base64url
+-- characters (lease.IdempotencyScope's).
+local function is_scope(v) return type(v) == 'string' and #v == 43 and string.find(v, '^[%w_%-]+$') ~= nil end
+
 -- ev2_facts are lease r's facts as evidence version 2 (and 6) spells
 -- them after the hash tag, each after a newline, with renewed, expires,
 -- ttl and state as the answer gave them (an ending's write_out gives the
@@ -969,17 +973,18 @@ local function encode_ev2(op, digest, code, at, tag, r, renewed, expires, ttl, s
     .. ev2_facts(r, renewed, expires, ttl, state)
 end
 
--- encode_whole is the evidence c writes whole (not by reference), with
--- encode_ev2's arguments: version 6 in format 8 (lease.WholeEvidence's
--- bytes: version 2 without the tag line, the digest in base64url, and a
--- check of the tag and the lines after it, the first 16 hex digits of
--- their SHA-1, on the line after the version), else version 2. Version 2
--- too for a digest hex_b64 refuses.
-local function encode_whole(c, op, digest, code, at, tag, r, renewed, expires, ttl, state)
-  local d = c.ev6 and hex_b64(digest)
+-- encode_whole is the evidence c writes whole (not by reference) under
+-- scope, the idempotency scope its key is named by, with encode_ev2's
+-- arguments: version 6 in format 8 (lease.WholeEvidence's bytes: version 2
+-- without the tag line, the digest in base64url, and a check of the scope
+-- and the lines after it, the first 16 hex digits of their SHA-1, on the
+-- line after the version), else version 2. Version 2 too for a digest
+-- hex_b64 refuses, or a scope that is not one.
+local function encode_whole(c, scope, op, digest, code, at, tag, r, renewed, expires, ttl, state)
+  local d = c.ev6 and is_scope(scope) and hex_b64(digest)
   if not d then return encode_ev2(op, digest, code, at, tag, r, renewed, expires, ttl, state) end
   local rest = op .. '\n' .. d .. '\n' .. code .. '\n' .. int(at) .. ev2_facts(r, renewed, expires, ttl, state)
-  return 'ev6\n' .. string.sub(redis.sha1hex(tag .. '\n' .. rest), 1, 16) .. '\n' .. rest
+  return 'ev6\n' .. string.sub(redis.sha1hex(scope .. '\n' .. rest), 1, 16) .. '\n' .. rest
 end
 
 -- encode_ev3 is evidence version 3 (lease.ReferringEvidence's bytes): the
@@ -1017,15 +1022,14 @@ local function encode_ev5(op, digest, r, ttl, entry)
   return body .. '\n' .. ev5_check(entry, body)
 end
 
--- is_scope reports an idempotency scope as stored: 43 base64url
--- characters (lease.IdempotencyScope's).
-local function is_scope(v) return type(v) == 'string' and #v == 43 and string.find(v, '^[%w_%-]+$') ~= nil end
-
 -- idem_key is the evidence key of scope within c's identity: named from
 -- stored data (not in KEYS), but in the identity's own hash tag (that of
 -- c.k_active), so in the slot of every key the call declares, and never
 -- another identity's.
 local function idem_key(c, scope) return string.sub(c.k_active, 1, #c.k_active - #'active') .. 'idem:' .. scope end
+
+-- ev_scope is the scope c's evidence key (KEYS 5) is named by, or nil.
+local function ev_scope(c) return string.match(c.k_ev, ':idem:([%w_%-]+)$') end
 
 -- write_out writes the acquisition's evidence a version 3 record r carries
 -- to its own key, as remember writes it (evidence version 2, or 6) and with the
@@ -1050,7 +1054,7 @@ local function write_out(c, r, refs, entry)
     ev = c.ev5 and encode_ev5('acquire', r.idem_digest, r, ttl, entry)
       or encode_ev3('acquire', r.idem_digest, 'lease_acquired', r.acquired_at, r, expires, ttl)
   else
-    ev = encode_whole(c, 'acquire', r.idem_digest, 'lease_acquired', r.acquired_at, c.tag, r, r.acquired_at, expires, ttl, 'active')
+    ev = encode_whole(c, scope, 'acquire', r.idem_digest, 'lease_acquired', r.acquired_at, c.tag, r, r.acquired_at, expires, ttl, 'active')
   end
   redis.call('SET', idem_key(c, scope), ev, 'PXAT', int(at))
 end
@@ -1145,7 +1149,7 @@ local function detach(c, entry)
     local k = is_scope(scope) and idem_key(c, scope)
     local ev = k and get(k)
     local v = ev and string.sub(ev, 1, 4)
-    if v == 'ev3\n' or v == 'ev5\n' then found[op], any = { k, ev }, true end
+    if v == 'ev3\n' or v == 'ev5\n' then found[op], any = { k, ev, scope }, true end
   end
   if not any then return end
   local ended, rec_at = string.match(entry, '^(%d+)\n[^\n]*\n[^\n]*\n[^\n]*\n[^\n]*\n()', at)
@@ -1153,7 +1157,7 @@ local function detach(c, entry)
   local r = decode_rv2('rv2\n' .. c.tag .. '\n' .. string.sub(entry, rec_at), c.lock_key)
   if not r then return end
   for op, kev in pairs(found) do
-    local k, ev = kev[1], kev[2]
+    local k, ev, scope = kev[1], kev[2], kev[3]
     local e_op, digest, code, backend, id, token, expires, ttl = referring_fields(ev, r, ended, entry)
     -- Only evidence exactly as encode_ev3 or encode_ev5 writes it
     -- (canonical numbers, a lowercase digest, the operation's code): damage
@@ -1164,9 +1168,9 @@ local function detach(c, entry)
         and canonical(backend) and canonical(expires) and canonical(ttl) then
       local out
       if op == 'acquire' then
-        out = encode_whole(c, op, digest, code, tonumber(backend), c.tag, r, r.acquired_at, tonumber(expires), tonumber(ttl), 'active')
+        out = encode_whole(c, scope, op, digest, code, tonumber(backend), c.tag, r, r.acquired_at, tonumber(expires), tonumber(ttl), 'active')
       elseif r.state == 'released' and tonumber(expires) == r.expires_at and tonumber(ttl) == r.ttl_ms then
-        out = encode_whole(c, op, digest, code, tonumber(backend), c.tag, r, r.renewed_at, r.expires_at, r.ttl_ms, r.state)
+        out = encode_whole(c, scope, op, digest, code, tonumber(backend), c.tag, r, r.renewed_at, r.expires_at, r.ttl_ms, r.state)
       end
       if out then redis.call('SET', k, out, 'KEEPTTL') end
     end
@@ -1304,7 +1308,7 @@ local function remember(c, now, op, digest, code, r, state, raw, ref_entry)
     -- and ttl_ms, what version 5 derives.
     ev = c.ev5 and encode_ev5(op, digest, r, nil, ref_entry) or encode_ev3(op, digest, code, now, r, r.expires_at, r.ttl_ms)
   else
-    ev = encode_whole(c, op, digest, code, now, c.tag, r, r.renewed_at, r.expires_at, r.ttl_ms, state or r.state)
+    ev = encode_whole(c, c.ev6 and ev_scope(c), op, digest, code, now, c.tag, r, r.renewed_at, r.expires_at, r.ttl_ms, state or r.state)
   end
   redis.call('SET', c.k_ev, ev, 'PX', int(c.ev_ret))
 end

@@ -304,7 +304,7 @@ func (s *Store) currentOf(orig *lease.Record, rep reply, id lease.Identity) (*le
 
 // evidenceBytes is the stored evidence of an "evidence" reply read for p,
 // as version 1 bytes: version 1 as it is, version 2 expanded, version 6
-// (format 8: whole, checked) checked against p's lock key and expanded,
+// (format 8: whole, checked) checked against p's scope and expanded,
 // version 3
 // (format 5: by reference) or 5 (format 7: lean, by reference) rebuilt
 // from the history entry of the lease it names among the reply's; its
@@ -317,7 +317,7 @@ func evidenceBytes(p lease.Prepared, rep reply) (string, bool) {
 	if !lean {
 		var ok bool
 		if leaseID, ok = lease.ReferredLeaseID(raw); !ok {
-			return lease.ExpandEvidenceAt(raw, p.Identity, p.LockKey)
+			return lease.ExpandEvidenceFor(raw, p)
 		}
 		if !strings.HasPrefix(raw, lease.EvidenceRefPrefix+string(p.Op)+"\n") {
 			return "", false
