@@ -1032,10 +1032,10 @@ local function idem_key(c, scope) return string.sub(c.k_active, 1, #c.k_active -
 local function ev_scope(c) return string.match(c.k_ev, ':idem:([%w_%-]+)$') end
 
 -- write_out writes the acquisition's evidence a version 3 record r carries
--- to its own key, as remember writes it (evidence version 2, or 6) and with the
--- expiry it would have had (acquired_at + the idempotency retention; not
--- written if that has passed): the lease is ending, and the evidence must
--- outlive the record. The key is named from stored data (not in KEYS): the
+-- to its own key, as remember writes it (evidence version 2, or 6 in
+-- format 8) and with the expiry it would have had (acquired_at + the
+-- idempotency retention; not written if that has passed): the lease is
+-- ending, and the evidence must outlive the record. The key is named from stored data (not in KEYS): the
 -- scope, checked as 43 base64url characters first, within the identity's
 -- own hash tag (c.k_active's), so it is in the same slot as every key the
 -- call declares.
@@ -1128,8 +1128,9 @@ local function referring_fields(ev, r, ended, entry)
 end
 
 -- detach rewrites whole (encode_whole: version 2, or 6 in format 8) the
--- evidence of version 3 or 5 that refers to entry, a history entry of version 4 about to be dropped (version 2's
--- lines without the hash tag, which c's keys hold): under each
+-- evidence of version 3 or 5 that refers to entry, a history entry of
+-- version 4 about to be dropped (version 2's lines without the hash tag,
+-- which c's keys hold): under each
 -- scope it names, evidence by reference of the scope's operation that
 -- names the entry's lease id and token becomes what remember or write_out
 -- would have written in format 4 (lease.DetachedEvidence's splice), with
@@ -1191,10 +1192,10 @@ end
 -- (JSON-encoded) and incident_id, each only if not ''. The entry is
 -- history version 2 (the Go side rebuilds version 1, lease.HistoryEntry's
 -- JSON, from it; see expandHistory in evidence.go): its facts one per
--- line, in place of a second copy of the record JSON; version 4 or 5
--- without the tag line (see below). Returns the ended
--- record's JSON if it built it (version 1 history; see ended_record), and
--- the entry as pushed (what evidence by reference refers to).
+-- line, in place of a second copy of the record JSON (versions 4 and 5
+-- without its tag line, below). Returns the ended record's JSON if it
+-- built it (version 1 history; see ended_record), and the entry as pushed
+-- (what evidence by reference refers to).
 local function archive(c, r, state, ended, by, request_id, reason, incident, release_scope, refs)
   if refs == nil then refs = refers_at(c, ended) end
   local raw, entry
