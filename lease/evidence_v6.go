@@ -40,8 +40,12 @@ const wholeCheckChars = leanIDCheckChars
 // WholeEvidence returns e as version 6 evidence stored under scope, for a
 // request for id (e's lease's identity), when it is evidence version 2
 // carries exactly (CompactEvidence) with a digest of 64 lower-case hex
-// digits; ok is false otherwise, and the caller stores another version.
+// digits, and scope is one (ValidScope, as the library's writer checks);
+// ok is false otherwise, and the caller stores another version.
 func WholeEvidence(e *IdempotencyRecord, id Identity, scope string) (b []byte, ok bool) {
+	if !ValidScope(scope) {
+		return nil, false
+	}
 	v2, err := CompactEvidence(e, id)
 	if err != nil || !strings.HasPrefix(string(v2), EvidenceV2Prefix) {
 		return nil, false

@@ -301,6 +301,16 @@ func TestWholeEvidenceV6Refuses(t *testing.T) {
 			}
 		}
 	}
+	// A scope that is not one (the library's writer checks it too, and
+	// writes version 2 instead).
+	for op, e := range v6Whole() {
+		good := v6Scope(e)
+		for _, scope := range []string{"", good[1:], good + "A", good[:42] + "=", good[:42] + "/"} {
+			if raw, ok := WholeEvidence(e, e.Lease.Identity(), scope); ok || raw != nil {
+				t.Errorf("%s, scope %q: version 6 %q", op, scope, raw)
+			}
+		}
+	}
 	// A tuple other than the lease's: version 1 in CompactEvidence, none
 	// here.
 	for op, e := range v6Whole() {
