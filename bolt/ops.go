@@ -234,7 +234,7 @@ func (s *Store) start(tx *layered.View, p lease.Prepared, due lease.Timestamp) (
 		return now, nil, nil
 	}
 	ev, err := lease.DecodeIdempotencyRecord(v)
-	if !ok || err != nil {
+	if !ok || err != nil || !p.Answers(ev) {
 		return now, nil, s.quarantine(tx, p.LockKey, p.Identity, "idempotency evidence is corrupt")
 	}
 	r, err := p.Replay(ev, now, func(orig *lease.Record) (*lease.Record, error) { return s.currentOf(tx, orig, now, ended) })

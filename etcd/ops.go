@@ -195,7 +195,7 @@ func (s *Store) mutation(ctx context.Context, p lease.Prepared, at time.Time,
 		s.stamp(t, p.LockKey, now)
 		if v := t.seen[s.keys.idem(p.Scope)].val; v != nil && !isTombstone(v) {
 			ev, err := lease.DecodeIdempotencyRecord(v)
-			if err != nil {
+			if err != nil || !p.Answers(ev) {
 				return lease.Result{}, s.quarantine(t, p.LockKey, p.Identity, "idempotency evidence is corrupt")
 			}
 			r, err := p.Replay(ev, now, func(orig *lease.Record) (*lease.Record, error) { return s.currentOf(t, orig, now) })

@@ -178,16 +178,32 @@ func (p Prepared) Replay(ev *IdempotencyRecord, now Timestamp, current func(orig
 	return r, nil
 }
 
+// Answers reports whether ev can be evidence stored for p's request: an
+// acquisition that granted a lease must be that lease's own acquisition,
+// whose owner and request id give p's scope. A store that cannot compute
+// a scope (Valkey's library) writes an ending's acquisition evidence under
+// the scope its record carries; a record whose scope line was changed to
+// another request's would otherwise answer that request with this lease
+// (review). Other checks (operation, digest, lock key) are Replay's and
+// Lookup's.
+func (p Prepared) Answers(ev *IdempotencyRecord) bool {
+	if ev.Op != OpAcquire || ev.Code != CodeAcquired || ev.Lease == nil {
+		return true
+	}
+	return ev.Lease.AcquisitionScope() == p.Scope
+}
+
 // Lookup is the answer of LookupRequest p from raw, the evidence stored
 // under its scope: the original result, with the lease's state now where
 // it has changed (current finds it; if it cannot, the state is left out).
 // ok is false for evidence that fails decoding, is of another operation
 // or lock key, or, for an owner's operation (acquire, renew, release), of
-// a lease another principal owns: corrupt, since the scope it is stored
-// under names the requester (damage, a misplaced copy).
+// a lease another principal owns, or that p's request cannot have
+// (Answers): corrupt, since the scope it is stored under names the
+// requester (damage, a misplaced copy).
 func (p Prepared) Lookup(raw []byte, current func(orig *Record) (*Record, error)) (res Result, ok bool) {
 	ev, err := DecodeIdempotencyRecord(raw)
-	if err != nil || ev.Op != p.Op || ev.Lease.LockKey != p.LockKey {
+	if err != nil || ev.Op != p.Op || ev.Lease.LockKey != p.LockKey || !p.Answers(ev) {
 		return Result{}, false
 	}
 	switch p.Op {

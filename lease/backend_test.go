@@ -103,8 +103,10 @@ func TestEvidenceAnswers(t *testing.T) {
 	now := UnixMilli(msExpires + 1)
 	d1, d2 := strings.Repeat("1", 64), strings.Repeat("2", 64)
 	rec := validRecord()
-	// Principal as PrepareLookup sets it: the caller, here the lease's owner.
-	p := Prepared{Op: OpAcquire, Identity: contractIdentity(), LockKey: rec.LockKey, Digest: d1, Principal: rec.OwnerPrincipalID}
+	// Principal and scope as PrepareLookup sets them: the caller, here the
+	// lease's owner, and its request's scope.
+	p := Prepared{Op: OpAcquire, Identity: contractIdentity(), LockKey: rec.LockKey, Digest: d1, Principal: rec.OwnerPrincipalID,
+		Scope: rec.AcquisitionScope()}
 	ev := &IdempotencyRecord{Version: IdempotencyVersion, Op: OpAcquire, Digest: d1, Code: CodeAcquired, Lease: rec, BackendTime: UnixMilli(msAcquired)}
 	raw, err := ev.Encode()
 	if err != nil {
@@ -198,11 +200,29 @@ func TestEvidenceAnswers(t *testing.T) {
 	if _, ok := stranger.Lookup(raw, released); ok {
 		t.Fatal("Lookup accepted evidence of a lease another principal owns")
 	}
+	// An acquisition answers only the request that acquired it: under
+	// another request's scope (the same owner, another request id) it is
+	// corrupt, in a lookup (ok false) and to a backend's replay
+	// (Answers); evidence of another operation, or that granted nothing,
+	// is left to the other checks.
+	another := p
+	another.Scope = IdempotencyScope(OpAcquire, rec.LockKey, rec.OwnerPrincipalID, rec.RequestID+"-another")
+	if !p.Answers(ev) || another.Answers(ev) {
+		t.Fatalf("Answers: own request %v, another request %v", p.Answers(ev), another.Answers(ev))
+	}
+	if _, ok := another.Lookup(raw, released); ok {
+		t.Fatal("Lookup accepted an acquisition under another request's scope")
+	}
+	refused := *ev
+	refused.Code = CodeConflict
+	if !another.Answers(&refused) || !another.Answers(&releaseEv) {
+		t.Fatal("Answers refused evidence that granted no lease to the request")
+	}
 	if _, ok := p.Lookup([]byte("{}"), released); ok {
 		t.Fatal("Lookup accepted corrupt evidence")
 	}
 	// A lookup has no digest to compare: any inputs of the request id.
-	if _, ok := (Prepared{Op: OpAcquire, LockKey: rec.LockKey, Principal: rec.OwnerPrincipalID}).Lookup(raw, released); !ok {
+	if _, ok := (Prepared{Op: OpAcquire, LockKey: rec.LockKey, Principal: rec.OwnerPrincipalID, Scope: p.Scope}).Lookup(raw, released); !ok {
 		t.Fatal("Lookup compared the digest")
 	}
 }

@@ -239,7 +239,7 @@ func (s *Store) replay(p lease.Prepared, rep reply) (lease.Result, error) {
 		return lease.Result{}, s.corrupt(p.Identity, "idempotency evidence is corrupt")
 	}
 	ev, err := lease.DecodeIdempotencyRecord([]byte(raw))
-	if err != nil {
+	if err != nil || !p.Answers(ev) {
 		return lease.Result{}, s.corrupt(p.Identity, "idempotency evidence is corrupt")
 	}
 	return p.Replay(ev, rep.now, func(orig *lease.Record) (*lease.Record, error) { return s.currentOf(orig, rep, p.Identity) })
@@ -281,7 +281,7 @@ func (s *Store) replayEmbedded(p lease.Prepared, rep reply) (lease.Result, error
 		return lease.Result{}, err
 	}
 	ev, err := lease.DecodeIdempotencyRecord(raw)
-	if err != nil {
+	if err != nil || !p.Answers(ev) {
 		return lease.Result{}, s.corrupt(p.Identity, "embedded idempotency evidence is corrupt")
 	}
 	return p.Replay(ev, rep.now, current)
