@@ -973,6 +973,13 @@ local function encode_ev2(op, digest, code, at, tag, r, renewed, expires, ttl, s
     .. ev2_facts(r, renewed, expires, ttl, state)
 end
 
+-- sha1_check is the check evidence versions 5 and 6 keep of body, their
+-- lines other than the check, bound to head (version 5: the history
+-- entry's bytes as written; version 6: the scope of its key): the first
+-- 16 hex digits of the SHA-1 of both, a newline between them
+-- (lease.leanIDCheck's).
+local function sha1_check(head, body) return string.sub(redis.sha1hex(head .. '\n' .. body), 1, 16) end
+
 -- encode_whole is the evidence c writes whole (not by reference) under
 -- scope, the idempotency scope its key is named by, with encode_ev2's
 -- arguments: version 6 in format 8 (lease.WholeEvidence's bytes: version 2
@@ -984,7 +991,7 @@ local function encode_whole(c, scope, op, digest, code, at, tag, r, renewed, exp
   local d = c.ev6 and is_scope(scope) and hex_b64(digest)
   if not d then return encode_ev2(op, digest, code, at, tag, r, renewed, expires, ttl, state) end
   local rest = op .. '\n' .. d .. '\n' .. code .. '\n' .. int(at) .. ev2_facts(r, renewed, expires, ttl, state)
-  return 'ev6\n' .. string.sub(redis.sha1hex(scope .. '\n' .. rest), 1, 16) .. '\n' .. rest
+  return 'ev6\n' .. sha1_check(scope, rest) .. '\n' .. rest
 end
 
 -- encode_ev3 is evidence version 3 (lease.ReferringEvidence's bytes): the
@@ -996,12 +1003,6 @@ local function encode_ev3(op, digest, code, at, r, expires, ttl)
   return 'ev3\n' .. op .. '\n' .. digest .. '\n' .. code .. '\n' .. int(at) .. '\n' .. r.lease_id
     .. '\n' .. int(r.fencing_token) .. '\n' .. int(expires) .. '\n' .. int(ttl)
 end
-
--- ev5_check is evidence version 5's check of body, its lines before the
--- check, referring to entry, the history entry's bytes as written: the
--- first 16 hex digits of the SHA-1 of both, a newline between them
--- (lease.LeanIDEvidence's).
-local function ev5_check(entry, body) return string.sub(redis.sha1hex(entry .. '\n' .. body), 1, 16) end
 
 -- encode_ev5 is evidence version 5 (lease.LeanIDEvidence's bytes) of op,
 -- 'acquire' or 'release', with digest (lowercase hex), referring to
@@ -1019,7 +1020,7 @@ local function encode_ev5(op, digest, r, ttl, entry)
   if not d then return nil end
   local body = 'ev5\n' .. EV5_LETTERS[op] .. '\n' .. d .. '\n' .. r.lease_id .. '\n' .. int(r.fencing_token)
   if op == 'acquire' then body = body .. '\n' .. int(ttl) end
-  return body .. '\n' .. ev5_check(entry, body)
+  return body .. '\n' .. sha1_check(entry, body)
 end
 
 -- idem_key is the evidence key of scope within c's identity: named from
@@ -1113,7 +1114,7 @@ local function referring_fields(ev, r, ended, entry)
     return string.match(ev, '^ev3\n(%l+)\n(%x+)\n([%l_]+)\n(%d+)\n([^\n]+)\n(%d+)\n(%d+)\n(%d+)$')
   end
   local body, check = string.match(ev, '^(ev5\n.*)\n(%x+)$')
-  if not body or #check ~= 16 or string.find(check, '%u') or ev5_check(entry, body) ~= check then return nil end
+  if not body or #check ~= 16 or string.find(check, '%u') or sha1_check(entry, body) ~= check then return nil end
   local d, id, token, ttl = string.match(body, '^ev5\na\n([%w_%-]+)\n([^\n]+)\n(%d+)\n(%d+)$')
   if d then
     local digest = b64_hex(d)

@@ -12,7 +12,7 @@ import (
 
 // Review: attack on evidence version 5's check (the SHA-1 of the lease's
 // history entry as stored and the evidence's own lines, lease/evidence_v5.go
-// and library.lua's ev5_check, encode_ev5, referring_fields). What the
+// and library.lua's sha1_check, encode_ev5, referring_fields). What the
 // earlier reviews (review_attack_ev5_test.go, format7_test.go) did not
 // try: history lists holding more than one entry that names the lease id
 // (copies, a reused lease id, another lease's line equal to it), a scope
