@@ -87,35 +87,25 @@ var formatLevels = map[string]int32{compactFormat: 2, compactRecords: 3, embedde
 // namespace's switch, as last read, is f or a later format.
 func (s *Store) writes(f string) bool { return s.format.Load() >= formatLevels[f] }
 
+// writeNames is the name library.lua's context takes (its WRITE_LEVEL)
+// for the forms of each format level; any other level writes version 1.
+var writeNames = map[int32]string{2: "compact", 3: "compact_records", 4: "embedded_evidence", 5: "referring_evidence",
+	6: "lean_records", 7: "lean_evidence", 8: "checked_evidence"}
+
 // writeFormat is the last ARGV of each call that keeps evidence, history
-// or an active record (library.lua's context), with "+eager" in format 5
-// or later for a store that detaches eagerly (Options.EagerDetach).
+// or an active record (library.lua's context): the name of the
+// namespace's format as last read, with "+eager" in format 5 or later for
+// a store that detaches eagerly (Options.EagerDetach).
 func (s *Store) writeFormat() string {
-	switch {
-	case s.writes(checkedEvidence) && s.eagerDetach:
-		return "checked_evidence+eager"
-	case s.writes(checkedEvidence):
-		return "checked_evidence"
-	case s.writes(leanEvidence) && s.eagerDetach:
-		return "lean_evidence+eager"
-	case s.writes(leanEvidence):
-		return "lean_evidence"
-	case s.writes(leanRecords) && s.eagerDetach:
-		return "lean_records+eager"
-	case s.writes(leanRecords):
-		return "lean_records"
-	case s.writes(referringEvidence) && s.eagerDetach:
-		return "referring_evidence+eager"
-	case s.writes(referringEvidence):
-		return "referring_evidence"
-	case s.writes(embeddedEvidence):
-		return "embedded_evidence"
-	case s.writes(compactRecords):
-		return "compact_records"
-	case s.writes(compactFormat):
-		return "compact"
+	level := s.format.Load()
+	name, ok := writeNames[level]
+	if !ok {
+		return "v1"
 	}
-	return "v1"
+	if s.eagerDetach && level >= formatLevels[referringEvidence] {
+		name += "+eager"
+	}
+	return name
 }
 
 // loadFormat reads the namespace's format switch. Unreadable, the store
@@ -204,8 +194,8 @@ func (s *Store) EnableLeanEvidence(ctx context.Context) error {
 // and a history entry no evidence refers to in version 5
 // (lease.HistoryUntaggedPrefix). Only once every instance sharing the
 // namespace runs a build that reads both (this one or a later one); older
-// builds answer a replay of such evidence, and such an entry, as corrupt. Rolling back: README,
-// "--valkey-checked-evidence".
+// builds answer a replay of such evidence, and such an entry, as corrupt.
+// Rolling back: README, "--valkey-checked-evidence".
 func (s *Store) EnableCheckedEvidence(ctx context.Context) error {
 	return s.raiseFormat(ctx, checkedEvidence)
 }
