@@ -233,8 +233,8 @@ func (s *Store) start(tx *layered.View, p lease.Prepared, due lease.Timestamp) (
 	if v == nil && ok {
 		return now, nil, nil
 	}
-	ev, err := lease.DecodeIdempotencyRecord(v)
-	if !ok || err != nil || !p.Answers(ev) {
+	ev, err := p.DecodeEvidence(v)
+	if !ok || err != nil {
 		return now, nil, s.quarantine(tx, p.LockKey, p.Identity, "idempotency evidence is corrupt")
 	}
 	r, err := p.Replay(ev, now, func(orig *lease.Record) (*lease.Record, error) { return s.currentOf(tx, orig, now, ended) })

@@ -194,8 +194,8 @@ func (s *Store) mutation(ctx context.Context, p lease.Prepared, at time.Time,
 		// read can carry an earlier time (see "Backend time").
 		s.stamp(t, p.LockKey, now)
 		if v := t.seen[s.keys.idem(p.Scope)].val; v != nil && !isTombstone(v) {
-			ev, err := lease.DecodeIdempotencyRecord(v)
-			if err != nil || !p.Answers(ev) {
+			ev, err := p.DecodeEvidence(v)
+			if err != nil {
 				return lease.Result{}, s.quarantine(t, p.LockKey, p.Identity, "idempotency evidence is corrupt")
 			}
 			r, err := p.Replay(ev, now, func(orig *lease.Record) (*lease.Record, error) { return s.currentOf(t, orig, now) })

@@ -178,15 +178,26 @@ func (p Prepared) Replay(ev *IdempotencyRecord, now Timestamp, current func(orig
 	return r, nil
 }
 
-// Answers reports whether ev can be evidence stored for p's request: an
+// DecodeEvidence strictly decodes raw, the idempotency evidence stored
+// under p's scope: corrupt if it does not decode, or cannot be evidence
+// of p's request (answers). Other checks (operation, digest, lock key)
+// are Replay's and Lookup's.
+func (p Prepared) DecodeEvidence(raw []byte) (*IdempotencyRecord, error) {
+	ev, err := DecodeIdempotencyRecord(raw)
+	if err == nil && !p.answers(ev) {
+		err = corrupt("idempotency evidence of another request")
+	}
+	return ev, err
+}
+
+// answers reports whether ev can be evidence stored for p's request: an
 // acquisition that granted a lease must be that lease's own acquisition,
 // whose owner and request id give p's scope. A store that cannot compute
 // a scope (Valkey's library) writes an ending's acquisition evidence under
 // the scope its record carries; a record whose scope line was changed to
 // another request's would otherwise answer that request with this lease
-// (review). Other checks (operation, digest, lock key) are Replay's and
-// Lookup's.
-func (p Prepared) Answers(ev *IdempotencyRecord) bool {
+// (review).
+func (p Prepared) answers(ev *IdempotencyRecord) bool {
 	if ev.Op != OpAcquire || ev.Code != CodeAcquired || ev.Lease == nil {
 		return true
 	}
@@ -199,11 +210,11 @@ func (p Prepared) Answers(ev *IdempotencyRecord) bool {
 // ok is false for evidence that fails decoding, is of another operation
 // or lock key, or, for an owner's operation (acquire, renew, release), of
 // a lease another principal owns, or that p's request cannot have
-// (Answers): corrupt, since the scope it is stored under names the
+// (DecodeEvidence): corrupt, since the scope it is stored under names the
 // requester (damage, a misplaced copy).
 func (p Prepared) Lookup(raw []byte, current func(orig *Record) (*Record, error)) (res Result, ok bool) {
-	ev, err := DecodeIdempotencyRecord(raw)
-	if err != nil || ev.Op != p.Op || ev.Lease.LockKey != p.LockKey || !p.Answers(ev) {
+	ev, err := p.DecodeEvidence(raw)
+	if err != nil || ev.Op != p.Op || ev.Lease.LockKey != p.LockKey {
 		return Result{}, false
 	}
 	switch p.Op {

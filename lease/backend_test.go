@@ -203,20 +203,26 @@ func TestEvidenceAnswers(t *testing.T) {
 	// An acquisition answers only the request that acquired it: under
 	// another request's scope (the same owner, another request id) it is
 	// corrupt, in a lookup (ok false) and to a backend's replay
-	// (Answers); evidence of another operation, or that granted nothing,
+	// (DecodeEvidence); evidence of another operation, or that granted nothing,
 	// is left to the other checks.
 	another := p
 	another.Scope = IdempotencyScope(OpAcquire, rec.LockKey, rec.OwnerPrincipalID, rec.RequestID+"-another")
-	if !p.Answers(ev) || another.Answers(ev) {
-		t.Fatalf("Answers: own request %v, another request %v", p.Answers(ev), another.Answers(ev))
+	if !p.answers(ev) || another.answers(ev) {
+		t.Fatalf("answers: own request %v, another request %v", p.answers(ev), another.answers(ev))
+	}
+	if _, err := another.DecodeEvidence(raw); CodeOf(err) != CodeCorrupt {
+		t.Fatalf("DecodeEvidence of an acquisition under another request's scope: %v, want corrupt", err)
+	}
+	if got, err := p.DecodeEvidence(raw); err != nil || got.Lease.LeaseID != rec.LeaseID {
+		t.Fatalf("DecodeEvidence of its own request: %+v, %v", got, err)
 	}
 	if _, ok := another.Lookup(raw, released); ok {
 		t.Fatal("Lookup accepted an acquisition under another request's scope")
 	}
 	refused := *ev
 	refused.Code = CodeConflict
-	if !another.Answers(&refused) || !another.Answers(&releaseEv) {
-		t.Fatal("Answers refused evidence that granted no lease to the request")
+	if !another.answers(&refused) || !another.answers(&releaseEv) {
+		t.Fatal("answers refused evidence that granted no lease to the request")
 	}
 	if _, ok := p.Lookup([]byte("{}"), released); ok {
 		t.Fatal("Lookup accepted corrupt evidence")

@@ -238,8 +238,8 @@ func (s *Store) replay(p lease.Prepared, rep reply) (lease.Result, error) {
 	if !ok {
 		return lease.Result{}, s.corrupt(p.Identity, "idempotency evidence is corrupt")
 	}
-	ev, err := lease.DecodeIdempotencyRecord([]byte(raw))
-	if err != nil || !p.Answers(ev) {
+	ev, err := p.DecodeEvidence([]byte(raw))
+	if err != nil {
 		return lease.Result{}, s.corrupt(p.Identity, "idempotency evidence is corrupt")
 	}
 	return p.Replay(ev, rep.now, func(orig *lease.Record) (*lease.Record, error) { return s.currentOf(orig, rep, p.Identity) })
@@ -280,8 +280,8 @@ func (s *Store) replayEmbedded(p lease.Prepared, rep reply) (lease.Result, error
 	if err != nil {
 		return lease.Result{}, err
 	}
-	ev, err := lease.DecodeIdempotencyRecord(raw)
-	if err != nil || !p.Answers(ev) {
+	ev, err := p.DecodeEvidence(raw)
+	if err != nil {
 		return lease.Result{}, s.corrupt(p.Identity, "embedded idempotency evidence is corrupt")
 	}
 	return p.Replay(ev, rep.now, current)
@@ -305,9 +305,8 @@ func (s *Store) currentOf(orig *lease.Record, rep reply, id lease.Identity) (*le
 // evidenceBytes is the stored evidence of an "evidence" reply read for p,
 // as version 1 bytes: version 1 as it is, version 2 expanded, version 6
 // (format 8: whole, checked) checked against p's scope and expanded,
-// version 3
-// (format 5: by reference) or 5 (format 7: lean, by reference) rebuilt
-// from the history entry of the lease it names among the reply's; its
+// version 3 (format 5: by reference) or 5 (format 7: lean, by reference)
+// rebuilt from the history entry of the lease it names among the reply's; its
 // operation and the entry's own scope for it must be p's (evidence copied
 // under another key is never answered). ok is false if it cannot be;
 // strict decoding of the result is the caller's.

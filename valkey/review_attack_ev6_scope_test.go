@@ -255,7 +255,7 @@ func askR2(s *Store, req lease.AcquireRequest, id lease.Identity) (retry, lookup
 	return retry, ev6aBrief(res, err)
 }
 
-// Found by this review, HELD since Prepared.Answers (low: it needs the
+// Found by this review, HELD since Prepared.DecodeEvidence (low: it needs the
 // scope line of an active record changed to the scope of another real
 // request). Version 6's check binds a value to the scope its writer was
 // given, and the writers of an acquisition's evidence take it from stored
